@@ -1,0 +1,16 @@
+"""jaxformer: the Transformer (Vaswani et al., 2017) in JAX and Flax NNX."""
+
+from jaxformer import functional
+from jaxformer.config import TransformerConfig
+from jaxformer.models import DecoderLM, Encoder, Transformer, count_params
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DecoderLM",
+    "Encoder",
+    "Transformer",
+    "TransformerConfig",
+    "count_params",
+    "functional",
+]

@@ -1,0 +1,3 @@
+from jaxformer.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,260 @@
+"""Feed-forward, normalisation, dropout, embeddings, and the encoder and decoder layers.
+
+A layer is a composition of sub-layers, each wrapped as (section 5.4 and 3.1 of the paper)
+
+    post-LN (the paper):  LayerNorm(x + Dropout(Sublayer(x)))
+    pre-LN  (modern):     x + Dropout(Sublayer(LayerNorm(x)))
+
+Parameters travel as NamedTuples of arrays (pytrees); the static choices as one frozen
+`BlockOptions`. Dropout is applied only when an `rng` is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.functional.attention import AttentionParams, multi_head_attention
+
+NORMS = ("layer", "rms")
+NORM_PLACEMENTS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu", "swiglu")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockOptions:
+    """Static choices of a layer (hashable, so usable as a `jit` static argument)."""
+
+    norm: str = "layer"  # "layer" (the paper) | "rms"
+    norm_placement: str = "post"  # "post" (the paper) | "pre"
+    norm_eps: float = 1e-6
+    activation: str = "relu"  # "relu" (the paper) | "gelu" | "swiglu"
+    dropout_rate: float = 0.0  # residual dropout, P_drop
+    attention_dropout_rate: float = 0.0
+
+    def __post_init__(self):
+        for name, value, allowed in (
+            ("norm", self.norm, NORMS),
+            ("norm_placement", self.norm_placement, NORM_PLACEMENTS),
+            ("activation", self.activation, ACTIVATIONS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {rate}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+
+
+class NormParams(NamedTuple):
+    scale: jax.Array  # [E]
+    bias: jax.Array | None = None  # [E]; LayerNorm's beta (None for RMSNorm)
+
+
+class FeedForwardParams(NamedTuple):
+    """FFN(x) = act(x W1 + b1) W2 + b2 (eq. 2); SwiGLU: (silu(x W_gate) * x W1) W2 + b2."""
+
+    w1: jax.Array  # [E, F]
+    w2: jax.Array  # [F, E]
+    b1: jax.Array | None = None  # [F]
+    b2: jax.Array | None = None  # [E]
+    w_gate: jax.Array | None = None  # [E, F], SwiGLU only
+
+
+class EncoderLayerParams(NamedTuple):
+    self_attn: AttentionParams
+    ffn: FeedForwardParams
+    norm1: NormParams
+    norm2: NormParams
+
+
+class DecoderLayerParams(NamedTuple):
+    self_attn: AttentionParams
+    cross_attn: AttentionParams | None  # None in a decoder-only model
+    ffn: FeedForwardParams
+    norm1: NormParams  # around self-attention
+    norm2: NormParams | None  # around cross-attention (None in a decoder-only model)
+    norm3: NormParams  # around the feed-forward network
+
+
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *, eps: float = 1e-6):
+    """(x - mean) / sqrt(var + eps) * scale + bias over the last axis, in float32."""
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps) * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) * scale over the last axis, in float32."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def normalize(x: jax.Array, params: NormParams, opts: BlockOptions) -> jax.Array:
+    """The norm `opts.norm` selects, with `params`."""
+    if opts.norm == "rms":
+        return rms_norm(x, params.scale, eps=opts.norm_eps)
+    return layer_norm(x, params.scale, params.bias, eps=opts.norm_eps)
+
+
+def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "relu"):
+    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E]."""
+    h = x @ params.w1
+    if params.b1 is not None:
+        h = h + params.b1
+    if activation == "relu":
+        h = jax.nn.relu(h)
+    elif activation == "gelu":
+        h = jax.nn.gelu(h, approximate=False)
+    elif activation == "swiglu":
+        if params.w_gate is None:
+            raise ValueError("activation 'swiglu' needs FeedForwardParams.w_gate")
+        h = jax.nn.silu(x @ params.w_gate) * h
+    else:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    out = h @ params.w2
+    return out if params.b2 is None else out + params.b2
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout: zero with probability `rate`, scale the rest by 1 / (1 - rate).
+
+    The identity when rng is None or rate is 0.
+    """
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def residual(
+    x: jax.Array,
+    sublayer: Callable[[jax.Array], jax.Array],
+    norm: NormParams,
+    opts: BlockOptions,
+    rng: jax.Array | None,
+) -> jax.Array:
+    """One residual sub-layer with the norm placed as `opts.norm_placement` says."""
+    if opts.norm_placement == "post":
+        return normalize(x + dropout(sublayer(x), opts.dropout_rate, rng), norm, opts)
+    return x + dropout(sublayer(normalize(x, norm, opts)), opts.dropout_rate, rng)
+
+
+def embed(tokens: jax.Array, table: jax.Array, *, scale: bool = True) -> jax.Array:
+    """table[tokens] * sqrt(d_model) (section 3.4): tokens [...] int, table [V, E] -> [..., E]."""
+    out = jnp.take(table, tokens, axis=0)
+    return out * jnp.asarray(math.sqrt(table.shape[-1]), out.dtype) if scale else out
+
+
+def tied_logits(x: jax.Array, table: jax.Array) -> jax.Array:
+    """Pre-softmax projection with the embedding matrix: x [..., E] @ table[V, E]^T, float32."""
+    return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
+
+
+def encoder_layer(
+    x: jax.Array,
+    params: EncoderLayerParams,
+    mask: jax.Array | None,
+    opts: BlockOptions,
+    *,
+    rng: jax.Array | None = None,
+    rope_positions: jax.Array | None = None,
+) -> jax.Array:
+    """Self-attention then feed-forward, each a residual sub-layer: x [B, T, E] -> [B, T, E].
+
+    mask: broadcastable to [B, H, T, T]. rope_positions: [B, T] when rotary embeddings
+    are used.
+    """
+    k_attn, k_res1, k_res2 = _split(rng, 3)
+    rope = None if rope_positions is None else (rope_positions, rope_positions)
+
+    def self_attention(h):
+        return multi_head_attention(
+            h,
+            h,
+            params.self_attn,
+            mask,
+            dropout_rate=opts.attention_dropout_rate,
+            rng=k_attn,
+            rope_positions=rope,
+        )
+
+    x = residual(x, self_attention, params.norm1, opts, k_res1)
+    return residual(
+        x,
+        lambda h: feed_forward(h, params.ffn, activation=opts.activation),
+        params.norm2,
+        opts,
+        k_res2,
+    )
+
+
+def decoder_layer(
+    y: jax.Array,
+    params: DecoderLayerParams,
+    self_mask: jax.Array | None,
+    opts: BlockOptions,
+    *,
+    memory: jax.Array | None = None,
+    cross_mask: jax.Array | None = None,
+    rng: jax.Array | None = None,
+    rope_positions: jax.Array | None = None,
+) -> jax.Array:
+    """Masked self-attention, cross-attention over `memory`, feed-forward: [B, T, E] -> same.
+
+    self_mask: broadcastable to [B, H, T, T] (include the causal mask).
+    memory: [B, S, E] encoder output; None (and params.cross_attn None) in a decoder-only
+    model. cross_mask: broadcastable to [B, H, T, S].
+    """
+    if (memory is None) != (params.cross_attn is None):
+        raise ValueError("memory must be given exactly when the layer has cross-attention")
+    k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
+    rope = None if rope_positions is None else (rope_positions, rope_positions)
+
+    def self_attention(h):
+        return multi_head_attention(
+            h,
+            h,
+            params.self_attn,
+            self_mask,
+            dropout_rate=opts.attention_dropout_rate,
+            rng=k_self,
+            rope_positions=rope,
+        )
+
+    def cross_attention(h):
+        return multi_head_attention(
+            h,
+            memory,
+            params.cross_attn,
+            cross_mask,
+            dropout_rate=opts.attention_dropout_rate,
+            rng=k_cross,
+        )
+
+    y = residual(y, self_attention, params.norm1, opts, k_res1)
+    if memory is not None:
+        y = residual(y, cross_attention, params.norm2, opts, k_res2)
+    return residual(
+        y,
+        lambda h: feed_forward(h, params.ffn, activation=opts.activation),
+        params.norm3,
+        opts,
+        k_res3,
+    )
+
+
+def _split(rng: jax.Array | None, n: int) -> tuple[jax.Array | None, ...]:
+    return (None,) * n if rng is None else tuple(jax.random.split(rng, n))

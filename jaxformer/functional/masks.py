@@ -1,0 +1,71 @@
+"""Attention masks. Boolean, True = may attend, broadcastable to [B, H, T, S]."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.functional._checks import check_rank
+
+
+def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> jax.Array:
+    """[T, S] mask where query t (at absolute position t + offset) sees keys s <= t + offset.
+
+    With S = None, S = T. `offset` may be traced (decoding with a KV cache: the queries
+    are the positions offset, offset + 1, ... of a cache of length S).
+    """
+    S = T if S is None else S
+    if T < 1 or S < 1:
+        raise ValueError(f"causal_mask: T and S must be >= 1, got T={T}, S={S}")
+    q_pos = jnp.arange(T)[:, None] + offset
+    return jnp.arange(S)[None, :] <= q_pos
+
+
+def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
+    """[B, 1, T, S] mask from validity vectors q_valid [B, T] and k_valid [B, S].
+
+    A pair attends when both positions are real. With q_valid = None only the keys are
+    masked ([B, 1, 1, S]): padded queries then still produce (ignored) outputs.
+    """
+    check_rank("k_valid", k_valid, 2)
+    _check_bool("k_valid", k_valid)
+    mask = k_valid[:, None, None, :]
+    if q_valid is None:
+        return mask
+    check_rank("q_valid", q_valid, 2)
+    _check_bool("q_valid", q_valid)
+    if q_valid.shape[0] != k_valid.shape[0]:
+        raise ValueError(
+            f"padding_mask: batch sizes differ: q_valid {q_valid.shape}, k_valid {k_valid.shape}"
+        )
+    return q_valid[:, None, :, None] & mask
+
+
+def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
+    """[B, 1, T, S] mask that keeps packed sequences apart: attend iff segment ids are equal.
+
+    q_segments [B, T], k_segments [B, S] are integer ids; id 0 marks padding and attends
+    to nothing.
+    """
+    check_rank("q_segments", q_segments, 2)
+    check_rank("k_segments", k_segments, 2)
+    same = q_segments[:, None, :, None] == k_segments[:, None, None, :]
+    return same & (k_segments[:, None, None, :] != 0)
+
+
+def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
+    """Logical AND of the masks that are not None (None when all are None)."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    for i, m in enumerate(present):
+        _check_bool(f"masks[{i}]", m)
+    out = present[0]
+    for m in present[1:]:
+        out = jnp.logical_and(out, m)
+    return out
+
+
+def _check_bool(name: str, x: jax.Array) -> None:
+    if jnp.asarray(x).dtype != jnp.bool_:
+        raise TypeError(f"{name} must be a boolean array (True = attend), got dtype {x.dtype}")

@@ -1,0 +1,57 @@
+"""Position information: the paper's sinusoids (section 3.5) and rotary embeddings."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.functional._checks import check_float, check_rank
+
+
+def sinusoidal_positions(length: int, d_model: int) -> jax.Array:
+    """[length, d_model] table of positions 0, ..., length - 1:
+
+        PE(pos, 2i)     = sin(pos / 10000^(2i / d_model))
+        PE(pos, 2i + 1) = cos(pos / 10000^(2i / d_model))
+
+    Computed in float64 from static sizes (a compile-time constant), returned as float32.
+    """
+    if not isinstance(length, int | np.integer) or length < 0:
+        raise ValueError(f"length must be a non-negative int, got {length!r}")
+    if not isinstance(d_model, int | np.integer) or d_model < 2 or d_model % 2:
+        raise ValueError(
+            f"d_model must be a positive even int for sinusoidal positions, got {d_model!r}"
+        )
+    pos = np.arange(length, dtype=np.float64)[:, None]
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+    angle = pos / np.power(10000.0, two_i / d_model)
+    table = np.empty((length, d_model), dtype=np.float64)
+    table[:, 0::2] = np.sin(angle)
+    table[:, 1::2] = np.cos(angle)
+    return jnp.asarray(table, dtype=jnp.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0) -> jax.Array:
+    """Rotary position embedding (Su et al., 2021) of x [B, T, H, D] at positions [B, T] or [T].
+
+    Pairs dimension j with j + D/2 (the GPT-NeoX/LLaMA layout) and rotates the pair by
+    positions * base^(-2j/D). Rotation is done in float32; the result has x's dtype.
+    """
+    check_rank("x", x, 4, "[B, T, H, D]")
+    check_float("x", x)
+    D = x.shape[-1]
+    if D % 2:
+        raise ValueError(f"apply_rope needs an even head dim, got D={D}")
+    if positions.ndim not in (1, 2) or positions.shape[-1] != x.shape[1]:
+        raise ValueError(
+            f"positions must be [T] or [B, T] with T={x.shape[1]}, got shape {positions.shape}"
+        )
+    inv_freq = 1.0 / np.power(base, np.arange(0, D, 2, dtype=np.float64) / D)
+    angle = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    if angle.ndim == 2:
+        angle = angle[None]
+    sin, cos = jnp.sin(angle)[:, :, None, :], jnp.cos(angle)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)

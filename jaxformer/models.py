@@ -1,0 +1,269 @@
+"""The models, all from the same blocks: the paper's encoder-decoder `Transformer`, the
+decoder-only `DecoderLM`, and the encoder-only `Encoder`.
+
+Every model is deterministic unless called with `deterministic=False` and a dropout
+`rng`. Token arrays are int [B, T]; `valid` arrays are bool [B, T] (True = real token,
+False = padding); None means every position is real.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer import functional as F
+from jaxformer.config import TransformerConfig
+from jaxformer.functional._checks import check_int, check_rank
+from jaxformer.nn import DecoderStack, Embed, EncoderStack, LearnedPositions
+from jaxformer.nn._params import dropout_rng
+
+
+class _Inputs(nnx.Module):
+    """Token embedding * sqrt(E) + positions, then dropout (sections 3.4, 3.5, 5.4)."""
+
+    def __init__(self, config: TransformerConfig, embed: Embed | None, *, rngs: nnx.Rngs):
+        c = config
+        self.embed = embed or Embed(
+            c.vocab_size, c.d_model, dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs
+        )
+        learned = c.position_embedding == "learned"
+        self.positions = (
+            LearnedPositions(c.max_len, c.d_model, param_dtype=c.param_dtype, rngs=rngs)
+            if learned
+            else None
+        )
+        self.config = c
+
+    def __call__(self, tokens, positions, rng):
+        """tokens [B, T], positions [B, T] -> [B, T, E]."""
+        c = self.config
+        x = self.embed(tokens)
+        if c.position_embedding == "sinusoidal":
+            x = x + F.sinusoidal_positions(c.max_len, c.d_model)[positions].astype(x.dtype)
+        elif c.position_embedding == "learned":
+            x = x + self.positions(positions).astype(x.dtype)
+        return F.dropout(x, c.dropout_rate, rng)
+
+
+class Transformer(nnx.Module):
+    """The encoder-decoder of Vaswani et al. (2017), figure 1.
+
+    With `config.share_embeddings` (the paper), one matrix embeds source and target
+    tokens and produces the output logits.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        _need_layers(config, encoder=True, decoder=True)
+        self.config = config
+        self.src_inputs = _Inputs(config, None, rngs=rngs)
+        shared = self.src_inputs.embed if config.share_embeddings else None
+        self.tgt_inputs = _Inputs(config, shared, rngs=rngs)
+        self.output_embed = None if config.share_embeddings else _output_embed(config, rngs)
+        self.encoder = EncoderStack(config, rngs=rngs)
+        self.decoder = DecoderStack(config, cross_attention=True, rngs=rngs)
+
+    def encode(
+        self,
+        src_tokens: jax.Array,
+        src_valid: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """src_tokens [B, S] -> memory [B, S, E]."""
+        _check_tokens(self.config, "src_tokens", src_tokens, src_valid, "src_valid")
+        rng = dropout_rng(deterministic, rng)
+        k_in, k_layers = _split2(rng)
+        positions = _default_positions(src_tokens)
+        x = self.src_inputs(src_tokens, positions, k_in)
+        mask = None if src_valid is None else F.padding_mask(None, src_valid)
+        return self.encoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions))
+
+    def decode(
+        self,
+        tgt_tokens: jax.Array,
+        memory: jax.Array,
+        src_valid: jax.Array | None = None,
+        tgt_valid: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """tgt_tokens [B, T] (shifted right), memory [B, S, E] -> logits [B, T, V] (float32)."""
+        _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
+        check_rank("memory", memory, 3, "[B, S, E]")
+        if memory.shape[0] != tgt_tokens.shape[0]:
+            raise ValueError(
+                f"memory batch {memory.shape[0]} != tgt_tokens batch {tgt_tokens.shape[0]}"
+            )
+        if src_valid is not None and src_valid.shape != memory.shape[:2]:
+            raise ValueError(
+                f"src_valid shape {src_valid.shape} != memory's [B, S] {memory.shape[:2]}"
+            )
+        rng = dropout_rng(deterministic, rng)
+        k_in, k_layers = _split2(rng)
+        positions = _default_positions(tgt_tokens)
+        y = self.tgt_inputs(tgt_tokens, positions, k_in)
+        T = tgt_tokens.shape[1]
+        self_mask = F.combine_masks(
+            F.causal_mask(T), None if tgt_valid is None else F.padding_mask(None, tgt_valid)
+        )
+        cross_mask = None if src_valid is None else F.padding_mask(None, src_valid)
+        y = self.decoder(
+            y,
+            self_mask,
+            memory=memory.astype(y.dtype),
+            cross_mask=cross_mask,
+            rng=k_layers,
+            rope_positions=_rope(self.config, positions),
+        )
+        return (self.output_embed or self.tgt_inputs.embed).attend(y)
+
+    def __call__(
+        self,
+        src_tokens: jax.Array,
+        tgt_tokens: jax.Array,
+        src_valid: jax.Array | None = None,
+        tgt_valid: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """src_tokens [B, S], tgt_tokens [B, T] -> logits [B, T, V] (float32)."""
+        _check_tokens(self.config, "src_tokens", src_tokens, src_valid, "src_valid")
+        _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
+        if src_tokens.shape[:1] != tgt_tokens.shape[:1]:
+            raise ValueError(
+                f"src_tokens batch {src_tokens.shape[:1]} != tgt_tokens batch {tgt_tokens.shape[:1]}"
+            )
+        rng = dropout_rng(deterministic, rng)
+        k_enc, k_dec = _split2(rng)
+        memory = self.encode(src_tokens, src_valid, deterministic=deterministic, rng=k_enc)
+        return self.decode(
+            tgt_tokens, memory, src_valid, tgt_valid, deterministic=deterministic, rng=k_dec
+        )
+
+
+class DecoderLM(nnx.Module):
+    """A decoder-only language model: causal self-attention layers, tied output projection
+    (unless `share_embeddings=False`). Uses `config.num_decoder_layers`."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        _need_layers(config, encoder=False, decoder=True)
+        self.config = config
+        self.inputs = _Inputs(config, None, rngs=rngs)
+        self.output_embed = None if config.share_embeddings else _output_embed(config, rngs)
+        self.decoder = DecoderStack(config, cross_attention=False, rngs=rngs)
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        valid: jax.Array | None = None,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """tokens [B, T] -> next-token logits [B, T, V] (float32).
+
+        For packed rows, pass `segment_ids` [B, T] (1, 2, ... per document, 0 = padding)
+        and `positions` [B, T] restarting at 0 in each document.
+        """
+        _check_tokens(self.config, "tokens", tokens, valid, "valid")
+        if positions is None:
+            positions = _default_positions(tokens)
+        elif positions.shape != tokens.shape:
+            raise ValueError(f"positions shape {positions.shape} != tokens shape {tokens.shape}")
+        rng = dropout_rng(deterministic, rng)
+        k_in, k_layers = _split2(rng)
+        x = self.inputs(tokens, positions, k_in)
+        mask = F.combine_masks(
+            F.causal_mask(tokens.shape[1]),
+            None if valid is None else F.padding_mask(None, valid),
+            None if segment_ids is None else F.segment_mask(segment_ids, segment_ids),
+        )
+        x = self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions))
+        return (self.output_embed or self.inputs.embed).attend(x)
+
+
+class Encoder(nnx.Module):
+    """An encoder-only model: token embeddings, positions and encoder layers. Returns the
+    contextual representations [B, S, E]. Uses `config.num_encoder_layers`."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        _need_layers(config, encoder=True, decoder=False)
+        self.config = config
+        self.inputs = _Inputs(config, None, rngs=rngs)
+        self.encoder = EncoderStack(config, rngs=rngs)
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        valid: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """tokens [B, S] -> [B, S, E]."""
+        _check_tokens(self.config, "tokens", tokens, valid, "valid")
+        rng = dropout_rng(deterministic, rng)
+        k_in, k_layers = _split2(rng)
+        positions = _default_positions(tokens)
+        x = self.inputs(tokens, positions, k_in)
+        mask = None if valid is None else F.padding_mask(None, valid)
+        return self.encoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions))
+
+
+def count_params(model: nnx.Module) -> int:
+    """The number of scalar parameters (a shared matrix counts once)."""
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def _output_embed(config: TransformerConfig, rngs: nnx.Rngs) -> Embed:
+    return Embed(
+        config.vocab_size,
+        config.d_model,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        rngs=rngs,
+    )
+
+
+def _need_layers(config: TransformerConfig, *, encoder: bool, decoder: bool) -> None:
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    if encoder and config.num_encoder_layers < 1:
+        raise ValueError("this model needs num_encoder_layers >= 1")
+    if decoder and config.num_decoder_layers < 1:
+        raise ValueError("this model needs num_decoder_layers >= 1")
+
+
+def _check_tokens(config, name, tokens, valid, valid_name) -> None:
+    check_rank(name, tokens, 2, "[B, T]")
+    check_int(name, tokens)
+    if valid is not None:
+        if valid.shape != tokens.shape:
+            raise ValueError(f"{valid_name} shape {valid.shape} != {name} shape {tokens.shape}")
+        if valid.dtype != jnp.bool_:
+            raise TypeError(f"{valid_name} must be boolean (True = real token), got {valid.dtype}")
+    T = tokens.shape[1]
+    if config.position_embedding in ("sinusoidal", "learned") and T > config.max_len:
+        raise ValueError(
+            f"{name} has length {T} > max_len={config.max_len} of the "
+            f"{config.position_embedding} position table; raise max_len in the config"
+        )
+
+
+def _default_positions(tokens: jax.Array) -> jax.Array:
+    B, T = tokens.shape
+    return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
+
+def _rope(config: TransformerConfig, positions: jax.Array) -> jax.Array | None:
+    return positions if config.position_embedding == "rope" else None
+
+
+def _split2(rng):
+    return (None, None) if rng is None else tuple(jax.random.split(rng))

@@ -1,0 +1,26 @@
+"""Flax NNX modules: they declare parameters and call `jaxformer.functional`."""
+
+from jaxformer.nn._params import LOGICAL_AXES
+from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.blocks import (
+    DecoderLayer,
+    DecoderStack,
+    EncoderLayer,
+    EncoderStack,
+    FeedForward,
+    Norm,
+)
+from jaxformer.nn.embeddings import Embed, LearnedPositions
+
+__all__ = [
+    "LOGICAL_AXES",
+    "DecoderLayer",
+    "DecoderStack",
+    "Embed",
+    "EncoderLayer",
+    "EncoderStack",
+    "FeedForward",
+    "LearnedPositions",
+    "MultiHeadAttention",
+    "Norm",
+]

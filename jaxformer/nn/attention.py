@@ -1,0 +1,81 @@
+"""Multi-head attention as an NNX module (self- and cross-attention, grouped heads)."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from jaxformer import functional as F
+from jaxformer.nn._params import DTYPES, dropout_rng, param
+
+
+class MultiHeadAttention(nnx.Module):
+    """Projections W^Q [E, H, Dk], W^K [E, K, Dk], W^V [E, K, Dv], W^O [H, Dv, E].
+
+    `num_kv_heads` K < H shares each key/value head among H / K query heads (GQA; K=1
+    is multi-query attention). key_dim (d_k) and value_dim (d_v) default to E / H.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        use_bias: bool = False,
+        dropout_rate: float = 0.0,
+        dtype: str = "float32",
+        param_dtype: str = "float32",
+        rngs: nnx.Rngs,
+    ):
+        K = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads % K:
+            raise ValueError(f"num_kv_heads={K} must divide num_heads={num_heads}")
+        if (key_dim is None or value_dim is None) and d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        Dk = d_model // num_heads if key_dim is None else key_dim
+        Dv = d_model // num_heads if value_dim is None else value_dim
+        E, H, pdt = d_model, num_heads, DTYPES[param_dtype]
+        in_proj = nnx.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
+        out_proj = nnx.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
+        self.wq = param(rngs, in_proj, (E, H, Dk), ("embed", "heads", "kv"), pdt)
+        self.wk = param(rngs, in_proj, (E, K, Dk), ("embed", "heads", "kv"), pdt)
+        self.wv = param(rngs, in_proj, (E, K, Dv), ("embed", "heads", "kv"), pdt)
+        self.wo = param(rngs, out_proj, (H, Dv, E), ("heads", "kv", "embed"), pdt)
+        if use_bias:
+            zeros = nnx.initializers.zeros
+            self.bq = param(rngs, zeros, (H, Dk), ("heads", "kv"), pdt)
+            self.bk = param(rngs, zeros, (K, Dk), ("heads", "kv"), pdt)
+            self.bv = param(rngs, zeros, (K, Dv), ("heads", "kv"), pdt)
+            self.bo = param(rngs, zeros, (E,), ("embed",), pdt)
+        self.use_bias = use_bias
+        self.dropout_rate = dropout_rate
+        self.dtype = DTYPES[dtype]
+
+    def params(self) -> F.AttentionParams:
+        """The projections as arrays in the compute dtype."""
+        names = ("wq", "wk", "wv", "wo") + (("bq", "bk", "bv", "bo") if self.use_bias else ())
+        return F.AttentionParams(**{n: getattr(self, n)[...].astype(self.dtype) for n in names})
+
+    def __call__(
+        self,
+        x_q: jax.Array,
+        x_kv: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+        rope_positions: tuple[jax.Array, jax.Array] | None = None,
+    ) -> jax.Array:
+        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention), mask -> [B, T, E]."""
+        return F.multi_head_attention(
+            x_q,
+            x_q if x_kv is None else x_kv,
+            self.params(),
+            mask,
+            dropout_rate=self.dropout_rate,
+            rng=dropout_rng(deterministic, rng),
+            rope_positions=rope_positions,
+        )

@@ -1,0 +1,261 @@
+"""Feed-forward, norms, encoder and decoder layers, and the layer stacks, as NNX modules."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from jaxformer import functional as F
+from jaxformer.config import TransformerConfig
+from jaxformer.nn._params import DTYPES, dropout_rng, param
+from jaxformer.nn.attention import MultiHeadAttention
+
+
+class FeedForward(nnx.Module):
+    """FFN(x) = act(x W1 + b1) W2 + b2 with W1 [E, F], W2 [F, E]; SwiGLU adds W_gate [E, F]."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        activation: str = "relu",
+        use_bias: bool = True,
+        dtype: str = "float32",
+        param_dtype: str = "float32",
+        rngs: nnx.Rngs,
+    ):
+        if activation not in F.layers.ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {F.layers.ACTIVATIONS}, got {activation!r}"
+            )
+        E, pdt = d_model, DTYPES[param_dtype]
+        init = nnx.initializers.xavier_uniform()
+        self.w1 = param(rngs, init, (E, d_ff), ("embed", "mlp"), pdt)
+        self.w2 = param(rngs, init, (d_ff, E), ("mlp", "embed"), pdt)
+        if activation == "swiglu":
+            self.w_gate = param(rngs, init, (E, d_ff), ("embed", "mlp"), pdt)
+        if use_bias:
+            self.b1 = param(rngs, nnx.initializers.zeros, (d_ff,), ("mlp",), pdt)
+            self.b2 = param(rngs, nnx.initializers.zeros, (E,), ("embed",), pdt)
+        self.activation = activation
+        self.use_bias = use_bias
+        self.dtype = DTYPES[dtype]
+
+    def params(self) -> F.FeedForwardParams:
+        names = ("w1", "w2") + (("b1", "b2") if self.use_bias else ())
+        names += ("w_gate",) if self.activation == "swiglu" else ()
+        return F.FeedForwardParams(**{n: getattr(self, n)[...].astype(self.dtype) for n in names})
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x [..., E] -> [..., E]."""
+        return F.feed_forward(x, self.params(), activation=self.activation)
+
+
+class Norm(nnx.Module):
+    """LayerNorm (scale and bias) or RMSNorm (scale only) over the last axis."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        kind: str = "layer",
+        eps: float = 1e-6,
+        param_dtype: str = "float32",
+        rngs: nnx.Rngs,
+    ):
+        pdt = DTYPES[param_dtype]
+        self.scale = param(rngs, nnx.initializers.ones, (d_model,), ("norm",), pdt)
+        if kind == "layer":
+            self.bias = param(rngs, nnx.initializers.zeros, (d_model,), ("norm",), pdt)
+        self.opts = F.BlockOptions(norm=kind, norm_eps=eps)
+
+    def params(self) -> F.NormParams:
+        bias = self.bias[...] if self.opts.norm == "layer" else None
+        return F.NormParams(self.scale[...], bias)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return F.normalize(x, self.params(), self.opts)
+
+
+def _attention(config: TransformerConfig, rngs: nnx.Rngs) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        config.d_model,
+        config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        key_dim=config.key_dim,
+        value_dim=config.value_dim,
+        use_bias=config.attention_bias,
+        dropout_rate=config.attention_dropout_rate,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        rngs=rngs,
+    )
+
+
+def _ffn(config: TransformerConfig, rngs: nnx.Rngs) -> FeedForward:
+    return FeedForward(
+        config.d_model,
+        config.d_ff,
+        activation=config.activation,
+        use_bias=config.ffn_bias,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        rngs=rngs,
+    )
+
+
+def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> Norm:
+    return Norm(
+        config.d_model,
+        kind=config.norm,
+        eps=config.norm_eps,
+        param_dtype=config.param_dtype,
+        rngs=rngs,
+    )
+
+
+class EncoderLayer(nnx.Module):
+    """Self-attention and feed-forward sub-layers with residuals and norms (section 3.1)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.self_attn = _attention(config, rngs)
+        self.ffn = _ffn(config, rngs)
+        self.norm1 = _norm(config, rngs)
+        self.norm2 = _norm(config, rngs)
+        self.opts = config.block_options()
+
+    def params(self) -> F.EncoderLayerParams:
+        return F.EncoderLayerParams(
+            self.self_attn.params(), self.ffn.params(), self.norm1.params(), self.norm2.params()
+        )
+
+    def __call__(
+        self,
+        x: jax.Array,
+        mask: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+        rope_positions: jax.Array | None = None,
+    ) -> jax.Array:
+        """x [B, T, E], mask broadcastable to [B, H, T, T] -> [B, T, E]."""
+        return F.encoder_layer(
+            x,
+            self.params(),
+            mask,
+            self.opts,
+            rng=dropout_rng(deterministic, rng),
+            rope_positions=rope_positions,
+        )
+
+
+class DecoderLayer(nnx.Module):
+    """Masked self-attention, cross-attention (unless `cross_attention=False`, as in a
+    decoder-only model) and feed-forward sub-layers (section 3.1)."""
+
+    def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
+        self.self_attn = _attention(config, rngs)
+        self.ffn = _ffn(config, rngs)
+        self.norm1 = _norm(config, rngs)
+        self.norm3 = _norm(config, rngs)
+        if cross_attention:
+            self.cross_attn = _attention(config, rngs)
+            self.norm2 = _norm(config, rngs)
+        self.cross_attention = cross_attention
+        self.opts = config.block_options()
+
+    def params(self) -> F.DecoderLayerParams:
+        cross = self.cross_attention
+        return F.DecoderLayerParams(
+            self_attn=self.self_attn.params(),
+            cross_attn=self.cross_attn.params() if cross else None,
+            ffn=self.ffn.params(),
+            norm1=self.norm1.params(),
+            norm2=self.norm2.params() if cross else None,
+            norm3=self.norm3.params(),
+        )
+
+    def __call__(
+        self,
+        y: jax.Array,
+        self_mask: jax.Array | None = None,
+        *,
+        memory: jax.Array | None = None,
+        cross_mask: jax.Array | None = None,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+        rope_positions: jax.Array | None = None,
+    ) -> jax.Array:
+        """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E]."""
+        return F.decoder_layer(
+            y,
+            self.params(),
+            self_mask,
+            self.opts,
+            memory=memory,
+            cross_mask=cross_mask,
+            rng=dropout_rng(deterministic, rng),
+            rope_positions=rope_positions,
+        )
+
+
+class EncoderStack(nnx.Module):
+    """N encoder layers, then a final norm when the config asks for one (pre-LN)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.layers = nnx.List(
+            [EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)]
+        )
+        self.final_norm = _norm(config, rngs) if config.use_final_norm else None
+
+    def __call__(self, x, mask=None, *, rng=None, rope_positions=None) -> jax.Array:
+        """x [B, S, E] -> [B, S, E]. Dropout is applied when rng is given."""
+        keys = _layer_keys(rng, len(self.layers))
+        for layer, key in zip(self.layers, keys, strict=True):
+            x = layer(x, mask, deterministic=key is None, rng=key, rope_positions=rope_positions)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class DecoderStack(nnx.Module):
+    """N decoder layers (with or without cross-attention), then an optional final norm."""
+
+    def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
+        self.layers = nnx.List(
+            [
+                DecoderLayer(config, cross_attention=cross_attention, rngs=rngs)
+                for _ in range(config.num_decoder_layers)
+            ]
+        )
+        self.final_norm = _norm(config, rngs) if config.use_final_norm else None
+
+    def __call__(
+        self, y, self_mask=None, *, memory=None, cross_mask=None, rng=None, rope_positions=None
+    ) -> jax.Array:
+        """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given."""
+        keys = _layer_keys(rng, len(self.layers))
+        for layer, key in zip(self.layers, keys, strict=True):
+            y = layer(
+                y,
+                self_mask,
+                memory=memory,
+                cross_mask=cross_mask,
+                deterministic=key is None,
+                rng=key,
+                rope_positions=rope_positions,
+            )
+        return y if self.final_norm is None else self.final_norm(y)
+
+
+def _layer_keys(rng: jax.Array | None, n: int) -> list[jax.Array | None]:
+    return [None] * n if rng is None else list(jax.random.split(rng, n))
+
+
+__all__ = [
+    "DecoderLayer",
+    "DecoderStack",
+    "EncoderLayer",
+    "EncoderStack",
+    "FeedForward",
+    "Norm",
+]

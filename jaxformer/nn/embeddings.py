@@ -1,0 +1,62 @@
+"""Token embeddings (also the tied output projection) and learned position tables."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from jaxformer import functional as F
+from jaxformer.functional._checks import check_int
+from jaxformer.nn._params import DTYPES, param
+
+
+class Embed(nnx.Module):
+    """Embedding table [V, E]. `__call__` looks tokens up and multiplies by sqrt(E)
+    (section 3.4); `attend` is the pre-softmax projection with the same matrix.
+
+    Initialised N(0, 1/E), so that the scaled embeddings have unit variance.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        *,
+        scale: bool = True,
+        dtype: str = "float32",
+        param_dtype: str = "float32",
+        rngs: nnx.Rngs,
+    ):
+        init = nnx.initializers.normal(stddev=d_model**-0.5)
+        self.table = param(
+            rngs, init, (vocab_size, d_model), ("vocab", "embed"), DTYPES[param_dtype]
+        )
+        self.scale = scale
+        self.dtype = DTYPES[dtype]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.table.shape[0]
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """tokens [...] (int) -> [..., E] in the compute dtype."""
+        check_int("tokens", tokens)
+        return F.embed(tokens, self.table[...].astype(self.dtype), scale=self.scale)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """x [..., E] -> logits [..., V] (float32)."""
+        return F.tied_logits(x, self.table[...].astype(self.dtype))
+
+
+class LearnedPositions(nnx.Module):
+    """A learned table [max_len, E] of position embeddings (the paper's Table 3 row E)."""
+
+    def __init__(self, max_len: int, d_model: int, *, param_dtype: str = "float32", rngs: nnx.Rngs):
+        init = nnx.initializers.normal(stddev=0.02)
+        self.table = param(
+            rngs, init, (max_len, d_model), ("position", "embed"), DTYPES[param_dtype]
+        )
+
+    def __call__(self, positions: jax.Array) -> jax.Array:
+        """positions [...] (int) -> [..., E]."""
+        return self.table[...][positions]

@@ -1,0 +1,53 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer import functional as F
+
+
+@pytest.mark.parametrize("T,S,offset", [(4, None, 0), (3, 5, 0), (3, 5, 2), (1, 6, 5)])
+def test_causal_mask(T, S, offset):
+    S_ = T if S is None else S
+    want = np.array([[s <= t + offset for s in range(S_)] for t in range(T)])
+    np.testing.assert_array_equal(F.causal_mask(T, S, offset), want)
+
+
+def test_causal_mask_with_traced_offset():
+    m = jax.jit(lambda o: F.causal_mask(1, 4, o))(jnp.int32(2))
+    np.testing.assert_array_equal(m, [[True, True, True, False]])
+
+
+def test_padding_mask():
+    q = np.array([[True, True, False]])
+    k = np.array([[True, False]])
+    m = F.padding_mask(q, k)
+    assert m.shape == (1, 1, 3, 2)
+    np.testing.assert_array_equal(m[0, 0], [[True, False], [True, False], [False, False]])
+    np.testing.assert_array_equal(F.padding_mask(None, k), k[:, None, None, :])
+
+
+def test_segment_mask():
+    seg = np.array([[1, 1, 2, 0]])
+    m = np.asarray(F.segment_mask(seg, seg))[0, 0]
+    want = np.array([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]], bool)
+    np.testing.assert_array_equal(m, want)
+
+
+def test_combine_masks():
+    a = np.array([True, True, False])
+    b = np.array([True, False, True])
+    assert F.combine_masks(None, None) is None
+    np.testing.assert_array_equal(F.combine_masks(None, a), a)
+    np.testing.assert_array_equal(F.combine_masks(a, None, b), a & b)
+
+
+def test_mask_errors():
+    with pytest.raises(TypeError, match="k_valid must be a boolean"):
+        F.padding_mask(None, np.ones((1, 3), np.int32))
+    with pytest.raises(ValueError, match="k_valid must have rank 2"):
+        F.padding_mask(None, np.ones((3,), bool))
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        F.padding_mask(np.ones((2, 3), bool), np.ones((1, 3), bool))
+    with pytest.raises(TypeError, match=r"masks\[1\] must be a boolean"):
+        F.combine_masks(np.ones(2, bool), np.ones(2, np.float32))

@@ -1,0 +1,72 @@
+"""The worked examples of popular Transformer explanations, recomputed with jaxformer and
+checked against closed forms derived by hand."""
+
+import json
+import math
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer import functional as F
+
+
+def attend(q, k, v):
+    heads = lambda x: jnp.asarray(x, jnp.float32)[None, :, None, :]  # noqa: E731
+    out, w = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), return_weights=True)
+    return np.asarray(out[0, :, 0]), np.asarray(w[0, 0])
+
+
+def test_one_query_example():
+    # scores [11, 18] / sqrt(2): the weights are a two-way softmax of a gap of 7 / sqrt(2).
+    out, w = attend([[3, 4]], [[1, 2], [2, 3]], [[7, 8], [9, 10]])
+    w0 = 1 / (1 + math.exp(7 / math.sqrt(2)))
+    np.testing.assert_allclose(w[0], [w0, 1 - w0], rtol=1e-5)
+    np.testing.assert_allclose(out[0], [7 * w0 + 9 * (1 - w0), 8 * w0 + 10 * (1 - w0)], rtol=1e-5)
+    assert w[0, 0] == pytest.approx(0.00704, abs=1e-5)  # not the 0.2 a text assumes
+
+
+def test_three_token_example():
+    q = [[1, 0], [0, 1], [1, 1]]
+    k = [[1, 1], [1, 0], [0, 1]]
+    v = [[10, 0], [0, 10], [5, 5]]
+    out, w = attend(q, k, v)
+    a = math.exp(1 / math.sqrt(2))
+    np.testing.assert_allclose(w[0], [a / (2 * a + 1), a / (2 * a + 1), 1 / (2 * a + 1)], rtol=1e-5)
+    # (10 a + 5) / (2 a + 1) = 5 exactly, in both columns: the output is [5, 5].
+    np.testing.assert_allclose(out[0], [5.0, 5.0], rtol=1e-5)
+
+
+def test_positional_encoding_example():
+    pe = np.asarray(F.sinusoidal_positions(2, 4))
+    np.testing.assert_allclose(
+        pe[1], [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)], rtol=1e-6
+    )
+
+
+def test_worked_examples_script(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "experiments/worked_examples.py", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["stated_values_wrong"] == 8
+    assert (tmp_path / "worked_examples.md").exists()
+
+
+def test_paper_table3_script(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "experiments/paper_table3.py", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    s = json.loads(run.stdout.strip().splitlines()[-1])
+    assert abs(s["base_M"] - 65) < 0.5
+    assert s["max_abs_delta_mismatch_M_without_big"] <= 1.0
+    # The documented inconsistency of the paper's base and big counts: disjoint intervals.
+    assert s["vocab_interval_big_minus_base_148M"][1] < s["vocab_interval_base_65M"][0]
