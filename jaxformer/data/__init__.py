@@ -1,0 +1,18 @@
+"""Tokenizers, synthetic tasks and file datasets."""
+
+from jaxformer.data.datasets import TaskData, TextData, TsvData, encode_pairs
+from jaxformer.data.tasks import DATE_FORMATS, TASKS, get_task
+from jaxformer.data.tokenizers import BPETokenizer, ByteTokenizer, load_tokenizer
+
+__all__ = [
+    "DATE_FORMATS",
+    "TASKS",
+    "BPETokenizer",
+    "ByteTokenizer",
+    "TaskData",
+    "TextData",
+    "TsvData",
+    "encode_pairs",
+    "get_task",
+    "load_tokenizer",
+]

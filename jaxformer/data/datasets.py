@@ -1,0 +1,329 @@
+"""Datasets that produce training batches (dicts of NumPy arrays, see
+`jaxformer.train.steps`) as a pure function of (seed, batch index), so that a resumed run
+continues with exactly the batches it would have seen.
+
+    TaskData   a synthetic task (jaxformer.data.tasks), sequence to sequence
+    TsvData    a file of `source<TAB>target` lines (translation), with length bucketing
+    TextData   plain text for language modelling, packed into rows of fixed length
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import zlib
+
+import numpy as np
+
+from jaxformer.data import tasks as tasks_lib
+from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+Batch = dict[str, np.ndarray]
+_BUCKET = 16  # pad lengths of file data to a multiple of this, to bound recompilation
+
+
+def encode_pairs(
+    pairs: list[tuple[str, str]], tokenizer: Tokenizer, src_len: int, tgt_len: int
+) -> Batch:
+    """Source tokens + EOS, and the target as decoder input (BOS + target) and output
+    (target + EOS), padded to src_len / tgt_len. A None pair is an all-padding row."""
+    B = len(pairs)
+    batch = {
+        "src": np.full((B, src_len), PAD_ID, np.int32),
+        "tgt_in": np.full((B, tgt_len), PAD_ID, np.int32),
+        "tgt_out": np.full((B, tgt_len), PAD_ID, np.int32),
+    }
+    for i, pair in enumerate(pairs):
+        if pair is None:
+            continue
+        src, tgt = pair
+        s = tokenizer.encode(src) + [EOS_ID]
+        t = tokenizer.encode(tgt)
+        if len(s) > src_len or len(t) + 1 > tgt_len:
+            raise ValueError(
+                f"example {i} needs lengths ({len(s)}, {len(t) + 1}) > ({src_len}, {tgt_len}): {src!r}"
+            )
+        batch["src"][i, : len(s)] = s
+        batch["tgt_in"][i, : len(t) + 1] = [BOS_ID, *t]
+        batch["tgt_out"][i, : len(t) + 1] = [*t, EOS_ID]
+    batch["src_valid"] = batch["src"] != PAD_ID
+    batch["tgt_valid"] = batch["tgt_out"] != PAD_ID
+    return batch
+
+
+class TaskData:
+    """A synthetic task: fixed padded lengths, so one compiled step serves every batch."""
+
+    kind = "seq2seq"
+
+    def __init__(self, task: str, tokenizer: Tokenizer, *, seed: int = 0, test_size: int = 1000):
+        self.task = tasks_lib.get_task(task)
+        self.tokenizer = tokenizer
+        self.seed = seed
+        # Byte tokenizer: one token per ASCII character; +1 for EOS (and BOS on tgt_in).
+        self.src_len = _round_up(self.task.max_source_chars + 1, 8)
+        self.tgt_len = _round_up(self.task.max_target_chars + 1, 8)
+        self.test_pairs = tasks_lib.test_examples(self.task, seed, test_size)
+
+    @property
+    def max_len(self) -> int:
+        return max(self.src_len, self.tgt_len)
+
+    def train_batch(self, index: int, batch_size: int) -> Batch:
+        pairs = tasks_lib.train_examples(self.task, self.seed, index, batch_size)
+        return encode_pairs(pairs, self.tokenizer, self.src_len, self.tgt_len)
+
+    def eval_batches(self, batch_size: int):
+        for i in range(0, len(self.test_pairs), batch_size):
+            yield encode_pairs(
+                _fill(self.test_pairs[i : i + batch_size], batch_size),
+                self.tokenizer,
+                self.src_len,
+                self.tgt_len,
+            )
+
+
+class TsvData:
+    """`source<TAB>target` lines. One pair in ten (by a hash of the source) is held out.
+
+    Batches come from epoch-wise shuffles of the training pairs; within a pool of 50
+    batches, pairs of similar length are batched together and padded to a multiple of 16.
+    """
+
+    kind = "seq2seq"
+
+    def __init__(
+        self,
+        path: str | pathlib.Path,
+        tokenizer: Tokenizer,
+        *,
+        max_len: int,
+        seed: int = 0,
+        test_size: int = 1000,
+    ):
+        lines = read_text_lines(path)
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.max_len = max_len
+        train, test, too_long = [], [], []
+        for number, line in lines:
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+                raise ValueError(
+                    f"{path}:{number}: expected 'source<TAB>target' with both non-empty, "
+                    f"got {len(fields)} field(s): {line[:60]!r}"
+                )
+            src, tgt = fields
+            ids = (tokenizer.encode(src), tokenizer.encode(tgt))
+            if len(ids[0]) + 1 > max_len or len(ids[1]) + 1 > max_len:
+                too_long.append(number)
+                continue
+            split = "test" if zlib.crc32(src.encode()) % 10 == 0 else "train"
+            (test if split == "test" else train).append((src, tgt, ids))
+        if too_long:
+            shown = ", ".join(map(str, too_long[:10])) + (" ..." if len(too_long) > 10 else "")
+            print(
+                f"{path}: skipped {len(too_long)} pair(s) longer than max_len={max_len}: lines {shown}"
+            )
+        if not train:
+            raise ValueError(f"{path}: no training pairs (need non-empty source<TAB>target lines)")
+        if not test:  # a tiny file: hold out its last pair
+            test.append(train.pop())
+        self._train = train
+        self.test_pairs = [(s, t) for s, t, _ in test[:test_size]]
+        self._test_ids = [ids for _, _, ids in test[:test_size]]
+        self._epoch_cache: tuple[int, int, list[list[int]]] | None = None
+
+    def batches_per_epoch(self, batch_size: int) -> int:
+        n = len(self._train) // batch_size
+        if n == 0:
+            raise ValueError(
+                f"batch size {batch_size} is larger than the {len(self._train)} training pairs"
+            )
+        return n
+
+    def _epoch(self, epoch: int, batch_size: int) -> list[list[int]]:
+        if self._epoch_cache and self._epoch_cache[:2] == (epoch, batch_size):
+            return self._epoch_cache[2]
+        order = list(range(len(self._train)))
+        random.Random(f"tsv:{self.seed}:{epoch}").shuffle(order)
+        n = self.batches_per_epoch(batch_size) * batch_size
+        order, pool = order[:n], 50 * batch_size
+        batches = []
+        for start in range(0, n, pool):
+            chunk = sorted(order[start : start + pool], key=lambda i: len(self._train[i][2][0]))
+            batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
+        random.Random(f"tsv:{self.seed}:{epoch}:order").shuffle(batches)
+        self._epoch_cache = (epoch, batch_size, batches)
+        return batches
+
+    def train_batch(self, index: int, batch_size: int) -> Batch:
+        epoch, j = divmod(index, self.batches_per_epoch(batch_size))
+        return self._encode([self._train[i][2] for i in self._epoch(epoch, batch_size)[j]])
+
+    def eval_batches(self, batch_size: int):
+        for i in range(0, len(self._test_ids), batch_size):
+            yield self._encode(_fill(self._test_ids[i : i + batch_size], batch_size))
+
+    def _encode(self, ids: list[tuple[list[int], list[int]]]) -> Batch:
+        real = [p for p in ids if p is not None]
+        src_len = min(_round_up(max(len(s) + 1 for s, _ in real), _BUCKET), self.max_len)
+        tgt_len = min(_round_up(max(len(t) + 1 for _, t in real), _BUCKET), self.max_len)
+        return _pack_ids(ids, src_len, tgt_len)
+
+
+class TextData:
+    """Plain text for a `DecoderLM`. Documents are separated by blank lines; each ends
+    with EOS. The token stream is cut into rows of seq_len + 1 tokens; rows carry
+    segment ids (documents never attend to each other) and per-document positions, and
+    no loss is taken on a prediction that crosses a document boundary. One document in
+    ten (by hash) is held out."""
+
+    kind = "lm"
+
+    def __init__(
+        self,
+        path: str | pathlib.Path,
+        tokenizer: Tokenizer,
+        *,
+        seq_len: int,
+        seed: int = 0,
+    ):
+        docs, current = [], []
+        for _, line in read_text_lines(path):
+            if line.strip():
+                current.append(line)
+            elif current:
+                docs.append("\n".join(current))
+                current = []
+        if current:
+            docs.append("\n".join(current))
+        if not docs:
+            raise ValueError(f"{path}: no text found")
+        self.tokenizer, self.seed, self.seq_len = tokenizer, seed, seq_len
+        self.max_len = seq_len
+        train = [d for d in docs if zlib.crc32(d.encode()) % 10]
+        test = [d for d in docs if not zlib.crc32(d.encode()) % 10] or [train.pop()]
+        if not train:
+            raise ValueError(f"{path}: needs at least two documents (separated by a blank line)")
+        self._train_rows = self._rows(train)
+        self._test_rows = self._rows(test)
+        self.test_pairs: list[tuple[str, str]] = []  # no exact-match evaluation for an LM
+
+    def _rows(self, docs: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        tokens, segments = [], []
+        for d, doc in enumerate(docs):
+            ids = self.tokenizer.encode(doc) + [EOS_ID]
+            tokens += ids
+            segments += [d + 1] * len(ids)
+        tokens, segments = np.array(tokens, np.int32), np.array(segments, np.int32)
+        L = self.seq_len + 1
+        starts = range(0, max(len(tokens) - 1, 1), self.seq_len)
+        rows = []
+        for s in starts:
+            tok, seg = tokens[s : s + L], segments[s : s + L]
+            pad = L - len(tok)
+            rows.append((np.pad(tok, (0, pad)), np.pad(seg, (0, pad))))
+        return rows
+
+    def batches_per_epoch(self, batch_size: int) -> int:
+        n = len(self._train_rows) // batch_size
+        if n == 0:
+            raise ValueError(
+                f"batch size {batch_size} is larger than the {len(self._train_rows)} rows of "
+                f"{self.seq_len + 1} tokens in the training text"
+            )
+        return n
+
+    def train_batch(self, index: int, batch_size: int) -> Batch:
+        epoch, j = divmod(index, self.batches_per_epoch(batch_size))
+        order = list(range(len(self._train_rows)))
+        random.Random(f"text:{self.seed}:{epoch}").shuffle(order)
+        return _lm_batch(
+            [self._train_rows[i] for i in order[j * batch_size : (j + 1) * batch_size]]
+        )
+
+    def eval_batches(self, batch_size: int):
+        for i in range(0, len(self._test_rows), batch_size):
+            rows = self._test_rows[i : i + batch_size]
+            empty = (np.zeros(self.seq_len + 1, np.int32),) * 2
+            yield _lm_batch(rows + [empty] * (batch_size - len(rows)))
+
+
+def _lm_batch(rows: list[tuple[np.ndarray, np.ndarray]]) -> Batch:
+    tok = np.stack([r[0] for r in rows])
+    seg = np.stack([r[1] for r in rows])
+    seg_in, seg_out = seg[:, :-1], seg[:, 1:]
+    positions = np.zeros_like(seg_in)
+    for b in range(seg_in.shape[0]):  # position within each document piece of the row
+        start = 0
+        for t in range(1, seg_in.shape[1] + 1):
+            if t == seg_in.shape[1] or seg_in[b, t] != seg_in[b, t - 1]:
+                positions[b, start:t] = np.arange(t - start)
+                start = t
+    return {
+        "tgt_in": tok[:, :-1],
+        "tgt_out": tok[:, 1:],
+        "tgt_valid": (seg_in == seg_out) & (seg_out != 0),
+        "segment_ids": seg_in,
+        "positions": positions,
+    }
+
+
+def _pack_ids(ids: list[tuple[list[int], list[int]]], src_len: int, tgt_len: int) -> Batch:
+    B = len(ids)
+    src = np.full((B, src_len), PAD_ID, np.int32)
+    tgt_in = np.full((B, tgt_len), PAD_ID, np.int32)
+    tgt_out = np.full((B, tgt_len), PAD_ID, np.int32)
+    for i, pair in enumerate(ids):
+        if pair is None:  # a row that fills the last eval batch
+            continue
+        s, t = pair
+        src[i, : len(s) + 1] = [*s, EOS_ID]
+        tgt_in[i, : len(t) + 1] = [BOS_ID, *t]
+        tgt_out[i, : len(t) + 1] = [*t, EOS_ID]
+    return {
+        "src": src,
+        "src_valid": src != PAD_ID,
+        "tgt_in": tgt_in,
+        "tgt_out": tgt_out,
+        "tgt_valid": tgt_out != PAD_ID,
+    }
+
+
+def read_text_lines(path: str | pathlib.Path) -> list[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file; clear errors for missing, empty, binary
+    or non-UTF-8 files."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a regular file")
+    data = path.read_bytes()
+    if not data.strip():
+        raise ValueError(f"{path}: the file is empty")
+    if b"\x00" in data[:8192]:
+        raise ValueError(
+            f"{path}: looks like a binary file (contains NUL bytes), expected UTF-8 text"
+        )
+    lines = data.split(b"\n")
+    out = []
+    for number, raw in enumerate(lines, start=1):
+        try:
+            out.append((number, raw.decode("utf-8").rstrip("\r")))
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"
+            ) from None
+    return out
+
+
+def _fill(items: list, n: int) -> list:
+    """Pad a short last eval batch to n items with None (all-padding rows, zero weight)."""
+    return items + [None] * (n - len(items))
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k

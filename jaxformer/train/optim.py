@@ -1,0 +1,89 @@
+"""Learning-rate schedules and optimizers (optax).
+
+    paper:   lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)   (eq. 3, section 5.3)
+    cosine:  linear warmup to `lr`, then cosine decay to `lr * final_fraction`
+    constant: `lr`
+
+optax counts updates from 0; the schedules here take the paper's step = count + 1, so
+the first update uses the learning rate of step 1.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ("paper", "cosine", "constant")
+OPTIMIZERS = ("adam", "adamw")
+
+
+def paper_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> optax.Schedule:
+    """scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step = count + 1."""
+    _positive("warmup_steps", warmup_steps)
+
+    def schedule(count):
+        step = jnp.asarray(count, jnp.float32) + 1.0
+        return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+    return schedule
+
+
+def make_schedule(
+    name: str,
+    *,
+    lr: float | None = None,
+    d_model: int | None = None,
+    warmup_steps: int = 4000,
+    total_steps: int | None = None,
+    final_fraction: float = 0.0,
+) -> optax.Schedule:
+    """A schedule by name. `paper` takes d_model (and `lr` as an optional multiplier);
+    `cosine` takes lr, warmup_steps and total_steps; `constant` takes lr."""
+    if name == "paper":
+        if d_model is None:
+            raise ValueError("the paper schedule needs d_model")
+        return paper_schedule(d_model, warmup_steps, 1.0 if lr is None else lr)
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {name!r}")
+    if lr is None or lr <= 0:
+        raise ValueError(f"the {name} schedule needs a learning rate lr > 0, got {lr}")
+    if name == "constant":
+        return optax.constant_schedule(lr)
+    if total_steps is None or total_steps <= warmup_steps:
+        raise ValueError(
+            f"the cosine schedule needs total_steps > warmup_steps, got {total_steps} and {warmup_steps}"
+        )
+    inner = optax.warmup_cosine_decay_schedule(
+        0.0, lr, warmup_steps, total_steps, end_value=lr * final_fraction
+    )
+    return lambda count: inner(count + 1)
+
+
+def make_optimizer(
+    schedule: optax.Schedule,
+    *,
+    name: str = "adam",
+    b1: float = 0.9,
+    b2: float = 0.98,
+    eps: float = 1e-9,
+    weight_decay: float = 0.0,
+    clip_norm: float | None = None,
+) -> optax.GradientTransformation:
+    """Adam(0.9, 0.98, 1e-9) as in the paper, or AdamW; optional global-norm clipping."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    if name == "adam":
+        if weight_decay:
+            raise ValueError("weight_decay needs the 'adamw' optimizer")
+        opt = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    else:
+        opt = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    if clip_norm is None:
+        return opt
+    _positive("clip_norm", clip_norm)
+    return optax.chain(optax.clip_by_global_norm(clip_norm), opt)
+
+
+def _positive(name, value):
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")

@@ -1,0 +1,145 @@
+"""Train state and the jitted train and eval steps: pure functions over (graphdef, state).
+
+A batch is a dict of arrays. The decoder side is shared by both model kinds:
+    tgt_in [B, T] int     decoder input (the target shifted right, starting with BOS)
+    tgt_out [B, T] int    the tokens to predict
+    tgt_valid [B, T] bool real target tokens (loss weights; False = padding)
+`Transformer` batches add src [B, S] int and src_valid [B, S] bool; `DecoderLM` batches
+may add segment_ids and positions [B, T] int for packed rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from jaxformer.models import DecoderLM, Transformer
+from jaxformer.train.losses import LossSums, cross_entropy
+
+Batch = dict[str, jax.Array]
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a run needs to continue: restoring it resumes bit-exactly."""
+
+    step: jax.Array  # int32 []: updates applied so far
+    params: nnx.State  # the model's parameters
+    opt_state: optax.OptState
+    rng: jax.Array  # uint32 [2]: base dropout key; step s uses fold_in(rng, s)
+
+
+def create_train_state(
+    model: nnx.Module, optimizer: optax.GradientTransformation, seed: int
+) -> tuple[nnx.GraphDef, TrainState]:
+    """Split `model` into its static graph and a fresh TrainState."""
+    graphdef, params = nnx.split(model)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        rng=jax.random.PRNGKey(seed),
+    )
+    return graphdef, state
+
+
+def model_logits(model: nnx.Module, batch: Batch, *, rng: jax.Array | None) -> jax.Array:
+    """Teacher-forced logits [B, T, V] of either model kind; dropout iff rng is given."""
+    kw = dict(deterministic=rng is None, rng=rng)
+    if isinstance(model, Transformer):
+        return model(batch["src"], batch["tgt_in"], batch["src_valid"], batch["tgt_valid"], **kw)
+    if isinstance(model, DecoderLM):
+        return model(
+            batch["tgt_in"],
+            batch["tgt_valid"],
+            positions=batch.get("positions"),
+            segment_ids=batch.get("segment_ids"),
+            **kw,
+        )
+    raise TypeError(f"training needs a Transformer or DecoderLM, got {type(model).__name__}")
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    label_smoothing: float,
+    accum_steps: int = 1,
+    jit: bool = True,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """A step `(state, batch) -> (state, metrics)`, jitted with the old state donated.
+
+    With accum_steps = k the batch (leading size k * b) is cut into k micro-batches whose
+    gradients are summed in float32 before one update: the same update as the whole batch.
+    """
+    if accum_steps < 1:
+        raise ValueError(f"accum_steps must be >= 1, got {accum_steps}")
+
+    def sums_and_grads(params, batch, rng):
+        def loss_sum(params):
+            logits = model_logits(nnx.merge(graphdef, params), batch, rng=rng)
+            sums = cross_entropy(
+                logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
+            )
+            return sums.loss, sums
+
+        (_, sums), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+        return sums, grads
+
+    def step(state: TrainState, batch: Batch):
+        step_rng = jax.random.fold_in(state.rng, state.step)
+        if accum_steps == 1:
+            sums, grads = sums_and_grads(state.params, batch, step_rng)
+        else:
+            micro = jax.tree.map(_split_leading(accum_steps), batch)
+
+            def add(carry, xs):
+                i, mb = xs
+                s, g = sums_and_grads(state.params, mb, jax.random.fold_in(step_rng, i))
+                return jax.tree.map(jnp.add, carry, (s, g)), None
+
+            zeros = jax.tree.map(
+                jnp.zeros_like,
+                jax.eval_shape(
+                    sums_and_grads, state.params, jax.tree.map(lambda x: x[0], micro), step_rng
+                ),
+            )
+            (sums, grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accum_steps), micro))
+        grads = jax.tree.map(lambda g: g / jnp.maximum(sums.tokens, 1.0), grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = sums.means() | {
+            "lr": schedule(state.step),
+            "grad_norm": optax.tree.norm(grads),
+        }
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    return jax.jit(step, donate_argnums=0) if jit else step
+
+
+def make_eval_step(graphdef: nnx.GraphDef, *, label_smoothing: float, jit: bool = True):
+    """`(params, batch) -> LossSums` without dropout; add the sums over batches."""
+
+    def evaluate(params: nnx.State, batch: Batch) -> LossSums:
+        logits = model_logits(nnx.merge(graphdef, params), batch, rng=None)
+        return cross_entropy(
+            logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
+        )
+
+    return jax.jit(evaluate) if jit else evaluate
+
+
+def _split_leading(k: int) -> Callable[[Any], Any]:
+    def split(x):
+        if x.shape[0] % k:
+            raise ValueError(f"batch size {x.shape[0]} is not divisible by accum_steps={k}")
+        return x.reshape(k, x.shape[0] // k, *x.shape[1:])
+
+    return split

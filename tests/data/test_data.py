@@ -1,0 +1,131 @@
+import datetime
+
+import numpy as np
+import pytest
+
+from jaxformer import data
+from jaxformer.data import tasks
+
+TOK = data.ByteTokenizer()
+
+
+def test_every_written_date_determines_one_date():
+    seen: dict[str, datetime.date] = {}
+    d = tasks.FIRST_DATE
+    while d <= tasks.LAST_DATE:
+        for name, fmt in tasks.DATE_FORMATS.items():
+            s = fmt(d)
+            assert seen.setdefault(s, d) == d, f"{s!r} ({name}) is {d} and {seen[s]}"
+            assert len(s) <= tasks.get_task("dates").max_source_chars
+        d += datetime.timedelta(days=1)
+    assert len(tasks.DATE_FORMATS) >= 12
+
+
+def test_date_examples():
+    fmt = tasks.DATE_FORMATS
+    d = datetime.date(2001, 3, 3)
+    assert fmt["weekday, D Month YYYY"](d) == "Saturday, 3 March 2001"
+    assert fmt["Dth of Month YYYY"](d) == "3rd of March 2001"
+    assert fmt["DD/MM/YY"](d) == "03/03/01"
+    assert (
+        fmt["the Dth of Month, YYYY"](datetime.date(1999, 12, 22)) == "the 22nd of December, 1999"
+    )
+    assert fmt["Month Dth, YYYY"](datetime.date(2011, 4, 11)) == "April 11th, 2011"
+
+
+@pytest.mark.parametrize("name", tasks.TASKS)
+def test_tasks_are_deterministic_and_splits_disjoint(name):
+    task = tasks.get_task(name)
+    a = tasks.train_examples(task, seed=3, index=7, n=50)
+    assert a == tasks.train_examples(task, seed=3, index=7, n=50)
+    assert a != tasks.train_examples(task, seed=3, index=8, n=50)
+    test = tasks.test_examples(task, seed=3, n=100)
+    assert len({s for s, _ in test}) == 100
+    train_sources = {s for i in range(20) for s, _ in tasks.train_examples(task, 3, i, 50)}
+    assert not train_sources & {s for s, _ in test}
+    src, tgt = a[0]
+    if name == "reverse":
+        assert tgt == src[::-1]
+    if name == "sort":
+        assert tgt == "".join(sorted(src))
+    if name == "addition":
+        x, y = src.split("+")
+        assert int(tgt) == int(x) + int(y)
+
+
+def test_dates_test_split_holds_out_whole_dates():
+    task = tasks.get_task("dates")
+    test_dates = {t for _, t in tasks.test_examples(task, 0, 300)}
+    train_dates = {t for i in range(30) for _, t in tasks.train_examples(task, 0, i, 64)}
+    assert not test_dates & train_dates
+
+
+def test_byte_tokenizer_round_trip(tmp_path):
+    text = "Größe 3/3/01 ✓"
+    ids = TOK.encode(text)
+    assert min(ids) >= 3 and TOK.decode(ids + [2, 50]) == text
+    TOK.save(tmp_path)
+    assert isinstance(data.load_tokenizer(tmp_path), data.ByteTokenizer)
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        data.load_tokenizer(tmp_path / "missing")
+
+
+def test_encode_pairs_shifts_the_target():
+    b = data.encode_pairs([("ab", "xy"), None], TOK, 4, 4)
+    x, y = TOK.encode("xy")
+    np.testing.assert_array_equal(b["tgt_in"][0], [1, x, y, 0])
+    np.testing.assert_array_equal(b["tgt_out"][0], [x, y, 2, 0])
+    np.testing.assert_array_equal(b["src_valid"][0], [True, True, True, False])
+    assert not b["tgt_valid"][1].any()
+
+
+def test_tsv_data(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"source {i}\ttarget {i}\n" for i in range(200)))
+    d = data.TsvData(path, TOK, max_len=64, seed=0)
+    b = d.train_batch(0, 8)
+    assert b["src"].shape[0] == 8 and b["src"].shape[1] % 16 == 0
+    assert d.train_batch(3, 8)["src"].tolist() == d.train_batch(3, 8)["src"].tolist()
+    assert 0 < len(d.test_pairs) < 200
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (b"a\tb\nno tab here\n", r"pairs.tsv:2: expected 'source<TAB>target'"),
+        (b"a\tb\nx\ty\tz\n", r"pairs.tsv:2: .*got 3 field"),
+        (b"a\tb\n\tb\n", r"pairs.tsv:2: .*both non-empty"),
+        (b"a\tb\n\xff\xfe\tq\n", r"pairs.tsv:2: not valid UTF-8"),
+        (b"\x00\x01\x02", "looks like a binary file"),
+        (b"", "the file is empty"),
+    ],
+)
+def test_tsv_errors_name_the_line(tmp_path, content, match):
+    path = tmp_path / "pairs.tsv"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=match):
+        data.TsvData(path, TOK, max_len=64)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        data.TsvData("/nonexistent/file.tsv", TOK, max_len=64)
+
+
+def test_text_data_packs_documents(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("\n\n".join(f"doc {i} " + "x" * (i % 7) for i in range(60)))
+    d = data.TextData(path, TOK, seq_len=16)
+    b = d.train_batch(0, 4)
+    assert b["tgt_in"].shape == (4, 16)
+    np.testing.assert_array_equal(b["tgt_in"][:, 1:], b["tgt_out"][:, :-1])
+    seg = b["segment_ids"]
+    # Inside a document, positions count up from where the piece starts.
+    for row in range(4):
+        for t in range(1, 16):
+            if seg[row, t] == seg[row, t - 1] and seg[row, t]:
+                assert b["positions"][row, t] == b["positions"][row, t - 1] + 1
+    # No loss where the target (the next input token) belongs to another document.
+    crosses = seg[:, :-1] != seg[:, 1:]
+    assert not (b["tgt_valid"][:, :-1] & crosses).any()
+    assert b["tgt_valid"].any()

@@ -1,0 +1,90 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxformer.train import cross_entropy, make_optimizer, make_schedule, paper_schedule
+
+
+def _np_smoothed_ce(logits, targets, weights, eps):
+    logits = logits.astype(np.float64)
+    logp = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
+    V = logits.shape[-1]
+    q = np.full(logits.shape, eps / V)
+    q[np.arange(targets.shape[0])[:, None], np.arange(targets.shape[1])[None, :], targets] += (
+        1 - eps
+    )
+    loss = -(q * logp).sum(-1)
+    nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    w = weights.astype(np.float64)
+    return (loss * w).sum() / w.sum(), (nll * w).sum() / w.sum()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothed_loss_matches_numpy(eps):
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((3, 5, 11)).astype(np.float32) * 3
+    targets = rng.integers(0, 11, (3, 5))
+    weights = rng.random((3, 5)) < 0.7
+    sums = jax.jit(lambda *a: cross_entropy(*a, label_smoothing=eps))(logits, targets, weights)
+    m = sums.means()
+    want_loss, want_nll = _np_smoothed_ce(logits, targets, weights, eps)
+    assert float(m["loss"]) == pytest.approx(want_loss, rel=1e-5)
+    assert float(m["nll"]) == pytest.approx(want_nll, rel=1e-5)  # smoothing does not leak
+    assert float(m["perplexity"]) == pytest.approx(np.exp(want_nll), rel=1e-5)
+    acc = ((logits.argmax(-1) == targets) * weights).sum() / weights.sum()
+    assert float(m["token_accuracy"]) == pytest.approx(acc)
+    assert float(sums.tokens) == weights.sum()
+
+
+def test_padding_is_ignored():
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((1, 4, 7)).astype(np.float32)
+    targets = np.array([[1, 2, 3, 0]])
+    w = np.array([[True, True, False, False]])
+    a = cross_entropy(logits, targets, w, label_smoothing=0.1).means()
+    logits2 = logits.copy()
+    logits2[0, 2:] = 100.0  # garbage at padded positions
+    b = cross_entropy(logits2, targets, w, label_smoothing=0.1).means()
+    assert float(a["loss"]) == float(b["loss"])
+
+
+def test_paper_schedule_formula():
+    sched = paper_schedule(512, warmup_steps=4000)
+    for step in [1, 100, 3999, 4000, 4001, 10000, 100000]:
+        want = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        assert float(sched(step - 1)) == pytest.approx(want, rel=1e-6)
+    # The peak is at the end of warm-up.
+    assert float(sched(3999)) > float(sched(3000)) and float(sched(3999)) > float(sched(8000))
+
+
+def test_cosine_and_constant_schedules():
+    cos = make_schedule("cosine", lr=1e-3, warmup_steps=10, total_steps=100)
+    assert float(cos(9)) == pytest.approx(1e-3, rel=1e-5)
+    assert float(cos(99)) == pytest.approx(0.0, abs=1e-9)
+    assert float(make_schedule("constant", lr=3e-4)(1234)) == pytest.approx(3e-4)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        make_schedule("linear", lr=1.0)
+    with pytest.raises(ValueError, match="needs a learning rate"):
+        make_schedule("constant")
+
+
+def test_optimizers():
+    sched = optax.constant_schedule(0.1)
+    params = {"w": jnp.ones(3)}
+    grads = {"w": jnp.array([30.0, 40.0, 0.0])}  # global norm 50
+    opt = make_optimizer(sched, clip_norm=1.0)
+    state = opt.init(params)
+    updates, _ = opt.update(grads, state, params)
+    # Adam's first step is lr * sign(g) (up to eps), whatever the clipping scale.
+    np.testing.assert_allclose(updates["w"], [-0.1, -0.1, 0.0], atol=1e-6)
+    adamw = make_optimizer(sched, name="adamw", weight_decay=0.1)
+    u, _ = adamw.update({"w": jnp.zeros(3)}, adamw.init(params), params)
+    np.testing.assert_allclose(u["w"], -0.1 * 0.1 * np.ones(3), rtol=1e-5)
+    with pytest.raises(ValueError, match="weight_decay needs the 'adamw'"):
+        make_optimizer(sched, weight_decay=0.1)

@@ -1,0 +1,67 @@
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxformer as jf
+from jaxformer import data, train
+
+TOK = data.ByteTokenizer()
+
+
+def _setup(dropout=0.0, accum=1, kind="transformer"):
+    c = jf.TransformerConfig.tiny(
+        TOK.vocab_size, d_model=32, num_heads=2, d_ff=64, dropout_rate=dropout, max_len=64
+    )
+    model = (jf.Transformer if kind == "transformer" else jf.DecoderLM)(c, rngs=nnx.Rngs(0))
+    sched = optax.constant_schedule(3e-3)
+    opt = train.make_optimizer(sched)
+    graphdef, state = train.create_train_state(model, opt, seed=0)
+    step = train.make_train_step(graphdef, opt, sched, label_smoothing=0.1, accum_steps=accum)
+    return graphdef, state, step
+
+
+def test_accumulation_equals_the_large_batch():
+    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    batch = d.train_batch(0, 16)
+    _, s1, step1 = _setup()
+    _, s4, step4 = _setup(accum=4)
+    s1, m1 = step1(s1, batch)
+    s4, m4 = step4(s4, batch)
+    assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), rel=1e-6)
+    assert float(m1["grad_norm"]) == pytest.approx(float(m4["grad_norm"]), rel=1e-5)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_few_steps_lower_the_loss_on_copy():
+    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    _, state, step = _setup(dropout=0.1)
+    losses = []
+    for i in range(60):
+        state, m = step(state, d.train_batch(i, 32))
+        losses.append(float(m["loss"]))
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+    assert int(state.step) == 60
+
+
+def test_dropout_key_comes_from_the_step():
+    """Same state and batch give the same update; the step number changes the dropout."""
+    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    batch = d.train_batch(0, 8)
+    _, state, step = _setup(dropout=0.3)
+    a = step(jax.tree.map(lambda x: x.copy(), state), batch)[1]["loss"]
+    b = step(jax.tree.map(lambda x: x.copy(), state), batch)[1]["loss"]
+    assert float(a) == float(b)
+    later = state.replace(step=state.step + 1)
+    assert float(step(later, batch)[1]["loss"]) != float(a)
+
+
+def test_lm_step_runs_on_packed_text(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("\n\n".join(f"document number {i} says hello" for i in range(40)))
+    d = data.TextData(path, TOK, seq_len=32)
+    _, state, step = _setup(kind="lm")
+    state, m = step(state, d.train_batch(0, 4))
+    assert np.isfinite(float(m["loss"])) and float(m["tokens"]) > 0
