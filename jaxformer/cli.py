@@ -3,9 +3,12 @@
     jaxformer train --task dates --out runs/dates
     jaxformer train --data-tsv pairs.tsv --preset paper_base --steps 100000
     jaxformer train --data-text book.txt --config lm.yaml
+    jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
+    jaxformer train --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0 --mesh data=-1
 
-Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, ...) is
-reported in one line with exit code 2 (set JAXFORMER_TRACEBACK=1 for the traceback); a
+Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
+that does not fit the devices, an unreachable coordinator, ...) is reported in one line
+with exit code 2 (set JAXFORMER_TRACEBACK=1 for the traceback); a
 diverged run exits with 1; Ctrl-C saves a checkpoint and exits with 130.
 """
 
@@ -89,6 +92,30 @@ def _parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue from the latest checkpoint in --out"
     )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    par = t.add_argument_group("parallelism (see README, 'Scaling out')")
+    layout = par.add_mutually_exclusive_group()
+    layout.add_argument(
+        "--mesh",
+        metavar="SPEC",
+        help="device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1: the rest)",
+    )
+    layout.add_argument(
+        "--pmap", action="store_true", help="data parallel with jax.pmap (one process)"
+    )
+    par.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="process 0's address, to train as one of several processes ('auto' on TPU pods, SLURM)",
+    )
+    par.add_argument("--num-processes", type=_positive_int, metavar="N")
+    par.add_argument("--process-id", type=int, metavar="I", help="0 .. N-1")
+    par.add_argument(
+        "--coordinator-timeout",
+        type=_positive_int,
+        default=120,
+        metavar="S",
+        help="seconds to wait for all processes to join (default: 120)",
+    )
     return parser
 
 
@@ -121,6 +148,17 @@ def _train(args) -> int:
     from jaxformer.config import TransformerConfig
     from jaxformer.train.loop import RunConfig, TrainingDiverged, train
 
+    if args.coordinator:
+        from jaxformer import parallel
+
+        parallel.initialize(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            timeout_s=args.coordinator_timeout,
+        )
+    elif args.num_processes is not None or args.process_id is not None:
+        raise ValueError("--num-processes and --process-id need --coordinator HOST:PORT")
     task = None if (args.data_tsv or args.data_text) else (args.task or "dates")
     # Byte tokenizer vocabulary; replaced by the tokenizer's own size before training.
     config = getattr(TransformerConfig, args.preset)(259)
@@ -150,6 +188,8 @@ def _train(args) -> int:
         keep_checkpoints=args.keep_checkpoints,
         eval_examples=args.eval_examples,
         seed=args.seed,
+        mesh=args.mesh,
+        pmap=args.pmap,
         out=args.out or f"runs/{task or pathlib.Path(args.data_tsv or args.data_text).stem}",
     )
     try:
@@ -178,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+    except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as e:
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
         print(f"jaxformer {args.command}: error: {e}", file=sys.stderr)

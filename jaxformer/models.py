@@ -17,6 +17,7 @@ from jaxformer.config import TransformerConfig
 from jaxformer.functional._checks import check_int, check_rank
 from jaxformer.nn import DecoderStack, Embed, EncoderStack, LearnedPositions
 from jaxformer.nn._params import dropout_rng
+from jaxformer.nn._sharding import constrain_batch
 
 
 class _Inputs(nnx.Module):
@@ -43,7 +44,7 @@ class _Inputs(nnx.Module):
             x = x + F.sinusoidal_positions(c.max_len, c.d_model)[positions].astype(x.dtype)
         elif c.position_embedding == "learned":
             x = x + self.positions(positions).astype(x.dtype)
-        return F.dropout(x, c.dropout_rate, rng)
+        return constrain_batch(F.dropout(x, c.dropout_rate, rng))
 
 
 class Transformer(nnx.Module):

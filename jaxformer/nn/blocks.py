@@ -9,6 +9,7 @@ from flax import nnx
 from jaxformer import functional as F
 from jaxformer.config import TransformerConfig
 from jaxformer.nn._params import DTYPES, dropout_rng, param
+from jaxformer.nn._sharding import constrain_batch
 from jaxformer.nn.attention import MultiHeadAttention
 
 
@@ -218,6 +219,7 @@ class EncoderStack(nnx.Module):
         keys = _layer_keys(rng, len(self.layers))
         for layer, key in zip(self.layers, keys, strict=True):
             x = layer(x, mask, deterministic=key is None, rng=key, rope_positions=rope_positions)
+            x = constrain_batch(x)
         return x if self.final_norm is None else self.final_norm(x)
 
 
@@ -262,6 +264,7 @@ class DecoderStack(nnx.Module):
             if return_cross_attention:
                 y, w = y
                 weights.append(w)
+            y = constrain_batch(y)
         y = y if self.final_norm is None else self.final_norm(y)
         return (y, jnp.stack(weights)) if return_cross_attention else y
 

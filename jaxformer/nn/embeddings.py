@@ -8,6 +8,7 @@ from flax import nnx
 from jaxformer import functional as F
 from jaxformer.functional._checks import check_int
 from jaxformer.nn._params import DTYPES, param
+from jaxformer.nn._sharding import gather_whole
 
 
 class Embed(nnx.Module):
@@ -41,7 +42,8 @@ class Embed(nnx.Module):
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """tokens [...] (int) -> [..., E] in the compute dtype."""
         check_int("tokens", tokens)
-        return F.embed(tokens, self.table[...].astype(self.dtype), scale=self.scale)
+        table = gather_whole(self.table[...])
+        return F.embed(tokens, table.astype(self.dtype), scale=self.scale)
 
     def attend(self, x: jax.Array) -> jax.Array:
         """x [..., E] -> logits [..., V] (float32)."""
@@ -59,4 +61,4 @@ class LearnedPositions(nnx.Module):
 
     def __call__(self, positions: jax.Array) -> jax.Array:
         """positions [...] (int) -> [..., E]."""
-        return self.table[...][positions]
+        return gather_whole(self.table[...])[positions]

@@ -135,6 +135,11 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     cls = MODEL_KINDS[meta["model_kind"]]
     abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract)
+    # Onto this process's first device, whatever mesh the run was trained on.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract_params = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params
+    )
     restored = checkpointer.manager.restore(
         checkpointer.latest_step(),
         args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
@@ -144,5 +149,8 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
 
 
 def abstract_train_state(state: TrainState) -> TrainState:
-    """Shapes and dtypes of `state`, as the restore target."""
-    return jax.eval_shape(lambda: state)
+    """Shapes, dtypes and shardings of `state`, as the restore target: a state laid out
+    over a mesh is restored with the same layout, each process reading only its pieces."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+    )

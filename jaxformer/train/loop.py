@@ -8,14 +8,23 @@ Everything a run produces goes to `RunConfig.out`:
     tokenizer.json   the tokenizer, for `jaxformer generate`
     loss.png         train and held-out loss, held-out accuracy and exact match
     attention.png    cross-attention of a held-out example, per layer and head
+
+`RunConfig.mesh` ("data=2,fsdp=2,tensor=2") or `RunConfig.pmap` spread the run over
+devices (`jaxformer.parallel`). On several processes (after `parallel.initialize`) every
+process runs this same loop: each builds the global batch (a pure function of seed and
+index) and transfers only its own rows; checkpoints are written by all together (orbax);
+only process 0 writes metrics, the summary, plots and prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import pathlib
+import signal
+import threading
 import time
 from typing import Any
 
@@ -29,11 +38,13 @@ from jaxformer.config import TransformerConfig
 from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData
 from jaxformer.data.datasets import encode_pairs, read_text_lines
 from jaxformer.models import DecoderLM, Transformer, count_params
+from jaxformer.parallel.mesh import parse_mesh
+from jaxformer.parallel.placement import host_copy, make_placement
 from jaxformer.train import plots
 from jaxformer.train.checkpoint import Checkpointer, abstract_train_state
 from jaxformer.train.losses import LossSums
 from jaxformer.train.optim import make_optimizer, make_schedule
-from jaxformer.train.steps import create_train_state, make_eval_step, make_train_step
+from jaxformer.train.steps import create_train_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +73,8 @@ class RunConfig:
     eval_examples: int = 1000
     seed: int = 0
     out: str = "runs/dates"
+    mesh: str | None = None  # e.g. "data=2,fsdp=2,tensor=2" (jaxformer.parallel.make_mesh)
+    pmap: bool = False  # data parallel with jax.pmap over the local devices
 
     def __post_init__(self):
         sources = [x for x in (self.task, self.data_tsv, self.data_text) if x]
@@ -80,6 +93,10 @@ class RunConfig:
             raise ValueError(
                 f"batch_size={self.batch_size} must be divisible by accum_steps={self.accum_steps}"
             )
+        if self.mesh is not None:
+            parse_mesh(self.mesh)
+            if self.pmap:
+                raise ValueError("give a mesh or pmap, not both")
         if self.tokenizer not in ("byte", "bpe"):
             raise ValueError(f"tokenizer must be 'byte' or 'bpe', got {self.tokenizer!r}")
         if self.tokenizer == "bpe" and self.task:
@@ -167,15 +184,19 @@ def train(
         schedule, name=run.optimizer, weight_decay=run.weight_decay, clip_norm=run.clip_norm
     )
     graphdef, state = create_train_state(model, optimizer, run.seed)
-    train_step = make_train_step(
+    place = make_placement(
+        parse_mesh(run.mesh) if run.mesh else ("pmap" if run.pmap else None),
         graphdef,
         optimizer,
         schedule,
+        state,
         label_smoothing=config.label_smoothing,
+        batch_size=run.batch_size,
         accum_steps=run.accum_steps,
     )
-    eval_step = make_eval_step(graphdef, label_smoothing=config.label_smoothing)
+    state = place.put_state(state)
     params_count = count_params(model)
+    main = jax.process_index() == 0
     del model
 
     meta = {
@@ -186,36 +207,43 @@ def train(
     checkpointer = Checkpointer(out, keep=run.keep_checkpoints)
     metrics_path = out / "metrics.jsonl"
     if resume:
-        state, saved = checkpointer.restore(abstract_train_state(state), meta)
-        _truncate_metrics(metrics_path, int(state.step))
-        print(f"resumed from step {int(state.step)} in {checkpointer.directory}")
+        state, saved = checkpointer.restore(abstract_train_state(place.saved(state)), meta)
+        state = place.put_state(state)
+        if main:
+            _truncate_metrics(metrics_path, _step(state))
+            print(f"resumed from step {_step(state)} in {checkpointer.directory}")
     elif checkpointer.latest_step() is not None:
         raise ValueError(
             f"{out} already holds checkpoints (latest step {checkpointer.latest_step()}); "
             "pass --resume to continue that run, or choose another --out"
         )
-    else:
+    elif main:
         metrics_path.write_text("")
-    tokenizer.save(out)
-    (out / "config.json").write_text(
-        json.dumps({"model": config.to_dict(), "run": dataclasses.asdict(run)}, indent=1)
-    )
+    if main:
+        tokenizer.save(out)
+        (out / "config.json").write_text(
+            json.dumps({"model": config.to_dict(), "run": dataclasses.asdict(run)}, indent=1)
+        )
+        if place.mesh is not None or run.pmap:
+            print(f"training on {place.description}")
 
     def save(state):
-        checkpointer.save(state, meta | {"data_position": int(state.step)})
+        checkpointer.save(place.saved(state), meta | {"data_position": _step(state)})
 
     def log(record):
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if main:
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
 
-    start_step = int(state.step)
-    bar = _progress(progress, start_step, run.steps)
+    start_step = _step(state)
+    bar = _progress(progress and main, start_step, run.steps)
     t_start, tokens_done, last_eval = time.perf_counter(), 0, {}
     window_t, window_tokens = time.perf_counter(), 0
     try:
         for step in range(start_step, run.steps):
             batch = data.train_batch(step, run.batch_size)
-            state, m = train_step(state, batch)
+            with _interrupt_after():
+                state, m = place.train_step(state, batch)
             loss = float(m["loss"])
             if not math.isfinite(loss):
                 raise TrainingDiverged(
@@ -238,26 +266,30 @@ def train(
                     tok_s=f"{record['tokens_per_second']:,.0f}",
                 )
             if done % run.eval_every == 0 or done == run.steps:
-                last_eval = evaluate(eval_step, graphdef, state.params, data, tokenizer, run)
+                last_eval = evaluate(
+                    place.eval_step, graphdef, place.params(state), data, tokenizer, run
+                )
                 log({"step": done, **last_eval})
-                bar.write(_eval_line(done, last_eval))
+                if main:
+                    bar.write(_eval_line(done, last_eval))
             if done % run.checkpoint_every == 0 or done == run.steps:
                 save(state)
             bar.update(1)
     except KeyboardInterrupt:
         bar.close()
-        if int(state.step) > (checkpointer.latest_step() or 0):
+        if _step(state) > (checkpointer.latest_step() or 0):
             save(state)
-        print(
-            f"\ninterrupted: saved step {int(state.step)} in {checkpointer.directory}; continue with --resume"
-        )
+        if main:
+            print(
+                f"\ninterrupted: saved step {_step(state)} in {checkpointer.directory}; continue with --resume"
+            )
         raise
     finally:
         bar.close()
     wall = time.perf_counter() - t_start
 
     summary = {
-        "steps": int(state.step),
+        "steps": _step(state),
         "wall_seconds": round(wall, 2),
         "train_tokens_per_second": round(tokens_done / max(wall, 1e-9), 1),
         "params": params_count,
@@ -266,18 +298,22 @@ def train(
         "eval_loss": last_eval.get("eval_loss"),
         "eval_perplexity": last_eval.get("eval_perplexity"),
         "device": str(jax.devices()[0].device_kind),
+        "layout": place.description,
         "model_kind": cls.__name__,
         "model_config": config.to_dict(),
         "run": dataclasses.asdict(run),
     }
+    params = host_copy(place.params(state))  # all processes take part; then only process 0
+    checkpointer.close()
+    if not main:
+        return summary
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    model = nnx.merge(graphdef, state.params)
+    model = nnx.merge(graphdef, params)
     plots.loss_curves(metrics_path, out / "loss.png")
     examples = []
     if data.kind == "seq2seq":
         plots.cross_attention(model, tokenizer, data.test_pairs[0], out / "attention.png")
         examples = _examples(model, tokenizer, data, n=8, batch_size=run.batch_size)
-    checkpointer.close()
     _report(summary, examples, out)
     return summary
 
@@ -349,6 +385,32 @@ def _eval_line(step: int, m: dict) -> str:
     if "exact_match" in m:
         text += f", exact match {m['exact_match']:.2%}"
     return text
+
+
+@contextlib.contextmanager
+def _interrupt_after():
+    """Hold Ctrl-C until the block ends. The jitted step donates the old state, so an
+    interrupt raised inside it (e.g. while its outputs are unpacked) would leave no state
+    to save."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _step(state) -> int:
+    """Updates applied so far (pmap keeps one copy of the counter per device)."""
+    return int(np.ravel(state.step)[0])
 
 
 def _truncate_metrics(path: pathlib.Path, step: int) -> None:

@@ -72,11 +72,17 @@ def make_train_step(
     label_smoothing: float,
     accum_steps: int = 1,
     jit: bool = True,
+    axis_name: str | None = None,
+    shard_micro_batch: Callable[[Batch], Batch] | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """A step `(state, batch) -> (state, metrics)`, jitted with the old state donated.
 
     With accum_steps = k the batch (leading size k * b) is cut into k micro-batches whose
     gradients are summed in float32 before one update: the same update as the whole batch.
+
+    For `jaxformer.parallel`: inside `pmap`/`shard_map` over `axis_name`, each device's loss
+    sums and gradients are added over that axis before the update (and each device draws
+    its own dropout key); `shard_micro_batch` lays out the [k, b, ...] micro-batches.
     """
     if accum_steps < 1:
         raise ValueError(f"accum_steps must be >= 1, got {accum_steps}")
@@ -94,10 +100,14 @@ def make_train_step(
 
     def step(state: TrainState, batch: Batch):
         step_rng = jax.random.fold_in(state.rng, state.step)
+        if axis_name is not None:
+            step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
         if accum_steps == 1:
             sums, grads = sums_and_grads(state.params, batch, step_rng)
         else:
             micro = jax.tree.map(_split_leading(accum_steps), batch)
+            if shard_micro_batch is not None:
+                micro = shard_micro_batch(micro)
 
             def add(carry, xs):
                 i, mb = xs
@@ -111,6 +121,8 @@ def make_train_step(
                 ),
             )
             (sums, grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accum_steps), micro))
+        if axis_name is not None:
+            sums, grads = jax.lax.psum((sums, grads), axis_name)
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums.tokens, 1.0), grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

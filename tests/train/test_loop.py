@@ -13,6 +13,7 @@ import pytest
 
 import jaxformer as jf
 from jaxformer.cli import main
+from jaxformer.parallel import placement
 from jaxformer.train import checkpoint, loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_existing_checkpoints_need_resume_and_matching_config(tmp_path):
 
 
 def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real = loop.make_train_step
+    real = placement.make_train_step
 
     def poisoned(*args, **kwargs):
         step = real(*args, **kwargs)
@@ -111,7 +112,7 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
 
         return wrapped
 
-    monkeypatch.setattr(loop, "make_train_step", poisoned)
+    monkeypatch.setattr(placement, "make_train_step", poisoned)
     with pytest.raises(
         loop.TrainingDiverged, match=r"became nan at step 7; the last good checkpoint \(step 5\)"
     ):
@@ -131,6 +132,7 @@ KILLER = """
 import os, signal, sys
 import orbax.checkpoint as ocp
 from jaxformer.cli import main
+from jaxformer.parallel import placement
 
 finalize = ocp.StandardCheckpointHandler.finalize
 calls = 0

@@ -1,0 +1,49 @@
+"""Activation layouts under a mesh: the residual stream [B, T, E] split by batch rows.
+
+`jaxformer.parallel` traces its steps inside `activation_sharding(mesh, rules)`; the
+models then pin their residual stream (after the inputs and after every layer) to the
+`batch` rule's mesh axes, replicated over the rest, and gather whole embedding tables
+before looking tokens up. Without these hints XLA may follow the parameters' FSDP layout
+(split by d_model) into the activations and reshuffle them back and forth; with them, FSDP
+gathers the parameters and the tensor-parallel layers reduce their outputs, as intended.
+Outside the context both functions return their input unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+_LAYOUT: contextvars.ContextVar[tuple[jax.sharding.Mesh, PartitionSpec] | None] = (
+    contextvars.ContextVar("activation_layout", default=None)
+)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: jax.sharding.Mesh, rules):
+    """Within the block, `constrain_batch` splits rows over `rules['batch']` of `mesh`."""
+    token = _LAYOUT.set((mesh, PartitionSpec(rules["batch"])))
+    try:
+        yield
+    finally:
+        _LAYOUT.reset(token)
+
+
+def constrain_batch(x: jax.Array) -> jax.Array:
+    """x [B, ...] with its rows split like the batch (inside `activation_sharding`)."""
+    layout = _LAYOUT.get()
+    if layout is None:
+        return x
+    mesh, spec = layout
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def gather_whole(x: jax.Array) -> jax.Array:
+    """x replicated on every device (inside `activation_sharding`): a table to look up."""
+    layout = _LAYOUT.get()
+    if layout is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(layout[0], PartitionSpec()))

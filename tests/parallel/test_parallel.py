@@ -1,0 +1,198 @@
+"""Mesh, sharding rules, sharded and pmap train steps on 8 virtual CPU devices: each layout
+must give the single-device losses, with parameters laid out as the rules say."""
+
+import math
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+import jaxformer as jf
+from jaxformer import data, parallel, train
+from jaxformer.train import checkpoint
+
+TOK = data.ByteTokenizer()
+BATCHES = [data.TaskData("copy", TOK, seed=0, test_size=10).train_batch(i, 16) for i in range(5)]
+
+
+def small(**overrides):
+    fields = dict(
+        num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=4, d_ff=64,
+        max_len=64, dropout_rate=0.0,
+    )  # fmt: skip
+    return jf.TransformerConfig.tiny(TOK.vocab_size, **(fields | overrides))
+
+
+def setup(config):
+    schedule = optax.constant_schedule(3e-3)
+    optimizer = train.make_optimizer(schedule)
+    graphdef, state = train.create_train_state(
+        jf.Transformer(config, rngs=nnx.Rngs(0)), optimizer, seed=0
+    )
+    return graphdef, state, optimizer, schedule
+
+
+def single_device_losses(config, accum_steps=1):
+    graphdef, state, optimizer, schedule = setup(config)
+    step = train.make_train_step(
+        graphdef, optimizer, schedule, label_smoothing=0.1, accum_steps=accum_steps
+    )
+    losses = []
+    for batch in BATCHES:
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    return losses
+
+
+def test_make_mesh_fills_and_checks():
+    assert dict(parallel.make_mesh().shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert dict(parallel.make_mesh(fsdp=2, tensor=2).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert dict(parallel.make_mesh(data=2, fsdp=-1).shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+    with pytest.raises(ValueError, match="needs 12 devices, but there are 8"):
+        parallel.make_mesh(data=3, fsdp=4)
+    with pytest.raises(ValueError, match="8 is not divisible by 3"):
+        parallel.make_mesh(fsdp=3)
+    with pytest.raises(ValueError, match="only one mesh axis may be -1"):
+        parallel.make_mesh(data=-1, fsdp=-1)
+    with pytest.raises(ValueError, match="tensor must be a positive int or -1"):
+        parallel.make_mesh(tensor=0)
+    assert parallel.parse_mesh("data=2, fsdp=2,tensor=2") == {"data": 2, "fsdp": 2, "tensor": 2}
+    for bad in ("data=2,model=4", "data", "data=two", "data=2,data=4"):
+        with pytest.raises(ValueError, match="mesh"):
+            parallel.parse_mesh(bad)
+
+
+# The rules, written out: what each parameter kind must become.
+EXPECTED_SPECS = {
+    "wq": P("fsdp", "tensor", None),
+    "wk": P("fsdp", "tensor", None),
+    "wv": P("fsdp", "tensor", None),
+    "wo": P("tensor", None, "fsdp"),
+    "w1": P("fsdp", "tensor"),
+    "w2": P("tensor", "fsdp"),
+    "b1": P("tensor"),
+    "b2": P("fsdp"),
+    "scale": P("fsdp"),
+    "bias": P("fsdp"),
+    "table": P(None, "fsdp"),
+}
+
+
+def check_layout(state, mesh):
+    """Every parameter, and its two Adam moments, is laid out as the rules say, and each
+    device holds the matching slice."""
+    checked = {}
+    for path, x in jax.tree_util.tree_leaves_with_path((state.params, state.opt_state)):
+        if x.ndim == 0:  # step counters
+            continue
+        name = path[-2].key  # [..., DictKey(name), GetAttrKey("value")]
+        spec = EXPECTED_SPECS[name]
+        assert x.sharding.spec == spec, (jax.tree_util.keystr(path), x.sharding.spec)
+        split = [math.prod(mesh.shape[a] for a in ([axis] if axis else [])) for axis in spec]
+        local = tuple(n // k for n, k in zip(x.shape, split, strict=True))
+        assert x.addressable_shards[0].data.shape == local
+        checked[name] = checked.get(name, 0) + 1
+    assert set(checked) == set(EXPECTED_SPECS)
+    assert all(n % 3 == 0 for n in checked.values())  # parameter, mu, nu
+
+
+@pytest.mark.parametrize(
+    "shape,accum",
+    [
+        (dict(data=8), 1),
+        (dict(data=2, fsdp=4), 1),
+        (dict(data=2, tensor=4), 1),
+        (dict(data=2, fsdp=2, tensor=2), 2),
+    ],
+    ids=["data8", "fsdp2x4", "tensor2x4", "dft2x2x2-accum2"],
+)
+def test_sharded_steps_match_one_device(shape, accum):
+    """5 steps with dropout: the same losses as one device (threefry keys do not depend on
+    the layout, so even the dropout masks agree)."""
+    config = small(dropout_rate=0.1)
+    expected = single_device_losses(config, accum)
+    mesh = parallel.make_mesh(**shape)
+    graphdef, state, optimizer, schedule = setup(config)
+    state, shardings = parallel.shard_state(state, mesh)
+    step = parallel.make_sharded_train_step(
+        graphdef, optimizer, schedule, mesh, shardings, label_smoothing=0.1, accum_steps=accum
+    )
+    losses = []
+    for batch in BATCHES:
+        state, m = step(state, parallel.shard_batch(batch, mesh))
+        losses.append(float(m["loss"]))
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    check_layout(state, mesh)
+    assert int(state.step) == 5
+
+
+def test_fsdp_divides_parameter_and_optimizer_bytes_by_its_size():
+    config = small(ffn_bias=False)  # every parameter then has a d_model axis
+    graphdef, state, *_ = setup(config)
+    total = sum(x.nbytes for x in jax.tree.leaves((state.params, state.opt_state)))
+    for fsdp in (2, 4, 8):
+        mesh = parallel.make_mesh(data=-1, fsdp=fsdp)
+        placed, _ = parallel.shard_state(state, mesh)
+        per_device = sum(
+            x.addressable_shards[0].data.nbytes
+            for x in jax.tree.leaves((placed.params, placed.opt_state))
+        )
+        counts = [4] * 2  # the two Adam step counters (int32 scalars) stay whole
+        assert per_device == pytest.approx((total - sum(counts)) / fsdp + sum(counts))
+
+
+def test_layouts_that_do_not_divide_are_clear_errors():
+    graphdef, state, *_ = setup(small(num_heads=4, num_kv_heads=2))
+    with pytest.raises(
+        ValueError, match=r"wk.*dimension 1 \(heads\) of size 2 .* tensor of size 4"
+    ):
+        parallel.shard_state(state, parallel.make_mesh(data=2, tensor=4))
+    graphdef, state, *_ = setup(small(d_model=36))
+    with pytest.raises(ValueError, match=r"dimension \d \(embed\) of size 36 .* fsdp of size 8"):
+        parallel.shard_state(state, parallel.make_mesh(data=1, fsdp=8))
+    mesh = parallel.make_mesh(data=4, fsdp=2)
+    with pytest.raises(ValueError, match="rows 12 is not divisible by data\\*fsdp = 8"):
+        parallel.shard_batch({k: v[:12] for k, v in BATCHES[0].items()}, mesh)
+    with pytest.raises(ValueError, match="not a mesh axis"):
+        parallel.state_shardings(state, mesh, parallel.DEFAULT_RULES | {"mlp": "model"})
+
+
+def test_pmap_step_equals_the_single_device_step():
+    config = small()
+    expected = single_device_losses(config)
+    graphdef, state, optimizer, schedule = setup(config)
+    step = parallel.make_pmap_train_step(graphdef, optimizer, schedule, label_smoothing=0.1)
+    state = parallel.replicate(state)
+    losses = []
+    for batch in BATCHES:
+        state, m = step(state, parallel.split_batch(batch))
+        assert m["loss"].shape == (8,)
+        losses.append(float(parallel.unreplicate(m)["loss"]))
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    assert int(parallel.unreplicate(state).step) == 5
+    with pytest.raises(ValueError, match="not divisible by the 8 devices of pmap"):
+        parallel.split_batch({"src": BATCHES[0]["src"][:12]})
+
+
+def test_sharded_checkpoint_restores_onto_another_mesh_and_one_device(tmp_path):
+    """Orbax writes the pieces; restoring takes the target's layout, whatever the saved one."""
+    graphdef, state, *_ = setup(small())
+    saved, _ = parallel.shard_state(state, parallel.make_mesh(data=2, fsdp=2, tensor=2))
+    meta = {"model_kind": "Transformer", "model_config": small().to_dict(), "run": {}}
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    ckpt.save(saved, meta)
+    target, _ = parallel.shard_state(state, parallel.make_mesh(data=1, fsdp=8))
+    restored, _ = ckpt.restore(checkpoint.abstract_train_state(target), meta)
+    ckpt.close()
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
+        np.testing.assert_array_equal(a, b)
+    wq = restored.params["encoder"]["layers"][0]["self_attn"]["wq"]
+    assert wq.sharding.spec == P("fsdp", "tensor", None) and wq.sharding.mesh.shape["fsdp"] == 8
+    TOK.save(tmp_path)
+    model, _ = checkpoint.restore_model(tmp_path)
+    table = model.src_inputs.embed.table[...]
+    assert len(table.sharding.device_set) == 1
+    np.testing.assert_array_equal(table, state.params["src_inputs"]["embed"]["table"][...])
