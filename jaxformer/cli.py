@@ -45,6 +45,7 @@ def _positive_float(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from jaxformer.config import REMAT
     from jaxformer.data.tasks import TASKS
     from jaxformer.train.optim import OPTIMIZERS, SCHEDULES
 
@@ -62,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--preset", choices=PRESETS, default="tiny", help="model size (default: tiny)")
     t.add_argument("--config", metavar="FILE", help="JSON or YAML of TransformerConfig fields")
     t.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype")
+    t.add_argument(
+        "--remat", choices=REMAT, help="recompute layers in the backward pass (saves memory)"
+    )
+    t.add_argument(
+        "--scan-layers", action="store_true", help="stacked layers in one scan (faster compile)"
+    )
     t.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
     t.add_argument("--bpe-vocab", type=_positive_int, default=8000, metavar="N")
     t.add_argument(
@@ -166,6 +173,10 @@ def _train(args) -> int:
         config = config.replace(**_checked_fields(load_config_file(args.config), args.config))
     if args.dtype:
         config = config.replace(dtype=args.dtype)
+    if args.remat:
+        config = config.replace(remat=args.remat)
+    if args.scan_layers:
+        config = config.replace(scan_layers=True)
     run = RunConfig(
         task=task,
         data_tsv=args.data_tsv,

@@ -9,6 +9,9 @@ from jaxformer.functional.layers import ACTIVATIONS, NORM_PLACEMENTS, NORMS, Blo
 
 POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rope", "none")
 DTYPES = ("float32", "bfloat16")
+# Rematerialisation of each layer in the backward pass: keep nothing ("full"), or keep the
+# outputs of matmuls with weights ("dots": projections and feed-forward) and recompute the rest.
+REMAT = ("none", "full", "dots")
 
 # Table 3 of the paper: each row is the base model with these fields changed.
 TABLE3_ROWS: dict[str, dict[str, Any]] = {
@@ -42,6 +45,11 @@ class TransformerConfig:
     Head dims d_k / d_v default to d_model / num_heads. `num_kv_heads` < num_heads gives
     grouped-query (or, at 1, multi-query) attention. `dtype` is the compute dtype;
     parameters are kept in `param_dtype`.
+
+    `remat` trades compute for memory in training (see REMAT); `scan_layers` keeps each
+    layer stack's parameters stacked [N, ...] and runs it as one scan, so compile time
+    does not grow with depth (checkpoints then hold the stacked layout). Neither changes
+    the numbers.
     """
 
     vocab_size: int
@@ -68,6 +76,8 @@ class TransformerConfig:
     ffn_bias: bool = True
     dtype: str = "float32"
     param_dtype: str = "float32"
+    remat: str = "none"
+    scan_layers: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "max_len"):
@@ -100,6 +110,7 @@ class TransformerConfig:
             ("activation", ACTIVATIONS),
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
+            ("remat", REMAT),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -109,7 +120,7 @@ class TransformerConfig:
             raise ValueError(f"rope needs an even key head dim d_k, got {self.key_dim}")
         if not isinstance(self.norm_eps, int | float) or self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
-        for name in ("share_embeddings", "attention_bias", "ffn_bias"):
+        for name in ("share_embeddings", "attention_bias", "ffn_bias", "scan_layers"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.final_norm is not None and not isinstance(self.final_norm, bool):

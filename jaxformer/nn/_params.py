@@ -8,7 +8,8 @@ from flax import nnx
 # Logical axis names carried by parameters; jaxformer.parallel maps them to mesh axes.
 #   embed: d_model   heads: attention heads   kv: head dim   mlp: d_ff
 #   vocab: vocabulary   position: learned position table rows   norm: norm scales/biases
-LOGICAL_AXES = ("embed", "heads", "kv", "mlp", "vocab", "position", "norm")
+#   layers: the leading axis of a stack's parameters with `scan_layers`
+LOGICAL_AXES = ("embed", "heads", "kv", "mlp", "vocab", "position", "norm", "layers")
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 

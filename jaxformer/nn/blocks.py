@@ -206,20 +206,25 @@ class DecoderLayer(nnx.Module):
 
 
 class EncoderStack(nnx.Module):
-    """N encoder layers, then a final norm when the config asks for one (pre-LN)."""
+    """N encoder layers, then a final norm when the config asks for one (pre-LN).
+
+    With `config.scan_layers` the layers' parameters are stacked [N, ...] and run by one
+    scan; with `config.remat` each layer is recomputed in the backward pass.
+    """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.layers = nnx.List(
-            [EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)]
-        )
+        layers = [EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)]
+        self.layers = _stacked(layers) if config.scan_layers else nnx.List(layers)
         self.final_norm = _norm(config, rngs) if config.use_final_norm else None
+        self.num_layers, self.scan, self.remat = len(layers), config.scan_layers, config.remat
 
     def __call__(self, x, mask=None, *, rng=None, rope_positions=None) -> jax.Array:
         """x [B, S, E] -> [B, S, E]. Dropout is applied when rng is given."""
-        keys = _layer_keys(rng, len(self.layers))
-        for layer, key in zip(self.layers, keys, strict=True):
-            x = layer(x, mask, deterministic=key is None, rng=key, rope_positions=rope_positions)
-            x = constrain_batch(x)
+
+        def call(layer, x, key):
+            return layer(x, mask, deterministic=key is None, rng=key, rope_positions=rope_positions)
+
+        x = _run_layers(self, call, x, rng)
         return x if self.final_norm is None else self.final_norm(x)
 
 
@@ -227,13 +232,13 @@ class DecoderStack(nnx.Module):
     """N decoder layers (with or without cross-attention), then an optional final norm."""
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
-        self.layers = nnx.List(
-            [
-                DecoderLayer(config, cross_attention=cross_attention, rngs=rngs)
-                for _ in range(config.num_decoder_layers)
-            ]
-        )
+        layers = [
+            DecoderLayer(config, cross_attention=cross_attention, rngs=rngs)
+            for _ in range(config.num_decoder_layers)
+        ]
+        self.layers = _stacked(layers) if config.scan_layers else nnx.List(layers)
         self.final_norm = _norm(config, rngs) if config.use_final_norm else None
+        self.num_layers, self.scan, self.remat = len(layers), config.scan_layers, config.remat
 
     def __call__(
         self,
@@ -248,10 +253,9 @@ class DecoderStack(nnx.Module):
     ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given. With
         `return_cross_attention`, also each layer's cross-attention weights [L, B, H, T, S]."""
-        keys = _layer_keys(rng, len(self.layers))
-        weights = []
-        for layer, key in zip(self.layers, keys, strict=True):
-            y = layer(
+
+        def call(layer, y, key):
+            return layer(
                 y,
                 self_mask,
                 memory=memory,
@@ -261,16 +265,75 @@ class DecoderStack(nnx.Module):
                 rope_positions=rope_positions,
                 return_cross_attention=return_cross_attention,
             )
-            if return_cross_attention:
-                y, w = y
-                weights.append(w)
-            y = constrain_batch(y)
+
+        y = _run_layers(self, call, y, rng, with_weights=return_cross_attention)
+        if return_cross_attention:
+            y, weights = y
         y = y if self.final_norm is None else self.final_norm(y)
-        return (y, jnp.stack(weights)) if return_cross_attention else y
+        return (y, weights) if return_cross_attention else y
 
 
-def _layer_keys(rng: jax.Array | None, n: int) -> list[jax.Array | None]:
-    return [None] * n if rng is None else list(jax.random.split(rng, n))
+# jax.checkpoint policies by `TransformerConfig.remat`: "full" saves nothing.
+REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def _run_layers(stack, call, x, rng, *, with_weights: bool = False):
+    """x through `stack.layers` by `call(layer, x, key) -> x` (or (x, weights) with
+    `with_weights`; the weights come back stacked [N, ...]): a Python loop over the
+    layers, or one scan over stacked ones; each layer rematerialised if asked.
+
+    The scan and the remat are jax.lax.scan and jax.checkpoint over the layer's state
+    (nnx.split / nnx.merge), not nnx.scan / nnx.remat: those refuse a module whose
+    arrays come from an enclosing trace, as in decoding's compiled loops.
+    """
+
+    def step(layer, x, key):
+        out = call(layer, x, key)
+        x, weights = out if with_weights else (out, None)
+        return (constrain_batch(x), weights) if with_weights else constrain_batch(x)
+
+    if stack.remat != "none":
+        step = _rematerialised(step, REMAT_POLICIES[stack.remat])
+    keys = None if rng is None else jax.random.split(rng, stack.num_layers)
+    if stack.scan:
+        graphdef, stacked = nnx.split(stack.layers)
+
+        def body(x, layer_and_key):
+            out = step(nnx.merge(graphdef, layer_and_key[0]), x, layer_and_key[1])
+            return out if with_weights else (out, None)
+
+        x, weights = jax.lax.scan(body, x, (stacked, keys))
+        return (x, weights) if with_weights else x
+    weights = []
+    keys = [None] * stack.num_layers if keys is None else list(keys)
+    for layer, key in zip(stack.layers, keys, strict=True):
+        x = step(layer, x, key)
+        if with_weights:
+            x, w = x
+            weights.append(w)
+    return (x, jnp.stack(weights)) if with_weights else x
+
+
+def _rematerialised(step, policy):
+    """`step(layer, x, key)` under jax.checkpoint: its intermediates are recomputed in
+    the backward pass, except those `policy` saves."""
+
+    def run(layer, x, key):
+        graphdef, state = nnx.split(layer)
+        pure = lambda state, x, key: step(nnx.merge(graphdef, state), x, key)  # noqa: E731
+        return jax.checkpoint(pure, policy=policy)(state, x, key)
+
+    return run
+
+
+def _stacked(layers: list[nnx.Module]) -> nnx.Module:
+    """One layer module holding the parameters of `layers` stacked [N, ...] in order (the
+    same values as unstacked: the same initialisation), logical axes led by "layers"."""
+    graphdef, _ = nnx.split(layers[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.split(la)[1] for la in layers))
+    for _, variable in nnx.to_flat_state(stacked):
+        variable.set_metadata(out_sharding=("layers", *variable.get_metadata()["out_sharding"]))
+    return nnx.merge(graphdef, stacked)
 
 
 __all__ = [

@@ -46,7 +46,7 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
 
 def check_rules(rules: Rules, mesh: Mesh) -> None:
     """Every logical axis (and `batch`) has a rule, and rules name only mesh axes."""
-    missing = [name for name in ("batch", *LOGICAL_AXES, "layers") if name not in rules]
+    missing = [name for name in ("batch", *LOGICAL_AXES) if name not in rules]
     if missing:
         raise ValueError(f"sharding rules lack logical axes {missing}; rules: {dict(rules)}")
     for name, target in rules.items():

@@ -12,8 +12,6 @@ import sys
 import pytest
 
 from jaxformer.cli import main
-from jaxformer.train import loop
-from tests.parallel.test_parallel import small
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRAIN = [
@@ -86,14 +84,23 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
     assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["5"]
 
 
-def test_pmap_run_of_the_training_loop(tmp_path):
-    run = loop.RunConfig(
-        task="copy", steps=2, batch_size=8, eval_every=2, log_every=1, checkpoint_every=2,
-        eval_examples=8, out=str(tmp_path), pmap=True,
-    )  # fmt: skip
-    summary = loop.train(small(num_heads=2), run, progress=False)
+def test_cli_pmap_run_with_scan_layers_and_remat(tmp_path):
+    """The loop end to end on the pmap layout, with a scanned, rematerialised model
+    (checkpoint, evaluation by greedy decoding, attention plot of stacked layers)."""
+    config = tmp_path / "model.json"
+    config.write_text(json.dumps(dict(num_encoder_layers=1, num_decoder_layers=2, d_model=32,
+                                      num_heads=2, d_ff=64, max_len=64)))  # fmt: skip
+    args = [
+        "train", "--task", "copy", "--steps", "2", "--batch-size", "8", "--eval-examples", "8",
+        "--checkpoint-every", "2", "--config", str(config), "--no-progress", "--pmap",
+        "--scan-layers", "--remat", "dots", "--out", str(tmp_path / "run"),
+    ]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["layout"] == "pmap over 8 devices" and summary["steps"] == 2
-    assert (tmp_path / "checkpoints" / "2").is_dir()
+    assert summary["model_config"]["scan_layers"] and summary["model_config"]["remat"] == "dots"
+    assert (tmp_path / "run" / "checkpoints" / "2").is_dir()
+    assert (tmp_path / "run" / "attention.png").stat().st_size > 0
 
 
 def test_bad_multihost_arguments_are_clear_errors(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Mesh, sharding rules, sharded and pmap train steps on 8 virtual CPU devices: each layout
 must give the single-device losses, with parameters laid out as the rules say."""
 
+import functools
 import math
 
 import jax
@@ -35,7 +36,8 @@ def setup(config):
     return graphdef, state, optimizer, schedule
 
 
-def single_device_losses(config, accum_steps=1):
+@functools.cache
+def single_device_losses(config, accum_steps=1) -> list[float]:
     graphdef, state, optimizer, schedule = setup(config)
     step = train.make_train_step(
         graphdef, optimizer, schedule, label_smoothing=0.1, accum_steps=accum_steps
