@@ -37,7 +37,7 @@ from jaxformer.train.steps import Batch, TrainState, make_eval_step, make_train_
 class Placement:
     """A layout and its steps. Batches come in as host (NumPy) arrays of the global batch.
 
-    put_state     a host TrainState -> laid out (idempotent)
+    put_state     a TrainState as created or restored (one copy) -> laid out
     train_step    (state, batch) -> (state, scalar metrics)
     eval_step     (params, batch) -> LossSums
     params        state -> the parameters eval_step and decoding take
@@ -89,18 +89,13 @@ def make_placement(
         pstep = pmap_lib.make_pmap_train_step(graphdef, optimizer, schedule, **kw)
         evaluate = make_eval_step(graphdef, label_smoothing=label_smoothing)
 
-        def put_state(s):
-            leaf = jax.tree.leaves(s)[0]
-            replicated = isinstance(leaf, jax.Array) and len(leaf.sharding.device_set) == n > 1
-            return s if replicated else pmap_lib.replicate(s)
-
         def train_step(s, batch):
             s, m = pstep(s, pmap_lib.split_batch(batch, n))
             return s, pmap_lib.unreplicate(m)
 
         return Placement(
             f"pmap over {n} devices",
-            put_state,
+            pmap_lib.replicate,
             train_step,
             evaluate,
             lambda s: pmap_lib.unreplicate(s.params),
