@@ -86,7 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<task>)")
     t.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in --out"
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --out, if there is one",
     )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -172,9 +174,23 @@ def _checked_fields(fields: dict, path: str) -> dict:
     return fields
 
 
+def _use_compilation_cache() -> None:
+    """Keep compiled programs in ~/.cache/jaxformer/jax (unless JAX_COMPILATION_CACHE_DIR
+    says otherwise), so a second run or a resume starts in seconds."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    import jax
+
+    jax.config.update(
+        "jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "jaxformer" / "jax")
+    )
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _use_compilation_cache()
     try:
         if args.command == "train":
             return _train(args)

@@ -142,7 +142,8 @@ def train(
 ) -> dict[str, Any]:
     """Train, evaluate and report; returns the summary (also written to summary.json).
 
-    `model_config.vocab_size` is replaced by the tokenizer's. Raises TrainingDiverged on
+    `model_config.vocab_size` is replaced by the tokenizer's. With `resume`, continue from
+    the latest checkpoint in `run.out` if there is one. Raises TrainingDiverged on
     a NaN or infinite loss (the last good checkpoint stays intact) and re-raises
     KeyboardInterrupt after saving a checkpoint of the last completed step.
     """
@@ -185,10 +186,13 @@ def train(
     }
     checkpointer = Checkpointer(out, keep=run.keep_checkpoints)
     metrics_path = out / "metrics.jsonl"
-    if resume:
-        state, saved = checkpointer.restore(abstract_train_state(state), meta)
+    if resume and checkpointer.latest_step() is not None:
+        state, _ = checkpointer.restore(abstract_train_state(state), meta)
         _truncate_metrics(metrics_path, int(state.step))
         print(f"resumed from step {int(state.step)} in {checkpointer.directory}")
+    elif resume:
+        print(f"no checkpoint in {checkpointer.directory} yet: starting from step 0")
+        _truncate_metrics(metrics_path, 0)
     elif checkpointer.latest_step() is not None:
         raise ValueError(
             f"{out} already holds checkpoints (latest step {checkpointer.latest_step()}); "
