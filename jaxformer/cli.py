@@ -68,7 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive_int, default=64)
     t.add_argument("--accum-steps", type=_positive_int, default=1, help="gradient accumulation")
     t.add_argument("--schedule", choices=SCHEDULES, default="cosine")
-    t.add_argument("--lr", type=_positive_float, help="peak lr (a multiplier for --schedule paper)")
+    t.add_argument(
+        "--lr",
+        type=_positive_float,
+        help="peak lr, default 3e-3 (for --schedule paper: a multiplier, default 1)",
+    )
     t.add_argument(
         "--warmup-steps",
         type=int,
@@ -141,7 +145,7 @@ def _train(args) -> int:
         batch_size=args.batch_size,
         accum_steps=args.accum_steps,
         schedule=args.schedule,
-        lr=args.lr if args.lr is not None else (None if args.schedule == "paper" else 3e-3),
+        lr=args.lr,
         warmup_steps=args.warmup_steps,
         optimizer=args.optimizer,
         weight_decay=args.weight_decay,

@@ -50,7 +50,7 @@ class RunConfig:
     batch_size: int = 64
     accum_steps: int = 1
     schedule: str = "cosine"  # "paper" | "cosine" | "constant"
-    lr: float | None = 3e-3  # peak lr; a multiplier for "paper"
+    lr: float | None = None  # peak lr (default 3e-3); a multiplier for "paper" (default 1)
     warmup_steps: int | None = None  # default: 10% of steps (cosine), 4000 (paper)
     optimizer: str = "adam"
     weight_decay: float = 0.0
@@ -86,6 +86,13 @@ class RunConfig:
             raise ValueError(
                 "the BPE tokenizer is trained on a data file; use it with data_tsv or data_text"
             )
+
+    @property
+    def peak_lr(self) -> float | None:
+        """The lr given to the schedule: as given, else 3e-3 (None = 1x for "paper")."""
+        if self.lr is not None or self.schedule == "paper":
+            return self.lr
+        return 3e-3
 
     @property
     def warmup(self) -> int:
