@@ -21,8 +21,11 @@ from jaxformer.functional._checks import (
     check_float,
     check_rank,
 )
-from jaxformer.functional.masks import causal_mask, combine_masks
+from jaxformer.functional.chunked_attention import chunked_attention
+from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, split_heads
 from jaxformer.functional.positions import apply_rope
+
+IMPLEMENTATIONS = ("xla", "chunked", "cudnn")
 
 
 def scaled_dot_product_attention(
@@ -37,6 +40,9 @@ def scaled_dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     return_weights: bool = False,
+    q_valid: jax.Array | None = None,
+    k_valid: jax.Array | None = None,
+    implementation: str = "xla",
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """softmax(q k^T * scale + bias, masked) v.
 
@@ -49,7 +55,15 @@ def scaled_dot_product_attention(
       causal: also apply `causal_mask(T, S)` (query t sees keys s <= t).
       scale: logit scale; default 1 / sqrt(D).
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
-      return_weights: also return the attention probabilities (before dropout).
+      return_weights: also return the attention probabilities (before dropout); "xla" only.
+      q_valid, k_valid: bool [B, T] and [B, S], True = real token: the same as
+        `padding_mask(q_valid, k_valid)` in `mask`, but never formed at [T, S] by "chunked".
+      implementation: one of IMPLEMENTATIONS, all computing the same function:
+        "xla": the logits and weights materialised, [B, H, T, S] float32 (memory O(T S));
+        "chunked": online softmax over tiles of queries and keys, memory O(T + S) in the
+          forward and backward passes (see `chunked_attention`; dropout draws differ);
+        "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, NVIDIA GPUs
+          with bfloat16/float16 inputs; no dropout, no return_weights.
 
     Returns:
       [B, T, H, Dv] in q's dtype, and with `return_weights` the weights [B, H, T, S]
@@ -68,6 +82,38 @@ def scaled_dot_product_attention(
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
+    for name, valid, n in (("q_valid", q_valid, T), ("k_valid", k_valid, S)):
+        if valid is not None:
+            if jnp.result_type(valid) != jnp.bool_:
+                raise TypeError(f"{name} must be boolean (True = real token), got {valid.dtype}")
+            if valid.shape != (B, n):
+                raise ValueError(f"{name} must have shape [B, {n}] = {(B, n)}, got {valid.shape}")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if implementation != "xla" and return_weights:
+        raise ValueError(
+            f"return_weights needs the materialised weights of implementation='xla', "
+            f"got implementation={implementation!r}"
+        )
+    if implementation == "chunked":
+        return chunked_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            q_valid=q_valid,
+            k_valid=k_valid,
+            causal=causal,
+            scale=scale,
+            dropout_rate=dropout_rate,
+            dropout_rng=dropout_rng,
+        )
+    if q_valid is not None or k_valid is not None:
+        k_valid = jnp.ones((B, S), bool) if k_valid is None else k_valid
+        mask = combine_masks(mask, padding_mask(q_valid, k_valid))
+    if implementation == "cudnn":
+        return _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate)
     if causal:
         mask = combine_masks(mask, causal_mask(T, S))
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -77,8 +123,8 @@ def scaled_dot_product_attention(
     logits = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k, preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(scale)
     if bias is not None:
-        logits = logits + _split_heads(bias.astype(jnp.float32), H, K)
-    weights_BKGTS = masked_softmax(logits, None if mask is None else _split_heads(mask, H, K))
+        logits = logits + split_heads(bias.astype(jnp.float32), H, K)
+    weights_BKGTS = masked_softmax(logits, None if mask is None else split_heads(mask, H, K))
 
     probs = weights_BKGTS
     if dropout_rate > 0.0:
@@ -91,6 +137,41 @@ def scaled_dot_product_attention(
     if return_weights:
         return out, weights_BKGTS.reshape(B, H, T, S)
     return out
+
+
+def _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate):
+    """`jax.nn.dot_product_attention` with cuDNN's fused kernel; rows with no key give 0."""
+    if jax.default_backend() != "gpu":
+        raise ValueError(
+            "implementation='cudnn' needs an NVIDIA GPU (cuDNN), but the default JAX backend "
+            f"is {jax.default_backend()!r}; use implementation='xla' or 'chunked'"
+        )
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            "implementation='cudnn' needs q, k and v all bfloat16 or all float16, got "
+            f"{q.dtype}, {k.dtype}, {v.dtype}; use dtype='bfloat16' or implementation='xla'"
+        )
+    if dropout_rate > 0.0:
+        raise ValueError(
+            "implementation='cudnn' has no attention dropout in jax.nn.dot_product_attention; "
+            "use attention_dropout_rate=0 or implementation='xla' or 'chunked'"
+        )
+    out = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        bias=None if bias is None else bias.astype(q.dtype),
+        mask=mask,
+        scale=scale,
+        is_causal=causal,
+        implementation="cudnn",
+    )
+    if mask is None:
+        return out
+    full = combine_masks(mask, causal_mask(q.shape[1], k.shape[1])) if causal else mask
+    any_key = jnp.any(full, axis=-1, keepdims=True)  # [.., H | 1, T | 1, 1]
+    any_key = any_key.reshape((1,) * (4 - any_key.ndim) + any_key.shape)  # [B|1, H|1, T|1, 1]
+    return jnp.where(jnp.swapaxes(any_key, 1, 2), out, jnp.zeros_like(out))
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) -> jax.Array:
@@ -109,15 +190,6 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) ->
         unnorm = jnp.where(mask, unnorm, 0.0)
     total = jnp.sum(unnorm, axis=axis, keepdims=True)
     return unnorm / jnp.where(total == 0.0, 1.0, total)
-
-
-def _split_heads(x: jax.Array, H: int, K: int) -> jax.Array:
-    """[.., H | 1, T, S] (broadcastable to [B, H, T, S]) -> [.., K | 1, G | 1, T, S]."""
-    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
-    b, h, t, s = x.shape
-    if h == H and H > 1:
-        return x.reshape(b, K, H // K, t, s)
-    return x.reshape(b, 1, 1, t, s)
 
 
 def _check_qkv(q, k, v):
@@ -163,6 +235,7 @@ def multi_head_attention(
     dropout_rate: float = 0.0,
     rng: jax.Array | None = None,
     rope_positions: tuple[jax.Array, jax.Array] | None = None,
+    implementation: str = "xla",
 ) -> jax.Array:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
@@ -175,6 +248,8 @@ def multi_head_attention(
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
+      implementation: the attention kernel, "xla" | "chunked" | "cudnn" (see
+        `scaled_dot_product_attention`).
 
     Returns:
       [B, T, E].
@@ -199,6 +274,7 @@ def multi_head_attention(
         mask,
         dropout_rate=dropout_rate if rng is not None else 0.0,
         dropout_rng=rng,
+        implementation=implementation,
     )
     return merge_heads(out, params.wo, params.bo)
 

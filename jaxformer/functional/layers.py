@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional.attention import AttentionParams, multi_head_attention
+from jaxformer.functional.attention import IMPLEMENTATIONS, AttentionParams, multi_head_attention
 
 NORMS = ("layer", "rms")
 NORM_PLACEMENTS = ("post", "pre")
@@ -36,9 +36,11 @@ class BlockOptions:
     activation: str = "relu"  # "relu" (the paper) | "gelu" | "swiglu"
     dropout_rate: float = 0.0  # residual dropout, P_drop
     attention_dropout_rate: float = 0.0
+    attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn": see scaled_dot_product_attention
 
     def __post_init__(self):
         for name, value, allowed in (
+            ("attention_impl", self.attention_impl, IMPLEMENTATIONS),
             ("norm", self.norm, NORMS),
             ("norm_placement", self.norm_placement, NORM_PLACEMENTS),
             ("activation", self.activation, ACTIVATIONS),
@@ -189,6 +191,7 @@ def encoder_layer(
             dropout_rate=opts.attention_dropout_rate,
             rng=k_attn,
             rope_positions=rope,
+            implementation=opts.attention_impl,
         )
 
     x = residual(x, self_attention, params.norm1, opts, k_res1)
@@ -232,6 +235,7 @@ def decoder_layer(
             dropout_rate=opts.attention_dropout_rate,
             rng=k_self,
             rope_positions=rope,
+            implementation=opts.attention_impl,
         )
 
     def cross_attention(h):
@@ -242,6 +246,7 @@ def decoder_layer(
             cross_mask,
             dropout_rate=opts.attention_dropout_rate,
             rng=k_cross,
+            implementation=opts.attention_impl,
         )
 
     y = residual(y, self_attention, params.norm1, opts, k_res1)
