@@ -23,6 +23,7 @@ from jaxformer.functional._checks import (
 )
 from jaxformer.functional.chunked_attention import chunked_attention
 from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, split_heads
+from jaxformer.functional.matmul import einsum_f32
 from jaxformer.functional.positions import apply_rope
 
 IMPLEMENTATIONS = ("xla", "chunked", "cudnn")
@@ -261,9 +262,7 @@ def multi_head_attention(
         check_float(name, x)
         if x.shape[-1] != E:
             raise ValueError(f"{name} has model dim {x.shape[-1]}, the projections expect {E}")
-    q = project_heads(x_q, params.wq, params.bq)
-    k = project_heads(x_kv, params.wk, params.bk)
-    v = project_heads(x_kv, params.wv, params.bv)
+    q, k, v = _project_qkv(x_q, x_kv, params)
     if rope_positions is not None:
         q = apply_rope(q, rope_positions[0])
         k = apply_rope(k, rope_positions[1])
@@ -279,13 +278,44 @@ def multi_head_attention(
     return merge_heads(out, params.wo, params.bo)
 
 
+def _project_qkv(x_q, x_kv, p: AttentionParams):
+    """q [B, T, H, Dk], k [B, S, K, Dk], v [B, S, K, Dv] with one matrix product per input.
+
+    Self-attention concatenates W^Q, W^K, W^V along the head axis ([E, H + 2K, D]) and
+    cross-attention W^K, W^V: fewer, larger products, faster on CPU, the same values.
+    Needs d_k = d_v; otherwise three products.
+    """
+    H, K = p.wq.shape[1], p.wk.shape[1]
+    if p.wk.shape[2] != p.wv.shape[2]:
+        return (
+            project_heads(x_q, p.wq, p.bq),
+            project_heads(x_kv, p.wk, p.bk),
+            project_heads(x_kv, p.wv, p.bv),
+        )
+    if x_kv is x_q:
+        qkv = project_heads(x_q, *_stack_heads((p.wq, p.wk, p.wv), (p.bq, p.bk, p.bv)))
+        return qkv[:, :, :H], qkv[:, :, H : H + K], qkv[:, :, H + K :]
+    kv = project_heads(x_kv, *_stack_heads((p.wk, p.wv), (p.bk, p.bv)))
+    return project_heads(x_q, p.wq, p.bq), kv[:, :, :K], kv[:, :, K:]
+
+
+def _stack_heads(ws, bs):
+    """Projections [E, n_i, D] and their biases [n_i, D] (or None) joined on the head axis."""
+    w = jnp.concatenate(ws, axis=1)
+    if all(b is None for b in bs):
+        return w, None
+    bs = [
+        jnp.zeros(w_.shape[1:], w_.dtype) if b is None else b for w_, b in zip(ws, bs, strict=True)
+    ]
+    return w, jnp.concatenate(bs, axis=0)
+
+
 def project_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """x [B, T, E] @ w [E, H, D] (+ b [H, D]) -> [B, T, H, D]."""
-    out = jnp.einsum("bte,ehd->bthd", x, w)
-    return out if b is None else out + b
+    """x [B, T, E] @ w [E, H, D] (+ b [H, D]) -> [B, T, H, D], accumulated in float32."""
+    return einsum_f32("bte,ehd->bthd", x, w, b)
 
 
 def merge_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """Concatenate heads and project: x [B, T, H, D] @ w [H, D, E] (+ b [E]) -> [B, T, E]."""
-    out = jnp.einsum("bthd,hde->bte", x, w)
-    return out if b is None else out + b
+    """Concatenate heads and project: x [B, T, H, D] @ w [H, D, E] (+ b [E]) -> [B, T, E],
+    accumulated in float32."""
+    return einsum_f32("bthd,hde->bte", x, w, b)

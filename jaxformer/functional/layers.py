@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.functional.attention import IMPLEMENTATIONS, AttentionParams, multi_head_attention
+from jaxformer.functional.matmul import einsum_f32
 
 NORMS = ("layer", "rms")
 NORM_PLACEMENTS = ("post", "pre")
@@ -112,10 +113,12 @@ def normalize(x: jax.Array, params: NormParams, opts: BlockOptions) -> jax.Array
 
 
 def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "relu"):
-    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E]."""
-    h = x @ params.w1
-    if params.b1 is not None:
-        h = h + params.b1
+    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E].
+
+    The products accumulate in float32 (`einsum_f32`); activations are in x's dtype.
+    """
+    x_NE = x.reshape(-1, x.shape[-1])
+    h = einsum_f32("ne,ef->nf", x_NE, params.w1, params.b1)
     if activation == "relu":
         h = jax.nn.relu(h)
     elif activation == "gelu":
@@ -123,11 +126,10 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
     elif activation == "swiglu":
         if params.w_gate is None:
             raise ValueError("activation 'swiglu' needs FeedForwardParams.w_gate")
-        h = jax.nn.silu(x @ params.w_gate) * h
+        h = jax.nn.silu(einsum_f32("ne,ef->nf", x_NE, params.w_gate)) * h
     else:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    out = h @ params.w2
-    return out if params.b2 is None else out + params.b2
+    return einsum_f32("nf,fe->ne", h, params.w2, params.b2).reshape(x.shape)
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:

@@ -11,6 +11,7 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer import functional as F
 from jaxformer.functional.chunked_attention import chunked_attention
+from jaxformer.functional.matmul import einsum_f32
 from tests import reference as ref
 
 # (B, T, S, H, K, D, Dv): multi-head, grouped-query, multi-query, T != S, Dv != D; with
@@ -287,3 +288,45 @@ def test_cudnn_matches_plain(masking):
         )
 
     _assert_same(run("cudnn"), run("xla"), atol=3e-2)
+
+
+@pytest.mark.parametrize("self_attention", [True, False], ids=["self", "cross"])
+def test_fused_projections_match_reference(self_attention):
+    """d_k = d_v: Q, K, V (or K, V) are projected by one product; same values, GQA and biases."""
+    rng = np.random.default_rng(10)
+    B, T, S, E, H, K, D = 2, 5, 7, 16, 4, 2, 6
+    p = F.AttentionParams(
+        wq=rng.standard_normal((E, H, D)).astype(np.float32) * 0.3,
+        wk=rng.standard_normal((E, K, D)).astype(np.float32) * 0.3,
+        wv=rng.standard_normal((E, K, D)).astype(np.float32) * 0.3,
+        wo=rng.standard_normal((H, D, E)).astype(np.float32) * 0.3,
+        bq=rng.standard_normal((H, D)).astype(np.float32),
+        bk=None,  # a missing bias among present ones counts as zero
+        bv=rng.standard_normal((K, D)).astype(np.float32),
+        bo=rng.standard_normal((E,)).astype(np.float32),
+    )
+    xq = jnp.asarray(rng.standard_normal((B, T, E)), jnp.float32)
+    xkv = xq if self_attention else jnp.asarray(rng.standard_normal((B, S, E)), jnp.float32)
+    out = F.multi_head_attention(xq, xkv, p)
+    want = ref.mha(np.asarray(xq), np.asarray(xkv), p)
+    np.testing.assert_allclose(out, want, atol=1e-4, rtol=1e-4)
+
+
+def test_einsum_f32_bfloat16_gradients_equal_autodiff():
+    """The written-out bf16 gradient is autodiff's, computed with bf16 inputs."""
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.standard_normal((3, 5, 8)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((8, 2, 4)), jnp.bfloat16)
+    ct = jnp.asarray(rng.standard_normal((3, 5, 2, 4)), jnp.bfloat16)
+
+    def plain(x, w):
+        out = jnp.einsum("bte,ehd->bthd", x, w, preferred_element_type=jnp.float32)
+        return jnp.sum(out.astype(jnp.bfloat16).astype(jnp.float32) * ct)
+
+    def mine(x, w):
+        return jnp.sum(einsum_f32("bte,ehd->bthd", x, w).astype(jnp.float32) * ct)
+
+    assert einsum_f32("bte,ehd->bthd", x, w).dtype == jnp.bfloat16
+    for a, b in zip(jax.grad(mine, (0, 1))(x, w), jax.grad(plain, (0, 1))(x, w), strict=True):
+        assert a.dtype == b.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2)
