@@ -57,7 +57,8 @@ def throughput_table(r: dict) -> list[str]:
         lines += [
             "",
             f"bfloat16 vs float32 on `dates` after {check['steps']} steps (same init and "
-            f"batches): mean loss of the last 10 steps {check['final_loss_bfloat16']:.4f} vs "
+            f"batches): mean loss of the last {check['mean_of_last_steps']} steps "
+            f"{check['final_loss_bfloat16']:.4f} vs "
             f"{check['final_loss_float32']:.4f} ({100 * check['relative_difference']:.2f}% apart).",
         ]
     return lines
