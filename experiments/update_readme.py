@@ -136,6 +136,15 @@ def render(results: pathlib.Path) -> str:
         raise SystemExit(f"no results in {results}/: run `make bench` first")
     date = datetime.date.today().isoformat()
     head = [f"Measured {date} by `make bench` on: {machine_line(machine)}.", ""]
+    load, cores = (machine.get("load_average") or [0.0])[0], machine.get("cpu_count") or 1
+    if load > 0.75 * cores:
+        head += [
+            f"**The machine was busy** (load average {load:.1f} on {cores} cores): other "
+            "processes took CPU time, torch's OpenMP threads suffer from that far more than "
+            "XLA's, and the GEMM peak was measured low, so these ratios and MFU figures are "
+            "not representative. Re-run `make bench` on an idle machine.",
+            "",
+        ]
     return "\n".join(head + parts).rstrip() + "\n"
 
 
