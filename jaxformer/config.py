@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxformer.functional.attention import IMPLEMENTATIONS
 from jaxformer.functional.layers import ACTIVATIONS, NORM_PLACEMENTS, NORMS, BlockOptions
 
 POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rope", "none")
@@ -68,6 +69,7 @@ class TransformerConfig:
     ffn_bias: bool = True
     dtype: str = "float32"
     param_dtype: str = "float32"
+    attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn" (scaled_dot_product_attention)
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "max_len"):
@@ -100,6 +102,7 @@ class TransformerConfig:
             ("activation", ACTIVATIONS),
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
+            ("attention_impl", IMPLEMENTATIONS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -141,6 +144,7 @@ class TransformerConfig:
             activation=self.activation,
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
+            attention_impl=self.attention_impl,
         )
 
     # Presets.

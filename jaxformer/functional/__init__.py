@@ -1,6 +1,7 @@
 """Pure functions of arrays for every part of the Transformer. No Flax, no optax, no I/O."""
 
 from jaxformer.functional.attention import (
+    IMPLEMENTATIONS,
     AttentionParams,
     masked_softmax,
     merge_heads,
@@ -29,6 +30,7 @@ from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask,
 from jaxformer.functional.positions import apply_rope, sinusoidal_positions
 
 __all__ = [
+    "IMPLEMENTATIONS",
     "AttentionParams",
     "BlockOptions",
     "DecoderLayerParams",

@@ -19,7 +19,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional.attention import AttentionParams, multi_head_attention
+from jaxformer.functional.attention import IMPLEMENTATIONS, AttentionParams, multi_head_attention
+from jaxformer.functional.matmul import einsum_f32
 
 NORMS = ("layer", "rms")
 NORM_PLACEMENTS = ("post", "pre")
@@ -36,9 +37,11 @@ class BlockOptions:
     activation: str = "relu"  # "relu" (the paper) | "gelu" | "swiglu"
     dropout_rate: float = 0.0  # residual dropout, P_drop
     attention_dropout_rate: float = 0.0
+    attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn": see scaled_dot_product_attention
 
     def __post_init__(self):
         for name, value, allowed in (
+            ("attention_impl", self.attention_impl, IMPLEMENTATIONS),
             ("norm", self.norm, NORMS),
             ("norm_placement", self.norm_placement, NORM_PLACEMENTS),
             ("activation", self.activation, ACTIVATIONS),
@@ -110,10 +113,12 @@ def normalize(x: jax.Array, params: NormParams, opts: BlockOptions) -> jax.Array
 
 
 def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "relu"):
-    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E]."""
-    h = x @ params.w1
-    if params.b1 is not None:
-        h = h + params.b1
+    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E].
+
+    The products accumulate in float32 (`einsum_f32`); activations are in x's dtype.
+    """
+    x_NE = x.reshape(-1, x.shape[-1])
+    h = einsum_f32("ne,ef->nf", x_NE, params.w1, params.b1)
     if activation == "relu":
         h = jax.nn.relu(h)
     elif activation == "gelu":
@@ -121,11 +126,10 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
     elif activation == "swiglu":
         if params.w_gate is None:
             raise ValueError("activation 'swiglu' needs FeedForwardParams.w_gate")
-        h = jax.nn.silu(x @ params.w_gate) * h
+        h = jax.nn.silu(einsum_f32("ne,ef->nf", x_NE, params.w_gate)) * h
     else:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    out = h @ params.w2
-    return out if params.b2 is None else out + params.b2
+    return einsum_f32("nf,fe->ne", h, params.w2, params.b2).reshape(x.shape)
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
@@ -189,6 +193,7 @@ def encoder_layer(
             dropout_rate=opts.attention_dropout_rate,
             rng=k_attn,
             rope_positions=rope,
+            implementation=opts.attention_impl,
         )
 
     x = residual(x, self_attention, params.norm1, opts, k_res1)
@@ -234,6 +239,7 @@ def decoder_layer(
             dropout_rate=opts.attention_dropout_rate,
             rng=k_self,
             rope_positions=rope,
+            implementation=opts.attention_impl,
         )
 
     cross_weights = []
@@ -247,6 +253,8 @@ def decoder_layer(
             dropout_rate=opts.attention_dropout_rate,
             rng=k_cross,
             return_weights=return_cross_attention,
+            # The weights exist only in the materialised implementation.
+            implementation="xla" if return_cross_attention else opts.attention_impl,
         )
         if return_cross_attention:
             out, weights = out

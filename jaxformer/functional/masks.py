@@ -66,6 +66,18 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     return out
 
 
+def split_heads(x: jax.Array, H: int, K: int) -> jax.Array:
+    """A mask or bias broadcastable to [B, H, T, S] -> [B | 1, K | 1, G | 1, T | 1, S | 1].
+
+    Grouped heads: query head h = k * G + g reads key/value head k (G = H / K).
+    """
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    b, h, t, s = x.shape
+    if h == H and H > 1:
+        return x.reshape(b, K, H // K, t, s)
+    return x.reshape(b, 1, 1, t, s)
+
+
 def _check_bool(name: str, x: jax.Array) -> None:
     if jnp.asarray(x).dtype != jnp.bool_:
         raise TypeError(f"{name} must be a boolean array (True = attend), got dtype {x.dtype}")

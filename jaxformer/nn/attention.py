@@ -14,6 +14,8 @@ class MultiHeadAttention(nnx.Module):
 
     `num_kv_heads` K < H shares each key/value head among H / K query heads (GQA; K=1
     is multi-query attention). key_dim (d_k) and value_dim (d_v) default to E / H.
+    `attention_impl` picks the kernel ("xla" | "chunked" | "cudnn"; see
+    `functional.scaled_dot_product_attention`).
     """
 
     def __init__(
@@ -26,6 +28,7 @@ class MultiHeadAttention(nnx.Module):
         value_dim: int | None = None,
         use_bias: bool = False,
         dropout_rate: float = 0.0,
+        attention_impl: str = "xla",
         dtype: str = "float32",
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
@@ -51,7 +54,12 @@ class MultiHeadAttention(nnx.Module):
             self.bv = param(rngs, zeros, (K, Dv), ("heads", "kv"), pdt)
             self.bo = param(rngs, zeros, (E,), ("embed",), pdt)
         self.use_bias = use_bias
+        if attention_impl not in F.IMPLEMENTATIONS:
+            raise ValueError(
+                f"attention_impl must be one of {F.IMPLEMENTATIONS}, got {attention_impl!r}"
+            )
         self.dropout_rate = dropout_rate
+        self.attention_impl = attention_impl
         self.dtype = DTYPES[dtype]
 
     def params(self) -> F.AttentionParams:
@@ -78,4 +86,5 @@ class MultiHeadAttention(nnx.Module):
             dropout_rate=self.dropout_rate,
             rng=dropout_rng(deterministic, rng),
             rope_positions=rope_positions,
+            implementation=self.attention_impl,
         )

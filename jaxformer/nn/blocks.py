@@ -88,6 +88,7 @@ def _attention(config: TransformerConfig, rngs: nnx.Rngs) -> MultiHeadAttention:
         value_dim=config.value_dim,
         use_bias=config.attention_bias,
         dropout_rate=config.attention_dropout_rate,
+        attention_impl=config.attention_impl,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         rngs=rngs,
