@@ -61,6 +61,7 @@ class TransformerConfig:
     norm: str = "layer"
     norm_placement: str = "post"
     norm_eps: float = 1e-6
+    norm_bias: bool = True
     final_norm: bool | None = None
     activation: str = "relu"
     share_embeddings: bool = True
@@ -109,7 +110,7 @@ class TransformerConfig:
             raise ValueError(f"rope needs an even key head dim d_k, got {self.key_dim}")
         if not isinstance(self.norm_eps, int | float) or self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
-        for name in ("share_embeddings", "attention_bias", "ffn_bias"):
+        for name in ("share_embeddings", "attention_bias", "ffn_bias", "norm_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.final_norm is not None and not isinstance(self.final_norm, bool):

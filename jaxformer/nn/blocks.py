@@ -53,7 +53,8 @@ class FeedForward(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """LayerNorm (scale and bias) or RMSNorm (scale only) over the last axis."""
+    """LayerNorm (scale, and bias unless `use_bias=False`) or RMSNorm (scale only) over the
+    last axis."""
 
     def __init__(
         self,
@@ -61,17 +62,19 @@ class Norm(nnx.Module):
         *,
         kind: str = "layer",
         eps: float = 1e-6,
+        use_bias: bool = True,
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
         pdt = DTYPES[param_dtype]
         self.scale = param(rngs, nnx.initializers.ones, (d_model,), ("norm",), pdt)
-        if kind == "layer":
+        self.use_bias = kind == "layer" and use_bias
+        if self.use_bias:
             self.bias = param(rngs, nnx.initializers.zeros, (d_model,), ("norm",), pdt)
         self.opts = F.BlockOptions(norm=kind, norm_eps=eps)
 
     def params(self) -> F.NormParams:
-        bias = self.bias[...] if self.opts.norm == "layer" else None
+        bias = self.bias[...] if self.use_bias else None
         return F.NormParams(self.scale[...], bias)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -110,6 +113,7 @@ def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> Norm:
         config.d_model,
         kind=config.norm,
         eps=config.norm_eps,
+        use_bias=config.norm_bias,
         param_dtype=config.param_dtype,
         rngs=rngs,
     )
