@@ -163,7 +163,8 @@ def multi_head_attention(
     dropout_rate: float = 0.0,
     rng: jax.Array | None = None,
     rope_positions: tuple[jax.Array, jax.Array] | None = None,
-) -> jax.Array:
+    return_weights: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
     Self-attention: x_kv is x_q. Cross-attention: x_kv is the encoder output.
@@ -175,9 +176,10 @@ def multi_head_attention(
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
+      return_weights: also return the attention probabilities [B, H, T, S].
 
     Returns:
-      [B, T, E].
+      [B, T, E], and with `return_weights` the weights.
     """
     check_rank("x_q", x_q, 3, "[B, T, E]")
     check_rank("x_kv", x_kv, 3, "[B, S, E]")
@@ -199,7 +201,11 @@ def multi_head_attention(
         mask,
         dropout_rate=dropout_rate if rng is not None else 0.0,
         dropout_rng=rng,
+        return_weights=return_weights,
     )
+    if return_weights:
+        out, weights = out
+        return merge_heads(out, params.wo, params.bo), weights
     return merge_heads(out, params.wo, params.bo)
 
 

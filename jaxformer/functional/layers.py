@@ -211,12 +211,14 @@ def decoder_layer(
     cross_mask: jax.Array | None = None,
     rng: jax.Array | None = None,
     rope_positions: jax.Array | None = None,
-) -> jax.Array:
+    return_cross_attention: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Masked self-attention, cross-attention over `memory`, feed-forward: [B, T, E] -> same.
 
     self_mask: broadcastable to [B, H, T, T] (include the causal mask).
     memory: [B, S, E] encoder output; None (and params.cross_attn None) in a decoder-only
     model. cross_mask: broadcastable to [B, H, T, S].
+    return_cross_attention: also return the cross-attention weights [B, H, T, S].
     """
     if (memory is None) != (params.cross_attn is None):
         raise ValueError("memory must be given exactly when the layer has cross-attention")
@@ -234,26 +236,38 @@ def decoder_layer(
             rope_positions=rope,
         )
 
+    cross_weights = []
+
     def cross_attention(h):
-        return multi_head_attention(
+        out = multi_head_attention(
             h,
             memory,
             params.cross_attn,
             cross_mask,
             dropout_rate=opts.attention_dropout_rate,
             rng=k_cross,
+            return_weights=return_cross_attention,
         )
+        if return_cross_attention:
+            out, weights = out
+            cross_weights.append(weights)
+        return out
 
     y = residual(y, self_attention, params.norm1, opts, k_res1)
     if memory is not None:
         y = residual(y, cross_attention, params.norm2, opts, k_res2)
-    return residual(
+    y = residual(
         y,
         lambda h: feed_forward(h, params.ffn, activation=opts.activation),
         params.norm3,
         opts,
         k_res3,
     )
+    if return_cross_attention:
+        if memory is None:
+            raise ValueError("return_cross_attention needs a layer with cross-attention")
+        return y, cross_weights[0]
+    return y
 
 
 def _split(rng: jax.Array | None, n: int) -> tuple[jax.Array | None, ...]:

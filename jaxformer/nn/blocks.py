@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import functional as F
@@ -190,8 +191,10 @@ class DecoderLayer(nnx.Module):
         deterministic: bool = True,
         rng: jax.Array | None = None,
         rope_positions: jax.Array | None = None,
-    ) -> jax.Array:
-        """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E]."""
+        return_cross_attention: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E] (and the
+        cross-attention weights [B, H, T, S] with `return_cross_attention`)."""
         return F.decoder_layer(
             y,
             self.params(),
@@ -201,6 +204,7 @@ class DecoderLayer(nnx.Module):
             cross_mask=cross_mask,
             rng=dropout_rng(deterministic, rng),
             rope_positions=rope_positions,
+            return_cross_attention=return_cross_attention,
         )
 
 
@@ -234,10 +238,20 @@ class DecoderStack(nnx.Module):
         self.final_norm = _norm(config, rngs) if config.use_final_norm else None
 
     def __call__(
-        self, y, self_mask=None, *, memory=None, cross_mask=None, rng=None, rope_positions=None
-    ) -> jax.Array:
-        """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given."""
+        self,
+        y,
+        self_mask=None,
+        *,
+        memory=None,
+        cross_mask=None,
+        rng=None,
+        rope_positions=None,
+        return_cross_attention=False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given. With
+        `return_cross_attention`, also each layer's cross-attention weights [L, B, H, T, S]."""
         keys = _layer_keys(rng, len(self.layers))
+        weights = []
         for layer, key in zip(self.layers, keys, strict=True):
             y = layer(
                 y,
@@ -247,8 +261,13 @@ class DecoderStack(nnx.Module):
                 deterministic=key is None,
                 rng=key,
                 rope_positions=rope_positions,
+                return_cross_attention=return_cross_attention,
             )
-        return y if self.final_norm is None else self.final_norm(y)
+            if return_cross_attention:
+                y, w = y
+                weights.append(w)
+        y = y if self.final_norm is None else self.final_norm(y)
+        return (y, jnp.stack(weights)) if return_cross_attention else y
 
 
 def _layer_keys(rng: jax.Array | None, n: int) -> list[jax.Array | None]:
