@@ -108,7 +108,8 @@ class TransformerConfig:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if self.position_embedding == "rope" and self.key_dim % 2:
             raise ValueError(f"rope needs an even key head dim d_k, got {self.key_dim}")
-        if not isinstance(self.norm_eps, int | float) or self.norm_eps <= 0:
+        eps = self.norm_eps
+        if not isinstance(eps, int | float) or isinstance(eps, bool) or eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
         for name in ("share_embeddings", "attention_bias", "ffn_bias", "norm_bias"):
             if not isinstance(getattr(self, name), bool):

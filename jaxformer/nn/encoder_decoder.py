@@ -16,6 +16,8 @@ class EncoderDecoder(nnx.Module):
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
         self.encoder = EncoderStack(config, rngs=rngs)
         self.decoder = DecoderStack(config, cross_attention=True, rngs=rngs)
 
