@@ -41,7 +41,9 @@ class TransformerConfig:
 
     Head dims d_k / d_v default to d_model / num_heads. `num_kv_heads` < num_heads gives
     grouped-query (or, at 1, multi-query) attention. `dtype` is the compute dtype;
-    parameters are kept in `param_dtype`.
+    parameters are kept in `param_dtype`. norm_eps, norm_bias, attention_bias, ffn_bias
+    and final_norm also describe models that differ from the paper, such as PyTorch's
+    nn.Transformer (see jaxformer.interop.torch).
     """
 
     vocab_size: int

@@ -435,3 +435,28 @@ def test_to_torch_refuses_decoder_only_layers_and_other_types():
         to_torch(layer)
     with pytest.raises(TypeError, match="to_torch converts .* got Embed"):
         to_torch(nnx.eval_shape(lambda: jnn.Embed(5, 8, rngs=nnx.Rngs(0))))
+
+
+def test_bfloat16_weights_convert_exactly():
+    m = build("encoder_layer", CONFIGS["pre_gelu_nobias_batchfirst"]).to(torch.bfloat16)
+    j = from_torch(m)
+    assert j.self_attn.wq[...].dtype == jnp.bfloat16 and j.opts.norm_placement == "pre"
+    back = to_torch(j, batch_first=True, dropout=0.1)
+    for name, tensor in m.state_dict().items():
+        assert back.state_dict()[name].dtype == torch.bfloat16
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
+def test_readme_example_runs_as_written():
+    import contextlib
+    import io
+    import pathlib
+    import re
+
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    section = readme.read_text().split("## Interop with PyTorch", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block, "README.md", "exec"), {})
+    assert printed.getvalue().strip() == "True"
