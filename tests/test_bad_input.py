@@ -393,7 +393,7 @@ CLI = [
     ("config impossible sizes", ["--config", "sizes.json"], "d_model=10 is not divisible by num_heads=4"),
     ("config wrong type", ["--config", "types.json"], "num_heads must be an int, got 'four'"),
     ("config empty", ["--config", "empty.txt"], "empty.txt: not valid JSON"),
-    ("resume without checkpoint", ["--task", "copy", "--resume"], "no checkpoint to resume from"),
+    ("negative warmup", ["--warmup-steps", "-1"], "warmup_steps must be >= 0, got -1"),
     ("bad lr", ["--lr", "-1"], "argument --lr: must be > 0"),
     ("bad seq-len", ["--seq-len", "0"], "argument --seq-len: must be >= 1"),
 ]  # fmt: skip
