@@ -166,7 +166,7 @@ def train(
     model = cls(config, rngs=nnx.Rngs(run.seed))
     schedule = make_schedule(
         run.schedule,
-        lr=run.lr,
+        lr=run.peak_lr,
         d_model=config.d_model,
         warmup_steps=run.warmup,
         total_steps=run.steps,
