@@ -8,11 +8,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: train test test-all lint bench clean
 
+# torch is pinned to exactly 2.13.0 for the PyTorch parity tests: CI has that CPU wheel on
+# disk, while another version or an open range would pull gigabytes of CUDA packages.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxformer needs Python >= 3.11, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet torch==2.13.0
 	@touch $(STAMP)
 
 train: $(STAMP)

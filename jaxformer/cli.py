@@ -103,7 +103,10 @@ def load_config_file(path: str) -> dict:
     p = pathlib.Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{path}: no such config file")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if p.suffix in (".yaml", ".yml"):
         import yaml
 

@@ -28,10 +28,21 @@ def greedy(
     """
     if not isinstance(model, Transformer):
         raise TypeError(f"greedy needs a Transformer, got {type(model).__name__}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    _check_decode_args(model.config, max_new_tokens, bos_id=bos_id, eos_id=eos_id)
     graphdef, state = nnx.split(model)
     return _greedy(graphdef, state, src_tokens, src_valid, max_new_tokens, bos_id, eos_id)
+
+
+def _check_decode_args(config, max_new_tokens, **token_ids) -> None:
+    """max_new_tokens fits the position table; the special ids are in the vocabulary."""
+    n = max_new_tokens
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {n!r}")
+    if config.position_embedding in ("sinusoidal", "learned") and n > config.max_len:
+        raise ValueError(f"max_new_tokens={n} > the model's max_len={config.max_len}")
+    for name, token in token_ids.items():
+        if not isinstance(token, int) or not 0 <= token < config.vocab_size:
+            raise ValueError(f"{name}={token!r} is outside the vocabulary [0, {config.vocab_size})")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))

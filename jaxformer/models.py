@@ -14,7 +14,7 @@ from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer.config import TransformerConfig
-from jaxformer.functional._checks import check_int, check_rank
+from jaxformer.functional._checks import check_float, check_int, check_rank
 from jaxformer.nn import DecoderStack, Embed, EncoderStack, LearnedPositions
 from jaxformer.nn._params import dropout_rng
 
@@ -98,6 +98,11 @@ class Transformer(nnx.Module):
         """
         _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
         check_rank("memory", memory, 3, "[B, S, E]")
+        check_float("memory", memory)
+        if memory.shape[2] != self.config.d_model:
+            raise ValueError(
+                f"memory has model dim {memory.shape[2]}, the model's d_model is {self.config.d_model}"
+            )
         if memory.shape[0] != tgt_tokens.shape[0]:
             raise ValueError(
                 f"memory batch {memory.shape[0]} != tgt_tokens batch {tgt_tokens.shape[0]}"
@@ -182,10 +187,13 @@ class DecoderLM(nnx.Module):
         and `positions` [B, T] restarting at 0 in each document.
         """
         _check_tokens(self.config, "tokens", tokens, valid, "valid")
+        for name, ids in (("positions", positions), ("segment_ids", segment_ids)):
+            if ids is not None:
+                check_int(name, ids, f"of {name.replace('_', ' ')}")
+                if ids.shape != tokens.shape:
+                    raise ValueError(f"{name} shape {ids.shape} != tokens shape {tokens.shape}")
         if positions is None:
             positions = _default_positions(tokens)
-        elif positions.shape != tokens.shape:
-            raise ValueError(f"positions shape {positions.shape} != tokens shape {tokens.shape}")
         rng = dropout_rng(deterministic, rng)
         k_in, k_layers = _split2(rng)
         x = self.inputs(tokens, positions, k_in)
@@ -228,6 +236,8 @@ class Encoder(nnx.Module):
 
 def count_params(model: nnx.Module) -> int:
     """The number of scalar parameters (a shared matrix counts once)."""
+    if not isinstance(model, nnx.Module):
+        raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
@@ -259,6 +269,8 @@ def _check_tokens(config, name, tokens, valid, valid_name) -> None:
         if valid.dtype != jnp.bool_:
             raise TypeError(f"{valid_name} must be boolean (True = real token), got {valid.dtype}")
     T = tokens.shape[1]
+    if T < 1:
+        raise ValueError(f"{name} has length 0; sequences need at least one token")
     if config.position_embedding in ("sinusoidal", "learned") and T > config.max_len:
         raise ValueError(
             f"{name} has length {T} > max_len={config.max_len} of the "

@@ -20,6 +20,7 @@ from jaxformer.functional._checks import (
     check_broadcastable,
     check_float,
     check_rank,
+    check_shape,
 )
 from jaxformer.functional.chunked_attention import chunked_attention
 from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, split_heads
@@ -183,6 +184,9 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) ->
     """
     logits = logits.astype(jnp.float32)
     if mask is not None:
+        if jnp.result_type(mask) != jnp.bool_:
+            raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
+        check_broadcastable("mask", mask, logits.shape, "logits' shape")
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     row_max = jax.lax.stop_gradient(jnp.max(logits, axis=axis, keepdims=True))
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
@@ -259,6 +263,7 @@ def multi_head_attention(
     """
     check_rank("x_q", x_q, 3, "[B, T, E]")
     check_rank("x_kv", x_kv, 3, "[B, S, E]")
+    _check_params(params)
     E = params.wq.shape[0]
     for name, x in (("x_q", x_q), ("x_kv", x_kv)):
         check_float(name, x)
@@ -318,10 +323,39 @@ def _stack_heads(ws, bs):
 
 def project_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
     """x [B, T, E] @ w [E, H, D] (+ b [H, D]) -> [B, T, H, D], accumulated in float32."""
+    check_rank("x", x, 3, "[B, T, E]")
+    check_rank("w", w, 3, "[E, H, D]")
+    if x.shape[-1] != w.shape[0]:
+        raise ValueError(f"x has model dim {x.shape[-1]}, w {w.shape} expects E={w.shape[0]}")
     return einsum_f32("bte,ehd->bthd", x, w, b)
 
 
 def merge_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
     """Concatenate heads and project: x [B, T, H, D] @ w [H, D, E] (+ b [E]) -> [B, T, E],
     accumulated in float32."""
+    check_rank("x", x, 4, "[B, T, H, D]")
+    check_rank("w", w, 3, "[H, D, E]")
+    if x.shape[2:] != w.shape[:2]:
+        raise ValueError(f"x has heads [H, D] = {x.shape[2:]}, w {w.shape} expects {w.shape[:2]}")
     return einsum_f32("bthd,hde->bte", x, w, b)
+
+
+def _check_params(p: AttentionParams) -> None:
+    """Shapes of the projections agree: wq [E, H, Dk], wk [E, K, Dk], wv [E, K, Dv],
+    wo [H, Dv, E] and the biases [H, Dk], [K, Dk], [K, Dv], [E]."""
+    for name, layout in (("wq", "[E, H, Dk]"), ("wk", "[E, K, Dk]"), ("wv", "[E, K, Dv]")):
+        check_rank(f"params.{name}", getattr(p, name), 3, layout)
+    E, H, Dk = p.wq.shape
+    K, Dv = p.wk.shape[1], p.wv.shape[2]
+    expected = {
+        "wk": ((E, K, Dk), "[E, K, Dk]"),
+        "wv": ((E, K, Dv), "[E, K, Dv]"),
+        "wo": ((H, Dv, E), "[H, Dv, E]"),
+        "bq": ((H, Dk), "[H, Dk]"),
+        "bk": ((K, Dk), "[K, Dk]"),
+        "bv": ((K, Dv), "[K, Dv]"),
+        "bo": ((E,), "[E]"),
+    }
+    for name, (shape, layout) in expected.items():
+        if getattr(p, name) is not None:
+            check_shape(f"params.{name}", getattr(p, name), shape, layout)

@@ -19,6 +19,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxformer.functional._checks import (
+    check_float,
+    check_int,
+    check_rank,
+    check_rate,
+    check_shape,
+)
 from jaxformer.functional.attention import IMPLEMENTATIONS, AttentionParams, multi_head_attention
 from jaxformer.functional.matmul import einsum_f32
 
@@ -49,11 +56,10 @@ class BlockOptions:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         for name in ("dropout_rate", "attention_dropout_rate"):
-            rate = getattr(self, name)
-            if not 0.0 <= rate < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {rate}")
-        if self.norm_eps <= 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+            check_rate(name, getattr(self, name))
+        eps = self.norm_eps
+        if not isinstance(eps, int | float) or isinstance(eps, bool) or not eps > 0:
+            raise ValueError(f"norm_eps must be > 0 (a number), got {eps!r}")
 
 
 class NormParams(NamedTuple):
@@ -89,6 +95,7 @@ class DecoderLayerParams(NamedTuple):
 
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *, eps: float = 1e-6):
     """(x - mean) / sqrt(var + eps) * scale + bias over the last axis, in float32."""
+    _check_norm_args(x, scale, bias)
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
@@ -100,9 +107,18 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *,
 
 def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6) -> jax.Array:
     """x / sqrt(mean(x^2) + eps) * scale over the last axis, in float32."""
+    _check_norm_args(x, scale, None)
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def _check_norm_args(x, scale, bias) -> None:
+    check_float("x", x)
+    E = x.shape[-1:]
+    check_shape("scale", scale, E, "[E]")
+    if bias is not None:
+        check_shape("bias", bias, E, "[E]")
 
 
 def normalize(x: jax.Array, params: NormParams, opts: BlockOptions) -> jax.Array:
@@ -117,7 +133,13 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
 
     The products accumulate in float32 (`einsum_f32`); activations are in x's dtype.
     """
-    x_NE = x.reshape(-1, x.shape[-1])
+    check_float("x", x)
+    check_rank("params.w1", params.w1, 2, "[E, F]")
+    E, F = params.w1.shape
+    if x.shape[-1] != E:
+        raise ValueError(f"x has model dim {x.shape[-1]}, params.w1 {params.w1.shape} expects {E}")
+    check_shape("params.w2", params.w2, (F, E), "[F, E]")
+    x_NE = x.reshape(-1, E)
     h = einsum_f32("ne,ef->nf", x_NE, params.w1, params.b1)
     if activation == "relu":
         h = jax.nn.relu(h)
@@ -137,6 +159,7 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
 
     The identity when rng is None or rate is 0.
     """
+    check_rate("rate", rate)
     if rng is None or rate == 0.0:
         return x
     keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
@@ -158,12 +181,19 @@ def residual(
 
 def embed(tokens: jax.Array, table: jax.Array, *, scale: bool = True) -> jax.Array:
     """table[tokens] * sqrt(d_model) (section 3.4): tokens [...] int, table [V, E] -> [..., E]."""
+    check_int("tokens", tokens)
+    check_rank("table", table, 2, "[V, E]")
     out = jnp.take(table, tokens, axis=0)
     return out * jnp.asarray(math.sqrt(table.shape[-1]), out.dtype) if scale else out
 
 
 def tied_logits(x: jax.Array, table: jax.Array) -> jax.Array:
     """Pre-softmax projection with the embedding matrix: x [..., E] @ table[V, E]^T, float32."""
+    check_rank("table", table, 2, "[V, E]")
+    if x.shape[-1] != table.shape[1]:
+        raise ValueError(
+            f"x has model dim {x.shape[-1]}, table {table.shape} expects {table.shape[1]}"
+        )
     return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
 
 
@@ -181,6 +211,7 @@ def encoder_layer(
     mask: broadcastable to [B, H, T, T]. rope_positions: [B, T] when rotary embeddings
     are used.
     """
+    check_rank("x", x, 3, "[B, T, E]")
     k_attn, k_res1, k_res2 = _split(rng, 3)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
 
@@ -225,8 +256,15 @@ def decoder_layer(
     model. cross_mask: broadcastable to [B, H, T, S].
     return_cross_attention: also return the cross-attention weights [B, H, T, S].
     """
+    check_rank("y", y, 3, "[B, T, E]")
     if (memory is None) != (params.cross_attn is None):
         raise ValueError("memory must be given exactly when the layer has cross-attention")
+    if memory is not None:
+        check_rank("memory", memory, 3, "[B, S, E]")
+        if memory.shape[-1] != y.shape[-1] or memory.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"memory {memory.shape} must be [B, S, E] with y's B and E, y is {y.shape}"
+            )
     k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
 

@@ -6,7 +6,8 @@ import jax
 from flax import nnx
 
 from jaxformer import functional as F
-from jaxformer.nn._params import DTYPES, dropout_rng, param
+from jaxformer.functional._checks import check_rate
+from jaxformer.nn._params import check_sizes, dropout_rng, dtype_of, param
 
 
 class MultiHeadAttention(nnx.Module):
@@ -33,6 +34,14 @@ class MultiHeadAttention(nnx.Module):
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
+        check_sizes(
+            d_model=d_model,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+        )
+        check_rate("dropout_rate", dropout_rate)
         K = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads % K:
             raise ValueError(f"num_kv_heads={K} must divide num_heads={num_heads}")
@@ -40,7 +49,7 @@ class MultiHeadAttention(nnx.Module):
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         Dk = d_model // num_heads if key_dim is None else key_dim
         Dv = d_model // num_heads if value_dim is None else value_dim
-        E, H, pdt = d_model, num_heads, DTYPES[param_dtype]
+        E, H, pdt = d_model, num_heads, dtype_of("param_dtype", param_dtype)
         in_proj = nnx.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
         out_proj = nnx.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
         self.wq = param(rngs, in_proj, (E, H, Dk), ("embed", "heads", "kv"), pdt)
@@ -60,7 +69,7 @@ class MultiHeadAttention(nnx.Module):
             )
         self.dropout_rate = dropout_rate
         self.attention_impl = attention_impl
-        self.dtype = DTYPES[dtype]
+        self.dtype = dtype_of("dtype", dtype)
 
     def params(self) -> F.AttentionParams:
         """The projections as arrays in the compute dtype."""

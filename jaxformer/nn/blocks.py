@@ -8,7 +8,7 @@ from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer.config import TransformerConfig
-from jaxformer.nn._params import DTYPES, dropout_rng, param
+from jaxformer.nn._params import check_sizes, dropout_rng, dtype_of, param
 from jaxformer.nn.attention import MultiHeadAttention
 
 
@@ -26,11 +26,12 @@ class FeedForward(nnx.Module):
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
+        check_sizes(d_model=d_model, d_ff=d_ff)
         if activation not in F.layers.ACTIVATIONS:
             raise ValueError(
                 f"activation must be one of {F.layers.ACTIVATIONS}, got {activation!r}"
             )
-        E, pdt = d_model, DTYPES[param_dtype]
+        E, pdt = d_model, dtype_of("param_dtype", param_dtype)
         init = nnx.initializers.xavier_uniform()
         self.w1 = param(rngs, init, (E, d_ff), ("embed", "mlp"), pdt)
         self.w2 = param(rngs, init, (d_ff, E), ("mlp", "embed"), pdt)
@@ -41,7 +42,7 @@ class FeedForward(nnx.Module):
             self.b2 = param(rngs, nnx.initializers.zeros, (E,), ("embed",), pdt)
         self.activation = activation
         self.use_bias = use_bias
-        self.dtype = DTYPES[dtype]
+        self.dtype = dtype_of("dtype", dtype)
 
     def params(self) -> F.FeedForwardParams:
         names = ("w1", "w2") + (("b1", "b2") if self.use_bias else ())
@@ -54,7 +55,8 @@ class FeedForward(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """LayerNorm (scale and bias) or RMSNorm (scale only) over the last axis."""
+    """LayerNorm (scale, and bias unless `use_bias=False`) or RMSNorm (scale only) over the
+    last axis."""
 
     def __init__(
         self,
@@ -62,21 +64,30 @@ class Norm(nnx.Module):
         *,
         kind: str = "layer",
         eps: float = 1e-6,
+        use_bias: bool = True,
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
-        pdt = DTYPES[param_dtype]
+        check_sizes(d_model=d_model)
+        opts = F.BlockOptions(norm=kind, norm_eps=eps)
+        pdt = dtype_of("param_dtype", param_dtype)
         self.scale = param(rngs, nnx.initializers.ones, (d_model,), ("norm",), pdt)
-        if kind == "layer":
+        self.use_bias = kind == "layer" and use_bias
+        if self.use_bias:
             self.bias = param(rngs, nnx.initializers.zeros, (d_model,), ("norm",), pdt)
-        self.opts = F.BlockOptions(norm=kind, norm_eps=eps)
+        self.opts = opts
 
     def params(self) -> F.NormParams:
-        bias = self.bias[...] if self.opts.norm == "layer" else None
+        bias = self.bias[...] if self.use_bias else None
         return F.NormParams(self.scale[...], bias)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return F.normalize(x, self.params(), self.opts)
+
+
+def _check_config(config) -> None:
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
 
 
 def _attention(config: TransformerConfig, rngs: nnx.Rngs) -> MultiHeadAttention:
@@ -112,6 +123,7 @@ def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> Norm:
         config.d_model,
         kind=config.norm,
         eps=config.norm_eps,
+        use_bias=config.norm_bias,
         param_dtype=config.param_dtype,
         rngs=rngs,
     )
@@ -121,6 +133,7 @@ class EncoderLayer(nnx.Module):
     """Self-attention and feed-forward sub-layers with residuals and norms (section 3.1)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        _check_config(config)
         self.self_attn = _attention(config, rngs)
         self.ffn = _ffn(config, rngs)
         self.norm1 = _norm(config, rngs)
@@ -157,6 +170,7 @@ class DecoderLayer(nnx.Module):
     decoder-only model) and feed-forward sub-layers (section 3.1)."""
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
+        _check_config(config)
         self.self_attn = _attention(config, rngs)
         self.ffn = _ffn(config, rngs)
         self.norm1 = _norm(config, rngs)
@@ -209,6 +223,7 @@ class EncoderStack(nnx.Module):
     """N encoder layers, then a final norm when the config asks for one (pre-LN)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        _check_config(config)
         self.layers = nnx.List(
             [EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)]
         )
@@ -226,6 +241,7 @@ class DecoderStack(nnx.Module):
     """N decoder layers (with or without cross-attention), then an optional final norm."""
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
+        _check_config(config)
         self.layers = nnx.List(
             [
                 DecoderLayer(config, cross_attention=cross_attention, rngs=rngs)
