@@ -163,7 +163,9 @@ def multi_head_attention(
     dropout_rate: float = 0.0,
     rng: jax.Array | None = None,
     rope_positions: tuple[jax.Array, jax.Array] | None = None,
-) -> jax.Array:
+    kv_cache: KVCache | None = None,
+    cache_positions: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, KVCache]:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
     Self-attention: x_kv is x_q. Cross-attention: x_kv is the encoder output.
@@ -171,36 +173,87 @@ def multi_head_attention(
     Args:
       x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source.
       params: the projections; H query heads, K key/value heads.
-      mask: boolean, broadcastable to [B, H, T, S].
+      mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache).
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
+      kv_cache: for decoding. With `cache_positions` [B, T] (cached self-attention) the
+        keys and values of x_kv are written into the cache at those slots and the queries
+        attend over the whole cache; `mask` must hide the slots not yet written. Without
+        (cross-attention over a fixed memory) the cache holds the memory's keys and values
+        from `project_kv` and x_kv must be None.
 
     Returns:
-      [B, T, E].
+      [B, T, E]; with a kv_cache, (out, the updated cache).
     """
     check_rank("x_q", x_q, 3, "[B, T, E]")
-    check_rank("x_kv", x_kv, 3, "[B, S, E]")
+    if x_kv is not None:
+        check_rank("x_kv", x_kv, 3, "[B, S, E]")
     E = params.wq.shape[0]
-    for name, x in (("x_q", x_q), ("x_kv", x_kv)):
+    named = (("x_q", x_q),) if x_kv is None else (("x_q", x_q), ("x_kv", x_kv))
+    for name, x in named:
         check_float(name, x)
         if x.shape[-1] != E:
             raise ValueError(f"{name} has model dim {x.shape[-1]}, the projections expect {E}")
+    if (x_kv is None) != (kv_cache is not None and cache_positions is None):
+        raise ValueError(
+            "x_kv must be given, except with a kv_cache and no cache_positions "
+            "(attention over keys and values projected before)"
+        )
     q = project_heads(x_q, params.wq, params.bq)
-    k = project_heads(x_kv, params.wk, params.bk)
-    v = project_heads(x_kv, params.wv, params.bv)
     if rope_positions is not None:
         q = apply_rope(q, rope_positions[0])
-        k = apply_rope(k, rope_positions[1])
+    if x_kv is None:
+        kv = kv_cache
+    else:
+        kv = project_kv(x_kv, params, None if rope_positions is None else rope_positions[1])
+        if kv_cache is not None:
+            kv = kv_cache = write_kv(kv_cache, kv, cache_positions)
     out = scaled_dot_product_attention(
         q,
-        k,
-        v,
+        kv.k,
+        kv.v,
         mask,
         dropout_rate=dropout_rate if rng is not None else 0.0,
         dropout_rng=rng,
     )
-    return merge_heads(out, params.wo, params.bo)
+    out = merge_heads(out, params.wo, params.bo)
+    return out if kv_cache is None else (out, kv_cache)
+
+
+class KVCache(NamedTuple):
+    """Keys and values of one attention layer for decoding; slot s holds position s."""
+
+    k: jax.Array  # [B, S_max, K, Dk]
+    v: jax.Array  # [B, S_max, K, Dv]
+
+
+def project_kv(
+    x_kv: jax.Array, params: AttentionParams, rope_positions: jax.Array | None = None
+) -> KVCache:
+    """The keys and values of x_kv [B, S, E]: k [B, S, K, Dk] (rotated when rope_positions
+    [B, S] is given), v [B, S, K, Dv]."""
+    k = project_heads(x_kv, params.wk, params.bk)
+    if rope_positions is not None:
+        k = apply_rope(k, rope_positions)
+    return KVCache(k, project_heads(x_kv, params.wv, params.bv))
+
+
+def write_kv(cache: KVCache, new: KVCache, positions: jax.Array) -> KVCache:
+    """Write new keys and values [B, T, K, D] into slots `positions` [B, T] of each row.
+
+    Fixed shapes, so it runs under jit with traced positions (each row has its own).
+    """
+    check_rank("cache_positions", positions, 2, "[B, T]")
+    if positions.shape != new.k.shape[:2]:
+        raise ValueError(
+            f"cache_positions shape {positions.shape} != the new keys' [B, T] {new.k.shape[:2]}"
+        )
+    rows = jnp.arange(positions.shape[0])[:, None]
+    return KVCache(
+        cache.k.at[rows, positions].set(new.k.astype(cache.k.dtype)),
+        cache.v.at[rows, positions].set(new.v.astype(cache.v.dtype)),
+    )
 
 
 def project_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:

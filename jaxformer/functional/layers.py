@@ -19,7 +19,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional.attention import AttentionParams, multi_head_attention
+from jaxformer.functional.attention import (
+    AttentionParams,
+    KVCache,
+    multi_head_attention,
+    project_kv,
+)
 
 NORMS = ("layer", "rms")
 NORM_PLACEMENTS = ("post", "pre")
@@ -84,6 +89,35 @@ class DecoderLayerParams(NamedTuple):
     norm3: NormParams  # around the feed-forward network
 
 
+class DecoderLayerCache(NamedTuple):
+    """What a decoder layer keeps between decoding steps."""
+
+    self_attn: KVCache  # [B, S_max, K, D]: keys and values of the tokens so far
+    cross_attn: KVCache | None  # [B, S, K, D]: the memory's, projected once (None: no memory)
+
+
+def decoder_layer_cache(
+    params: DecoderLayerParams,
+    batch_size: int,
+    max_len: int,
+    dtype,
+    *,
+    memory: jax.Array | None = None,
+) -> DecoderLayerCache:
+    """An empty self-attention cache of `max_len` slots per row and, given memory [B, S, E],
+    the cross-attention keys and values of the memory."""
+    if (memory is None) != (params.cross_attn is None):
+        raise ValueError("memory must be given exactly when the layer has cross-attention")
+    _, K, Dk = params.self_attn.wk.shape
+    Dv = params.self_attn.wv.shape[-1]
+    self_kv = KVCache(
+        jnp.zeros((batch_size, max_len, K, Dk), dtype),
+        jnp.zeros((batch_size, max_len, K, Dv), dtype),
+    )
+    cross_kv = None if memory is None else project_kv(memory.astype(dtype), params.cross_attn)
+    return DecoderLayerCache(self_kv, cross_kv)
+
+
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *, eps: float = 1e-6):
     """(x - mean) / sqrt(var + eps) * scale + bias over the last axis, in float32."""
     xf = x.astype(jnp.float32)
@@ -145,11 +179,19 @@ def residual(
     norm: NormParams,
     opts: BlockOptions,
     rng: jax.Array | None,
-) -> jax.Array:
-    """One residual sub-layer with the norm placed as `opts.norm_placement` says."""
+    *,
+    has_aux: bool = False,
+):
+    """One residual sub-layer with the norm placed as `opts.norm_placement` says.
+
+    With has_aux, sublayer returns (out, aux) and so does this function.
+    """
+    h = x if opts.norm_placement == "post" else normalize(x, norm, opts)
+    out, aux = sublayer(h) if has_aux else (sublayer(h), None)
+    y = x + dropout(out, opts.dropout_rate, rng)
     if opts.norm_placement == "post":
-        return normalize(x + dropout(sublayer(x), opts.dropout_rate, rng), norm, opts)
-    return x + dropout(sublayer(normalize(x, norm, opts)), opts.dropout_rate, rng)
+        y = normalize(y, norm, opts)
+    return (y, aux) if has_aux else y
 
 
 def embed(tokens: jax.Array, table: jax.Array, *, scale: bool = True) -> jax.Array:
@@ -211,19 +253,29 @@ def decoder_layer(
     cross_mask: jax.Array | None = None,
     rng: jax.Array | None = None,
     rope_positions: jax.Array | None = None,
-) -> jax.Array:
+    cache: DecoderLayerCache | None = None,
+    cache_positions: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, DecoderLayerCache]:
     """Masked self-attention, cross-attention over `memory`, feed-forward: [B, T, E] -> same.
 
     self_mask: broadcastable to [B, H, T, T] (include the causal mask).
     memory: [B, S, E] encoder output; None (and params.cross_attn None) in a decoder-only
     model. cross_mask: broadcastable to [B, H, T, S].
+    cache, cache_positions: decoding with a `decoder_layer_cache`. The new tokens sit at
+    positions cache_positions [B, T]; their keys and values are written there and
+    self_mask ([B, H, T, S_max]) must hide the slots not yet written. The memory's keys
+    and values come from the cache (memory must be None). Returns (y, updated cache).
     """
-    if (memory is None) != (params.cross_attn is None):
+    has_memory = memory is not None or (cache is not None and cache.cross_attn is not None)
+    if has_memory != (params.cross_attn is not None):
         raise ValueError("memory must be given exactly when the layer has cross-attention")
+    if cache is not None and (memory is not None or cache_positions is None):
+        raise ValueError("with a cache, pass cache_positions and no memory (the cache holds it)")
     k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
+    cached = cache is not None
 
-    def self_attention(h):
+    def self_attention(h):  # (out, updated self-attention cache) when cached
         return multi_head_attention(
             h,
             h,
@@ -232,28 +284,35 @@ def decoder_layer(
             dropout_rate=opts.attention_dropout_rate,
             rng=k_self,
             rope_positions=rope,
+            kv_cache=cache.self_attn if cached else None,
+            cache_positions=cache_positions,
         )
 
     def cross_attention(h):
-        return multi_head_attention(
+        out = multi_head_attention(
             h,
-            memory,
+            None if cached else memory,
             params.cross_attn,
             cross_mask,
             dropout_rate=opts.attention_dropout_rate,
             rng=k_cross,
+            kv_cache=cache.cross_attn if cached else None,
         )
+        return out[0] if cached else out
 
-    y = residual(y, self_attention, params.norm1, opts, k_res1)
-    if memory is not None:
+    y = residual(y, self_attention, params.norm1, opts, k_res1, has_aux=cached)
+    if cached:
+        y, self_kv = y
+    if has_memory:
         y = residual(y, cross_attention, params.norm2, opts, k_res2)
-    return residual(
+    y = residual(
         y,
         lambda h: feed_forward(h, params.ffn, activation=opts.activation),
         params.norm3,
         opts,
         k_res3,
     )
+    return (y, cache._replace(self_attn=self_kv)) if cached else y
 
 
 def _split(rng: jax.Array | None, n: int) -> tuple[jax.Array | None, ...]:

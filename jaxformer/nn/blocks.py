@@ -176,6 +176,11 @@ class DecoderLayer(nnx.Module):
             norm3=self.norm3.params(),
         )
 
+    def init_cache(self, batch_size: int, max_len: int, memory=None) -> F.DecoderLayerCache:
+        """An empty cache of max_len positions (and the memory's projected keys/values)."""
+        dtype = self.self_attn.dtype
+        return F.decoder_layer_cache(self.params(), batch_size, max_len, dtype, memory=memory)
+
     def __call__(
         self,
         y: jax.Array,
@@ -186,8 +191,11 @@ class DecoderLayer(nnx.Module):
         deterministic: bool = True,
         rng: jax.Array | None = None,
         rope_positions: jax.Array | None = None,
-    ) -> jax.Array:
-        """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E]."""
+        cache: F.DecoderLayerCache | None = None,
+        cache_positions: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, F.DecoderLayerCache]:
+        """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E]; with a cache,
+        (y, updated cache) as in `functional.decoder_layer`."""
         return F.decoder_layer(
             y,
             self.params(),
@@ -197,6 +205,8 @@ class DecoderLayer(nnx.Module):
             cross_mask=cross_mask,
             rng=dropout_rng(deterministic, rng),
             rope_positions=rope_positions,
+            cache=cache,
+            cache_positions=cache_positions,
         )
 
 
@@ -229,12 +239,29 @@ class DecoderStack(nnx.Module):
         )
         self.final_norm = _norm(config, rngs) if config.use_final_norm else None
 
+    def init_cache(self, batch_size: int, max_len: int, memory=None) -> tuple:
+        """One `DecoderLayerCache` per layer."""
+        return tuple(layer.init_cache(batch_size, max_len, memory) for layer in self.layers)
+
     def __call__(
-        self, y, self_mask=None, *, memory=None, cross_mask=None, rng=None, rope_positions=None
-    ) -> jax.Array:
-        """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given."""
+        self,
+        y,
+        self_mask=None,
+        *,
+        memory=None,
+        cross_mask=None,
+        rng=None,
+        rope_positions=None,
+        cache=None,
+        cache_positions=None,
+    ):
+        """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given.
+
+        With `cache` (from `init_cache`) and cache_positions [B, T]: (y, updated cache).
+        """
         keys = _layer_keys(rng, len(self.layers))
-        for layer, key in zip(self.layers, keys, strict=True):
+        caches = [None] * len(self.layers) if cache is None else list(cache)
+        for i, (layer, key) in enumerate(zip(self.layers, keys, strict=True)):
             y = layer(
                 y,
                 self_mask,
@@ -243,8 +270,13 @@ class DecoderStack(nnx.Module):
                 deterministic=key is None,
                 rng=key,
                 rope_positions=rope_positions,
+                cache=caches[i],
+                cache_positions=cache_positions,
             )
-        return y if self.final_norm is None else self.final_norm(y)
+            if cache is not None:
+                y, caches[i] = y
+        y = y if self.final_norm is None else self.final_norm(y)
+        return y if cache is None else (y, tuple(caches))
 
 
 def _layer_keys(rng: jax.Array | None, n: int) -> list[jax.Array | None]:
