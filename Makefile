@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 train: $(STAMP)
-	$(PY) -m jaxformer train
+	$(PY) -m jaxformer train --task dates --out runs/dates-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n 2

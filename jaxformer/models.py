@@ -104,8 +104,13 @@ class Transformer(nnx.Module):
         *,
         deterministic: bool = True,
         rng: jax.Array | None = None,
-    ) -> jax.Array:
-        """tgt_tokens [B, T] (shifted right), memory [B, S, E] -> logits [B, T, V] (float32)."""
+        return_cross_attention: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """tgt_tokens [B, T] (shifted right), memory [B, S, E] -> logits [B, T, V] (float32).
+
+        With `return_cross_attention`, also every layer's encoder-decoder attention
+        weights [L, B, H, T, S] (to look at what the model aligned).
+        """
         _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
         check_rank("memory", memory, 3, "[B, S, E]")
         if memory.shape[0] != tgt_tokens.shape[0]:
@@ -132,8 +137,13 @@ class Transformer(nnx.Module):
             cross_mask=cross_mask,
             rng=k_layers,
             rope_positions=_rope(self.config, positions),
+            return_cross_attention=return_cross_attention,
         )
-        return (self.output_embed or self.tgt_inputs.embed).attend(y)
+        output = self.output_embed or self.tgt_inputs.embed
+        if return_cross_attention:
+            y, weights = y
+            return output.attend(y), weights
+        return output.attend(y)
 
     def __call__(
         self,

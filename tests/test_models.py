@@ -215,3 +215,15 @@ def test_models_need_layers():
     assert jf.DecoderLM(small(num_encoder_layers=0), rngs=nnx.Rngs(0)) is not None
     with pytest.raises(TypeError, match="config must be a TransformerConfig"):
         jf.Encoder({"vocab_size": 3}, rngs=nnx.Rngs(0))
+
+
+def test_cross_attention_weights_are_returned():
+    tr = model("transformer")
+    src, tgt = tokens(12, 2, 6), tokens(13, 2, 4)
+    valid = jnp.broadcast_to(jnp.arange(6) < 4, (2, 6))
+    memory = tr.encode(src, valid)
+    logits, weights = tr.decode(tgt, memory, valid, return_cross_attention=True)
+    np.testing.assert_array_equal(logits, tr.decode(tgt, memory, valid))
+    assert weights.shape == (2, 2, 4, 4, 6)  # [L, B, H, T, S]
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert (weights[..., 4:] == 0).all()  # padded source positions get no attention

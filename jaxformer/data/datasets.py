@@ -105,6 +105,7 @@ class TsvData:
         self.tokenizer = tokenizer
         self.seed = seed
         self.max_len = max_len
+        self.src_len = self.tgt_len = max_len  # for decoding held-out sources
         train, test, too_long = [], [], []
         for number, line in lines:
             if not line.strip():

@@ -163,9 +163,10 @@ def multi_head_attention(
     dropout_rate: float = 0.0,
     rng: jax.Array | None = None,
     rope_positions: tuple[jax.Array, jax.Array] | None = None,
+    return_weights: bool = False,
     kv_cache: KVCache | None = None,
     cache_positions: jax.Array | None = None,
-) -> jax.Array | tuple[jax.Array, KVCache]:
+) -> jax.Array | tuple[jax.Array, ...]:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
     Self-attention: x_kv is x_q. Cross-attention: x_kv is the encoder output.
@@ -177,6 +178,7 @@ def multi_head_attention(
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
+      return_weights: also return the attention probabilities [B, H, T, S].
       kv_cache: for decoding. With `cache_positions` [B, T] (cached self-attention) the
         keys and values of x_kv are written into the cache at those slots and the queries
         attend over the whole cache; `mask` must hide the slots not yet written. Without
@@ -184,7 +186,8 @@ def multi_head_attention(
         from `project_kv` and x_kv must be None.
 
     Returns:
-      [B, T, E]; with a kv_cache, (out, the updated cache).
+      [B, T, E]; then the weights with `return_weights`; then, with a kv_cache, the
+      updated cache: out, (out, weights), (out, cache) or (out, weights, cache).
     """
     check_rank("x_q", x_q, 3, "[B, T, E]")
     if x_kv is not None:
@@ -216,9 +219,15 @@ def multi_head_attention(
         mask,
         dropout_rate=dropout_rate if rng is not None else 0.0,
         dropout_rng=rng,
+        return_weights=return_weights,
     )
+    if return_weights:
+        out, weights = out
     out = merge_heads(out, params.wo, params.bo)
-    return out if kv_cache is None else (out, kv_cache)
+    result = (
+        (out,) + ((weights,) if return_weights else ()) + (() if kv_cache is None else (kv_cache,))
+    )
+    return result if len(result) > 1 else out
 
 
 class KVCache(NamedTuple):

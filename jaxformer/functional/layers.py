@@ -253,18 +253,21 @@ def decoder_layer(
     cross_mask: jax.Array | None = None,
     rng: jax.Array | None = None,
     rope_positions: jax.Array | None = None,
+    return_cross_attention: bool = False,
     cache: DecoderLayerCache | None = None,
     cache_positions: jax.Array | None = None,
-) -> jax.Array | tuple[jax.Array, DecoderLayerCache]:
+) -> jax.Array | tuple[jax.Array, ...]:
     """Masked self-attention, cross-attention over `memory`, feed-forward: [B, T, E] -> same.
 
     self_mask: broadcastable to [B, H, T, T] (include the causal mask).
     memory: [B, S, E] encoder output; None (and params.cross_attn None) in a decoder-only
     model. cross_mask: broadcastable to [B, H, T, S].
+    return_cross_attention: also return the cross-attention weights [B, H, T, S].
     cache, cache_positions: decoding with a `decoder_layer_cache`. The new tokens sit at
     positions cache_positions [B, T]; their keys and values are written there and
     self_mask ([B, H, T, S_max]) must hide the slots not yet written. The memory's keys
-    and values come from the cache (memory must be None). Returns (y, updated cache).
+    and values come from the cache (memory must be None). The updated cache is returned
+    last: (y, cache) or (y, weights, cache).
     """
     has_memory = memory is not None or (cache is not None and cache.cross_attn is not None)
     if has_memory != (params.cross_attn is not None):
@@ -288,6 +291,8 @@ def decoder_layer(
             cache_positions=cache_positions,
         )
 
+    cross_weights = []
+
     def cross_attention(h):
         out = multi_head_attention(
             h,
@@ -296,9 +301,13 @@ def decoder_layer(
             cross_mask,
             dropout_rate=opts.attention_dropout_rate,
             rng=k_cross,
+            return_weights=return_cross_attention,
             kv_cache=cache.cross_attn if cached else None,
         )
-        return out[0] if cached else out
+        parts = out if isinstance(out, tuple) else (out,)  # out, [weights], [unchanged cache]
+        if return_cross_attention:
+            cross_weights.append(parts[1])
+        return parts[0]
 
     y = residual(y, self_attention, params.norm1, opts, k_res1, has_aux=cached)
     if cached:
@@ -312,7 +321,14 @@ def decoder_layer(
         opts,
         k_res3,
     )
-    return (y, cache._replace(self_attn=self_kv)) if cached else y
+    if return_cross_attention and not has_memory:
+        raise ValueError("return_cross_attention needs a layer with cross-attention")
+    result = (
+        (y,)
+        + ((cross_weights[0],) if return_cross_attention else ())
+        + ((cache._replace(self_attn=self_kv),) if cached else ())
+    )
+    return result if len(result) > 1 else y
 
 
 def _split(rng: jax.Array | None, n: int) -> tuple[jax.Array | None, ...]:

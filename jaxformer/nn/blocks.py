@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import functional as F
@@ -191,11 +192,13 @@ class DecoderLayer(nnx.Module):
         deterministic: bool = True,
         rng: jax.Array | None = None,
         rope_positions: jax.Array | None = None,
+        return_cross_attention: bool = False,
         cache: F.DecoderLayerCache | None = None,
         cache_positions: jax.Array | None = None,
-    ) -> jax.Array | tuple[jax.Array, F.DecoderLayerCache]:
-        """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E]; with a cache,
-        (y, updated cache) as in `functional.decoder_layer`."""
+    ) -> jax.Array | tuple[jax.Array, ...]:
+        """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E] (and the
+        cross-attention weights [B, H, T, S] with `return_cross_attention`; then the
+        updated cache when given one, as in `functional.decoder_layer`)."""
         return F.decoder_layer(
             y,
             self.params(),
@@ -205,6 +208,7 @@ class DecoderLayer(nnx.Module):
             cross_mask=cross_mask,
             rng=dropout_rng(deterministic, rng),
             rope_positions=rope_positions,
+            return_cross_attention=return_cross_attention,
             cache=cache,
             cache_positions=cache_positions,
         )
@@ -252,14 +256,16 @@ class DecoderStack(nnx.Module):
         cross_mask=None,
         rng=None,
         rope_positions=None,
+        return_cross_attention=False,
         cache=None,
         cache_positions=None,
     ):
-        """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given.
-
-        With `cache` (from `init_cache`) and cache_positions [B, T]: (y, updated cache).
+        """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given. With
+        `return_cross_attention`, also each layer's cross-attention weights [L, B, H, T, S].
+        With `cache` (from `init_cache`) and cache_positions [B, T], the updated cache last.
         """
         keys = _layer_keys(rng, len(self.layers))
+        weights = []
         caches = [None] * len(self.layers) if cache is None else list(cache)
         for i, (layer, key) in enumerate(zip(self.layers, keys, strict=True)):
             y = layer(
@@ -270,13 +276,23 @@ class DecoderStack(nnx.Module):
                 deterministic=key is None,
                 rng=key,
                 rope_positions=rope_positions,
+                return_cross_attention=return_cross_attention,
                 cache=caches[i],
                 cache_positions=cache_positions,
             )
+            parts = y if isinstance(y, tuple) else (y,)  # y, [weights], [cache]
+            y = parts[0]
+            if return_cross_attention:
+                weights.append(parts[1])
             if cache is not None:
-                y, caches[i] = y
+                caches[i] = parts[-1]
         y = y if self.final_norm is None else self.final_norm(y)
-        return y if cache is None else (y, tuple(caches))
+        result = (
+            (y,)
+            + ((jnp.stack(weights),) if return_cross_attention else ())
+            + ((tuple(caches),) if cache is not None else ())
+        )
+        return result if len(result) > 1 else y
 
 
 def _layer_keys(rng: jax.Array | None, n: int) -> list[jax.Array | None]:

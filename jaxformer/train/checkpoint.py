@@ -1,0 +1,148 @@
+"""Checkpoints with orbax: parameters, optimizer state, step, RNG and the data position.
+
+A run folder (`jaxformer train --out DIR`) holds `checkpoints/<step>/` and
+`tokenizer.json`. Orbax writes each checkpoint into a temporary folder and renames it
+when complete, so a process killed mid-write (even with SIGKILL) leaves the previous
+checkpoints intact; the unfinished folder is ignored and cleaned up on the next start.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from jaxformer.config import TransformerConfig
+from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
+from jaxformer.models import DecoderLM, Transformer
+from jaxformer.train.steps import TrainState
+
+CHECKPOINTS = "checkpoints"
+MODEL_KINDS = {"Transformer": Transformer, "DecoderLM": DecoderLM}
+
+
+class Checkpointer:
+    """Saves and restores a TrainState plus JSON metadata in `run_dir/checkpoints`."""
+
+    def __init__(self, run_dir: str | pathlib.Path, *, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 checkpoint, got {keep}")
+        self.directory = pathlib.Path(run_dir).resolve() / CHECKPOINTS
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                create=True,
+                cleanup_tmp_directories=True,
+                enable_async_checkpointing=False,
+            ),
+        )
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, state: TrainState, meta: dict[str, Any]) -> None:
+        """Write the checkpoint of `state.step` and wait until it is complete on disk."""
+        step = int(state.step)
+        train = {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardSave(state.params),
+                train=ocp.args.StandardSave(train),
+                meta=ocp.args.JsonSave(meta),
+            ),
+            force=True,
+        )
+        self.manager.wait_until_finished()
+
+    def restore(
+        self, abstract: TrainState, expected_meta: dict[str, Any]
+    ) -> tuple[TrainState, dict]:
+        """The latest checkpoint, after checking it belongs to the same model and run
+        settings as `expected_meta` (a mismatch is an error naming the fields)."""
+        step = self.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint to resume from in {self.directory}")
+        meta = self.read_meta(step)
+        check_compatible(meta, expected_meta, self.directory)
+        train = {"step": abstract.step, "opt_state": abstract.opt_state, "rng": abstract.rng}
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract.params),
+                train=ocp.args.StandardRestore(train),
+            ),
+        )
+        t = restored.train
+        state = TrainState(
+            step=t["step"], params=restored.params, opt_state=t["opt_state"], rng=t["rng"]
+        )
+        return state, meta
+
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        try:
+            return self.manager.restore(
+                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+            ).meta
+        except Exception as e:  # orbax raises various errors for damaged folders
+            raise ValueError(
+                f"checkpoint {self.directory / str(step)} cannot be read: {e}"
+            ) from None
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def check_compatible(saved: dict, expected: dict, where) -> None:
+    """Raise if a checkpoint's model or run settings differ from this run's."""
+    problems = []
+    if saved.get("model_kind") != expected.get("model_kind"):
+        problems.append(
+            f"model {saved.get('model_kind')} (checkpoint) vs {expected.get('model_kind')} (now)"
+        )
+    for section in ("model_config", "run"):
+        old, new = saved.get(section, {}), expected.get(section, {})
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                problems.append(f"{key}={old.get(key)!r} (checkpoint) vs {new.get(key)!r} (now)")
+    if problems:
+        raise ValueError(
+            f"the checkpoint in {where} was written for a different configuration: "
+            + "; ".join(problems)
+        )
+
+
+def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
+    """The trained model (latest checkpoint, parameters only) and tokenizer of a run folder."""
+    run_dir = pathlib.Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run folder")
+    if not (run_dir / CHECKPOINTS).is_dir():
+        raise FileNotFoundError(
+            f"{run_dir}: no {CHECKPOINTS}/ folder; is this a `jaxformer train --out` folder?"
+        )
+    tokenizer = load_tokenizer(run_dir)
+    checkpointer = Checkpointer(run_dir)
+    meta = checkpointer.read_meta()
+    config = TransformerConfig.from_dict(meta["model_config"])
+    cls = MODEL_KINDS[meta["model_kind"]]
+    abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+    graphdef, abstract_params = nnx.split(abstract)
+    restored = checkpointer.manager.restore(
+        checkpointer.latest_step(),
+        args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
+    )
+    checkpointer.close()
+    return nnx.merge(graphdef, restored.params), tokenizer
+
+
+def abstract_train_state(state: TrainState) -> TrainState:
+    """Shapes and dtypes of `state`, as the restore target."""
+    return jax.eval_shape(lambda: state)

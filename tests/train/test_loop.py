@@ -1,0 +1,263 @@
+"""The training loop, checkpoints, resume, faults and the `jaxformer train` command."""
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import jaxformer as jf
+from jaxformer.cli import main
+from jaxformer.train import checkpoint, loop
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SMALL = dict(
+    num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=64
+)
+
+
+def small_config(**overrides):
+    return jf.TransformerConfig.tiny(259, **(SMALL | overrides))
+
+
+def run_config(out, **overrides):
+    fields = dict(
+        task="copy", steps=20, batch_size=8, eval_every=1000, log_every=1, checkpoint_every=10,
+        eval_examples=16, out=str(out),
+    )  # fmt: skip
+    return loop.RunConfig(**(fields | overrides))
+
+
+def losses(out):
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def cli_env():
+    return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+
+
+def config_file(tmp_path, **overrides):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(SMALL | overrides))
+    return str(path)
+
+
+def test_resume_is_bit_exact(tmp_path):
+    """20 steps, and 10 steps resumed to 20, give the same losses bit for bit."""
+    paper = dict(schedule="paper", lr=0.5)  # no horizon: the run may be extended
+    straight = tmp_path / "straight"
+    loop.train(small_config(dropout_rate=0.1), run_config(straight, **paper), progress=False)
+    split = tmp_path / "split"
+    loop.train(small_config(dropout_rate=0.1), run_config(split, steps=10, **paper), progress=False)
+    summary = loop.train(
+        small_config(dropout_rate=0.1), run_config(split, **paper), resume=True, progress=False
+    )
+    a, b = losses(straight), losses(split)
+    assert sorted(b) == list(range(1, 21))
+    assert [a[s] for s in range(11, 21)] == [b[s] for s in range(11, 21)]
+    assert summary["steps"] == 20
+    saved = json.loads((split / "summary.json").read_text())
+    for key in (
+        "exact_match",
+        "token_accuracy",
+        "eval_loss",
+        "steps",
+        "wall_seconds",
+        "params",
+        "model_config",
+    ):
+        assert key in saved
+    assert (split / "loss.png").stat().st_size > 0 and (split / "attention.png").stat().st_size > 0
+
+
+def test_existing_checkpoints_need_resume_and_matching_config(tmp_path):
+    loop.train(small_config(), run_config(tmp_path, steps=3, checkpoint_every=3), progress=False)
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        loop.train(small_config(), run_config(tmp_path, steps=6), progress=False)
+    with pytest.raises(
+        ValueError, match=r"different configuration: d_model=32 \(checkpoint\) vs 48 \(now\)"
+    ):
+        loop.train(
+            small_config(d_model=48), run_config(tmp_path, steps=6), resume=True, progress=False
+        )
+    with pytest.raises(ValueError, match=r"batch_size=8 \(checkpoint\) vs 16 \(now\)"):
+        loop.train(
+            small_config(),
+            run_config(tmp_path, steps=3, batch_size=16),
+            resume=True,
+            progress=False,
+        )
+    with pytest.raises(ValueError, match=r"cosine_total_steps=3 \(checkpoint\) vs 6 \(now\)"):
+        loop.train(small_config(), run_config(tmp_path, steps=6), resume=True, progress=False)
+
+
+def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
+    real = loop.make_train_step
+
+    def poisoned(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def wrapped(state, batch):
+            new_state, m = step(state, batch)
+            if int(new_state.step) >= 7:
+                m = m | {"loss": float("nan")}
+            return new_state, m
+
+        return wrapped
+
+    monkeypatch.setattr(loop, "make_train_step", poisoned)
+    with pytest.raises(
+        loop.TrainingDiverged, match=r"became nan at step 7; the last good checkpoint \(step 5\)"
+    ):
+        loop.train(small_config(), run_config(tmp_path, checkpoint_every=5), progress=False)
+    assert checkpoint.Checkpointer(tmp_path).latest_step() == 5
+
+
+def test_restore_model_for_inference(tmp_path):
+    loop.train(small_config(), run_config(tmp_path, steps=2), progress=False)
+    model, tokenizer = checkpoint.restore_model(tmp_path)
+    assert isinstance(model, jf.Transformer) and tokenizer.vocab_size == 259
+    with pytest.raises(FileNotFoundError, match="no such run folder"):
+        checkpoint.restore_model(tmp_path / "nope")
+
+
+KILLER = """
+import os, signal, sys
+import orbax.checkpoint as ocp
+from jaxformer.cli import main
+
+finalize = ocp.StandardCheckpointHandler.finalize
+calls = 0
+
+def finalize_then_die(self, directory):
+    global calls
+    calls += 1
+    if calls == int(os.environ["KILL_AT_FINALIZE"]):
+        os.kill(os.getpid(), signal.SIGKILL)  # files written, folder not yet renamed
+    return finalize(self, directory)
+
+ocp.StandardCheckpointHandler.finalize = finalize_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_during_checkpoint_write_then_resume(tmp_path):
+    args = [
+        "train", "--task", "copy", "--steps", "12", "--checkpoint-every", "4", "--log-every", "1",
+        "--eval-every", "100", "--config", config_file(tmp_path), "--batch-size", "8",
+        "--eval-examples", "8", "--no-progress",
+    ]  # fmt: skip
+    killed_out, straight_out = tmp_path / "killed", tmp_path / "straight"
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    # Each save finalizes two items (params, train state): the 3rd call is inside step 8's save.
+    env = cli_env() | {"KILL_AT_FINALIZE": "3"}
+    run = subprocess.run(
+        [sys.executable, str(script), *args, "--out", str(killed_out)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    ckpt = killed_out / "checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["4"]
+    assert any("tmp" in p.name for p in ckpt.iterdir())  # the unfinished write
+    resumed = subprocess.run(
+        [sys.executable, "-m", "jaxformer", *args, "--out", str(killed_out), "--resume"],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from step 4" in resumed.stdout
+    assert main([*args, "--out", str(straight_out)]) == 0
+    assert losses(killed_out) == losses(straight_out)
+
+
+def test_ctrl_c_saves_and_exits_130(tmp_path):
+    out = tmp_path / "run"
+    args = [
+        sys.executable, "-m", "jaxformer", "train", "--task", "copy", "--steps", "100000",
+        "--checkpoint-every", "100000", "--log-every", "1", "--config", config_file(tmp_path),
+        "--batch-size", "8", "--eval-examples", "8", "--no-progress", "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        args, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+        metrics.exists() and metrics.read_text().count("\n") >= 3
+    ):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted: saved step" in stdout
+    step = checkpoint.Checkpointer(out).latest_step()
+    assert step is not None and step >= 3
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--data-tsv", "/no/such/file.tsv"], "no such file"),
+        (["--steps", "0"], "argument --steps: must be >= 1"),
+        (["--steps", "-5"], "argument --steps: must be >= 1"),
+        (["--batch-size", "ten"], "expected a positive integer"),
+        (["--config", "BADKEY"], r"unknown config key\(s\) \['d_modle'\]; valid keys are"),
+        (["--config", "BADJSON"], "not valid JSON"),
+        (["--data-tsv", "MALFORMED"], r"pairs.tsv:2: expected 'source<TAB>target'"),
+        (["--task", "copy", "--data-tsv", "x.tsv"], "not allowed with argument"),
+        (["--accum-steps", "3"], "batch_size=64 must be divisible by accum_steps=3"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, match):
+    (tmp_path / "bad.json").write_text(json.dumps({"d_modle": 8}))
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "pairs.tsv").write_text("a\tb\nno tab\n")
+    subst = {
+        "BADKEY": str(tmp_path / "bad.json"),
+        "BADJSON": str(tmp_path / "broken.json"),
+        "MALFORMED": str(tmp_path / "pairs.tsv"),
+    }
+    argv = [subst.get(a, a) for a in argv]
+    try:
+        code = main(["train", *argv, "--out", str(tmp_path / "out"), "--no-progress"])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert "Traceback" not in "\n".join(err)
+    assert any(__import__("re").search(match, line) for line in err), err
+    assert err[-1].startswith(("jaxformer train: error:", "jaxformer: error:")) or "usage" in err[0]
+
+
+def test_cli_trains_a_language_model_on_text(tmp_path):
+    text = tmp_path / "book.txt"
+    text.write_text("\n\n".join(f"paragraph {i}: the quick brown fox jumps" for i in range(80)))
+    code = main([
+        "train", "--data-text", str(text), "--seq-len", "32", "--steps", "4", "--batch-size", "4",
+        "--config", config_file(tmp_path), "--out", str(tmp_path / "lm"), "--no-progress",
+    ])  # fmt: skip
+    assert code == 0
+    summary = json.loads((tmp_path / "lm" / "summary.json").read_text())
+    assert summary["model_kind"] == "DecoderLM" and summary["exact_match"] is None
+    assert math.isfinite(summary["eval_perplexity"])
+
+
+def test_yaml_config_file(tmp_path):
+    from jaxformer.cli import load_config_file
+
+    path = tmp_path / "model.yaml"
+    path.write_text("d_model: 48\nnum_heads: 4\nnorm_placement: pre\n")
+    assert load_config_file(str(path)) == {"d_model": 48, "num_heads": 4, "norm_placement": "pre"}
+    path.write_text("- a list\n")
+    with pytest.raises(ValueError, match="expected a mapping of config fields"):
+        load_config_file(str(path))
