@@ -78,8 +78,8 @@ def sample(
     """
     n = _check_common(model, src_tokens, src_valid, max_new_tokens)
     V = model.config.vocab_size
-    _check_filters(V, temperature, top_k, top_p)
-    key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
+    check_sampling_options(temperature, top_k, top_p, vocab_size=V)
+    key = jax.random.PRNGKey(rng) if _is_int(rng) else rng
     # Traced, so that one compiled loop serves every temperature, top_k and top_p.
     filters = (
         jnp.float32(temperature),
@@ -118,14 +118,7 @@ def beam_search(
       was never filled has score -inf and PAD tokens.
     """
     _check_model(model, src_tokens, src_valid)
-    if not isinstance(beam_size, int | np.integer) or isinstance(beam_size, bool) or beam_size < 1:
-        raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
-    if beam_size > model.config.vocab_size:
-        raise ValueError(
-            f"beam_size={beam_size} exceeds the vocabulary size {model.config.vocab_size}"
-        )
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha < 0:
-        raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
+    check_beam_options(beam_size, alpha, vocab_size=model.config.vocab_size)
     input_lens = np.asarray(_valid_or_all(src_tokens, src_valid).sum(axis=1))
     if max_new_tokens is None:
         n = min(src_tokens.shape[1] + PAPER_EXTRA_LENGTH, _capacity(model, src_tokens))
@@ -307,7 +300,7 @@ def _cache_len(model, src, n: int) -> int:
 def _ids(bos_id: int, eos_id: int) -> tuple[jax.Array, jax.Array]:
     """Traced, so one compiled loop serves any special ids."""
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        if not _is_int(value):
             raise TypeError(f"{name} must be an int, got {value!r}")
     return jnp.int32(bos_id), jnp.int32(eos_id)
 
@@ -386,7 +379,7 @@ def _check_model(model, src, src_valid) -> None:
 
 def _check_common(model, src, src_valid, max_new_tokens) -> int:
     _check_model(model, src, src_valid)
-    if not isinstance(max_new_tokens, int | np.integer) or isinstance(max_new_tokens, bool):
+    if not _is_int(max_new_tokens):
         raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
     max_new_tokens = int(max_new_tokens)
     if max_new_tokens < 1:
@@ -409,16 +402,36 @@ def _capacity(model, src) -> int:
     return c.max_len if isinstance(model, Transformer) else c.max_len - src.shape[1] + 1
 
 
-def _check_filters(vocab_size: int, temperature, top_k, top_p) -> None:
-    if not isinstance(temperature, int | float) or isinstance(temperature, bool):
-        raise TypeError(f"temperature must be a number, got {temperature!r}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 for sampling (use greedy), got {temperature}")
+def check_sampling_options(temperature, top_k, top_p, *, vocab_size: int | None = None) -> None:
+    """Raise ValueError unless temperature > 0, top_k in [1, vocab_size] (or None) and
+    top_p in (0, 1]."""
+    if not _is_number(temperature) or not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for sampling (use greedy), got {temperature!r}")
     if top_k is not None:
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= vocab_size:
-            raise ValueError(f"top_k must be an int in [1, {vocab_size}] or None, got {top_k!r}")
-    if not isinstance(top_p, int | float) or isinstance(top_p, bool) or not 0 < top_p <= 1:
+        high = "V" if vocab_size is None else vocab_size
+        too_big = vocab_size is not None and _is_int(top_k) and top_k > vocab_size
+        if not _is_int(top_k) or top_k < 1 or too_big:
+            raise ValueError(f"top_k must be an int in [1, {high}] or None, got {top_k!r}")
+    if not _is_number(top_p) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def check_beam_options(beam_size, alpha, *, vocab_size: int | None = None) -> None:
+    """Raise ValueError unless 1 <= beam_size <= vocab_size and alpha >= 0."""
+    if not _is_int(beam_size) or beam_size < 1:
+        raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
+    if vocab_size is not None and beam_size > vocab_size:
+        raise ValueError(f"beam_size={beam_size} exceeds the vocabulary size {vocab_size}")
+    if not _is_number(alpha) or not alpha >= 0:
+        raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
 
 
 def _valid_or_all(src, src_valid):

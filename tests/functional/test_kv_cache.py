@@ -111,12 +111,15 @@ def test_cached_decoder_layer_equals_the_full_layer(placement):
     y = rng.standard_normal((2, T, E)).astype(np.float32)
     memory = rng.standard_normal((2, S, E)).astype(np.float32)
     cross_mask = F.padding_mask(None, np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool))
-    want = F.decoder_layer(y, p, F.causal_mask(T), opts, memory=memory, cross_mask=cross_mask)
+    want, want_weights = F.decoder_layer(
+        y, p, F.causal_mask(T), opts, memory=memory, cross_mask=cross_mask,
+        return_cross_attention=True,
+    )  # fmt: skip
 
     cache = F.decoder_layer_cache(p, 2, T, jnp.float32, memory=memory)
     for start, stop in ((0, 2), (2, 3), (3, 5)):
         positions = jnp.broadcast_to(jnp.arange(start, stop), (2, stop - start))
-        got, cache = F.decoder_layer(
+        got, weights, cache = F.decoder_layer(
             y[:, start:stop],
             p,
             F.causal_mask(stop - start, T, offset=start),
@@ -124,8 +127,10 @@ def test_cached_decoder_layer_equals_the_full_layer(placement):
             cross_mask=cross_mask,
             cache=cache,
             cache_positions=positions,
+            return_cross_attention=True,
         )
         np.testing.assert_allclose(got, want[:, start:stop], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(weights, want_weights[:, :, start:stop], atol=1e-6)
 
 
 def test_cache_arguments_are_checked():
