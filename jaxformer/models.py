@@ -311,8 +311,10 @@ def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
 
 
 def _check_cache_len(config: TransformerConfig, max_len) -> None:
-    if not isinstance(max_len, int | np.integer) or isinstance(max_len, bool) or max_len < 1:
-        raise ValueError(f"max_len must be an int >= 1, got {max_len!r}")
+    if not isinstance(max_len, int | np.integer) or isinstance(max_len, bool):
+        raise TypeError(f"max_len must be an int, got {max_len!r}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
     if config.position_embedding in ("sinusoidal", "learned") and max_len > config.max_len:
         raise ValueError(
             f"a cache of max_len={max_len} positions exceeds the model's max_len="

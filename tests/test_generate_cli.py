@@ -55,14 +55,14 @@ def generate(capsys, monkeypatch, *args, stdin=None):
 
 
 def library(run_dir, lines, method, **kw):
-    """What the library decodes for each line alone (a batch of one; sources padded to 16
-    tokens, prompts not padded), as text."""
+    """What the library decodes for each line alone (a batch of one; sources padded to a
+    multiple of 16 tokens, prompts not padded), as text."""
     model, tokenizer = checkpoint.restore_model(run_dir)
     seq2seq = isinstance(model, jf.Transformer)
     out = []
     for line in lines:
         ids = tokenizer.encode(line) + ([EOS_ID] if seq2seq else [])
-        src = np.zeros((1, 16 if seq2seq else len(ids)), np.int32)
+        src = np.zeros((1, -(-len(ids) // 16) * 16 if seq2seq else len(ids)), np.int32)
         src[0, : len(ids)] = ids
         tokens = method(model, jnp.asarray(src), jnp.asarray(src != 0), **kw)
         tokens = tokens[0][:, 0] if method is decode.beam_search else tokens
@@ -152,6 +152,7 @@ def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkey
     """The issue's end-to-end check: train on dates, then translate held-out dates."""
     run = loop.RunConfig(task="dates", steps=1500, out=str(tmp_path), eval_examples=200)
     loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
+    capsys.readouterr()  # the training report
     pairs = tasks.test_examples(tasks.get_task("dates"), seed=123, n=20)
     code, out, _ = generate(
         capsys, monkeypatch, "--checkpoint", str(tmp_path), "--beam", "4",
