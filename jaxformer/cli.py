@@ -69,7 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive_int, default=64)
     t.add_argument("--accum-steps", type=_positive_int, default=1, help="gradient accumulation")
     t.add_argument("--schedule", choices=SCHEDULES, default="cosine")
-    t.add_argument("--lr", type=_positive_float, help="peak lr (a multiplier for --schedule paper)")
+    t.add_argument(
+        "--lr",
+        type=_positive_float,
+        help="peak lr, default 3e-3 (for --schedule paper: a multiplier, default 1)",
+    )
     t.add_argument(
         "--warmup-steps",
         type=int,
@@ -87,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<task>)")
     t.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in --out"
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --out, if there is one",
     )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -164,7 +170,7 @@ def _train(args) -> int:
         batch_size=args.batch_size,
         accum_steps=args.accum_steps,
         schedule=args.schedule,
-        lr=args.lr if args.lr is not None else (None if args.schedule == "paper" else 3e-3),
+        lr=args.lr,
         warmup_steps=args.warmup_steps,
         optimizer=args.optimizer,
         weight_decay=args.weight_decay,
@@ -278,9 +284,23 @@ def _checked_fields(fields: dict, path: str) -> dict:
     return fields
 
 
+def _use_compilation_cache() -> None:
+    """Keep compiled programs in ~/.cache/jaxformer/jax (unless JAX_COMPILATION_CACHE_DIR
+    says otherwise), so a second run or a resume starts in seconds."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    import jax
+
+    jax.config.update(
+        "jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "jaxformer" / "jax")
+    )
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _use_compilation_cache()
     try:
         if args.command == "train":
             return _train(args)

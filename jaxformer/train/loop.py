@@ -50,7 +50,7 @@ class RunConfig:
     batch_size: int = 64
     accum_steps: int = 1
     schedule: str = "cosine"  # "paper" | "cosine" | "constant"
-    lr: float | None = 3e-3  # peak lr; a multiplier for "paper"
+    lr: float | None = None  # peak lr (default 3e-3); a multiplier for "paper" (default 1)
     warmup_steps: int | None = None  # default: 10% of steps (cosine), 4000 (paper)
     optimizer: str = "adam"
     weight_decay: float = 0.0
@@ -86,6 +86,13 @@ class RunConfig:
             raise ValueError(
                 "the BPE tokenizer is trained on a data file; use it with data_tsv or data_text"
             )
+
+    @property
+    def peak_lr(self) -> float | None:
+        """The lr given to the schedule: as given, else 3e-3 (None = 1x for "paper")."""
+        if self.lr is not None or self.schedule == "paper":
+            return self.lr
+        return 3e-3
 
     @property
     def warmup(self) -> int:
@@ -142,7 +149,8 @@ def train(
 ) -> dict[str, Any]:
     """Train, evaluate and report; returns the summary (also written to summary.json).
 
-    `model_config.vocab_size` is replaced by the tokenizer's. Raises TrainingDiverged on
+    `model_config.vocab_size` is replaced by the tokenizer's. With `resume`, continue from
+    the latest checkpoint in `run.out` if there is one. Raises TrainingDiverged on
     a NaN or infinite loss (the last good checkpoint stays intact) and re-raises
     KeyboardInterrupt after saving a checkpoint of the last completed step.
     """
@@ -185,10 +193,13 @@ def train(
     }
     checkpointer = Checkpointer(out, keep=run.keep_checkpoints)
     metrics_path = out / "metrics.jsonl"
-    if resume:
-        state, saved = checkpointer.restore(abstract_train_state(state), meta)
+    if resume and checkpointer.latest_step() is not None:
+        state, _ = checkpointer.restore(abstract_train_state(state), meta)
         _truncate_metrics(metrics_path, int(state.step))
         print(f"resumed from step {int(state.step)} in {checkpointer.directory}")
+    elif resume:
+        print(f"no checkpoint in {checkpointer.directory} yet: starting from step 0")
+        _truncate_metrics(metrics_path, 0)
     elif checkpointer.latest_step() is not None:
         raise ValueError(
             f"{out} already holds checkpoints (latest step {checkpointer.latest_step()}); "
