@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMALL = dict(
     num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=48
 )
-RUN = dict(batch_size=8, eval_every=1000, log_every=1, eval_examples=8, checkpoint_every=2)
+RUN = dict(batch_size=8, eval_every=1000, log_every=1, eval_examples=8, checkpoint_every=2, lr=3e-3)
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_the_command_exits_2_without_a_traceback(tmp_path):
 @pytest.mark.slow
 def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkeypatch):
     """The issue's end-to-end check: train on dates, then translate held-out dates."""
-    run = loop.RunConfig(task="dates", steps=1500, out=str(tmp_path), eval_examples=200)
+    run = loop.RunConfig(task="dates", steps=1500, lr=3e-3, out=str(tmp_path), eval_examples=200)
     loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
     capsys.readouterr()  # the training report
     pairs = tasks.test_examples(tasks.get_task("dates"), seed=123, n=20)
