@@ -267,14 +267,14 @@ STEPS = [
 ]  # fmt: skip
 
 DECODE = [
-    ("greedy model", lambda: decode.greedy(model("lm"), t24, max_new_tokens=2), TypeError, "greedy needs a Transformer, got DecoderLM"),
-    ("greedy max_new_tokens 0", lambda: decode.greedy(model(), t24, max_new_tokens=0), ValueError, "max_new_tokens must be an int >= 1, got 0"),
-    ("greedy max_new_tokens float", lambda: decode.greedy(model(), t24, max_new_tokens=2.5), ValueError, "max_new_tokens must be an int >= 1, got 2.5"),
-    ("greedy max_new_tokens > max_len", lambda: decode.greedy(model(), t24, max_new_tokens=9), ValueError, "max_new_tokens=9 > the model's max_len=8"),
+    ("greedy model", lambda: decode.greedy(model("encoder"), t24, max_new_tokens=2), TypeError, "decoding needs a Transformer or a DecoderLM, got Encoder"),
+    ("greedy max_new_tokens 0", lambda: decode.greedy(model(), t24, max_new_tokens=0), ValueError, "max_new_tokens must be >= 1, got 0"),
+    ("greedy max_new_tokens float", lambda: decode.greedy(model(), t24, max_new_tokens=2.5), TypeError, "max_new_tokens must be an int, got 2.5"),
+    ("greedy max_new_tokens > max_len", lambda: decode.greedy(model(), t24, max_new_tokens=9), ValueError, "max_new_tokens=9 does not fit the model's max_len=8"),
     ("greedy bos_id", lambda: decode.greedy(model(), t24, max_new_tokens=2, bos_id=V), ValueError, rf"bos_id={V} is outside the vocabulary \[0, {V}\)"),
     ("greedy eos_id", lambda: decode.greedy(model(), t24, max_new_tokens=2, eos_id=-1), ValueError, r"eos_id=-1 is outside the vocabulary"),
-    ("greedy src dtype", lambda: decode.greedy(model(), f32(2, 4), max_new_tokens=2), TypeError, "src_tokens must be an integer array"),
-    ("greedy src rank", lambda: decode.greedy(model(), i32(4), max_new_tokens=2), ValueError, "src_tokens must have rank 2"),
+    ("greedy src dtype", lambda: decode.greedy(model(), f32(2, 4), max_new_tokens=2), TypeError, "src_tokens must be integer token ids"),
+    ("greedy src rank", lambda: decode.greedy(model(), i32(4), max_new_tokens=2), ValueError, r"src_tokens must have shape \[B, S\]"),
     ("greedy src_valid", lambda: decode.greedy(model(), t24, b(2, 3), max_new_tokens=2), ValueError, "src_valid shape"),
 ]  # fmt: skip
 

@@ -233,7 +233,7 @@ class AttentionParams(NamedTuple):
 
 def multi_head_attention(
     x_q: jax.Array,
-    x_kv: jax.Array,
+    x_kv: jax.Array | None,
     params: AttentionParams,
     mask: jax.Array | None = None,
     *,
@@ -242,7 +242,9 @@ def multi_head_attention(
     rope_positions: tuple[jax.Array, jax.Array] | None = None,
     return_weights: bool = False,
     implementation: str = "xla",
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+    kv_cache: KVCache | None = None,
+    cache_positions: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, ...]:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
     Self-attention: x_kv is x_q. Cross-attention: x_kv is the encoder output.
@@ -250,33 +252,52 @@ def multi_head_attention(
     Args:
       x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source.
       params: the projections; H query heads, K key/value heads.
-      mask: boolean, broadcastable to [B, H, T, S].
+      mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache).
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
       return_weights: also return the attention probabilities [B, H, T, S].
       implementation: the attention kernel, "xla" | "chunked" | "cudnn" (see
         `scaled_dot_product_attention`).
+      kv_cache: for decoding. With `cache_positions` [B, T] (cached self-attention) the
+        keys and values of x_kv are written into the cache at those slots and the queries
+        attend over the whole cache; `mask` must hide the slots not yet written. Without
+        (cross-attention over a fixed memory) the cache holds the memory's keys and values
+        from `project_kv` and x_kv must be None.
 
     Returns:
-      [B, T, E], and with `return_weights` the weights.
+      [B, T, E]; then the weights with `return_weights`; then, with a kv_cache, the
+      updated cache: out, (out, weights), (out, cache) or (out, weights, cache).
     """
     check_rank("x_q", x_q, 3, "[B, T, E]")
-    check_rank("x_kv", x_kv, 3, "[B, S, E]")
+    if x_kv is not None:
+        check_rank("x_kv", x_kv, 3, "[B, S, E]")
     _check_params(params)
     E = params.wq.shape[0]
-    for name, x in (("x_q", x_q), ("x_kv", x_kv)):
+    named = (("x_q", x_q),) if x_kv is None else (("x_q", x_q), ("x_kv", x_kv))
+    for name, x in named:
         check_float(name, x)
         if x.shape[-1] != E:
             raise ValueError(f"{name} has model dim {x.shape[-1]}, the projections expect {E}")
-    q, k, v = _project_qkv(x_q, x_kv, params)
+    if (x_kv is None) != (kv_cache is not None and cache_positions is None):
+        raise ValueError(
+            "x_kv must be given, except with a kv_cache and no cache_positions "
+            "(attention over keys and values projected before)"
+        )
+    if x_kv is None:
+        q, kv = project_heads(x_q, params.wq, params.bq), kv_cache
+    else:
+        q, kv = _project_qkv(x_q, x_kv, params)
     if rope_positions is not None:
         q = apply_rope(q, rope_positions[0])
-        k = apply_rope(k, rope_positions[1])
+        if x_kv is not None:
+            kv = kv._replace(k=apply_rope(kv.k, rope_positions[1]))
+    if x_kv is not None and kv_cache is not None:
+        kv = kv_cache = write_kv(kv_cache, kv, cache_positions)
     out = scaled_dot_product_attention(
         q,
-        k,
-        v,
+        kv.k,
+        kv.v,
         mask,
         dropout_rate=dropout_rate if rng is not None else 0.0,
         dropout_rng=rng,
@@ -285,29 +306,65 @@ def multi_head_attention(
     )
     if return_weights:
         out, weights = out
-        return merge_heads(out, params.wo, params.bo), weights
-    return merge_heads(out, params.wo, params.bo)
+    out = merge_heads(out, params.wo, params.bo)
+    result = (
+        (out,) + ((weights,) if return_weights else ()) + (() if kv_cache is None else (kv_cache,))
+    )
+    return result if len(result) > 1 else out
 
 
-def _project_qkv(x_q, x_kv, p: AttentionParams):
-    """q [B, T, H, Dk], k [B, S, K, Dk], v [B, S, K, Dv] with one matrix product per input.
+class KVCache(NamedTuple):
+    """Keys and values of one attention layer for decoding; slot s holds position s."""
 
-    Self-attention concatenates W^Q, W^K, W^V along the head axis ([E, H + 2K, D]) and
-    cross-attention W^K, W^V: fewer, larger products, faster on CPU, the same values.
-    Needs d_k = d_v; otherwise three products.
+    k: jax.Array  # [B, S_max, K, Dk]
+    v: jax.Array  # [B, S_max, K, Dv]
+
+
+def project_kv(
+    x_kv: jax.Array, params: AttentionParams, rope_positions: jax.Array | None = None
+) -> KVCache:
+    """The keys and values of x_kv [B, S, E]: k [B, S, K, Dk] (rotated when rope_positions
+    [B, S] is given), v [B, S, K, Dv]; one matrix product when Dk = Dv."""
+    K = params.wk.shape[1]
+    if params.wk.shape[2] == params.wv.shape[2]:
+        kv = project_heads(x_kv, *_stack_heads((params.wk, params.wv), (params.bk, params.bv)))
+        k, v = kv[:, :, :K], kv[:, :, K:]
+    else:
+        k, v = project_heads(x_kv, params.wk, params.bk), project_heads(x_kv, params.wv, params.bv)
+    if rope_positions is not None:
+        k = apply_rope(k, rope_positions)
+    return KVCache(k, v)
+
+
+def write_kv(cache: KVCache, new: KVCache, positions: jax.Array) -> KVCache:
+    """Write new keys and values [B, T, K, D] into slots `positions` [B, T] of each row.
+
+    Fixed shapes, so it runs under jit with traced positions (each row has its own).
+    """
+    check_rank("cache_positions", positions, 2, "[B, T]")
+    if positions.shape != new.k.shape[:2]:
+        raise ValueError(
+            f"cache_positions shape {positions.shape} != the new keys' [B, T] {new.k.shape[:2]}"
+        )
+    rows = jnp.arange(positions.shape[0])[:, None]
+    return KVCache(
+        cache.k.at[rows, positions].set(new.k.astype(cache.k.dtype)),
+        cache.v.at[rows, positions].set(new.v.astype(cache.v.dtype)),
+    )
+
+
+def _project_qkv(x_q, x_kv, p: AttentionParams) -> tuple[jax.Array, KVCache]:
+    """q [B, T, H, Dk] and the keys and values, with as few matrix products as possible.
+
+    Self-attention with Dk = Dv concatenates W^Q, W^K, W^V along the head axis
+    ([E, H + 2K, D]) into one product: fewer, larger products, faster on CPU, the same
+    values. Otherwise q is one product and k, v come from `project_kv`.
     """
     H, K = p.wq.shape[1], p.wk.shape[1]
-    if p.wk.shape[2] != p.wv.shape[2]:
-        return (
-            project_heads(x_q, p.wq, p.bq),
-            project_heads(x_kv, p.wk, p.bk),
-            project_heads(x_kv, p.wv, p.bv),
-        )
-    if x_kv is x_q:
+    if x_kv is x_q and p.wk.shape[2] == p.wv.shape[2]:
         qkv = project_heads(x_q, *_stack_heads((p.wq, p.wk, p.wv), (p.bq, p.bk, p.bv)))
-        return qkv[:, :, :H], qkv[:, :, H : H + K], qkv[:, :, H + K :]
-    kv = project_heads(x_kv, *_stack_heads((p.wk, p.wv), (p.bk, p.bv)))
-    return project_heads(x_q, p.wq, p.bq), kv[:, :, :K], kv[:, :, K:]
+        return qkv[:, :, :H], KVCache(qkv[:, :, H : H + K], qkv[:, :, H + K :])
+    return project_heads(x_q, p.wq, p.bq), project_kv(x_kv, p)
 
 
 def _stack_heads(ws, bs):

@@ -26,7 +26,13 @@ from jaxformer.functional._checks import (
     check_rate,
     check_shape,
 )
-from jaxformer.functional.attention import IMPLEMENTATIONS, AttentionParams, multi_head_attention
+from jaxformer.functional.attention import (
+    IMPLEMENTATIONS,
+    AttentionParams,
+    KVCache,
+    multi_head_attention,
+    project_kv,
+)
 from jaxformer.functional.matmul import einsum_f32
 
 NORMS = ("layer", "rms")
@@ -91,6 +97,35 @@ class DecoderLayerParams(NamedTuple):
     norm1: NormParams  # around self-attention
     norm2: NormParams | None  # around cross-attention (None in a decoder-only model)
     norm3: NormParams  # around the feed-forward network
+
+
+class DecoderLayerCache(NamedTuple):
+    """What a decoder layer keeps between decoding steps."""
+
+    self_attn: KVCache  # [B, S_max, K, D]: keys and values of the tokens so far
+    cross_attn: KVCache | None  # [B, S, K, D]: the memory's, projected once (None: no memory)
+
+
+def decoder_layer_cache(
+    params: DecoderLayerParams,
+    batch_size: int,
+    max_len: int,
+    dtype,
+    *,
+    memory: jax.Array | None = None,
+) -> DecoderLayerCache:
+    """An empty self-attention cache of `max_len` slots per row and, given memory [B, S, E],
+    the cross-attention keys and values of the memory."""
+    if (memory is None) != (params.cross_attn is None):
+        raise ValueError("memory must be given exactly when the layer has cross-attention")
+    _, K, Dk = params.self_attn.wk.shape
+    Dv = params.self_attn.wv.shape[-1]
+    self_kv = KVCache(
+        jnp.zeros((batch_size, max_len, K, Dk), dtype),
+        jnp.zeros((batch_size, max_len, K, Dv), dtype),
+    )
+    cross_kv = None if memory is None else project_kv(memory.astype(dtype), params.cross_attn)
+    return DecoderLayerCache(self_kv, cross_kv)
 
 
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *, eps: float = 1e-6):
@@ -172,11 +207,19 @@ def residual(
     norm: NormParams,
     opts: BlockOptions,
     rng: jax.Array | None,
-) -> jax.Array:
-    """One residual sub-layer with the norm placed as `opts.norm_placement` says."""
+    *,
+    has_aux: bool = False,
+):
+    """One residual sub-layer with the norm placed as `opts.norm_placement` says.
+
+    With has_aux, sublayer returns (out, aux) and so does this function.
+    """
+    h = x if opts.norm_placement == "post" else normalize(x, norm, opts)
+    out, aux = sublayer(h) if has_aux else (sublayer(h), None)
+    y = x + dropout(out, opts.dropout_rate, rng)
     if opts.norm_placement == "post":
-        return normalize(x + dropout(sublayer(x), opts.dropout_rate, rng), norm, opts)
-    return x + dropout(sublayer(normalize(x, norm, opts)), opts.dropout_rate, rng)
+        y = normalize(y, norm, opts)
+    return (y, aux) if has_aux else y
 
 
 def embed(tokens: jax.Array, table: jax.Array, *, scale: bool = True) -> jax.Array:
@@ -248,17 +291,27 @@ def decoder_layer(
     rng: jax.Array | None = None,
     rope_positions: jax.Array | None = None,
     return_cross_attention: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+    cache: DecoderLayerCache | None = None,
+    cache_positions: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, ...]:
     """Masked self-attention, cross-attention over `memory`, feed-forward: [B, T, E] -> same.
 
     self_mask: broadcastable to [B, H, T, T] (include the causal mask).
     memory: [B, S, E] encoder output; None (and params.cross_attn None) in a decoder-only
     model. cross_mask: broadcastable to [B, H, T, S].
     return_cross_attention: also return the cross-attention weights [B, H, T, S].
+    cache, cache_positions: decoding with a `decoder_layer_cache`. The new tokens sit at
+    positions cache_positions [B, T]; their keys and values are written there and
+    self_mask ([B, H, T, S_max]) must hide the slots not yet written. The memory's keys
+    and values come from the cache (memory must be None). The updated cache is returned
+    last: (y, cache) or (y, weights, cache).
     """
     check_rank("y", y, 3, "[B, T, E]")
-    if (memory is None) != (params.cross_attn is None):
+    has_memory = memory is not None or (cache is not None and cache.cross_attn is not None)
+    if has_memory != (params.cross_attn is not None):
         raise ValueError("memory must be given exactly when the layer has cross-attention")
+    if cache is not None and (memory is not None or cache_positions is None):
+        raise ValueError("with a cache, pass cache_positions and no memory (the cache holds it)")
     if memory is not None:
         check_rank("memory", memory, 3, "[B, S, E]")
         if memory.shape[-1] != y.shape[-1] or memory.shape[0] != y.shape[0]:
@@ -267,8 +320,9 @@ def decoder_layer(
             )
     k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
+    cached = cache is not None
 
-    def self_attention(h):
+    def self_attention(h):  # (out, updated self-attention cache) when cached
         return multi_head_attention(
             h,
             h,
@@ -278,6 +332,8 @@ def decoder_layer(
             rng=k_self,
             rope_positions=rope,
             implementation=opts.attention_impl,
+            kv_cache=cache.self_attn if cached else None,
+            cache_positions=cache_positions,
         )
 
     cross_weights = []
@@ -285,7 +341,7 @@ def decoder_layer(
     def cross_attention(h):
         out = multi_head_attention(
             h,
-            memory,
+            None if cached else memory,
             params.cross_attn,
             cross_mask,
             dropout_rate=opts.attention_dropout_rate,
@@ -293,14 +349,17 @@ def decoder_layer(
             return_weights=return_cross_attention,
             # The weights exist only in the materialised implementation.
             implementation="xla" if return_cross_attention else opts.attention_impl,
+            kv_cache=cache.cross_attn if cached else None,
         )
+        parts = out if isinstance(out, tuple) else (out,)  # out, [weights], [unchanged cache]
         if return_cross_attention:
-            out, weights = out
-            cross_weights.append(weights)
-        return out
+            cross_weights.append(parts[1])
+        return parts[0]
 
-    y = residual(y, self_attention, params.norm1, opts, k_res1)
-    if memory is not None:
+    y = residual(y, self_attention, params.norm1, opts, k_res1, has_aux=cached)
+    if cached:
+        y, self_kv = y
+    if has_memory:
         y = residual(y, cross_attention, params.norm2, opts, k_res2)
     y = residual(
         y,
@@ -309,11 +368,14 @@ def decoder_layer(
         opts,
         k_res3,
     )
-    if return_cross_attention:
-        if memory is None:
-            raise ValueError("return_cross_attention needs a layer with cross-attention")
-        return y, cross_weights[0]
-    return y
+    if return_cross_attention and not has_memory:
+        raise ValueError("return_cross_attention needs a layer with cross-attention")
+    result = (
+        (y,)
+        + ((cross_weights[0],) if return_cross_attention else ())
+        + ((cache._replace(self_attn=self_kv),) if cached else ())
+    )
+    return result if len(result) > 1 else y
 
 
 def _split(rng: jax.Array | None, n: int) -> tuple[jax.Array | None, ...]:

@@ -13,7 +13,8 @@ def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> ja
     """[T, S] mask where query t (at absolute position t + offset) sees keys s <= t + offset.
 
     With S = None, S = T. `offset` may be traced (decoding with a KV cache: the queries
-    are the positions offset, offset + 1, ... of a cache of length S).
+    are the positions offset, offset + 1, ... of a cache of length S); an offset per row,
+    shape [B, 1, 1, 1], gives a [B, 1, T, S] mask.
     """
     S = T if S is None else S
     for name, n in (("T", T), ("S", S)):

@@ -85,15 +85,25 @@ class MultiHeadAttention(nnx.Module):
         deterministic: bool = True,
         rng: jax.Array | None = None,
         rope_positions: tuple[jax.Array, jax.Array] | None = None,
-    ) -> jax.Array:
-        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention), mask -> [B, T, E]."""
+        kv_cache: F.KVCache | None = None,
+        cache_positions: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, F.KVCache]:
+        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention), mask -> [B, T, E].
+
+        With a kv_cache, returns (out, cache) as `functional.multi_head_attention` does
+        (cross-attention over a cache of projected keys and values: x_kv=None and no
+        cache_positions).
+        """
+        cross_from_cache = kv_cache is not None and cache_positions is None
         return F.multi_head_attention(
             x_q,
-            x_q if x_kv is None else x_kv,
+            None if cross_from_cache else x_q if x_kv is None else x_kv,
             self.params(),
             mask,
             dropout_rate=self.dropout_rate,
             rng=dropout_rng(deterministic, rng),
             rope_positions=rope_positions,
             implementation=self.attention_impl,
+            kv_cache=kv_cache,
+            cache_positions=cache_positions,
         )

@@ -192,6 +192,11 @@ class DecoderLayer(nnx.Module):
             norm3=self.norm3.params(),
         )
 
+    def init_cache(self, batch_size: int, max_len: int, memory=None) -> F.DecoderLayerCache:
+        """An empty cache of max_len positions (and the memory's projected keys/values)."""
+        dtype = self.self_attn.dtype
+        return F.decoder_layer_cache(self.params(), batch_size, max_len, dtype, memory=memory)
+
     def __call__(
         self,
         y: jax.Array,
@@ -203,9 +208,12 @@ class DecoderLayer(nnx.Module):
         rng: jax.Array | None = None,
         rope_positions: jax.Array | None = None,
         return_cross_attention: bool = False,
-    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        cache: F.DecoderLayerCache | None = None,
+        cache_positions: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, ...]:
         """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E] (and the
-        cross-attention weights [B, H, T, S] with `return_cross_attention`)."""
+        cross-attention weights [B, H, T, S] with `return_cross_attention`; then the
+        updated cache when given one, as in `functional.decoder_layer`)."""
         return F.decoder_layer(
             y,
             self.params(),
@@ -216,6 +224,8 @@ class DecoderLayer(nnx.Module):
             rng=dropout_rng(deterministic, rng),
             rope_positions=rope_positions,
             return_cross_attention=return_cross_attention,
+            cache=cache,
+            cache_positions=cache_positions,
         )
 
 
@@ -250,6 +260,10 @@ class DecoderStack(nnx.Module):
         )
         self.final_norm = _norm(config, rngs) if config.use_final_norm else None
 
+    def init_cache(self, batch_size: int, max_len: int, memory=None) -> tuple:
+        """One `DecoderLayerCache` per layer."""
+        return tuple(layer.init_cache(batch_size, max_len, memory) for layer in self.layers)
+
     def __call__(
         self,
         y,
@@ -260,12 +274,17 @@ class DecoderStack(nnx.Module):
         rng=None,
         rope_positions=None,
         return_cross_attention=False,
-    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        cache=None,
+        cache_positions=None,
+    ):
         """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given. With
-        `return_cross_attention`, also each layer's cross-attention weights [L, B, H, T, S]."""
+        `return_cross_attention`, also each layer's cross-attention weights [L, B, H, T, S].
+        With `cache` (from `init_cache`) and cache_positions [B, T], the updated cache last.
+        """
         keys = _layer_keys(rng, len(self.layers))
         weights = []
-        for layer, key in zip(self.layers, keys, strict=True):
+        caches = [None] * len(self.layers) if cache is None else list(cache)
+        for i, (layer, key) in enumerate(zip(self.layers, keys, strict=True)):
             y = layer(
                 y,
                 self_mask,
@@ -275,12 +294,22 @@ class DecoderStack(nnx.Module):
                 rng=key,
                 rope_positions=rope_positions,
                 return_cross_attention=return_cross_attention,
+                cache=caches[i],
+                cache_positions=cache_positions,
             )
+            parts = y if isinstance(y, tuple) else (y,)  # y, [weights], [cache]
+            y = parts[0]
             if return_cross_attention:
-                y, w = y
-                weights.append(w)
+                weights.append(parts[1])
+            if cache is not None:
+                caches[i] = parts[-1]
         y = y if self.final_norm is None else self.final_norm(y)
-        return (y, jnp.stack(weights)) if return_cross_attention else y
+        result = (
+            (y,)
+            + ((jnp.stack(weights),) if return_cross_attention else ())
+            + ((tuple(caches),) if cache is not None else ())
+        )
+        return result if len(result) > 1 else y
 
 
 def _layer_keys(rng: jax.Array | None, n: int) -> list[jax.Array | None]:
