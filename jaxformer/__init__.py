@@ -2,6 +2,7 @@
 
 from jaxformer import functional
 from jaxformer.config import TransformerConfig
+from jaxformer.data.tokenizers import check_tokens
 from jaxformer.models import DecoderLM, Encoder, Transformer, count_params
 
 __version__ = "0.1.0"
@@ -11,6 +12,7 @@ __all__ = [
     "Encoder",
     "Transformer",
     "TransformerConfig",
+    "check_tokens",
     "count_params",
     "functional",
 ]

@@ -5,6 +5,7 @@
     jaxformer train --data-text book.txt --config lm.yaml
     jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
     jaxformer train --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0 --mesh data=-1
+    jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
 
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...) is reported in one line
@@ -78,7 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive_int, default=64)
     t.add_argument("--accum-steps", type=_positive_int, default=1, help="gradient accumulation")
     t.add_argument("--schedule", choices=SCHEDULES, default="cosine")
-    t.add_argument("--lr", type=_positive_float, help="peak lr (a multiplier for --schedule paper)")
+    t.add_argument(
+        "--lr",
+        type=_positive_float,
+        help="peak lr, default 3e-3 (for --schedule paper: a multiplier, default 1)",
+    )
     t.add_argument(
         "--warmup-steps",
         type=int,
@@ -96,7 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<task>)")
     t.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in --out"
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --out, if there is one",
     )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     par = t.add_argument_group("parallelism (see README, 'Scaling out')")
@@ -123,6 +130,30 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds to wait for all processes to join (default: 120)",
     )
+
+    g = sub.add_parser(
+        "generate",
+        help="decode with a trained model",
+        description="Translate (Transformer) or continue (DecoderLM) each input line with the "
+        "model of a `jaxformer train --out` folder; prints one output line per input line "
+        "(newlines in an output are written as \\n). Greedy unless --beam or sampling "
+        "options are given.",
+    )
+    g.add_argument("--checkpoint", required=True, metavar="DIR", help="a training run folder")
+    g.add_argument("--input", metavar="TEXT", help="one input (default: each line of stdin)")
+    g.add_argument("--beam", type=int, metavar="N", help="beam search with N beams (paper: 4)")
+    g.add_argument("--alpha", type=float, metavar="A", help="length penalty (default 0.6)")
+    g.add_argument("--temperature", type=float, metavar="T", help="sample at temperature T")
+    g.add_argument("--top-k", type=int, metavar="K", help="sample from the K likeliest tokens")
+    g.add_argument("--top-p", type=float, metavar="P", help="sample from the nucleus of mass P")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed")
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help="default: the input's length + 50 (the paper), within the model's max_len",
+    )
+    g.add_argument("--batch-size", type=_positive_int, default=32, metavar="B")
     return parser
 
 
@@ -131,7 +162,10 @@ def load_config_file(path: str) -> dict:
     p = pathlib.Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{path}: no such config file")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if p.suffix in (".yaml", ".yml"):
         import yaml
 
@@ -188,7 +222,7 @@ def _train(args) -> int:
         batch_size=args.batch_size,
         accum_steps=args.accum_steps,
         schedule=args.schedule,
-        lr=args.lr if args.lr is not None else (None if args.schedule == "paper" else 3e-3),
+        lr=args.lr,
         warmup_steps=args.warmup_steps,
         optimizer=args.optimizer,
         weight_decay=args.weight_decay,
@@ -213,6 +247,87 @@ def _train(args) -> int:
     return 0
 
 
+def _generate(args) -> int:
+    import jax
+    import numpy as np
+
+    from jaxformer import decode
+    from jaxformer.data.tokenizers import EOS_ID, PAD_ID
+    from jaxformer.models import Transformer
+    from jaxformer.train.checkpoint import restore_model
+
+    sampling = any(x is not None for x in (args.temperature, args.top_k, args.top_p))
+    beam = args.beam is not None or args.alpha is not None
+    if sampling and beam:
+        raise ValueError(
+            "choose beam search (--beam, --alpha) or sampling (--temperature, --top-k, "
+            "--top-p), not both"
+        )
+    temperature = 1.0 if args.temperature is None else args.temperature
+    top_p = 1.0 if args.top_p is None else args.top_p
+    beam_size = 4 if args.beam is None else args.beam
+    alpha = 0.6 if args.alpha is None else args.alpha
+    if sampling:
+        decode.check_sampling_options(temperature, args.top_k, top_p)
+    if beam:
+        decode.check_beam_options(beam_size, alpha)
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+
+    model, tokenizer = restore_model(args.checkpoint)
+    seq2seq = isinstance(model, Transformer)
+    max_len = model.config.max_len
+    lines = [args.input] if args.input is not None else sys.stdin.read().splitlines()
+    if not lines:
+        raise ValueError("no input: give --input TEXT or lines on stdin")
+    inputs = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            raise ValueError(f"input line {i} is empty")
+        ids = tokenizer.encode(line) + ([EOS_ID] if seq2seq else [])  # as in training
+        if len(ids) > max_len:
+            raise ValueError(
+                f"input line {i} has {len(ids)} tokens, more than the model's max_len={max_len}"
+            )
+        inputs.append(ids)
+
+    for start in range(0, len(inputs), args.batch_size):
+        chunk = inputs[start : start + args.batch_size]
+        longest = max(map(len, chunk))
+        # Sources padded to a multiple of 16 (fewer compilations); prompts to the longest,
+        # which leaves the most room for the continuation.
+        width = min(-(-longest // 16) * 16, max_len) if seq2seq else longest
+        B = len(chunk)
+        src = np.full((B, width), PAD_ID, np.int32)
+        for row, ids in enumerate(chunk):
+            src[row, : len(ids)] = ids
+        valid = src != PAD_ID
+        if beam:
+            tokens, _ = decode.beam_search(
+                model, src, valid, beam_size=beam_size, alpha=alpha,
+                max_new_tokens=args.max_new_tokens,
+            )  # fmt: skip
+            tokens = np.asarray(tokens[:, 0])
+        else:
+            capacity = max_len if seq2seq else max_len - width + 1
+            n = args.max_new_tokens or min(longest + decode.PAPER_EXTRA_LENGTH, capacity)
+            if sampling:
+                key = jax.random.fold_in(jax.random.PRNGKey(args.seed), start)
+                tokens = decode.sample(
+                    model, src, valid, max_new_tokens=n, rng=key, temperature=temperature,
+                    top_k=args.top_k, top_p=top_p,
+                )  # fmt: skip
+            else:
+                tokens = decode.greedy(model, src, valid, max_new_tokens=n)
+            tokens = np.asarray(tokens)
+            if args.max_new_tokens is None:  # each row's own input length + 50
+                caps = [len(ids) + decode.PAPER_EXTRA_LENGTH for ids in chunk]
+                tokens = [row[:cap] for row, cap in zip(tokens, caps, strict=True)]
+        for row in tokens:
+            print(tokenizer.decode(row).replace("\n", "\\n"), flush=True)
+    return 0
+
+
 def _checked_fields(fields: dict, path: str) -> dict:
     from jaxformer.config import TransformerConfig
 
@@ -223,12 +338,28 @@ def _checked_fields(fields: dict, path: str) -> dict:
     return fields
 
 
+def _use_compilation_cache() -> None:
+    """Keep compiled programs in ~/.cache/jaxformer/jax (unless JAX_COMPILATION_CACHE_DIR
+    says otherwise), so a second run or a resume starts in seconds."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    import jax
+
+    jax.config.update(
+        "jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "jaxformer" / "jax")
+    )
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _use_compilation_cache()
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "generate":
+            return _generate(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as e:
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise

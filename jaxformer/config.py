@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxformer.functional.attention import IMPLEMENTATIONS
 from jaxformer.functional.layers import ACTIVATIONS, NORM_PLACEMENTS, NORMS, BlockOptions
 
 POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rope", "none")
@@ -44,7 +45,9 @@ class TransformerConfig:
 
     Head dims d_k / d_v default to d_model / num_heads. `num_kv_heads` < num_heads gives
     grouped-query (or, at 1, multi-query) attention. `dtype` is the compute dtype;
-    parameters are kept in `param_dtype`.
+    parameters are kept in `param_dtype`. norm_eps, norm_bias, attention_bias, ffn_bias
+    and final_norm also describe models that differ from the paper, such as PyTorch's
+    nn.Transformer (see jaxformer.interop.torch).
 
     `remat` trades compute for memory in training (see REMAT); `scan_layers` keeps each
     layer stack's parameters stacked [N, ...] and runs it as one scan, so compile time
@@ -69,6 +72,7 @@ class TransformerConfig:
     norm: str = "layer"
     norm_placement: str = "post"
     norm_eps: float = 1e-6
+    norm_bias: bool = True
     final_norm: bool | None = None
     activation: str = "relu"
     share_embeddings: bool = True
@@ -76,6 +80,7 @@ class TransformerConfig:
     ffn_bias: bool = True
     dtype: str = "float32"
     param_dtype: str = "float32"
+    attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn" (scaled_dot_product_attention)
     remat: str = "none"
     scan_layers: bool = False
 
@@ -110,6 +115,7 @@ class TransformerConfig:
             ("activation", ACTIVATIONS),
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
+            ("attention_impl", IMPLEMENTATIONS),
             ("remat", REMAT),
         ):
             if getattr(self, name) not in allowed:
@@ -118,9 +124,10 @@ class TransformerConfig:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if self.position_embedding == "rope" and self.key_dim % 2:
             raise ValueError(f"rope needs an even key head dim d_k, got {self.key_dim}")
-        if not isinstance(self.norm_eps, int | float) or self.norm_eps <= 0:
+        eps = self.norm_eps
+        if not isinstance(eps, int | float) or isinstance(eps, bool) or eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
-        for name in ("share_embeddings", "attention_bias", "ffn_bias", "scan_layers"):
+        for name in ("share_embeddings", "attention_bias", "ffn_bias", "norm_bias", "scan_layers"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.final_norm is not None and not isinstance(self.final_norm, bool):
@@ -152,6 +159,7 @@ class TransformerConfig:
             activation=self.activation,
             dropout_rate=self.dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
+            attention_impl=self.attention_impl,
         )
 
     # Presets.

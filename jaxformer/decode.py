@@ -1,53 +1,443 @@
-"""Autoregressive decoding."""
+"""Autoregressive decoding with a KV cache: greedy, sampling and beam search.
+
+Both model kinds decode the same way:
+
+- `Transformer` (encoder-decoder): `src_tokens` [B, S] are the sources (`src_valid` marks
+  the real tokens; sources of different lengths share a batch). The encoder runs once and
+  every decoder layer projects the memory's cross-attention keys and values once; the
+  target starts from `bos_id`.
+- `DecoderLM`: `src_tokens` [B, T] are prompts, right-padded: `src_valid` marks the real
+  tokens, a non-empty prefix of each row. Each row keeps its own length in the cache (per-
+  row offsets, not left padding), so a row's tokens sit at positions 0, 1, ... exactly as
+  in an unpadded forward pass, and its continuation starts after its last real token.
+
+The prompt is prefilled in one call, then one token per step goes through
+`model.extend`, which writes its keys and values into a fixed-size cache. The whole loop
+is one compiled `lax.while_loop` that stops as soon as every row has finished. Outputs
+hold only the generated tokens (no BOS, no prompt): each row up to and including its
+first EOS, then PAD. With `eos_id=None` every row runs to `max_new_tokens`.
+
+The searches themselves (`run_sampling`, `run_beam_search`) take any step function
+`step(state, tokens [B]) -> (logits [B, V], state)`, so they can drive a cache-free
+reference (the decoding benchmark does) with the same logic.
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
-from jaxformer.models import Transformer
+from jaxformer.models import DecoderLM, Transformer
+
+Step = Callable[[Any, jax.Array], tuple[jax.Array, Any]]
+
+PAPER_EXTRA_LENGTH = 50  # maximum output length = input length + 50 (section 6.1)
 
 
 def greedy(
-    model: Transformer,
+    model: Transformer | DecoderLM,
     src_tokens: jax.Array,
     src_valid: jax.Array | None = None,
     *,
     max_new_tokens: int,
     bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    eos_id: int | None = EOS_ID,
 ) -> jax.Array:
-    """Greedy decoding with an encoder-decoder: src [B, S] -> tokens [B, max_new_tokens].
+    """The argmax token at every step: src [B, S] (or prompts) -> tokens [B, max_new_tokens]."""
+    n = _check_common(model, src_tokens, src_valid, max_new_tokens)
+    graphdef, state = nnx.split(model)
+    ids = _ids(bos_id, eos_id, model.config.vocab_size)
+    return _sample_jit(graphdef, state, src_tokens, src_valid, ids, None, n)
 
-    Each row holds the argmax tokens up to and including its first EOS, then padding.
-    The encoder runs once; the whole loop is one compiled `lax.fori_loop`.
+
+def sample(
+    model: Transformer | DecoderLM,
+    src_tokens: jax.Array,
+    src_valid: jax.Array | None = None,
+    *,
+    max_new_tokens: int,
+    rng: jax.Array | int = 0,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    bos_id: int = BOS_ID,
+    eos_id: int | None = EOS_ID,
+) -> jax.Array:
+    """Ancestral sampling: src [B, S] (or prompts) -> tokens [B, max_new_tokens].
+
+    At every step the logits are divided by `temperature`, cut to the `top_k` most likely
+    tokens, then to the nucleus of `top_p` (see `filter_logits`), and a token is drawn.
+    `rng` is a key or an int seed; the same seed gives the same tokens.
     """
-    if not isinstance(model, Transformer):
-        raise TypeError(f"greedy needs a Transformer, got {type(model).__name__}")
+    n = _check_common(model, src_tokens, src_valid, max_new_tokens)
+    V = model.config.vocab_size
+    check_sampling_options(temperature, top_k, top_p, vocab_size=V)
+    key = jax.random.PRNGKey(rng) if _is_int(rng) else rng
+    # Traced, so that one compiled loop serves every temperature, top_k and top_p.
+    filters = (
+        jnp.float32(temperature),
+        jnp.int32(V if top_k is None else top_k),
+        jnp.float32(top_p),
+    )
+    graphdef, state = nnx.split(model)
+    ids = _ids(bos_id, eos_id, model.config.vocab_size)
+    return _sample_jit(graphdef, state, src_tokens, src_valid, ids, (key, filters), n)
+
+
+def beam_search(
+    model: Transformer | DecoderLM,
+    src_tokens: jax.Array,
+    src_valid: jax.Array | None = None,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_new_tokens: int | None = None,
+    bos_id: int = BOS_ID,
+    eos_id: int | None = EOS_ID,
+) -> tuple[jax.Array, jax.Array]:
+    """Beam search with the GNMT length penalty, the paper's beam 4 and alpha 0.6.
+
+    A hypothesis of n tokens (EOS included) and log-probability L scores
+    L / ((5 + n) / 6) ** alpha. The beam keeps the `beam_size` most probable expansions;
+    one that ends in EOS (or reaches its row's maximum length) leaves the beam for the
+    pool of finished hypotheses, which keeps the best `beam_size` by score. The search
+    stops when no live hypothesis can still enter a row's pool (so beam size 1 is greedy).
+
+    The maximum length is, per row, its input's length + 50 (the paper), capped by the
+    model's position table; an explicit `max_new_tokens` caps every row at that instead.
+
+    Returns:
+      tokens [B, beam_size, N] and scores [B, beam_size], best first; a pool entry that
+      was never filled has score -inf and PAD tokens.
+    """
+    _check_model(model, src_tokens, src_valid)
+    check_beam_options(beam_size, alpha, vocab_size=model.config.vocab_size)
+    input_lens = np.asarray(_valid_or_all(src_tokens, src_valid).sum(axis=1))
+    if max_new_tokens is None:
+        n = min(src_tokens.shape[1] + PAPER_EXTRA_LENGTH, _capacity(model, src_tokens))
+        row_max = np.minimum(input_lens + PAPER_EXTRA_LENGTH, n)
+    else:
+        n = _check_common(model, src_tokens, src_valid, max_new_tokens)
+        row_max = np.full_like(input_lens, n)
+    graphdef, state = nnx.split(model)
+    return _beam_jit(
+        graphdef,
+        state,
+        src_tokens,
+        src_valid,
+        jnp.asarray(row_max, jnp.int32),
+        jnp.float32(alpha),
+        _ids(bos_id, eos_id, model.config.vocab_size),
+        n,
+        beam_size,
+    )
+
+
+def filter_logits(
+    logits: jax.Array,
+    *,
+    temperature: float | jax.Array = 1.0,
+    top_k: int | jax.Array | None = None,
+    top_p: float | jax.Array = 1.0,
+) -> jax.Array:
+    """logits [..., V] / temperature, with the tokens outside the top k and outside the
+    nucleus set to -inf (float32). The arguments may be traced scalars.
+
+    top_k keeps every token whose logit is >= the k-th largest. The nucleus (after top_k)
+    keeps token i iff the tokens strictly more probable than i hold mass < top_p: the
+    fewest most probable tokens that reach mass top_p, and any tied with the last of them.
+    top_p = 1 keeps everything.
+    """
+    logits = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
+    desc = -jnp.sort(-logits, axis=-1)
+    if top_k is not None:
+        kth = jnp.take(desc, jnp.asarray(top_k) - 1, axis=-1)[..., None]
+        logits = jnp.where(logits >= kth, logits, -jnp.inf)
+        desc = jnp.where(desc >= kth, desc, -jnp.inf)
+    desc_probs = jax.nn.softmax(desc, axis=-1)
+    mass_before = jnp.cumsum(desc_probs, axis=-1) - desc_probs
+    # Compared as logits, which are exact copies, so the boundary token is kept exactly.
+    cutoff = jnp.min(jnp.where(mass_before < top_p, desc, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where((logits >= cutoff) | (jnp.asarray(top_p) >= 1.0), logits, -jnp.inf)
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+    """GNMT's ((5 + length) / 6) ** alpha (Wu et al., 2016)."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def run_sampling(
+    step: Step,
+    state: Any,
+    logits: jax.Array,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    choose: Callable[[jax.Array, jax.Array], jax.Array],
+    rng: jax.Array,
+) -> jax.Array:
+    """Pick a token per row with `choose(logits [B, V], key) -> tokens [B]` and feed it
+    back through `step`, until max_new_tokens or until every row has emitted EOS.
+
+    `logits` [B, V] predict the first new token. Returns tokens [B, max_new_tokens].
+    """
+    B = logits.shape[0]
+    out = jnp.full((B, max_new_tokens), PAD_ID, jnp.int32)
+
+    def pick(t, logits, out, done):
+        token = choose(logits, jax.random.fold_in(rng, t)).astype(jnp.int32)
+        token = jnp.where(done, PAD_ID, token)
+        return out.at[:, t].set(token), done | (token == eos_id)
+
+    def cond(carry):
+        t, _, _, done = carry
+        return (t < max_new_tokens) & ~jnp.all(done)
+
+    def body(carry):
+        t, state, out, done = carry
+        logits, state = step(state, out[:, t - 1])
+        return (t + 1, state, *pick(t, logits, out, done))
+
+    out, done = pick(0, logits, out, jnp.zeros((B,), bool))
+    _, _, out, _ = jax.lax.while_loop(cond, body, (1, state, out, done))
+    return out
+
+
+def run_beam_search(
+    step: Step,
+    state: Any,
+    logits: jax.Array,
+    *,
+    beam_size: int,
+    alpha: float,
+    row_max_len: jax.Array,
+    max_new_tokens: int,
+    eos_id: int,
+) -> tuple[jax.Array, jax.Array]:
+    """Beam search (see `beam_search`) over a step function.
+
+    `state`'s leaves and `logits` [B * W, V] hold each row W times (row b's copies at
+    b * W ... b * W + W - 1); row_max_len [B] <= max_new_tokens. Returns tokens
+    [B, W, max_new_tokens] and scores [B, W], best first.
+    """
+    W, N = beam_size, max_new_tokens
+    BW, V = logits.shape
+    B = BW // W
+    neg_inf = jnp.float32(-jnp.inf)
+    alive = (
+        jnp.full((B, W), neg_inf).at[:, 0].set(0.0),  # log-probs (-inf: no live hypothesis)
+        jnp.full((B, W, N), PAD_ID, jnp.int32),
+    )
+    pool = (jnp.full((B, W), neg_inf), jnp.full((B, W, N), PAD_ID, jnp.int32))
+
+    def expand(t, logits, state, alive, pool):
+        log_probs, seqs = alive
+        scores = log_probs[:, :, None] + jax.nn.log_softmax(logits.reshape(B, W, V), axis=-1)
+        log_probs, index = jax.lax.top_k(scores.reshape(B, W * V), W)
+        parent, token = index // V, (index % V).astype(jnp.int32)
+        seqs = jnp.take_along_axis(seqs, parent[:, :, None], axis=1).at[:, :, t].set(token)
+        state = jax.tree.map(lambda x: x[(jnp.arange(B)[:, None] * W + parent).reshape(-1)], state)
+        ends = jnp.isfinite(log_probs) & ((token == eos_id) | (t + 1 >= row_max_len[:, None]))
+        finished = jnp.where(ends, log_probs / length_penalty(t + 1, alpha), neg_inf)
+        pool_scores, keep = jax.lax.top_k(jnp.concatenate([pool[0], finished], axis=1), W)
+        pool_seqs = jnp.take_along_axis(
+            jnp.concatenate([pool[1], seqs], axis=1), keep[:, :, None], axis=1
+        )
+        return state, (jnp.where(ends, neg_inf, log_probs), seqs), (pool_scores, pool_seqs)
+
+    def cond(carry):
+        t, _, (log_probs, _), (pool_scores, _) = carry
+        # A live hypothesis can at best keep its log-prob and reach the longest length.
+        best_live = jnp.max(log_probs, axis=1) / length_penalty(row_max_len, alpha)
+        row_open = jnp.isfinite(best_live) & (best_live > pool_scores[:, -1])
+        return (t < N) & jnp.any(row_open)
+
+    def body(carry):
+        t, state, alive, pool = carry
+        logits, state = step(state, alive[1][:, :, t - 1].reshape(-1))
+        return (t + 1, *expand(t, logits, state, alive, pool))
+
+    carry = (1, *expand(0, logits, state, alive, pool))
+    _, _, _, (pool_scores, pool_seqs) = jax.lax.while_loop(cond, body, carry)
+    return pool_seqs, pool_scores
+
+
+# --- model plumbing -------------------------------------------------------------------------
+
+
+def _prefill(model, src, src_valid, cache_len: int, bos_id: int):
+    """Logits [B, V] for the first new token and the cache after the prompt."""
+    B = src.shape[0]
+    if isinstance(model, Transformer):
+        cache = model.init_cache(src, src_valid, max_len=cache_len)
+        logits, cache = model.extend(jnp.full((B, 1), bos_id, jnp.int32), cache)
+        return logits[:, 0], cache
+    cache = model.init_cache(B, max_len=cache_len)
+    logits, cache = model.extend(src, cache, src_valid)
+    return logits[jnp.arange(B), cache.lengths - 1], cache
+
+
+def _cached_step(model) -> Step:
+    def step(cache, tokens):
+        logits, cache = model.extend(tokens[:, None], cache)
+        return logits[:, 0], cache
+
+    return step
+
+
+def _cache_len(model, src, n: int) -> int:
+    """Slots for every token fed: BOS + n - 1 outputs, or prompt + n - 1 outputs."""
+    return n if isinstance(model, Transformer) else src.shape[1] + n - 1
+
+
+def _ids(bos_id: int, eos_id: int | None, vocab_size: int) -> tuple[jax.Array, jax.Array]:
+    """The special ids, checked against the vocabulary; eos_id None (never stop early)
+    becomes -1, which no token equals. Traced, so one compiled loop serves any ids."""
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if name == "eos_id" and value is None:
+            continue
+        if not _is_int(value):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if not 0 <= value < vocab_size:
+            raise ValueError(f"{name}={value} is outside the vocabulary [0, {vocab_size})")
+    return jnp.int32(bos_id), jnp.int32(-1 if eos_id is None else eos_id)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6))
+def _sample_jit(graphdef, state, src, src_valid, ids, sampling, n):
+    """Greedy when `sampling` is None, else sampling = (key, (temperature, top_k, top_p))."""
+    model = nnx.merge(graphdef, state)
+    bos_id, eos_id = ids
+    logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
+    if sampling is None:
+        key, choose = jax.random.PRNGKey(0), lambda logits, _: jnp.argmax(logits, axis=-1)
+    else:
+        key, (temperature, top_k, top_p) = sampling
+
+        def choose(logits, key):
+            filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+            return jax.random.categorical(key, filtered, axis=-1)
+
+    return run_sampling(
+        _cached_step(model),
+        cache,
+        logits,
+        max_new_tokens=n,
+        eos_id=eos_id,
+        choose=choose,
+        rng=key,
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7, 8))
+def _beam_jit(graphdef, state, src, src_valid, row_max, alpha, ids, n, beam_size):
+    model = nnx.merge(graphdef, state)
+    bos_id, eos_id = ids
+    logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
+    cache, logits = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), (cache, logits))
+    return run_beam_search(
+        _cached_step(model),
+        cache,
+        logits,
+        beam_size=beam_size,
+        alpha=alpha,
+        row_max_len=row_max,
+        max_new_tokens=n,
+        eos_id=eos_id,
+    )
+
+
+# --- argument checks ------------------------------------------------------------------------
+
+
+def _check_model(model, src, src_valid) -> None:
+    if not isinstance(model, Transformer | DecoderLM):
+        raise TypeError(f"decoding needs a Transformer or a DecoderLM, got {type(model).__name__}")
+    name = "src_tokens" if isinstance(model, Transformer) else "prompt (src_tokens)"
+    if np.ndim(src) != 2:
+        raise ValueError(f"{name} must have shape [B, S], got {np.shape(src)}")
+    if not jnp.issubdtype(jnp.result_type(src), jnp.integer):
+        raise TypeError(f"{name} must be integer token ids, got dtype {jnp.result_type(src)}")
+    if src_valid is not None and np.shape(src_valid) != np.shape(src):
+        raise ValueError(f"src_valid shape {np.shape(src_valid)} != {name} shape {np.shape(src)}")
+    c = model.config
+    if c.position_embedding in ("sinusoidal", "learned") and src.shape[1] > c.max_len:
+        raise ValueError(
+            f"{name} has length {src.shape[1]} > the model's max_len={c.max_len}; "
+            "shorten the input or use a model with a longer position table"
+        )
+    if isinstance(model, DecoderLM):
+        valid = np.asarray(_valid_or_all(src, src_valid), bool)
+        lengths = valid.sum(axis=1)
+        if (lengths < 1).any():
+            raise ValueError(f"every prompt needs >= 1 real token; rows {np.where(lengths < 1)[0]}")
+        if (valid != (np.arange(valid.shape[1]) < lengths[:, None])).any():
+            raise ValueError("src_valid must mark a prefix of each prompt (right padding)")
+
+
+def _check_common(model, src, src_valid, max_new_tokens) -> int:
+    _check_model(model, src, src_valid)
+    if not _is_int(max_new_tokens):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    graphdef, state = nnx.split(model)
-    return _greedy(graphdef, state, src_tokens, src_valid, max_new_tokens, bos_id, eos_id)
+    capacity = _capacity(model, src)
+    if max_new_tokens > capacity:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} does not fit the model's max_len="
+            f"{model.config.max_len} position table (at most {capacity} here)"
+        )
+    return max_new_tokens
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
-def _greedy(graphdef, state, src, src_valid, n, bos_id, eos_id):
-    model = nnx.merge(graphdef, state)
-    B = src.shape[0]
-    memory = model.encode(src, src_valid)
-    tgt = jnp.full((B, n + 1), PAD_ID, jnp.int32).at[:, 0].set(bos_id)
-    done = jnp.zeros((B,), bool)
+def _capacity(model, src) -> int:
+    """The most new tokens whose positions fit the model's position table."""
+    c = model.config
+    if c.position_embedding not in ("sinusoidal", "learned"):
+        return np.iinfo(np.int32).max
+    # Positions fed: BOS at 0 and outputs 1 .. n-1; or the prompt and outputs up to T + n - 2.
+    return c.max_len if isinstance(model, Transformer) else c.max_len - src.shape[1] + 1
 
-    def step(t, carry):
-        tgt, done = carry
-        logits = model.decode(tgt[:, :-1], memory, src_valid)  # causal: position t sees <= t
-        token = jnp.argmax(logits[:, t], axis=-1).astype(jnp.int32)
-        token = jnp.where(done, PAD_ID, token)
-        return tgt.at[:, t + 1].set(token), done | (token == eos_id)
 
-    tgt, _ = jax.lax.fori_loop(0, n, step, (tgt, done))
-    return tgt[:, 1:]
+def check_sampling_options(temperature, top_k, top_p, *, vocab_size: int | None = None) -> None:
+    """Raise ValueError unless temperature > 0, top_k in [1, vocab_size] (or None) and
+    top_p in (0, 1]."""
+    if not _is_number(temperature) or not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for sampling (use greedy), got {temperature!r}")
+    if top_k is not None:
+        high = "V" if vocab_size is None else vocab_size
+        too_big = vocab_size is not None and _is_int(top_k) and top_k > vocab_size
+        if not _is_int(top_k) or top_k < 1 or too_big:
+            raise ValueError(f"top_k must be an int in [1, {high}] or None, got {top_k!r}")
+    if not _is_number(top_p) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def check_beam_options(beam_size, alpha, *, vocab_size: int | None = None) -> None:
+    """Raise ValueError unless 1 <= beam_size <= vocab_size and alpha >= 0."""
+    if not _is_int(beam_size) or beam_size < 1:
+        raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
+    if vocab_size is not None and beam_size > vocab_size:
+        raise ValueError(f"beam_size={beam_size} exceeds the vocabulary size {vocab_size}")
+    if not _is_number(alpha) or not alpha >= 0:
+        raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
+
+
+def _valid_or_all(src, src_valid):
+    return np.ones(np.shape(src), bool) if src_valid is None else np.asarray(src_valid)

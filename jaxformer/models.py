@@ -8,13 +8,16 @@ False = padding); None means every position is real.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer.config import TransformerConfig
-from jaxformer.functional._checks import check_int, check_rank
+from jaxformer.functional._checks import check_float, check_int, check_rank
 from jaxformer.nn import DecoderStack, Embed, EncoderStack, LearnedPositions
 from jaxformer.nn._params import dropout_rng
 from jaxformer.nn._sharding import constrain_batch
@@ -45,6 +48,18 @@ class _Inputs(nnx.Module):
         elif c.position_embedding == "learned":
             x = x + self.positions(positions).astype(x.dtype)
         return constrain_batch(F.dropout(x, c.dropout_rate, rng))
+
+
+class DecodeCache(NamedTuple):
+    """The decoder's state between decoding steps, as explicit arrays (a pytree whose
+    leaves all have the batch as leading axis, so beam search can reorder it).
+
+    Each row has its own length: its next token takes position `lengths[b]`.
+    """
+
+    layers: tuple[F.DecoderLayerCache, ...]  # per decoder layer; self-attention [B, S_max, ..]
+    lengths: jax.Array  # [B] int32: tokens held per row
+    src_valid: jax.Array | None  # [B, S] bool: real source tokens (encoder-decoder only)
 
 
 class Transformer(nnx.Module):
@@ -99,6 +114,11 @@ class Transformer(nnx.Module):
         """
         _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
         check_rank("memory", memory, 3, "[B, S, E]")
+        check_float("memory", memory)
+        if memory.shape[2] != self.config.d_model:
+            raise ValueError(
+                f"memory has model dim {memory.shape[2]}, the model's d_model is {self.config.d_model}"
+            )
         if memory.shape[0] != tgt_tokens.shape[0]:
             raise ValueError(
                 f"memory batch {memory.shape[0]} != tgt_tokens batch {tgt_tokens.shape[0]}"
@@ -155,6 +175,27 @@ class Transformer(nnx.Module):
             tgt_tokens, memory, src_valid, tgt_valid, deterministic=deterministic, rng=k_dec
         )
 
+    def init_cache(
+        self, src_tokens: jax.Array, src_valid: jax.Array | None = None, *, max_len: int
+    ) -> DecodeCache:
+        """Encode src_tokens [B, S] once and prepare to decode up to `max_len` target
+        tokens (BOS included): every layer's cross-attention keys and values of the memory,
+        and empty self-attention caches."""
+        _check_cache_len(self.config, max_len)
+        memory = self.encode(src_tokens, src_valid)
+        layers = self.decoder.init_cache(src_tokens.shape[0], max_len, memory)
+        return DecodeCache(layers, jnp.zeros(src_tokens.shape[:1], jnp.int32), src_valid)
+
+    def extend(
+        self, tgt_tokens: jax.Array, cache: DecodeCache, tgt_valid: jax.Array | None = None
+    ) -> tuple[jax.Array, DecodeCache]:
+        """Decode tgt_tokens [B, T] after the tokens in `cache`: (logits [B, T, V], cache).
+
+        Prefill (T tokens at once) and one step (T = 1) are the same call; see
+        `DecoderLM.extend`. Deterministic (no dropout).
+        """
+        return _extend(self, self.tgt_inputs, tgt_tokens, cache, tgt_valid)
+
 
 class DecoderLM(nnx.Module):
     """A decoder-only language model: causal self-attention layers, tied output projection
@@ -183,10 +224,13 @@ class DecoderLM(nnx.Module):
         and `positions` [B, T] restarting at 0 in each document.
         """
         _check_tokens(self.config, "tokens", tokens, valid, "valid")
+        for name, ids in (("positions", positions), ("segment_ids", segment_ids)):
+            if ids is not None:
+                check_int(name, ids, f"of {name.replace('_', ' ')}")
+                if ids.shape != tokens.shape:
+                    raise ValueError(f"{name} shape {ids.shape} != tokens shape {tokens.shape}")
         if positions is None:
             positions = _default_positions(tokens)
-        elif positions.shape != tokens.shape:
-            raise ValueError(f"positions shape {positions.shape} != tokens shape {tokens.shape}")
         rng = dropout_rng(deterministic, rng)
         k_in, k_layers = _split2(rng)
         x = self.inputs(tokens, positions, k_in)
@@ -197,6 +241,26 @@ class DecoderLM(nnx.Module):
         )
         x = self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions))
         return (self.output_embed or self.inputs.embed).attend(x)
+
+    def init_cache(self, batch_size: int, *, max_len: int) -> DecodeCache:
+        """Empty caches for `batch_size` rows of up to `max_len` tokens (prompt included)."""
+        _check_cache_len(self.config, max_len)
+        layers = self.decoder.init_cache(batch_size, max_len)
+        return DecodeCache(layers, jnp.zeros((batch_size,), jnp.int32), None)
+
+    def extend(
+        self, tokens: jax.Array, cache: DecodeCache, valid: jax.Array | None = None
+    ) -> tuple[jax.Array, DecodeCache]:
+        """Run tokens [B, T] after the tokens in `cache`: (next-token logits [B, T, V], cache).
+
+        Prefill a prompt (T = its length) and take a step (T = 1) with the same call. Row
+        b's tokens take positions lengths[b], lengths[b] + 1, ...; their keys and values are
+        written into those cache slots. `valid` [B, T] marks the real tokens, a prefix of
+        each row (right padding); lengths advance by its row sums (T without it), so a
+        padded slot is overwritten by the row's next token before anything attends to it.
+        The caller keeps lengths + T <= the cache's max_len. Deterministic (no dropout).
+        """
+        return _extend(self, self.inputs, tokens, cache, valid)
 
 
 class Encoder(nnx.Module):
@@ -227,8 +291,50 @@ class Encoder(nnx.Module):
         return self.encoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions))
 
 
+def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
+    """The cached decoder pass shared by `Transformer.extend` and `DecoderLM.extend`."""
+    _check_tokens(model.config, "tokens", tokens, valid, "valid")
+    if not isinstance(cache, DecodeCache):
+        raise TypeError(f"cache must be a DecodeCache from init_cache, got {type(cache).__name__}")
+    B, T = tokens.shape
+    S_max = cache.layers[0].self_attn.k.shape[1]
+    if cache.lengths.shape != (B,):
+        raise ValueError(f"tokens batch {B} != the cache's batch {cache.lengths.shape[0]}")
+    if T > S_max:
+        raise ValueError(f"{T} tokens do not fit a cache of max_len={S_max}")
+    positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
+    x = inputs(tokens, positions, None)
+    self_mask = F.causal_mask(T, S_max, offset=cache.lengths[:, None, None, None])
+    cross_mask = None if cache.src_valid is None else F.padding_mask(None, cache.src_valid)
+    y, layers = model.decoder(
+        x,
+        self_mask,
+        cross_mask=cross_mask,
+        rope_positions=_rope(model.config, positions),
+        cache=cache.layers,
+        cache_positions=positions,
+    )
+    logits = (model.output_embed or inputs.embed).attend(y)
+    advance = T if valid is None else jnp.sum(valid, axis=1, dtype=jnp.int32)
+    return logits, cache._replace(layers=layers, lengths=cache.lengths + advance)
+
+
+def _check_cache_len(config: TransformerConfig, max_len) -> None:
+    if not isinstance(max_len, int | np.integer) or isinstance(max_len, bool):
+        raise TypeError(f"max_len must be an int, got {max_len!r}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if config.position_embedding in ("sinusoidal", "learned") and max_len > config.max_len:
+        raise ValueError(
+            f"a cache of max_len={max_len} positions exceeds the model's max_len="
+            f"{config.max_len} ({config.position_embedding} position table)"
+        )
+
+
 def count_params(model: nnx.Module) -> int:
     """The number of scalar parameters (a shared matrix counts once)."""
+    if not isinstance(model, nnx.Module):
+        raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
@@ -260,6 +366,8 @@ def _check_tokens(config, name, tokens, valid, valid_name) -> None:
         if valid.dtype != jnp.bool_:
             raise TypeError(f"{valid_name} must be boolean (True = real token), got {valid.dtype}")
     T = tokens.shape[1]
+    if T < 1:
+        raise ValueError(f"{name} has length 0; sequences need at least one token")
     if config.position_embedding in ("sinusoidal", "learned") and T > config.max_len:
         raise ValueError(
             f"{name} has length {T} > max_len={config.max_len} of the "

@@ -2,7 +2,7 @@
 
 from jaxformer.data.datasets import TaskData, TextData, TsvData, encode_pairs
 from jaxformer.data.tasks import DATE_FORMATS, TASKS, get_task
-from jaxformer.data.tokenizers import BPETokenizer, ByteTokenizer, load_tokenizer
+from jaxformer.data.tokenizers import BPETokenizer, ByteTokenizer, check_tokens, load_tokenizer
 
 __all__ = [
     "DATE_FORMATS",
@@ -12,6 +12,7 @@ __all__ = [
     "TaskData",
     "TextData",
     "TsvData",
+    "check_tokens",
     "encode_pairs",
     "get_task",
     "load_tokenizer",

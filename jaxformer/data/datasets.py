@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 
 from jaxformer.data import tasks as tasks_lib
-from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_tokens
 
 Batch = dict[str, np.ndarray]
 _BUCKET = 16  # pad lengths of file data to a multiple of this, to bound recompilation
@@ -37,8 +37,8 @@ def encode_pairs(
         if pair is None:
             continue
         src, tgt = pair
-        s = tokenizer.encode(src) + [EOS_ID]
-        t = tokenizer.encode(tgt)
+        s = _token_ids(tokenizer, src, f"example {i}'s source") + [EOS_ID]
+        t = _token_ids(tokenizer, tgt, f"example {i}'s target")
         if len(s) > src_len or len(t) + 1 > tgt_len:
             raise ValueError(
                 f"example {i} needs lengths ({len(s)}, {len(t) + 1}) > ({src_len}, {tgt_len}): {src!r}"
@@ -56,7 +56,16 @@ class TaskData:
 
     kind = "seq2seq"
 
-    def __init__(self, task: str, tokenizer: Tokenizer, *, seed: int = 0, test_size: int = 1000):
+    def __init__(
+        self,
+        task: str,
+        tokenizer: Tokenizer,
+        *,
+        seed: int = 0,
+        test_size: int = 1000,
+        vocab_size: int | None = None,
+    ):
+        _check_vocab(tokenizer, vocab_size)
         self.task = tasks_lib.get_task(task)
         self.tokenizer = tokenizer
         self.seed = seed
@@ -70,10 +79,12 @@ class TaskData:
         return max(self.src_len, self.tgt_len)
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
+        _check_positive("batch_size", batch_size)
         pairs = tasks_lib.train_examples(self.task, self.seed, index, batch_size)
         return encode_pairs(pairs, self.tokenizer, self.src_len, self.tgt_len)
 
     def eval_batches(self, batch_size: int):
+        _check_positive("batch_size", batch_size)
         for i in range(0, len(self.test_pairs), batch_size):
             yield encode_pairs(
                 _fill(self.test_pairs[i : i + batch_size], batch_size),
@@ -100,7 +111,10 @@ class TsvData:
         max_len: int,
         seed: int = 0,
         test_size: int = 1000,
+        vocab_size: int | None = None,
     ):
+        _check_positive("max_len", max_len)
+        _check_vocab(tokenizer, vocab_size)
         lines = read_text_lines(path)
         self.tokenizer = tokenizer
         self.seed = seed
@@ -117,7 +131,10 @@ class TsvData:
                     f"got {len(fields)} field(s): {line[:60]!r}"
                 )
             src, tgt = fields
-            ids = (tokenizer.encode(src), tokenizer.encode(tgt))
+            ids = (
+                _token_ids(tokenizer, src, f"{path}:{number} source"),
+                _token_ids(tokenizer, tgt, f"{path}:{number} target"),
+            )
             if len(ids[0]) + 1 > max_len or len(ids[1]) + 1 > max_len:
                 too_long.append(number)
                 continue
@@ -161,10 +178,12 @@ class TsvData:
         return batches
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
+        _check_positive("batch_size", batch_size)
         epoch, j = divmod(index, self.batches_per_epoch(batch_size))
         return self._encode([self._train[i][2] for i in self._epoch(epoch, batch_size)[j]])
 
     def eval_batches(self, batch_size: int):
+        _check_positive("batch_size", batch_size)
         for i in range(0, len(self._test_ids), batch_size):
             yield self._encode(_fill(self._test_ids[i : i + batch_size], batch_size))
 
@@ -191,7 +210,10 @@ class TextData:
         *,
         seq_len: int,
         seed: int = 0,
+        vocab_size: int | None = None,
     ):
+        _check_positive("seq_len", seq_len)
+        _check_vocab(tokenizer, vocab_size)
         docs, current = [], []
         for _, line in read_text_lines(path):
             if line.strip():
@@ -216,7 +238,7 @@ class TextData:
     def _rows(self, docs: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         tokens, segments = [], []
         for d, doc in enumerate(docs):
-            ids = self.tokenizer.encode(doc) + [EOS_ID]
+            ids = _token_ids(self.tokenizer, doc, f"document {d}") + [EOS_ID]
             tokens += ids
             segments += [d + 1] * len(ids)
         tokens, segments = np.array(tokens, np.int32), np.array(segments, np.int32)
@@ -239,6 +261,7 @@ class TextData:
         return n
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
+        _check_positive("batch_size", batch_size)
         epoch, j = divmod(index, self.batches_per_epoch(batch_size))
         order = list(range(len(self._train_rows)))
         random.Random(f"text:{self.seed}:{epoch}").shuffle(order)
@@ -247,6 +270,7 @@ class TextData:
         )
 
     def eval_batches(self, batch_size: int):
+        _check_positive("batch_size", batch_size)
         for i in range(0, len(self._test_rows), batch_size):
             rows = self._test_rows[i : i + batch_size]
             empty = (np.zeros(self.seq_len + 1, np.int32),) * 2
@@ -319,6 +343,27 @@ def read_text_lines(path: str | pathlib.Path) -> list[tuple[int, str]]:
                 f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"
             ) from None
     return out
+
+
+def _token_ids(tokenizer: Tokenizer, text: str, where: str) -> list[int]:
+    """tokenizer.encode(text), checked to lie in the tokenizer's vocabulary."""
+    ids = tokenizer.encode(text)
+    check_tokens(ids, tokenizer.vocab_size, name=f"the tokenizer's ids for {where}")
+    return ids
+
+
+def _check_vocab(tokenizer: Tokenizer, vocab_size: int | None) -> None:
+    """The tokenizer's ids must fit a model with `vocab_size` (when given)."""
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but vocab_size={vocab_size}: its "
+            "ids would fall outside the model's embedding table"
+        )
+
+
+def _check_positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def _fill(items: list, n: int) -> list:

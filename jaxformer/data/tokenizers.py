@@ -11,9 +11,38 @@ import json
 import pathlib
 from collections.abc import Iterable
 
+import numpy as np
+
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 FILENAME = "tokenizer.json"
+
+
+def check_tokens(tokens, vocab_size: int, *, name: str = "tokens") -> None:
+    """Raise ValueError if a token id lies outside [0, vocab_size), naming the first
+    offending position and value.
+
+    A host-side check for ids entering a model: jitted code cannot raise on values, and
+    an out-of-range id would silently embed as NaN (too large) or as another token's row
+    (negative). tokens: any array-like of integers (NumPy, JAX, lists).
+    """
+    if not isinstance(vocab_size, int | np.integer) or isinstance(vocab_size, bool):
+        raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    array = np.asarray(tokens)
+    if array.size == 0:
+        return
+    if not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must hold integer token ids, got dtype {array.dtype}")
+    bad = (array < 0) | (array >= vocab_size)
+    if bad.any():
+        position = tuple(int(i) for i in np.argwhere(bad)[0])
+        where = f"{name}[{', '.join(map(str, position))}]" if position else name
+        raise ValueError(
+            f"{where} = {array[position]} is outside the vocabulary [0, {vocab_size}) "
+            f"({int(bad.sum())} id(s) out of range)"
+        )
 
 
 class ByteTokenizer:
@@ -28,6 +57,8 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of the ids up to the first EOS; other special ids are skipped."""
+        ids = list(ids)
+        check_tokens(ids, self.vocab_size, name="ids")
         out = bytearray()
         for i in ids:
             i = int(i)
@@ -87,6 +118,7 @@ class BPETokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids]
+        check_tokens(ids, self.vocab_size, name="ids")
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
         return self._tok.decode([i for i in ids if i >= len(SPECIALS)])
@@ -110,9 +142,9 @@ def load_tokenizer(folder: str | pathlib.Path) -> Tokenizer:
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer in {folder}: {path} does not exist")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
         kind = data["jaxformer_tokenizer"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a jaxformer tokenizer file ({e})") from None
     if kind == "byte":
         return ByteTokenizer()

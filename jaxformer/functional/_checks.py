@@ -24,11 +24,9 @@ def check_float(name: str, x) -> None:
         raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
 
 
-def check_int(name: str, x) -> None:
+def check_int(name: str, x, what: str = "of token ids") -> None:
     if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
-        raise TypeError(
-            f"{name} must be an integer array of token ids, got dtype {jnp.result_type(x)}"
-        )
+        raise TypeError(f"{name} must be an integer array {what}, got dtype {jnp.result_type(x)}")
 
 
 def check_broadcastable(name: str, x, target: tuple[int, ...], layout: str) -> None:
@@ -38,3 +36,18 @@ def check_broadcastable(name: str, x, target: tuple[int, ...], layout: str) -> N
     padded = (1,) * (len(target) - len(shape)) + shape
     if any(s not in (1, t) for s, t in zip(padded, target, strict=True)):
         raise ValueError(f"{name} of shape {shape} is not broadcastable to {layout} = {target}")
+
+
+def check_shape(name: str, x, shape: tuple[int, ...], layout: str) -> None:
+    if tuple(np.shape(x)) != tuple(shape):
+        raise ValueError(
+            f"{name} must have shape {layout} = {tuple(shape)}, got {tuple(np.shape(x))}"
+        )
+
+
+def check_rate(name: str, rate) -> None:
+    """A probability in [0, 1), such as a dropout rate."""
+    if not isinstance(rate, int | float | np.number) or isinstance(rate, bool):
+        raise TypeError(f"{name} must be a number in [0, 1), got {rate!r}")
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {rate}")

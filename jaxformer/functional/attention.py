@@ -20,9 +20,14 @@ from jaxformer.functional._checks import (
     check_broadcastable,
     check_float,
     check_rank,
+    check_shape,
 )
-from jaxformer.functional.masks import causal_mask, combine_masks
+from jaxformer.functional.chunked_attention import chunked_attention
+from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, split_heads
+from jaxformer.functional.matmul import einsum_f32
 from jaxformer.functional.positions import apply_rope
+
+IMPLEMENTATIONS = ("xla", "chunked", "cudnn")
 
 
 def scaled_dot_product_attention(
@@ -37,6 +42,9 @@ def scaled_dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     return_weights: bool = False,
+    q_valid: jax.Array | None = None,
+    k_valid: jax.Array | None = None,
+    implementation: str = "xla",
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """softmax(q k^T * scale + bias, masked) v.
 
@@ -49,7 +57,15 @@ def scaled_dot_product_attention(
       causal: also apply `causal_mask(T, S)` (query t sees keys s <= t).
       scale: logit scale; default 1 / sqrt(D).
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
-      return_weights: also return the attention probabilities (before dropout).
+      return_weights: also return the attention probabilities (before dropout); "xla" only.
+      q_valid, k_valid: bool [B, T] and [B, S], True = real token: the same as
+        `padding_mask(q_valid, k_valid)` in `mask`, but never formed at [T, S] by "chunked".
+      implementation: one of IMPLEMENTATIONS, all computing the same function:
+        "xla": the logits and weights materialised, [B, H, T, S] float32 (memory O(T S));
+        "chunked": online softmax over tiles of queries and keys, memory O(T + S) in the
+          forward and backward passes (see `chunked_attention`; dropout draws differ);
+        "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, NVIDIA GPUs
+          with bfloat16/float16 inputs; no dropout, no return_weights.
 
     Returns:
       [B, T, H, Dv] in q's dtype, and with `return_weights` the weights [B, H, T, S]
@@ -68,6 +84,38 @@ def scaled_dot_product_attention(
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
+    for name, valid, n in (("q_valid", q_valid, T), ("k_valid", k_valid, S)):
+        if valid is not None:
+            if jnp.result_type(valid) != jnp.bool_:
+                raise TypeError(f"{name} must be boolean (True = real token), got {valid.dtype}")
+            if valid.shape != (B, n):
+                raise ValueError(f"{name} must have shape [B, {n}] = {(B, n)}, got {valid.shape}")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if implementation != "xla" and return_weights:
+        raise ValueError(
+            f"return_weights needs the materialised weights of implementation='xla', "
+            f"got implementation={implementation!r}"
+        )
+    if implementation == "chunked":
+        return chunked_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            q_valid=q_valid,
+            k_valid=k_valid,
+            causal=causal,
+            scale=scale,
+            dropout_rate=dropout_rate,
+            dropout_rng=dropout_rng,
+        )
+    if q_valid is not None or k_valid is not None:
+        k_valid = jnp.ones((B, S), bool) if k_valid is None else k_valid
+        mask = combine_masks(mask, padding_mask(q_valid, k_valid))
+    if implementation == "cudnn":
+        return _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate)
     if causal:
         mask = combine_masks(mask, causal_mask(T, S))
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -77,8 +125,8 @@ def scaled_dot_product_attention(
     logits = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k, preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(scale)
     if bias is not None:
-        logits = logits + _split_heads(bias.astype(jnp.float32), H, K)
-    weights_BKGTS = masked_softmax(logits, None if mask is None else _split_heads(mask, H, K))
+        logits = logits + split_heads(bias.astype(jnp.float32), H, K)
+    weights_BKGTS = masked_softmax(logits, None if mask is None else split_heads(mask, H, K))
 
     probs = weights_BKGTS
     if dropout_rate > 0.0:
@@ -93,6 +141,41 @@ def scaled_dot_product_attention(
     return out
 
 
+def _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate):
+    """`jax.nn.dot_product_attention` with cuDNN's fused kernel; rows with no key give 0."""
+    if jax.default_backend() != "gpu":
+        raise ValueError(
+            "implementation='cudnn' needs an NVIDIA GPU (cuDNN), but the default JAX backend "
+            f"is {jax.default_backend()!r}; use implementation='xla' or 'chunked'"
+        )
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            "implementation='cudnn' needs q, k and v all bfloat16 or all float16, got "
+            f"{q.dtype}, {k.dtype}, {v.dtype}; use dtype='bfloat16' or implementation='xla'"
+        )
+    if dropout_rate > 0.0:
+        raise ValueError(
+            "implementation='cudnn' has no attention dropout in jax.nn.dot_product_attention; "
+            "use attention_dropout_rate=0 or implementation='xla' or 'chunked'"
+        )
+    out = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        bias=None if bias is None else bias.astype(q.dtype),
+        mask=mask,
+        scale=scale,
+        is_causal=causal,
+        implementation="cudnn",
+    )
+    if mask is None:
+        return out
+    full = combine_masks(mask, causal_mask(q.shape[1], k.shape[1])) if causal else mask
+    any_key = jnp.any(full, axis=-1, keepdims=True)  # [.., H | 1, T | 1, 1]
+    any_key = any_key.reshape((1,) * (4 - any_key.ndim) + any_key.shape)  # [B|1, H|1, T|1, 1]
+    return jnp.where(jnp.swapaxes(any_key, 1, 2), out, jnp.zeros_like(out))
+
+
 def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) -> jax.Array:
     """Softmax over `axis` of float32 `logits`, zero where `mask` is False.
 
@@ -101,6 +184,9 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) ->
     """
     logits = logits.astype(jnp.float32)
     if mask is not None:
+        if jnp.result_type(mask) != jnp.bool_:
+            raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
+        check_broadcastable("mask", mask, logits.shape, "logits' shape")
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     row_max = jax.lax.stop_gradient(jnp.max(logits, axis=axis, keepdims=True))
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
@@ -109,15 +195,6 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) ->
         unnorm = jnp.where(mask, unnorm, 0.0)
     total = jnp.sum(unnorm, axis=axis, keepdims=True)
     return unnorm / jnp.where(total == 0.0, 1.0, total)
-
-
-def _split_heads(x: jax.Array, H: int, K: int) -> jax.Array:
-    """[.., H | 1, T, S] (broadcastable to [B, H, T, S]) -> [.., K | 1, G | 1, T, S]."""
-    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
-    b, h, t, s = x.shape
-    if h == H and H > 1:
-        return x.reshape(b, K, H // K, t, s)
-    return x.reshape(b, 1, 1, t, s)
 
 
 def _check_qkv(q, k, v):
@@ -156,7 +233,7 @@ class AttentionParams(NamedTuple):
 
 def multi_head_attention(
     x_q: jax.Array,
-    x_kv: jax.Array,
+    x_kv: jax.Array | None,
     params: AttentionParams,
     mask: jax.Array | None = None,
     *,
@@ -164,7 +241,10 @@ def multi_head_attention(
     rng: jax.Array | None = None,
     rope_positions: tuple[jax.Array, jax.Array] | None = None,
     return_weights: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+    implementation: str = "xla",
+    kv_cache: KVCache | None = None,
+    cache_positions: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, ...]:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
     Self-attention: x_kv is x_q. Cross-attention: x_kv is the encoder output.
@@ -172,50 +252,167 @@ def multi_head_attention(
     Args:
       x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source.
       params: the projections; H query heads, K key/value heads.
-      mask: boolean, broadcastable to [B, H, T, S].
+      mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache).
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
       return_weights: also return the attention probabilities [B, H, T, S].
+      implementation: the attention kernel, "xla" | "chunked" | "cudnn" (see
+        `scaled_dot_product_attention`).
+      kv_cache: for decoding. With `cache_positions` [B, T] (cached self-attention) the
+        keys and values of x_kv are written into the cache at those slots and the queries
+        attend over the whole cache; `mask` must hide the slots not yet written. Without
+        (cross-attention over a fixed memory) the cache holds the memory's keys and values
+        from `project_kv` and x_kv must be None.
 
     Returns:
-      [B, T, E], and with `return_weights` the weights.
+      [B, T, E]; then the weights with `return_weights`; then, with a kv_cache, the
+      updated cache: out, (out, weights), (out, cache) or (out, weights, cache).
     """
     check_rank("x_q", x_q, 3, "[B, T, E]")
-    check_rank("x_kv", x_kv, 3, "[B, S, E]")
+    if x_kv is not None:
+        check_rank("x_kv", x_kv, 3, "[B, S, E]")
+    _check_params(params)
     E = params.wq.shape[0]
-    for name, x in (("x_q", x_q), ("x_kv", x_kv)):
+    named = (("x_q", x_q),) if x_kv is None else (("x_q", x_q), ("x_kv", x_kv))
+    for name, x in named:
         check_float(name, x)
         if x.shape[-1] != E:
             raise ValueError(f"{name} has model dim {x.shape[-1]}, the projections expect {E}")
-    q = project_heads(x_q, params.wq, params.bq)
-    k = project_heads(x_kv, params.wk, params.bk)
-    v = project_heads(x_kv, params.wv, params.bv)
+    if (x_kv is None) != (kv_cache is not None and cache_positions is None):
+        raise ValueError(
+            "x_kv must be given, except with a kv_cache and no cache_positions "
+            "(attention over keys and values projected before)"
+        )
+    if x_kv is None:
+        q, kv = project_heads(x_q, params.wq, params.bq), kv_cache
+    else:
+        q, kv = _project_qkv(x_q, x_kv, params)
     if rope_positions is not None:
         q = apply_rope(q, rope_positions[0])
-        k = apply_rope(k, rope_positions[1])
+        if x_kv is not None:
+            kv = kv._replace(k=apply_rope(kv.k, rope_positions[1]))
+    if x_kv is not None and kv_cache is not None:
+        kv = kv_cache = write_kv(kv_cache, kv, cache_positions)
     out = scaled_dot_product_attention(
         q,
-        k,
-        v,
+        kv.k,
+        kv.v,
         mask,
         dropout_rate=dropout_rate if rng is not None else 0.0,
         dropout_rng=rng,
         return_weights=return_weights,
+        implementation=implementation,
     )
     if return_weights:
         out, weights = out
-        return merge_heads(out, params.wo, params.bo), weights
-    return merge_heads(out, params.wo, params.bo)
+    out = merge_heads(out, params.wo, params.bo)
+    result = (
+        (out,) + ((weights,) if return_weights else ()) + (() if kv_cache is None else (kv_cache,))
+    )
+    return result if len(result) > 1 else out
+
+
+class KVCache(NamedTuple):
+    """Keys and values of one attention layer for decoding; slot s holds position s."""
+
+    k: jax.Array  # [B, S_max, K, Dk]
+    v: jax.Array  # [B, S_max, K, Dv]
+
+
+def project_kv(
+    x_kv: jax.Array, params: AttentionParams, rope_positions: jax.Array | None = None
+) -> KVCache:
+    """The keys and values of x_kv [B, S, E]: k [B, S, K, Dk] (rotated when rope_positions
+    [B, S] is given), v [B, S, K, Dv]; one matrix product when Dk = Dv."""
+    K = params.wk.shape[1]
+    if params.wk.shape[2] == params.wv.shape[2]:
+        kv = project_heads(x_kv, *_stack_heads((params.wk, params.wv), (params.bk, params.bv)))
+        k, v = kv[:, :, :K], kv[:, :, K:]
+    else:
+        k, v = project_heads(x_kv, params.wk, params.bk), project_heads(x_kv, params.wv, params.bv)
+    if rope_positions is not None:
+        k = apply_rope(k, rope_positions)
+    return KVCache(k, v)
+
+
+def write_kv(cache: KVCache, new: KVCache, positions: jax.Array) -> KVCache:
+    """Write new keys and values [B, T, K, D] into slots `positions` [B, T] of each row.
+
+    Fixed shapes, so it runs under jit with traced positions (each row has its own).
+    """
+    check_rank("cache_positions", positions, 2, "[B, T]")
+    if positions.shape != new.k.shape[:2]:
+        raise ValueError(
+            f"cache_positions shape {positions.shape} != the new keys' [B, T] {new.k.shape[:2]}"
+        )
+    rows = jnp.arange(positions.shape[0])[:, None]
+    return KVCache(
+        cache.k.at[rows, positions].set(new.k.astype(cache.k.dtype)),
+        cache.v.at[rows, positions].set(new.v.astype(cache.v.dtype)),
+    )
+
+
+def _project_qkv(x_q, x_kv, p: AttentionParams) -> tuple[jax.Array, KVCache]:
+    """q [B, T, H, Dk] and the keys and values, with as few matrix products as possible.
+
+    Self-attention with Dk = Dv concatenates W^Q, W^K, W^V along the head axis
+    ([E, H + 2K, D]) into one product: fewer, larger products, faster on CPU, the same
+    values. Otherwise q is one product and k, v come from `project_kv`.
+    """
+    H, K = p.wq.shape[1], p.wk.shape[1]
+    if x_kv is x_q and p.wk.shape[2] == p.wv.shape[2]:
+        qkv = project_heads(x_q, *_stack_heads((p.wq, p.wk, p.wv), (p.bq, p.bk, p.bv)))
+        return qkv[:, :, :H], KVCache(qkv[:, :, H : H + K], qkv[:, :, H + K :])
+    return project_heads(x_q, p.wq, p.bq), project_kv(x_kv, p)
+
+
+def _stack_heads(ws, bs):
+    """Projections [E, n_i, D] and their biases [n_i, D] (or None) joined on the head axis."""
+    w = jnp.concatenate(ws, axis=1)
+    if all(b is None for b in bs):
+        return w, None
+    bs = [
+        jnp.zeros(w_.shape[1:], w_.dtype) if b is None else b for w_, b in zip(ws, bs, strict=True)
+    ]
+    return w, jnp.concatenate(bs, axis=0)
 
 
 def project_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """x [B, T, E] @ w [E, H, D] (+ b [H, D]) -> [B, T, H, D]."""
-    out = jnp.einsum("bte,ehd->bthd", x, w)
-    return out if b is None else out + b
+    """x [B, T, E] @ w [E, H, D] (+ b [H, D]) -> [B, T, H, D], accumulated in float32."""
+    check_rank("x", x, 3, "[B, T, E]")
+    check_rank("w", w, 3, "[E, H, D]")
+    if x.shape[-1] != w.shape[0]:
+        raise ValueError(f"x has model dim {x.shape[-1]}, w {w.shape} expects E={w.shape[0]}")
+    return einsum_f32("bte,ehd->bthd", x, w, b)
 
 
 def merge_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """Concatenate heads and project: x [B, T, H, D] @ w [H, D, E] (+ b [E]) -> [B, T, E]."""
-    out = jnp.einsum("bthd,hde->bte", x, w)
-    return out if b is None else out + b
+    """Concatenate heads and project: x [B, T, H, D] @ w [H, D, E] (+ b [E]) -> [B, T, E],
+    accumulated in float32."""
+    check_rank("x", x, 4, "[B, T, H, D]")
+    check_rank("w", w, 3, "[H, D, E]")
+    if x.shape[2:] != w.shape[:2]:
+        raise ValueError(f"x has heads [H, D] = {x.shape[2:]}, w {w.shape} expects {w.shape[:2]}")
+    return einsum_f32("bthd,hde->bte", x, w, b)
+
+
+def _check_params(p: AttentionParams) -> None:
+    """Shapes of the projections agree: wq [E, H, Dk], wk [E, K, Dk], wv [E, K, Dv],
+    wo [H, Dv, E] and the biases [H, Dk], [K, Dk], [K, Dv], [E]."""
+    for name, layout in (("wq", "[E, H, Dk]"), ("wk", "[E, K, Dk]"), ("wv", "[E, K, Dv]")):
+        check_rank(f"params.{name}", getattr(p, name), 3, layout)
+    E, H, Dk = p.wq.shape
+    K, Dv = p.wk.shape[1], p.wv.shape[2]
+    expected = {
+        "wk": ((E, K, Dk), "[E, K, Dk]"),
+        "wv": ((E, K, Dv), "[E, K, Dv]"),
+        "wo": ((H, Dv, E), "[H, Dv, E]"),
+        "bq": ((H, Dk), "[H, Dk]"),
+        "bk": ((K, Dk), "[K, Dk]"),
+        "bv": ((K, Dv), "[K, Dv]"),
+        "bo": ((E,), "[E]"),
+    }
+    for name, (shape, layout) in expected.items():
+        if getattr(p, name) is not None:
+            check_shape(f"params.{name}", getattr(p, name), shape, layout)

@@ -19,7 +19,21 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional.attention import AttentionParams, multi_head_attention
+from jaxformer.functional._checks import (
+    check_float,
+    check_int,
+    check_rank,
+    check_rate,
+    check_shape,
+)
+from jaxformer.functional.attention import (
+    IMPLEMENTATIONS,
+    AttentionParams,
+    KVCache,
+    multi_head_attention,
+    project_kv,
+)
+from jaxformer.functional.matmul import einsum_f32
 
 NORMS = ("layer", "rms")
 NORM_PLACEMENTS = ("post", "pre")
@@ -36,9 +50,11 @@ class BlockOptions:
     activation: str = "relu"  # "relu" (the paper) | "gelu" | "swiglu"
     dropout_rate: float = 0.0  # residual dropout, P_drop
     attention_dropout_rate: float = 0.0
+    attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn": see scaled_dot_product_attention
 
     def __post_init__(self):
         for name, value, allowed in (
+            ("attention_impl", self.attention_impl, IMPLEMENTATIONS),
             ("norm", self.norm, NORMS),
             ("norm_placement", self.norm_placement, NORM_PLACEMENTS),
             ("activation", self.activation, ACTIVATIONS),
@@ -46,11 +62,10 @@ class BlockOptions:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         for name in ("dropout_rate", "attention_dropout_rate"):
-            rate = getattr(self, name)
-            if not 0.0 <= rate < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {rate}")
-        if self.norm_eps <= 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+            check_rate(name, getattr(self, name))
+        eps = self.norm_eps
+        if not isinstance(eps, int | float) or isinstance(eps, bool) or not eps > 0:
+            raise ValueError(f"norm_eps must be > 0 (a number), got {eps!r}")
 
 
 class NormParams(NamedTuple):
@@ -84,8 +99,38 @@ class DecoderLayerParams(NamedTuple):
     norm3: NormParams  # around the feed-forward network
 
 
+class DecoderLayerCache(NamedTuple):
+    """What a decoder layer keeps between decoding steps."""
+
+    self_attn: KVCache  # [B, S_max, K, D]: keys and values of the tokens so far
+    cross_attn: KVCache | None  # [B, S, K, D]: the memory's, projected once (None: no memory)
+
+
+def decoder_layer_cache(
+    params: DecoderLayerParams,
+    batch_size: int,
+    max_len: int,
+    dtype,
+    *,
+    memory: jax.Array | None = None,
+) -> DecoderLayerCache:
+    """An empty self-attention cache of `max_len` slots per row and, given memory [B, S, E],
+    the cross-attention keys and values of the memory."""
+    if (memory is None) != (params.cross_attn is None):
+        raise ValueError("memory must be given exactly when the layer has cross-attention")
+    _, K, Dk = params.self_attn.wk.shape
+    Dv = params.self_attn.wv.shape[-1]
+    self_kv = KVCache(
+        jnp.zeros((batch_size, max_len, K, Dk), dtype),
+        jnp.zeros((batch_size, max_len, K, Dv), dtype),
+    )
+    cross_kv = None if memory is None else project_kv(memory.astype(dtype), params.cross_attn)
+    return DecoderLayerCache(self_kv, cross_kv)
+
+
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *, eps: float = 1e-6):
     """(x - mean) / sqrt(var + eps) * scale + bias over the last axis, in float32."""
+    _check_norm_args(x, scale, bias)
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
@@ -97,9 +142,18 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *,
 
 def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6) -> jax.Array:
     """x / sqrt(mean(x^2) + eps) * scale over the last axis, in float32."""
+    _check_norm_args(x, scale, None)
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def _check_norm_args(x, scale, bias) -> None:
+    check_float("x", x)
+    E = x.shape[-1:]
+    check_shape("scale", scale, E, "[E]")
+    if bias is not None:
+        check_shape("bias", bias, E, "[E]")
 
 
 def normalize(x: jax.Array, params: NormParams, opts: BlockOptions) -> jax.Array:
@@ -110,10 +164,18 @@ def normalize(x: jax.Array, params: NormParams, opts: BlockOptions) -> jax.Array
 
 
 def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "relu"):
-    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E]."""
-    h = x @ params.w1
-    if params.b1 is not None:
-        h = h + params.b1
+    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E].
+
+    The products accumulate in float32 (`einsum_f32`); activations are in x's dtype.
+    """
+    check_float("x", x)
+    check_rank("params.w1", params.w1, 2, "[E, F]")
+    E, F = params.w1.shape
+    if x.shape[-1] != E:
+        raise ValueError(f"x has model dim {x.shape[-1]}, params.w1 {params.w1.shape} expects {E}")
+    check_shape("params.w2", params.w2, (F, E), "[F, E]")
+    x_NE = x.reshape(-1, E)
+    h = einsum_f32("ne,ef->nf", x_NE, params.w1, params.b1)
     if activation == "relu":
         h = jax.nn.relu(h)
     elif activation == "gelu":
@@ -121,11 +183,10 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
     elif activation == "swiglu":
         if params.w_gate is None:
             raise ValueError("activation 'swiglu' needs FeedForwardParams.w_gate")
-        h = jax.nn.silu(x @ params.w_gate) * h
+        h = jax.nn.silu(einsum_f32("ne,ef->nf", x_NE, params.w_gate)) * h
     else:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    out = h @ params.w2
-    return out if params.b2 is None else out + params.b2
+    return einsum_f32("nf,fe->ne", h, params.w2, params.b2).reshape(x.shape)
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
@@ -133,6 +194,7 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
 
     The identity when rng is None or rate is 0.
     """
+    check_rate("rate", rate)
     if rng is None or rate == 0.0:
         return x
     keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
@@ -145,21 +207,36 @@ def residual(
     norm: NormParams,
     opts: BlockOptions,
     rng: jax.Array | None,
-) -> jax.Array:
-    """One residual sub-layer with the norm placed as `opts.norm_placement` says."""
+    *,
+    has_aux: bool = False,
+):
+    """One residual sub-layer with the norm placed as `opts.norm_placement` says.
+
+    With has_aux, sublayer returns (out, aux) and so does this function.
+    """
+    h = x if opts.norm_placement == "post" else normalize(x, norm, opts)
+    out, aux = sublayer(h) if has_aux else (sublayer(h), None)
+    y = x + dropout(out, opts.dropout_rate, rng)
     if opts.norm_placement == "post":
-        return normalize(x + dropout(sublayer(x), opts.dropout_rate, rng), norm, opts)
-    return x + dropout(sublayer(normalize(x, norm, opts)), opts.dropout_rate, rng)
+        y = normalize(y, norm, opts)
+    return (y, aux) if has_aux else y
 
 
 def embed(tokens: jax.Array, table: jax.Array, *, scale: bool = True) -> jax.Array:
     """table[tokens] * sqrt(d_model) (section 3.4): tokens [...] int, table [V, E] -> [..., E]."""
+    check_int("tokens", tokens)
+    check_rank("table", table, 2, "[V, E]")
     out = jnp.take(table, tokens, axis=0)
     return out * jnp.asarray(math.sqrt(table.shape[-1]), out.dtype) if scale else out
 
 
 def tied_logits(x: jax.Array, table: jax.Array) -> jax.Array:
     """Pre-softmax projection with the embedding matrix: x [..., E] @ table[V, E]^T, float32."""
+    check_rank("table", table, 2, "[V, E]")
+    if x.shape[-1] != table.shape[1]:
+        raise ValueError(
+            f"x has model dim {x.shape[-1]}, table {table.shape} expects {table.shape[1]}"
+        )
     return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
 
 
@@ -177,6 +254,7 @@ def encoder_layer(
     mask: broadcastable to [B, H, T, T]. rope_positions: [B, T] when rotary embeddings
     are used.
     """
+    check_rank("x", x, 3, "[B, T, E]")
     k_attn, k_res1, k_res2 = _split(rng, 3)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
 
@@ -189,6 +267,7 @@ def encoder_layer(
             dropout_rate=opts.attention_dropout_rate,
             rng=k_attn,
             rope_positions=rope,
+            implementation=opts.attention_impl,
         )
 
     x = residual(x, self_attention, params.norm1, opts, k_res1)
@@ -212,20 +291,38 @@ def decoder_layer(
     rng: jax.Array | None = None,
     rope_positions: jax.Array | None = None,
     return_cross_attention: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+    cache: DecoderLayerCache | None = None,
+    cache_positions: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, ...]:
     """Masked self-attention, cross-attention over `memory`, feed-forward: [B, T, E] -> same.
 
     self_mask: broadcastable to [B, H, T, T] (include the causal mask).
     memory: [B, S, E] encoder output; None (and params.cross_attn None) in a decoder-only
     model. cross_mask: broadcastable to [B, H, T, S].
     return_cross_attention: also return the cross-attention weights [B, H, T, S].
+    cache, cache_positions: decoding with a `decoder_layer_cache`. The new tokens sit at
+    positions cache_positions [B, T]; their keys and values are written there and
+    self_mask ([B, H, T, S_max]) must hide the slots not yet written. The memory's keys
+    and values come from the cache (memory must be None). The updated cache is returned
+    last: (y, cache) or (y, weights, cache).
     """
-    if (memory is None) != (params.cross_attn is None):
+    check_rank("y", y, 3, "[B, T, E]")
+    has_memory = memory is not None or (cache is not None and cache.cross_attn is not None)
+    if has_memory != (params.cross_attn is not None):
         raise ValueError("memory must be given exactly when the layer has cross-attention")
+    if cache is not None and (memory is not None or cache_positions is None):
+        raise ValueError("with a cache, pass cache_positions and no memory (the cache holds it)")
+    if memory is not None:
+        check_rank("memory", memory, 3, "[B, S, E]")
+        if memory.shape[-1] != y.shape[-1] or memory.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"memory {memory.shape} must be [B, S, E] with y's B and E, y is {y.shape}"
+            )
     k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
+    cached = cache is not None
 
-    def self_attention(h):
+    def self_attention(h):  # (out, updated self-attention cache) when cached
         return multi_head_attention(
             h,
             h,
@@ -234,6 +331,9 @@ def decoder_layer(
             dropout_rate=opts.attention_dropout_rate,
             rng=k_self,
             rope_positions=rope,
+            implementation=opts.attention_impl,
+            kv_cache=cache.self_attn if cached else None,
+            cache_positions=cache_positions,
         )
 
     cross_weights = []
@@ -241,20 +341,25 @@ def decoder_layer(
     def cross_attention(h):
         out = multi_head_attention(
             h,
-            memory,
+            None if cached else memory,
             params.cross_attn,
             cross_mask,
             dropout_rate=opts.attention_dropout_rate,
             rng=k_cross,
             return_weights=return_cross_attention,
+            # The weights exist only in the materialised implementation.
+            implementation="xla" if return_cross_attention else opts.attention_impl,
+            kv_cache=cache.cross_attn if cached else None,
         )
+        parts = out if isinstance(out, tuple) else (out,)  # out, [weights], [unchanged cache]
         if return_cross_attention:
-            out, weights = out
-            cross_weights.append(weights)
-        return out
+            cross_weights.append(parts[1])
+        return parts[0]
 
-    y = residual(y, self_attention, params.norm1, opts, k_res1)
-    if memory is not None:
+    y = residual(y, self_attention, params.norm1, opts, k_res1, has_aux=cached)
+    if cached:
+        y, self_kv = y
+    if has_memory:
         y = residual(y, cross_attention, params.norm2, opts, k_res2)
     y = residual(
         y,
@@ -263,11 +368,14 @@ def decoder_layer(
         opts,
         k_res3,
     )
-    if return_cross_attention:
-        if memory is None:
-            raise ValueError("return_cross_attention needs a layer with cross-attention")
-        return y, cross_weights[0]
-    return y
+    if return_cross_attention and not has_memory:
+        raise ValueError("return_cross_attention needs a layer with cross-attention")
+    result = (
+        (y,)
+        + ((cross_weights[0],) if return_cross_attention else ())
+        + ((cache._replace(self_attn=self_kv),) if cached else ())
+    )
+    return result if len(result) > 1 else y
 
 
 def _split(rng: jax.Array | None, n: int) -> tuple[jax.Array | None, ...]:

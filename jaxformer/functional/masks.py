@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxformer.functional._checks import check_rank
+from jaxformer.functional._checks import check_int, check_rank
 
 
 def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> jax.Array:
     """[T, S] mask where query t (at absolute position t + offset) sees keys s <= t + offset.
 
     With S = None, S = T. `offset` may be traced (decoding with a KV cache: the queries
-    are the positions offset, offset + 1, ... of a cache of length S).
+    are the positions offset, offset + 1, ... of a cache of length S); an offset per row,
+    shape [B, 1, 1, 1], gives a [B, 1, T, S] mask.
     """
     S = T if S is None else S
+    for name, n in (("T", T), ("S", S)):
+        if not isinstance(n, int | np.integer) or isinstance(n, bool):
+            raise TypeError(f"causal_mask: {name} must be an int, got {n!r}")
     if T < 1 or S < 1:
         raise ValueError(f"causal_mask: T and S must be >= 1, got T={T}, S={S}")
     q_pos = jnp.arange(T)[:, None] + offset
@@ -49,6 +54,13 @@ def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
     """
     check_rank("q_segments", q_segments, 2)
     check_rank("k_segments", k_segments, 2)
+    check_int("q_segments", q_segments, "of segment ids")
+    check_int("k_segments", k_segments, "of segment ids")
+    if q_segments.shape[0] != k_segments.shape[0]:
+        raise ValueError(
+            f"segment_mask: batch sizes differ: q_segments {q_segments.shape}, "
+            f"k_segments {k_segments.shape}"
+        )
     same = q_segments[:, None, :, None] == k_segments[:, None, None, :]
     return same & (k_segments[:, None, None, :] != 0)
 
@@ -60,10 +72,27 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
         return None
     for i, m in enumerate(present):
         _check_bool(f"masks[{i}]", m)
+    try:
+        np.broadcast_shapes(*(np.shape(m) for m in present))
+    except ValueError:
+        shapes = [tuple(np.shape(m)) for m in present]
+        raise ValueError(f"combine_masks: the masks' shapes {shapes} do not broadcast") from None
     out = present[0]
     for m in present[1:]:
         out = jnp.logical_and(out, m)
     return out
+
+
+def split_heads(x: jax.Array, H: int, K: int) -> jax.Array:
+    """A mask or bias broadcastable to [B, H, T, S] -> [B | 1, K | 1, G | 1, T | 1, S | 1].
+
+    Grouped heads: query head h = k * G + g reads key/value head k (G = H / K).
+    """
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    b, h, t, s = x.shape
+    if h == H and H > 1:
+        return x.reshape(b, K, H // K, t, s)
+    return x.reshape(b, 1, 1, t, s)
 
 
 def _check_bool(name: str, x: jax.Array) -> None:

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.functional._checks import check_float, check_rank
+from jaxformer.functional._checks import check_float, check_int, check_rank
 
 
 def sinusoidal_positions(length: int, d_model: int) -> jax.Array:
@@ -43,6 +43,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0) -> 
     D = x.shape[-1]
     if D % 2:
         raise ValueError(f"apply_rope needs an even head dim, got D={D}")
+    check_int("positions", positions, "of positions")
     if positions.ndim not in (1, 2) or positions.shape[-1] != x.shape[1]:
         raise ValueError(
             f"positions must be [T] or [B, T] with T={x.shape[1]}, got shape {positions.shape}"

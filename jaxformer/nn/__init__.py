@@ -11,12 +11,14 @@ from jaxformer.nn.blocks import (
     Norm,
 )
 from jaxformer.nn.embeddings import Embed, LearnedPositions
+from jaxformer.nn.encoder_decoder import EncoderDecoder
 
 __all__ = [
     "LOGICAL_AXES",
     "DecoderLayer",
     "DecoderStack",
     "Embed",
+    "EncoderDecoder",
     "EncoderLayer",
     "EncoderStack",
     "FeedForward",

@@ -23,6 +23,24 @@ def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...], d
     return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
 
 
+def check_sizes(**sizes) -> None:
+    """Each size is an int >= 1 (None means "use the default" and is skipped)."""
+    for name, value in sizes.items():
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def dtype_of(name: str, value: str):
+    """The jnp dtype named `value` ("float32" or "bfloat16")."""
+    if value not in DTYPES:
+        raise ValueError(f"{name} must be one of {tuple(DTYPES)}, got {value!r}")
+    return DTYPES[value]
+
+
 def dropout_rng(deterministic: bool, rng):
     """The dropout key to use: None when deterministic, else `rng`, which must be given."""
     if deterministic:

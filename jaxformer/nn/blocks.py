@@ -8,7 +8,7 @@ from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer.config import TransformerConfig
-from jaxformer.nn._params import DTYPES, dropout_rng, param
+from jaxformer.nn._params import check_sizes, dropout_rng, dtype_of, param
 from jaxformer.nn._sharding import constrain_batch
 from jaxformer.nn.attention import MultiHeadAttention
 
@@ -27,11 +27,12 @@ class FeedForward(nnx.Module):
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
+        check_sizes(d_model=d_model, d_ff=d_ff)
         if activation not in F.layers.ACTIVATIONS:
             raise ValueError(
                 f"activation must be one of {F.layers.ACTIVATIONS}, got {activation!r}"
             )
-        E, pdt = d_model, DTYPES[param_dtype]
+        E, pdt = d_model, dtype_of("param_dtype", param_dtype)
         init = nnx.initializers.xavier_uniform()
         self.w1 = param(rngs, init, (E, d_ff), ("embed", "mlp"), pdt)
         self.w2 = param(rngs, init, (d_ff, E), ("mlp", "embed"), pdt)
@@ -42,7 +43,7 @@ class FeedForward(nnx.Module):
             self.b2 = param(rngs, nnx.initializers.zeros, (E,), ("embed",), pdt)
         self.activation = activation
         self.use_bias = use_bias
-        self.dtype = DTYPES[dtype]
+        self.dtype = dtype_of("dtype", dtype)
 
     def params(self) -> F.FeedForwardParams:
         names = ("w1", "w2") + (("b1", "b2") if self.use_bias else ())
@@ -55,7 +56,8 @@ class FeedForward(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """LayerNorm (scale and bias) or RMSNorm (scale only) over the last axis."""
+    """LayerNorm (scale, and bias unless `use_bias=False`) or RMSNorm (scale only) over the
+    last axis."""
 
     def __init__(
         self,
@@ -63,21 +65,30 @@ class Norm(nnx.Module):
         *,
         kind: str = "layer",
         eps: float = 1e-6,
+        use_bias: bool = True,
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
-        pdt = DTYPES[param_dtype]
+        check_sizes(d_model=d_model)
+        opts = F.BlockOptions(norm=kind, norm_eps=eps)
+        pdt = dtype_of("param_dtype", param_dtype)
         self.scale = param(rngs, nnx.initializers.ones, (d_model,), ("norm",), pdt)
-        if kind == "layer":
+        self.use_bias = kind == "layer" and use_bias
+        if self.use_bias:
             self.bias = param(rngs, nnx.initializers.zeros, (d_model,), ("norm",), pdt)
-        self.opts = F.BlockOptions(norm=kind, norm_eps=eps)
+        self.opts = opts
 
     def params(self) -> F.NormParams:
-        bias = self.bias[...] if self.opts.norm == "layer" else None
+        bias = self.bias[...] if self.use_bias else None
         return F.NormParams(self.scale[...], bias)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return F.normalize(x, self.params(), self.opts)
+
+
+def _check_config(config) -> None:
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
 
 
 def _attention(config: TransformerConfig, rngs: nnx.Rngs) -> MultiHeadAttention:
@@ -89,6 +100,7 @@ def _attention(config: TransformerConfig, rngs: nnx.Rngs) -> MultiHeadAttention:
         value_dim=config.value_dim,
         use_bias=config.attention_bias,
         dropout_rate=config.attention_dropout_rate,
+        attention_impl=config.attention_impl,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         rngs=rngs,
@@ -112,6 +124,7 @@ def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> Norm:
         config.d_model,
         kind=config.norm,
         eps=config.norm_eps,
+        use_bias=config.norm_bias,
         param_dtype=config.param_dtype,
         rngs=rngs,
     )
@@ -121,6 +134,7 @@ class EncoderLayer(nnx.Module):
     """Self-attention and feed-forward sub-layers with residuals and norms (section 3.1)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        _check_config(config)
         self.self_attn = _attention(config, rngs)
         self.ffn = _ffn(config, rngs)
         self.norm1 = _norm(config, rngs)
@@ -157,6 +171,7 @@ class DecoderLayer(nnx.Module):
     decoder-only model) and feed-forward sub-layers (section 3.1)."""
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
+        _check_config(config)
         self.self_attn = _attention(config, rngs)
         self.ffn = _ffn(config, rngs)
         self.norm1 = _norm(config, rngs)
@@ -178,6 +193,11 @@ class DecoderLayer(nnx.Module):
             norm3=self.norm3.params(),
         )
 
+    def init_cache(self, batch_size: int, max_len: int, memory=None) -> F.DecoderLayerCache:
+        """An empty cache of max_len positions (and the memory's projected keys/values)."""
+        dtype = self.self_attn.dtype
+        return F.decoder_layer_cache(self.params(), batch_size, max_len, dtype, memory=memory)
+
     def __call__(
         self,
         y: jax.Array,
@@ -189,9 +209,12 @@ class DecoderLayer(nnx.Module):
         rng: jax.Array | None = None,
         rope_positions: jax.Array | None = None,
         return_cross_attention: bool = False,
-    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        cache: F.DecoderLayerCache | None = None,
+        cache_positions: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, ...]:
         """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E] (and the
-        cross-attention weights [B, H, T, S] with `return_cross_attention`)."""
+        cross-attention weights [B, H, T, S] with `return_cross_attention`; then the
+        updated cache when given one, as in `functional.decoder_layer`)."""
         return F.decoder_layer(
             y,
             self.params(),
@@ -202,6 +225,8 @@ class DecoderLayer(nnx.Module):
             rng=dropout_rng(deterministic, rng),
             rope_positions=rope_positions,
             return_cross_attention=return_cross_attention,
+            cache=cache,
+            cache_positions=cache_positions,
         )
 
 
@@ -213,6 +238,7 @@ class EncoderStack(nnx.Module):
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        _check_config(config)
         layers = [EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)]
         self.layers = _stacked(layers) if config.scan_layers else nnx.List(layers)
         self.final_norm = _norm(config, rngs) if config.use_final_norm else None
@@ -221,17 +247,19 @@ class EncoderStack(nnx.Module):
     def __call__(self, x, mask=None, *, rng=None, rope_positions=None) -> jax.Array:
         """x [B, S, E] -> [B, S, E]. Dropout is applied when rng is given."""
 
-        def call(layer, x, key):
+        def call(layer, x, key, _):
             return layer(x, mask, deterministic=key is None, rng=key, rope_positions=rope_positions)
 
-        x = _run_layers(self, call, x, rng)
+        x, _, _ = _run_layers(self, call, x, rng)
         return x if self.final_norm is None else self.final_norm(x)
 
 
 class DecoderStack(nnx.Module):
-    """N decoder layers (with or without cross-attention), then an optional final norm."""
+    """N decoder layers (with or without cross-attention), then an optional final norm;
+    `scan_layers` and `remat` as in EncoderStack."""
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
+        _check_config(config)
         layers = [
             DecoderLayer(config, cross_attention=cross_attention, rngs=rngs)
             for _ in range(config.num_decoder_layers)
@@ -239,6 +267,12 @@ class DecoderStack(nnx.Module):
         self.layers = _stacked(layers) if config.scan_layers else nnx.List(layers)
         self.final_norm = _norm(config, rngs) if config.use_final_norm else None
         self.num_layers, self.scan, self.remat = len(layers), config.scan_layers, config.remat
+
+    def init_cache(self, batch_size: int, max_len: int, memory=None) -> tuple:
+        """One `DecoderLayerCache` per layer."""
+        return tuple(
+            layer.init_cache(batch_size, max_len, memory) for layer in _layer_modules(self)
+        )
 
     def __call__(
         self,
@@ -250,11 +284,15 @@ class DecoderStack(nnx.Module):
         rng=None,
         rope_positions=None,
         return_cross_attention=False,
-    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        cache=None,
+        cache_positions=None,
+    ):
         """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given. With
-        `return_cross_attention`, also each layer's cross-attention weights [L, B, H, T, S]."""
+        `return_cross_attention`, also each layer's cross-attention weights [L, B, H, T, S].
+        With `cache` (from `init_cache`) and cache_positions [B, T], the updated cache last.
+        """
 
-        def call(layer, y, key):
+        def call(layer, y, key, layer_cache):
             return layer(
                 y,
                 self_mask,
@@ -264,64 +302,91 @@ class DecoderStack(nnx.Module):
                 rng=key,
                 rope_positions=rope_positions,
                 return_cross_attention=return_cross_attention,
+                cache=layer_cache,
+                cache_positions=cache_positions,
             )
 
-        y = _run_layers(self, call, y, rng, with_weights=return_cross_attention)
-        if return_cross_attention:
-            y, weights = y
+        y, weights, cache = _run_layers(
+            self, call, y, rng, with_weights=return_cross_attention, cache=cache
+        )
         y = y if self.final_norm is None else self.final_norm(y)
-        return (y, weights) if return_cross_attention else y
+        result = (
+            (y,)
+            + ((weights,) if return_cross_attention else ())
+            + ((cache,) if cache is not None else ())
+        )
+        return result if len(result) > 1 else y
 
 
 # jax.checkpoint policies by `TransformerConfig.remat`: "full" saves nothing.
 REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
-def _run_layers(stack, call, x, rng, *, with_weights: bool = False):
-    """x through `stack.layers` by `call(layer, x, key) -> x` (or (x, weights) with
-    `with_weights`; the weights come back stacked [N, ...]): a Python loop over the
-    layers, or one scan over stacked ones; each layer rematerialised if asked.
+def _run_layers(stack, call, x, rng, *, with_weights: bool = False, cache=None):
+    """x through `stack.layers` by `call(layer, x, key, layer_cache)`, which returns what
+    the layer returns: x, then its cross-attention weights with `with_weights`, then its
+    cache when given one. Returns (x, weights stacked [N, ...] or None, the updated
+    per-layer caches or None).
 
-    The scan and the remat are jax.lax.scan and jax.checkpoint over the layer's state
-    (nnx.split / nnx.merge), not nnx.scan / nnx.remat: those refuse a module whose
-    arrays come from an enclosing trace, as in decoding's compiled loops.
+    Without a cache, stacked layers run as one jax.lax.scan; each layer is rematerialised
+    if asked. The scan and the remat are jax.lax.scan and jax.checkpoint over the layer's
+    state (nnx.split / nnx.merge), not nnx.scan / nnx.remat: those refuse a module whose
+    arrays come from an enclosing trace, as in decoding's compiled loops. Decoding with a
+    cache runs stacked layers one by one (slices of the stack), so the cache keeps one
+    entry per layer for every model.
     """
 
-    def step(layer, x, key):
-        out = call(layer, x, key)
-        x, weights = out if with_weights else (out, None)
-        return (constrain_batch(x), weights) if with_weights else constrain_batch(x)
+    def step(layer, x, key, layer_cache):
+        out = call(layer, x, key, layer_cache)
+        parts = out if isinstance(out, tuple) else (out,)  # x, [weights], [cache]
+        weights = parts[1] if with_weights else None
+        return constrain_batch(parts[0]), weights, parts[-1] if cache is not None else None
 
     if stack.remat != "none":
         step = _rematerialised(step, REMAT_POLICIES[stack.remat])
     keys = None if rng is None else jax.random.split(rng, stack.num_layers)
-    if stack.scan:
+    if stack.scan and cache is None:
         graphdef, stacked = nnx.split(stack.layers)
 
         def body(x, layer_and_key):
-            out = step(nnx.merge(graphdef, layer_and_key[0]), x, layer_and_key[1])
-            return out if with_weights else (out, None)
+            x, weights, _ = step(nnx.merge(graphdef, layer_and_key[0]), x, layer_and_key[1], None)
+            return x, weights
 
         x, weights = jax.lax.scan(body, x, (stacked, keys))
-        return (x, weights) if with_weights else x
-    weights = []
+        return x, weights, None
     keys = [None] * stack.num_layers if keys is None else list(keys)
-    for layer, key in zip(stack.layers, keys, strict=True):
-        x = step(layer, x, key)
-        if with_weights:
-            x, w = x
-            weights.append(w)
-    return (x, jnp.stack(weights)) if with_weights else x
+    caches = [None] * stack.num_layers if cache is None else list(cache)
+    layers = _layer_modules(stack)
+    weights = []
+    for i, (layer, key) in enumerate(zip(layers, keys, strict=True)):
+        x, w, caches[i] = step(layer, x, key, caches[i])
+        weights.append(w)
+    return (
+        x,
+        jnp.stack(weights) if with_weights else None,
+        tuple(caches) if cache is not None else None,
+    )
+
+
+def _layer_modules(stack) -> list[nnx.Module]:
+    """The layers of a stack one by one (slices of stacked parameters with scan_layers)."""
+    if not stack.scan:
+        return list(stack.layers)
+    graphdef, stacked = nnx.split(stack.layers)
+    return [
+        nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
+        for i in range(stack.num_layers)
+    ]
 
 
 def _rematerialised(step, policy):
-    """`step(layer, x, key)` under jax.checkpoint: its intermediates are recomputed in
-    the backward pass, except those `policy` saves."""
+    """`step(layer, *args)` under jax.checkpoint: its intermediates are recomputed in the
+    backward pass, except those `policy` saves."""
 
-    def run(layer, x, key):
+    def run(layer, *args):
         graphdef, state = nnx.split(layer)
-        pure = lambda state, x, key: step(nnx.merge(graphdef, state), x, key)  # noqa: E731
-        return jax.checkpoint(pure, policy=policy)(state, x, key)
+        pure = lambda state, *args: step(nnx.merge(graphdef, state), *args)  # noqa: E731
+        return jax.checkpoint(pure, policy=policy)(state, *args)
 
     return run
 

@@ -7,7 +7,7 @@ from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer.functional._checks import check_int
-from jaxformer.nn._params import DTYPES, param
+from jaxformer.nn._params import check_sizes, dtype_of, param
 from jaxformer.nn._sharding import gather_whole
 
 
@@ -28,12 +28,12 @@ class Embed(nnx.Module):
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
+        check_sizes(vocab_size=vocab_size, d_model=d_model)
         init = nnx.initializers.normal(stddev=d_model**-0.5)
-        self.table = param(
-            rngs, init, (vocab_size, d_model), ("vocab", "embed"), DTYPES[param_dtype]
-        )
+        pdt = dtype_of("param_dtype", param_dtype)
+        self.table = param(rngs, init, (vocab_size, d_model), ("vocab", "embed"), pdt)
         self.scale = scale
-        self.dtype = DTYPES[dtype]
+        self.dtype = dtype_of("dtype", dtype)
 
     @property
     def vocab_size(self) -> int:
@@ -54,11 +54,12 @@ class LearnedPositions(nnx.Module):
     """A learned table [max_len, E] of position embeddings (the paper's Table 3 row E)."""
 
     def __init__(self, max_len: int, d_model: int, *, param_dtype: str = "float32", rngs: nnx.Rngs):
+        check_sizes(max_len=max_len, d_model=d_model)
         init = nnx.initializers.normal(stddev=0.02)
-        self.table = param(
-            rngs, init, (max_len, d_model), ("position", "embed"), DTYPES[param_dtype]
-        )
+        pdt = dtype_of("param_dtype", param_dtype)
+        self.table = param(rngs, init, (max_len, d_model), ("position", "embed"), pdt)
 
     def __call__(self, positions: jax.Array) -> jax.Array:
         """positions [...] (int) -> [..., E]."""
+        check_int("positions", positions, "of positions")
         return gather_whole(self.table[...])[positions]

@@ -70,9 +70,9 @@ class Checkpointer:
         meta = self.read_meta(step)
         check_compatible(meta, expected_meta, self.directory)
         train = {"step": abstract.step, "opt_state": abstract.opt_state, "rng": abstract.rng}
-        restored = self.manager.restore(
+        restored = self._restore(
             step,
-            args=ocp.args.Composite(
+            ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract.params),
                 train=ocp.args.StandardRestore(train),
             ),
@@ -94,6 +94,18 @@ class Checkpointer:
         except Exception as e:  # orbax raises various errors for damaged folders
             raise ValueError(
                 f"checkpoint {self.directory / str(step)} cannot be read: {e}"
+            ) from None
+
+    def _restore(self, step: int, args):
+        """manager.restore, with a damaged (e.g. truncated) checkpoint reported as a
+        ValueError naming its folder instead of orbax's or TensorStore's traceback."""
+        try:
+            return self.manager.restore(step, args=args)
+        except Exception as e:
+            cause = str(e.__cause__ or e).strip().splitlines()[0][:300]
+            raise ValueError(
+                f"checkpoint {self.directory / str(step)} cannot be read ({cause}); it may be "
+                "truncated or damaged: delete that folder to resume from an earlier checkpoint"
             ) from None
 
     def close(self) -> None:
@@ -140,9 +152,9 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     abstract_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params
     )
-    restored = checkpointer.manager.restore(
+    restored = checkpointer._restore(
         checkpointer.latest_step(),
-        args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
+        ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
     )
     checkpointer.close()
     return nnx.merge(graphdef, restored.params), tokenizer

@@ -61,7 +61,7 @@ class RunConfig:
     batch_size: int = 64
     accum_steps: int = 1
     schedule: str = "cosine"  # "paper" | "cosine" | "constant"
-    lr: float | None = 3e-3  # peak lr; a multiplier for "paper"
+    lr: float | None = None  # peak lr (default 3e-3); a multiplier for "paper" (default 1)
     warmup_steps: int | None = None  # default: 10% of steps (cosine), 4000 (paper)
     optimizer: str = "adam"
     weight_decay: float = 0.0
@@ -103,6 +103,13 @@ class RunConfig:
             raise ValueError(
                 "the BPE tokenizer is trained on a data file; use it with data_tsv or data_text"
             )
+
+    @property
+    def peak_lr(self) -> float | None:
+        """The lr given to the schedule: as given, else 3e-3 (None = 1x for "paper")."""
+        if self.lr is not None or self.schedule == "paper":
+            return self.lr
+        return 3e-3
 
     @property
     def warmup(self) -> int:
@@ -159,7 +166,8 @@ def train(
 ) -> dict[str, Any]:
     """Train, evaluate and report; returns the summary (also written to summary.json).
 
-    `model_config.vocab_size` is replaced by the tokenizer's. Raises TrainingDiverged on
+    `model_config.vocab_size` is replaced by the tokenizer's. With `resume`, continue from
+    the latest checkpoint in `run.out` if there is one. Raises TrainingDiverged on
     a NaN or infinite loss (the last good checkpoint stays intact) and re-raises
     KeyboardInterrupt after saving a checkpoint of the last completed step.
     """
@@ -175,7 +183,7 @@ def train(
     model = cls(config, rngs=nnx.Rngs(run.seed))
     schedule = make_schedule(
         run.schedule,
-        lr=run.lr,
+        lr=run.peak_lr,
         d_model=config.d_model,
         warmup_steps=run.warmup,
         total_steps=run.steps,
@@ -206,12 +214,16 @@ def train(
     }
     checkpointer = Checkpointer(out, keep=run.keep_checkpoints)
     metrics_path = out / "metrics.jsonl"
-    if resume:
-        state, saved = checkpointer.restore(abstract_train_state(place.saved(state)), meta)
+    if resume and checkpointer.latest_step() is not None:
+        state, _ = checkpointer.restore(abstract_train_state(place.saved(state)), meta)
         state = place.put_state(state)
         if main:
             _truncate_metrics(metrics_path, _step(state))
             print(f"resumed from step {_step(state)} in {checkpointer.directory}")
+    elif resume:
+        if main:
+            print(f"no checkpoint in {checkpointer.directory} yet: starting from step 0")
+            _truncate_metrics(metrics_path, 0)
     elif checkpointer.latest_step() is not None:
         raise ValueError(
             f"{out} already holds checkpoints (latest step {checkpointer.latest_step()}); "

@@ -16,6 +16,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxformer.functional._checks import check_float, check_int, check_rate
+
 
 class LossSums(NamedTuple):
     """Sums over the real (weighted) target tokens: add them across micro-batches and
@@ -42,13 +44,14 @@ def cross_entropy(
     logits: jax.Array, targets: jax.Array, weights: jax.Array, *, label_smoothing: float = 0.0
 ) -> LossSums:
     """logits [B, T, V], targets [B, T] int, weights [B, T] (bool or 0/1: False = padding)."""
+    check_float("logits", logits)
+    check_int("targets", targets)
     if logits.shape[:-1] != targets.shape or targets.shape != weights.shape:
         raise ValueError(
             f"logits {logits.shape} must be [B, T, V] with targets and weights [B, T]; "
             f"got targets {targets.shape}, weights {weights.shape}"
         )
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    check_rate("label_smoothing", label_smoothing)
     logits = logits.astype(jnp.float32)
     w = weights.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits, axis=-1)

@@ -19,7 +19,9 @@ OPTIMIZERS = ("adam", "adamw")
 
 def paper_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> optax.Schedule:
     """scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step = count + 1."""
+    _positive("d_model", d_model)
     _positive("warmup_steps", warmup_steps)
+    _positive("scale", scale)
 
     def schedule(count):
         step = jnp.asarray(count, jnp.float32) + 1.0
@@ -42,11 +44,15 @@ def make_schedule(
     if name == "paper":
         if d_model is None:
             raise ValueError("the paper schedule needs d_model")
+        if lr is not None:
+            _positive("lr", lr)
         return paper_schedule(d_model, warmup_steps, 1.0 if lr is None else lr)
     if name not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {name!r}")
     if lr is None or lr <= 0:
         raise ValueError(f"the {name} schedule needs a learning rate lr > 0, got {lr}")
+    if not 0.0 <= final_fraction <= 1.0:
+        raise ValueError(f"final_fraction must be in [0, 1], got {final_fraction}")
     if name == "constant":
         return optax.constant_schedule(lr)
     if total_steps is None or total_steps <= warmup_steps:
@@ -72,6 +78,12 @@ def make_optimizer(
     """Adam(0.9, 0.98, 1e-9) as in the paper, or AdamW; optional global-norm clipping."""
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    for beta_name, beta in (("b1", b1), ("b2", b2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"{beta_name} must be in [0, 1), got {beta}")
+    for nonneg_name, value in (("eps", eps), ("weight_decay", weight_decay)):
+        if value < 0:
+            raise ValueError(f"{nonneg_name} must be >= 0, got {value}")
     if name == "adam":
         if weight_decay:
             raise ValueError("weight_decay needs the 'adamw' optimizer")
@@ -85,5 +97,7 @@ def make_optimizer(
 
 
 def _positive(name, value):
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be > 0, got {value}")

@@ -10,7 +10,7 @@ may add segment_ids and positions [B, T] int for packed rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from jaxformer.functional._checks import check_rate
 from jaxformer.models import DecoderLM, Transformer
 from jaxformer.train.losses import LossSums, cross_entropy
 
@@ -38,6 +39,10 @@ def create_train_state(
     model: nnx.Module, optimizer: optax.GradientTransformation, seed: int
 ) -> tuple[nnx.GraphDef, TrainState]:
     """Split `model` into its static graph and a fresh TrainState."""
+    if not isinstance(model, Transformer | DecoderLM):
+        raise TypeError(f"model must be a Transformer or DecoderLM, got {type(model).__name__}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {seed!r}")
     graphdef, params = nnx.split(model)
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
@@ -50,6 +55,7 @@ def create_train_state(
 
 def model_logits(model: nnx.Module, batch: Batch, *, rng: jax.Array | None) -> jax.Array:
     """Teacher-forced logits [B, T, V] of either model kind; dropout iff rng is given."""
+    check_batch(model, batch)
     kw = dict(deterministic=rng is None, rng=rng)
     if isinstance(model, Transformer):
         return model(batch["src"], batch["tgt_in"], batch["src_valid"], batch["tgt_valid"], **kw)
@@ -62,6 +68,33 @@ def model_logits(model: nnx.Module, batch: Batch, *, rng: jax.Array | None) -> j
             **kw,
         )
     raise TypeError(f"training needs a Transformer or DecoderLM, got {type(model).__name__}")
+
+
+REQUIRED_KEYS = {
+    Transformer: ("src", "src_valid", "tgt_in", "tgt_out", "tgt_valid"),
+    DecoderLM: ("tgt_in", "tgt_out", "tgt_valid"),
+}
+
+
+def check_batch(model: nnx.Module, batch: Batch) -> None:
+    """The batch has the keys `model` needs, token ids as integers and [B, T] targets
+    (the model checks its own inputs' shapes)."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"batch must be a dict of arrays, got {type(batch).__name__}")
+    required = REQUIRED_KEYS.get(type(model), ())
+    missing = [k for k in required if k not in batch]
+    if missing:
+        raise ValueError(
+            f"batch is missing {missing}; a {type(model).__name__} batch needs {list(required)}"
+        )
+    if "tgt_out" in batch:
+        out, tgt_in = batch["tgt_out"], batch["tgt_in"]
+        if not jnp.issubdtype(out.dtype, jnp.integer):
+            raise TypeError(f"batch['tgt_out'] must hold integer token ids, got dtype {out.dtype}")
+        if out.shape != tgt_in.shape:
+            raise ValueError(
+                f"batch['tgt_out'] shape {out.shape} != batch['tgt_in'] shape {tgt_in.shape}"
+            )
 
 
 def make_train_step(
@@ -84,8 +117,9 @@ def make_train_step(
     sums and gradients are added over that axis before the update (and each device draws
     its own dropout key); `shard_micro_batch` lays out the [k, b, ...] micro-batches.
     """
-    if accum_steps < 1:
-        raise ValueError(f"accum_steps must be >= 1, got {accum_steps}")
+    if not isinstance(accum_steps, int) or isinstance(accum_steps, bool) or accum_steps < 1:
+        raise ValueError(f"accum_steps must be an int >= 1, got {accum_steps!r}")
+    check_rate("label_smoothing", label_smoothing)
 
     def sums_and_grads(params, batch, rng):
         def loss_sum(params):
@@ -138,6 +172,7 @@ def make_train_step(
 
 def make_eval_step(graphdef: nnx.GraphDef, *, label_smoothing: float, jit: bool = True):
     """`(params, batch) -> LossSums` without dropout; add the sums over batches."""
+    check_rate("label_smoothing", label_smoothing)
 
     def evaluate(params: nnx.State, batch: Batch) -> LossSums:
         logits = model_logits(nnx.merge(graphdef, params), batch, rng=None)

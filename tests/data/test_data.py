@@ -129,3 +129,15 @@ def test_text_data_packs_documents(tmp_path):
     crosses = seg[:, :-1] != seg[:, 1:]
     assert not (b["tgt_valid"][:, :-1] & crosses).any()
     assert b["tgt_valid"].any()
+
+
+def test_bpe_tokenizer_trains_saves_and_loads(tmp_path):
+    pytest.importorskip("tokenizers", reason="the BPE tokenizer needs the 'tokenizers' extra")
+    texts = [f"the cat sat on mat number {i}" for i in range(200)]
+    tok = data.BPETokenizer.train(texts, vocab_size=300)
+    ids = tok.encode("the cat sat")
+    assert min(ids) >= 3 and tok.decode(ids + [2, 5]) == "the cat sat"
+    assert len(ids) < len("the cat sat")  # merges happened
+    tok.save(tmp_path)
+    again = data.load_tokenizer(tmp_path)
+    assert again.encode("the cat sat") == ids and again.vocab_size == tok.vocab_size

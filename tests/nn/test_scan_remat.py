@@ -135,3 +135,19 @@ def test_bad_options_are_clear_errors():
         config(remat="everything")
     with pytest.raises(TypeError, match="scan_layers must be a bool"):
         config(scan_layers="yes")
+
+
+def test_decoding_and_conversion_of_a_scanned_model():
+    """Cached decoding runs stacked layers one by one and matches the plain model;
+    to_torch asks for unstacked layers."""
+    from jaxformer import decode
+
+    plain = jf.Transformer(config(dropout_rate=0.0), rngs=nnx.Rngs(0))
+    scanned = jf.Transformer(config(dropout_rate=0.0, scan_layers=True), rngs=nnx.Rngs(0))
+    src, valid = jnp.asarray(SEQ2SEQ[0]["src"]), jnp.asarray(SEQ2SEQ[0]["src_valid"])
+    expected = decode.greedy(plain, src, valid, max_new_tokens=6)
+    np.testing.assert_array_equal(decode.greedy(scanned, src, valid, max_new_tokens=6), expected)
+    torch_interop = pytest.importorskip("jaxformer.interop.torch")
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="scan_layers=False"):
+        torch_interop.to_torch(scanned.decoder)

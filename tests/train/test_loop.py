@@ -252,3 +252,14 @@ def test_cli_trains_a_language_model_on_text(tmp_path):
     summary = json.loads((tmp_path / "lm" / "summary.json").read_text())
     assert summary["model_kind"] == "DecoderLM" and summary["exact_match"] is None
     assert math.isfinite(summary["eval_perplexity"])
+
+
+def test_yaml_config_file(tmp_path):
+    from jaxformer.cli import load_config_file
+
+    path = tmp_path / "model.yaml"
+    path.write_text("d_model: 48\nnum_heads: 4\nnorm_placement: pre\n")
+    assert load_config_file(str(path)) == {"d_model": 48, "num_heads": 4, "norm_placement": "pre"}
+    path.write_text("- a list\n")
+    with pytest.raises(ValueError, match="expected a mapping of config fields"):
+        load_config_file(str(path))

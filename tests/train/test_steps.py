@@ -65,3 +65,19 @@ def test_lm_step_runs_on_packed_text(tmp_path):
     _, state, step = _setup(kind="lm")
     state, m = step(state, d.train_batch(0, 4))
     assert np.isfinite(float(m["loss"])) and float(m["tokens"]) > 0
+
+
+def test_bfloat16_compute_trains_with_float32_params():
+    c = jf.TransformerConfig.tiny(
+        TOK.vocab_size, d_model=32, num_heads=2, d_ff=64, max_len=64, dtype="bfloat16"
+    )
+    model = jf.Transformer(c, rngs=nnx.Rngs(0))
+    sched = optax.constant_schedule(3e-3)
+    opt = train.make_optimizer(sched)
+    graphdef, state = train.create_train_state(model, opt, seed=0)
+    step = train.make_train_step(graphdef, opt, sched, label_smoothing=0.1)
+    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    for i in range(3):
+        state, m = step(state, d.train_batch(i, 8))
+    assert np.isfinite(float(m["loss"]))
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {np.dtype("float32")}

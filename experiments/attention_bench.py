@@ -1,0 +1,212 @@
+"""Attention implementations side by side: time and memory of forward + backward, and their
+agreement with the plain one, for sequence lengths 256 to 16384.
+
+Causal self-attention, batch 1, 8 heads, head dim 64 (float32; bfloat16 for "cudnn", which
+needs it and runs only on an NVIDIA GPU). For each length and implementation the jitted
+gradient of sum(out * cotangent) with respect to q, k and v is compiled; XLA's
+`memory_analysis()` of the compiled program gives its temporary buffers (the attention
+memory: inputs and outputs are the same for every implementation and listed apart). A
+program whose temporaries exceed --max-gib is compiled but not run, and its memory is
+reported from the compiler alone. Times are medians after a warm-up call. The largest
+chunked run is also repeated in a fresh process that reports its peak resident memory.
+
+    python experiments/attention_bench.py [--quick]
+
+Writes results/attention_bench.json and .md; prints a final JSON line with the headline
+figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from jaxformer import functional as F  # noqa: E402
+
+B, H, D = 1, 8, 64
+GIB = 2**30
+
+
+def grad_fn(implementation: str):
+    """(q, k, v, cotangent) -> (out, dq, dk, dv) of causal self-attention."""
+
+    def loss(q, k, v, ct):
+        out = F.scaled_dot_product_attention(q, k, v, causal=True, implementation=implementation)
+        return jnp.sum(out.astype(jnp.float32) * ct), out
+
+    def fn(q, k, v, ct):
+        (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v, ct)
+        return (out, *grads)
+
+    return jax.jit(fn)
+
+
+def inputs(T: int, dtype, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [jnp.asarray(rng.standard_normal((B, T, H, D)), dtype) for _ in range(4)]
+
+
+def measure(implementation: str, T: int, dtype, repeats: int, max_bytes: int) -> dict:
+    spec = jax.ShapeDtypeStruct((B, T, H, D), dtype)
+    t0 = time.perf_counter()
+    compiled = grad_fn(implementation).lower(spec, spec, spec, spec).compile()
+    mem = compiled.memory_analysis()
+    row = {
+        "implementation": implementation,
+        "T": T,
+        "dtype": jnp.dtype(dtype).name,
+        "compile_s": time.perf_counter() - t0,
+        "temp_bytes": int(mem.temp_size_in_bytes),
+        "io_bytes": int(mem.argument_size_in_bytes + mem.output_size_in_bytes),
+        "ran": False,
+    }
+    if mem.temp_size_in_bytes > max_bytes:
+        return row
+    args = inputs(T, dtype)
+    outs = jax.block_until_ready(compiled(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outs = jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t0)
+    row |= {"ran": True, "ms": 1e3 * statistics.median(times), "outputs": outs}
+    return row
+
+
+def peak_rss_subprocess(implementation: str, T: int) -> dict:
+    """Run one forward + backward in a fresh process; its peak RSS above the baseline."""
+    code = (
+        "import resource, sys, jax; sys.path.insert(0, '.');"
+        "import experiments.attention_bench as ab;"
+        f"args = ab.inputs({T}, jax.numpy.float32);"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+        f"jax.block_until_ready(ab.grad_fn('{implementation}')(*args));"
+        "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    root = pathlib.Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    base_kib, peak_kib = (int(x) for x in out.stdout.split()[-2:])
+    return {
+        "implementation": implementation,
+        "T": T,
+        "rss_growth_bytes": 1024 * (peak_kib - base_kib),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer lengths, no 16384 run")
+    parser.add_argument("--max-gib", type=float, default=4.0, help="run only below this")
+    parser.add_argument("--out", default="results/attention_bench")
+    args = parser.parse_args(argv)
+    gpu = jax.default_backend() == "gpu"
+    lengths = [256, 1024, 2048, 16384] if args.quick else [256, 512, 1024, 2048, 4096, 8192, 16384]
+    impls = [("xla", jnp.float32), ("chunked", jnp.float32)]
+    if gpu:
+        impls += [("xla", jnp.bfloat16), ("cudnn", jnp.bfloat16)]
+    max_bytes = int(args.max_gib * GIB)
+
+    rows = []
+    for T in lengths:
+        plain = {}
+        for impl, dtype in impls:
+            run_limit = max_bytes if (T < 16384 or not args.quick) else 0  # quick: compile only
+            repeats = 5 if T <= 2048 else 2
+            row = measure(impl, T, dtype, repeats, run_limit)
+            outs = row.pop("outputs", None)
+            if impl == "xla" and outs is not None:
+                plain[jnp.dtype(dtype).name] = outs
+            ref = plain.get(row["dtype"])
+            if impl != "xla" and outs is not None and ref is not None:
+                row["max_abs_diff_vs_xla"] = max(
+                    float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                    for a, b in zip(outs, ref, strict=True)
+                )
+            rows.append(row)
+            ms = f"{row['ms']:9.1f} ms" if row["ran"] else "  (not run)"
+            diff = row.get("max_abs_diff_vs_xla")
+            print(
+                f"T={T:6d} {impl:8s} {row['dtype']:8s} {ms}  temp {row['temp_bytes'] / 2**20:10.1f} MiB"
+                + (f"  max|diff| {diff:.2e}" if diff is not None else ""),
+                flush=True,
+            )
+        del plain
+
+    rss = [] if args.quick else [peak_rss_subprocess("chunked", max(lengths))]
+    for r in rss:
+        print(f"peak RSS growth, chunked at T={r['T']}: {r['rss_growth_bytes'] / 2**20:.0f} MiB")
+
+    def find(impl, T, dtype="float32"):
+        return next(
+            (
+                r
+                for r in rows
+                if r["implementation"] == impl and r["T"] == T and r["dtype"] == dtype
+            ),
+            None,
+        )
+
+    c16, x16 = find("chunked", 16384), find("xla", 16384)
+    c2k, x2k = find("chunked", 2048), find("xla", 2048)
+    diffs = [
+        r["max_abs_diff_vs_xla"]
+        for r in rows
+        if "max_abs_diff_vs_xla" in r and r["dtype"] == "float32"
+    ]
+    headline = {
+        "chunked_16384_temp_mib": round(c16["temp_bytes"] / 2**20, 1),
+        "xla_16384_temp_gib": round(x16["temp_bytes"] / GIB, 2),
+        "chunked_16384_ran": c16["ran"],
+        "chunked_16384_ms": round(c16["ms"], 1) if c16["ran"] else None,
+        "chunked_over_xla_time_2048": round(c2k["ms"] / x2k["ms"], 3)
+        if c2k["ran"] and x2k["ran"]
+        else None,
+        "max_abs_diff_float32": max(diffs) if diffs else None,
+    }
+    if rss:
+        headline["chunked_16384_rss_growth_mib"] = round(rss[0]["rss_growth_bytes"] / 2**20, 1)
+
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from experiments.throughput import machine_info  # one description of the machine
+
+    results = {"shape": dict(B=B, H=H, D=D, causal=True), "rows": rows, "peak_rss": rss}
+    results |= {"headline": headline, "machine": machine_info()}
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    out.with_suffix(".md").write_text(markdown(rows))
+    print(json.dumps(headline))
+    return headline
+
+
+def markdown(rows) -> str:
+    lines = [
+        f"Causal self-attention forward + backward, B={B}, H={H}, D={D}.",
+        "",
+        "| T | implementation | dtype | time (ms) | temporaries (MiB) | max abs diff vs xla |",
+        "|---:|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        ms = f"{r['ms']:.1f}" if r["ran"] else "not run"
+        diff = f"{r['max_abs_diff_vs_xla']:.1e}" if "max_abs_diff_vs_xla" in r else ""
+        lines.append(
+            f"| {r['T']} | {r['implementation']} | {r['dtype']} | {ms} | "
+            f"{r['temp_bytes'] / 2**20:.1f} | {diff} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

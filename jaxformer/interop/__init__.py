@@ -1,0 +1,1 @@
+"""Weight import and export for other frameworks: `jaxformer.interop.torch` (PyTorch)."""

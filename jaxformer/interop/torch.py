@@ -1,0 +1,631 @@
+"""Weights to and from PyTorch's Transformer modules. torch is imported only when called
+(`pip install 'jaxformer[torch]'`).
+
+    torch.nn                      jaxformer.nn
+    MultiheadAttention            MultiHeadAttention
+    TransformerEncoderLayer       EncoderLayer
+    TransformerDecoderLayer       DecoderLayer
+    TransformerEncoder            EncoderStack
+    TransformerDecoder            DecoderStack
+    Transformer                   EncoderDecoder (the stacks; torch has no embeddings)
+
+`from_torch` copies the weights into the jaxformer module with the same architecture;
+`to_torch` builds the torch module from a jaxformer one. The jaxformer module is always
+batch-first ([B, T, E]), whatever torch's `batch_first`, and takes boolean masks with
+True = may attend: `mask_from_torch` converts torch's masks (True or -inf = may not).
+
+torch's options map onto `TransformerConfig` as d_model, nhead -> num_heads,
+dim_feedforward -> d_ff, norm_first -> norm_placement "pre"/"post", activation "relu" /
+"gelu" (exact, erf), layer_norm_eps -> norm_eps, bias -> attention_bias, ffn_bias and
+norm_bias together, the stacks' final LayerNorm (always present in nn.Transformer) ->
+final_norm, dropout -> dropout_rate (residual) and attention_dropout_rate. What has no
+counterpart is refused with an error naming the option: kdim/vdim different from
+embed_dim, add_bias_kv, add_zero_attn, an activation other than relu or exact gelu,
+LayerNorms without elementwise_affine, layers of one stack with different options, and
+float16/float64 weights. Two differences only matter in training or on degenerate
+input: torch also applies dropout to the feed-forward hidden activations (jaxformer does
+not), and a query with no key to attend to gives NaN in torch and zeros in jaxformer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxformer import nn as jnn
+from jaxformer.config import TransformerConfig
+
+Path = tuple[str | int, ...]
+
+
+def from_torch(module) -> nnx.Module:
+    """The jaxformer module equivalent to the torch `module`, with its weights (see the
+    table above). Raises TypeError for other module types and ValueError naming the
+    option for a configuration jaxformer cannot represent."""
+    torch = _import_torch()
+    tnn = torch.nn
+    kind = type(module)
+    if kind is tnn.MultiheadAttention:
+        options = _attention_options(module, "")
+        dtype = _param_dtype(module)
+
+        def build():
+            return jnn.MultiHeadAttention(
+                options["d_model"],
+                options["num_heads"],
+                use_bias=options["bias"],
+                dropout_rate=options["attention_dropout"],
+                dtype=dtype,
+                param_dtype=dtype,
+                rngs=nnx.Rngs(0),
+            )
+
+    else:
+        config = config_from_torch(module)
+        classes = {
+            tnn.TransformerEncoderLayer: jnn.EncoderLayer,
+            tnn.TransformerDecoderLayer: jnn.DecoderLayer,
+            tnn.TransformerEncoder: jnn.EncoderStack,
+            tnn.TransformerDecoder: jnn.DecoderStack,
+            tnn.Transformer: jnn.EncoderDecoder,
+        }
+
+        def build():
+            return classes[kind](config, rngs=nnx.Rngs(0))
+
+    target = nnx.eval_shape(build)  # no memory for random weights: every one is set below
+    num_heads = _num_heads(module)
+    arrays: dict[Path, np.ndarray] = {}
+    for name, tensor in module.state_dict().items():
+        paths, to_jax, _ = _rule(name, num_heads)
+        arrays.update(zip(paths, to_jax(_numpy(tensor)), strict=True))
+    _fill(target, arrays)
+    return target
+
+
+def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | None = None):
+    """The torch module equivalent to the jaxformer `module` (see the table above), with
+    its weights, in torch's default training mode (call `.eval()` for inference).
+
+    batch_first: the layout of the torch module's inputs (jaxformer's is batch-first).
+    dropout: torch's one dropout probability; default the module's residual dropout rate.
+    Raises ValueError naming the option for what torch cannot represent (RMSNorm,
+    SwiGLU, grouped key/value heads, d_k or d_v other than d_model / num_heads, biases
+    on some sub-layers but not others, a decoder layer without cross-attention).
+    """
+    torch = _import_torch()
+    tnn = torch.nn
+    states = nnx.to_flat_state(nnx.state(module, nnx.Param))
+    dtypes = {var.dtype for _, var in states}
+    dtype = torch.bfloat16 if dtypes == {jnp.dtype(jnp.bfloat16)} else torch.float32
+    if isinstance(module, jnn.MultiHeadAttention):
+        o = _jax_attention_options(module, "")
+        out = tnn.MultiheadAttention(
+            o["d_model"],
+            o["num_heads"],
+            dropout=module.dropout_rate if dropout is None else dropout,
+            bias=o["bias"],
+            batch_first=batch_first,
+            dtype=dtype,
+        )
+    else:
+        out = _build_torch(module, batch_first, dropout, dtype)
+    params = {path: np.asarray(var[...], np.float32) for path, var in states}
+    state = {}
+    used: set[Path] = set()
+    num_heads = _num_heads(out)
+    for name in out.state_dict():
+        paths, _, to_torch_array = _rule(name, num_heads)
+        missing = [p for p in paths if p not in params]
+        if missing:
+            raise ValueError(
+                f"to_torch: the jaxformer module has no parameter {_dotted(missing[0])}"
+            )
+        used.update(paths)
+        array = to_torch_array([params[p] for p in paths])
+        state[name] = torch.tensor(array, dtype=dtype)
+    unused = sorted(_dotted(p) for p in set(params) - used)
+    if unused:
+        raise ValueError(f"to_torch: torch has no place for the parameters {unused}")
+    out.load_state_dict(state, strict=True)
+    return out
+
+
+def config_from_torch(module) -> TransformerConfig:
+    """The TransformerConfig of a torch Transformer, encoder/decoder stack or layer.
+
+    vocab_size is 1 and position_embedding "none": torch's modules have neither.
+    """
+    tnn = _import_torch().nn
+    kind = type(module)
+    layer_classes = {"encoder": tnn.TransformerEncoderLayer, "decoder": tnn.TransformerDecoderLayer}
+    stack_classes = {"encoder": tnn.TransformerEncoder, "decoder": tnn.TransformerDecoder}
+    # (part, where, stack) for each stack to read; a single layer is a stack of one.
+    if kind is tnn.Transformer:
+        parts = [(name, f"{name}.", getattr(module, name)) for name in ("encoder", "decoder")]
+        for name, _, stack in parts:
+            if type(stack) is not stack_classes[name]:
+                raise ValueError(
+                    f"custom_{name}: a {type(stack).__name__} cannot be converted, only a "
+                    f"torch.nn.{stack_classes[name].__name__}"
+                )
+    elif kind in stack_classes.values():
+        name = "encoder" if kind is tnn.TransformerEncoder else "decoder"
+        parts = [(name, "", module)]
+    elif kind in layer_classes.values():
+        name = "encoder" if kind is tnn.TransformerEncoderLayer else "decoder"
+        parts = [(name, "", None)]
+    else:
+        raise TypeError(
+            "from_torch converts torch.nn.MultiheadAttention, TransformerEncoderLayer, "
+            "TransformerDecoderLayer, TransformerEncoder, TransformerDecoder and Transformer "
+            f"(exactly these classes), got {kind.__module__}.{kind.__qualname__}"
+        )
+
+    options = []  # (where, options) of every layer
+    num_layers = {"encoder": 0, "decoder": 0}
+    final_norms = {}  # where -> the stack's final norm or None
+    for name, where, stack in parts:
+        if stack is None:
+            options.append(("", _layer_options(module, "")))
+            num_layers[name] = 1
+            continue
+        for i, layer in enumerate(stack.layers):
+            if type(layer) is not layer_classes[name]:
+                raise ValueError(
+                    f"{where}layers.{i}: a {type(layer).__name__} cannot be converted, only a "
+                    f"torch.nn.{layer_classes[name].__name__}"
+                )
+            options.append((f"{where}layers.{i}.", _layer_options(layer, f"{where}layers.{i}.")))
+        num_layers[name] = len(stack.layers)
+        final_norms[f"{where}norm"] = stack.norm
+
+    where0, first = options[0]
+    for where, o in options[1:]:
+        for key, value in o.items():
+            if value != first[key]:
+                raise ValueError(
+                    f"{where}{key}={value!r} differs from {where0}{key}={first[key]!r}: the "
+                    "layers of a jaxformer model share one set of options"
+                )
+    present = {where: norm is not None for where, norm in final_norms.items()}
+    if len(set(present.values())) > 1:
+        raise ValueError(
+            f"final norm present: {present}; jaxformer's final_norm option applies to both stacks"
+        )
+    for where, norm in final_norms.items():
+        if norm is not None:
+            _check_final_norm(norm, where, first)
+    dtype = _param_dtype(module)
+    return TransformerConfig(
+        vocab_size=1,
+        num_encoder_layers=num_layers["encoder"],
+        num_decoder_layers=num_layers["decoder"],
+        d_model=first["d_model"],
+        d_ff=first["dim_feedforward"],
+        num_heads=first["num_heads"],
+        dropout_rate=first["dropout"],
+        attention_dropout_rate=first["attention_dropout"],
+        position_embedding="none",
+        norm="layer",
+        norm_placement="pre" if first["norm_first"] else "post",
+        norm_eps=first["layer_norm_eps"],
+        norm_bias=first["bias"],
+        final_norm=any(present.values()),
+        activation=first["activation"],
+        attention_bias=first["bias"],
+        ffn_bias=first["bias"],
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+
+
+def mask_from_torch(attn_mask=None, key_padding_mask=None, *, num_heads: int | None = None):
+    """torch's masks -> one jaxformer mask (bool, True = may attend), or None for none.
+
+    attn_mask: [T, S] or [B * num_heads, T, S]; key_padding_mask: [B, S]. Either is
+    boolean (True = may NOT attend) or float with only 0 (attend) and -inf (not), as
+    torch accepts them; torch tensors or arrays. The result broadcasts to [B, H, T, S].
+    """
+    masks = []
+    if attn_mask is not None:
+        allowed = _allowed("attn_mask", attn_mask)
+        if allowed.ndim == 2:
+            masks.append(allowed[None, None])
+        elif allowed.ndim == 3:
+            if num_heads is None or allowed.shape[0] % num_heads:
+                raise ValueError(
+                    f"attn_mask of shape {allowed.shape} is [B * num_heads, T, S]: pass "
+                    f"num_heads dividing {allowed.shape[0]}, got num_heads={num_heads}"
+                )
+            masks.append(allowed.reshape(-1, num_heads, *allowed.shape[1:]))
+        else:
+            raise ValueError(
+                f"attn_mask must have shape [T, S] or [B * num_heads, T, S], got {allowed.shape}"
+            )
+    if key_padding_mask is not None:
+        allowed = _allowed("key_padding_mask", key_padding_mask)
+        if allowed.ndim != 2:
+            raise ValueError(f"key_padding_mask must have shape [B, S], got {allowed.shape}")
+        masks.append(allowed[:, None, None, :])
+    if not masks:
+        return None
+    try:
+        return jnp.asarray(np.logical_and.reduce(np.broadcast_arrays(*masks)))
+    except ValueError:
+        raise ValueError(
+            f"attn_mask {masks[0].shape} and key_padding_mask {masks[1].shape} (as [B, H, T, S]) "
+            "do not broadcast together"
+        ) from None
+
+
+# --- torch side ------------------------------------------------------------------------
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            "jaxformer.interop.torch needs PyTorch: pip install 'jaxformer[torch]'"
+        ) from None
+    return torch
+
+
+def _numpy(tensor) -> np.ndarray:
+    """float32 NumPy copy (exact for float32 and bfloat16, the dtypes _param_dtype allows)."""
+    return tensor.detach().cpu().float().numpy()
+
+
+def _param_dtype(module) -> str:
+    torch = _import_torch()
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+    dtypes = {p.dtype for p in module.parameters()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in names:
+        raise ValueError(
+            f"dtype {sorted(map(str, dtypes))}: jaxformer converts modules whose "
+            "parameters are all float32 or all bfloat16 (call module.float() first)"
+        )
+    return names[next(iter(dtypes))]
+
+
+def _attention_options(mha, where: str) -> dict:
+    """Options of a torch MultiheadAttention, refusing what jaxformer cannot represent."""
+    if not mha._qkv_same_embed_dim:
+        raise ValueError(
+            f"{where}kdim={mha.kdim}, vdim={mha.vdim} differ from embed_dim={mha.embed_dim}: "
+            "jaxformer's keys and values come from inputs of size d_model"
+        )
+    if mha.bias_k is not None or mha.bias_v is not None:
+        raise ValueError(f"{where}add_bias_kv=True has no jaxformer counterpart")
+    if mha.add_zero_attn:
+        raise ValueError(f"{where}add_zero_attn=True has no jaxformer counterpart")
+    bias = mha.in_proj_bias is not None
+    if (mha.out_proj.bias is not None) != bias:
+        raise ValueError(
+            f"{where}bias: in_proj_bias and out_proj.bias must both be present or both absent"
+        )
+    return dict(
+        d_model=mha.embed_dim,
+        num_heads=mha.num_heads,
+        bias=bias,
+        attention_dropout=float(mha.dropout),
+    )
+
+
+def _layer_options(layer, where: str) -> dict:
+    """The torch options of an encoder or decoder layer, checked for consistency."""
+    attentions = {"self_attn": layer.self_attn}
+    if hasattr(layer, "multihead_attn"):
+        attentions["multihead_attn"] = layer.multihead_attn
+    options = {name: _attention_options(m, f"{where}{name}.") for name, m in attentions.items()}
+    o = options["self_attn"]
+    for name, other in options.items():
+        for key in ("d_model", "num_heads", "attention_dropout"):
+            if other[key] != o[key]:
+                raise ValueError(
+                    f"{where}{name}.{key}={other[key]} differs from self_attn.{key}={o[key]}"
+                )
+    dropouts = {
+        float(m.p) for n, m in layer.named_children() if n.startswith("dropout") and n != "dropout"
+    }
+    if len(dropouts) != 1:
+        raise ValueError(
+            f"{where}dropout: the residual dropouts differ ({sorted(dropouts)}); jaxformer has one"
+        )
+    o = dict(
+        o,
+        dim_feedforward=layer.linear1.out_features,
+        norm_first=bool(layer.norm_first),
+        activation=_activation_name(layer.activation, where),
+        dropout=dropouts.pop(),
+    )
+    biases = {name: options[name]["bias"] for name in attentions}
+    biases |= {name: getattr(layer, name).bias is not None for name in ("linear1", "linear2")}
+    norm_names = [n for n, _ in layer.named_children() if n.startswith("norm")]
+    eps = {}
+    for name in norm_names:
+        norm = getattr(layer, name)
+        _check_layer_norm(norm, f"{where}{name}", o["d_model"])
+        biases[name] = norm.bias is not None
+        eps[name] = norm.eps
+    if len(set(biases.values())) > 1:
+        raise ValueError(
+            f"{where}bias: torch's bias flag is mixed across sub-layers ({biases}); jaxformer "
+            "converts all-bias or no-bias layers"
+        )
+    if len(set(eps.values())) > 1:
+        raise ValueError(f"{where}layer_norm_eps differs between the norms ({eps})")
+    o["layer_norm_eps"] = float(next(iter(eps.values())))
+    return o
+
+
+def _activation_name(fn, where: str) -> str:
+    torch = _import_torch()
+    F = torch.nn.functional
+    if fn is F.relu or type(fn) is torch.nn.ReLU:
+        return "relu"
+    if fn is F.gelu or (type(fn) is torch.nn.GELU and fn.approximate == "none"):
+        return "gelu"
+    raise ValueError(
+        f"{where}activation={fn!r} cannot be represented: jaxformer converts relu and exact "
+        "(erf) gelu, given as 'relu'/'gelu', F.relu/F.gelu or nn.ReLU()/nn.GELU()"
+    )
+
+
+def _check_layer_norm(norm, where: str, d_model: int) -> None:
+    torch = _import_torch()
+    if type(norm) is not torch.nn.LayerNorm:
+        raise ValueError(f"{where}: a {type(norm).__name__} cannot be converted, only a LayerNorm")
+    if not norm.elementwise_affine:
+        raise ValueError(f"{where}: elementwise_affine=False has no jaxformer counterpart")
+    if tuple(norm.normalized_shape) != (d_model,):
+        raise ValueError(
+            f"{where}: normalized_shape={tuple(norm.normalized_shape)}, expected ({d_model},)"
+        )
+
+
+def _check_final_norm(norm, where: str, layer_options: dict) -> None:
+    """A stack's final norm must match its layers' norms in eps and bias."""
+    _check_layer_norm(norm, where, layer_options["d_model"])
+    if norm.eps != layer_options["layer_norm_eps"]:
+        raise ValueError(
+            f"{where}.eps={norm.eps} differs from the layers' layer_norm_eps="
+            f"{layer_options['layer_norm_eps']}: jaxformer has one norm_eps"
+        )
+    if (norm.bias is not None) != layer_options["bias"]:
+        raise ValueError(
+            f"{where}.bias: the final norm has bias={norm.bias is not None}, the layers "
+            f"bias={layer_options['bias']}: jaxformer has one norm_bias"
+        )
+
+
+def _num_heads(module) -> int:
+    torch = _import_torch()
+    for m in module.modules():
+        if isinstance(m, torch.nn.MultiheadAttention):
+            return m.num_heads
+    raise ValueError(f"{type(module).__name__} has no attention")
+
+
+# --- jaxformer side --------------------------------------------------------------------
+
+
+def _jax_attention_options(mha: jnn.MultiHeadAttention, where: str) -> dict:
+    E, H, Dk = mha.wq.shape
+    K, Dv = mha.wk.shape[1], mha.wv.shape[2]
+    if K != H:
+        raise ValueError(
+            f"{where}num_kv_heads={K} differs from num_heads={H}: torch's MultiheadAttention "
+            "has no grouped key/value heads"
+        )
+    if E % H or Dk != E // H:
+        raise ValueError(f"{where}d_k={Dk}: torch's head dim is d_model / num_heads = {E / H:g}")
+    if Dv != E // H:
+        raise ValueError(f"{where}d_v={Dv}: torch's head dim is d_model / num_heads = {E // H}")
+    return dict(d_model=E, num_heads=H, bias=mha.use_bias)
+
+
+def _jax_layer_options(layer, where: str) -> dict:
+    if isinstance(layer, jnn.DecoderLayer) and not layer.cross_attention:
+        raise ValueError(
+            f"{where}cross_attention=False (a decoder-only layer): torch's "
+            "TransformerDecoderLayer always has cross-attention"
+        )
+    o = _jax_attention_options(layer.self_attn, f"{where}self_attn.")
+    opts = layer.opts
+    if opts.norm != "layer":
+        raise ValueError(f"{where}norm={opts.norm!r}: torch's layers use LayerNorm")
+    if opts.activation not in ("relu", "gelu"):
+        raise ValueError(f"{where}activation={opts.activation!r}: torch's layers take relu or gelu")
+    norms = [getattr(layer, n) for n in ("norm1", "norm2", "norm3") if hasattr(layer, n)]
+    biases = {
+        "attention_bias": layer.self_attn.use_bias,
+        "ffn_bias": layer.ffn.use_bias,
+        "norm_bias": all(n.use_bias for n in norms),
+    }
+    if len(set(biases.values())) > 1:
+        raise ValueError(
+            f"{where}bias: torch's one bias flag covers attention, feed-forward and norms; "
+            f"got {biases}"
+        )
+    return dict(
+        d_model=o["d_model"],
+        nhead=o["num_heads"],
+        dim_feedforward=layer.ffn.w1.shape[1],
+        dropout=opts.dropout_rate,
+        activation=opts.activation,
+        layer_norm_eps=opts.norm_eps,
+        norm_first=opts.norm_placement == "pre",
+        bias=o["bias"],
+    )
+
+
+def _build_torch(module, batch_first: bool, dropout: float | None, dtype):
+    """An empty torch module with `module`'s architecture."""
+    tnn = _import_torch().nn
+
+    def kwargs(layer, where):
+        kw = _jax_layer_options(layer, where)
+        if dropout is not None:
+            kw["dropout"] = dropout
+        return kw | dict(batch_first=batch_first, dtype=dtype)
+
+    def stack(jstack, name, where):
+        if jstack.scan:
+            raise ValueError(
+                f"{where}layers are stacked (scan_layers=True); to_torch converts a model "
+                "built with scan_layers=False"
+            )
+        if len(jstack.layers) == 0:
+            raise ValueError(f"{where}num_{name}_layers=0: torch's stacks need at least one layer")
+        kw = kwargs(jstack.layers[0], f"{where}layers.0.")
+        layer_class = (
+            tnn.TransformerEncoderLayer if name == "encoder" else tnn.TransformerDecoderLayer
+        )
+        norm = None
+        if jstack.final_norm is not None:
+            norm = tnn.LayerNorm(
+                kw["d_model"], eps=kw["layer_norm_eps"], bias=kw["bias"], dtype=dtype
+            )
+        if name == "encoder":
+            return tnn.TransformerEncoder(
+                layer_class(**kw), len(jstack.layers), norm, enable_nested_tensor=False
+            ), kw
+        return tnn.TransformerDecoder(layer_class(**kw), len(jstack.layers), norm), kw
+
+    if isinstance(module, jnn.EncoderLayer):
+        return tnn.TransformerEncoderLayer(**kwargs(module, ""))
+    if isinstance(module, jnn.DecoderLayer):
+        return tnn.TransformerDecoderLayer(**kwargs(module, ""))
+    if isinstance(module, jnn.EncoderStack):
+        return stack(module, "encoder", "")[0]
+    if isinstance(module, jnn.DecoderStack):
+        return stack(module, "decoder", "")[0]
+    if isinstance(module, jnn.EncoderDecoder):
+        encoder, kw = stack(module.encoder, "encoder", "encoder.")
+        decoder, _ = stack(module.decoder, "decoder", "decoder.")
+        return tnn.Transformer(
+            kw["d_model"],
+            kw["nhead"],
+            custom_encoder=encoder,
+            custom_decoder=decoder,
+            batch_first=batch_first,
+            dtype=dtype,
+        )
+    raise TypeError(
+        "to_torch converts jaxformer.nn.MultiHeadAttention, EncoderLayer, DecoderLayer, "
+        f"EncoderStack, DecoderStack and EncoderDecoder, got {type(module).__name__}"
+    )
+
+
+def _fill(target: nnx.Module, arrays: dict[Path, np.ndarray]) -> None:
+    """Set every parameter of the abstract `target` from `arrays`, which must match exactly."""
+    state = nnx.state(target, nnx.Param)
+    flat = list(nnx.to_flat_state(state))
+    missing = [_dotted(p) for p, _ in flat if p not in arrays]
+    extra = sorted(_dotted(p) for p in set(arrays) - {p for p, _ in flat})
+    if missing or extra:
+        raise ValueError(f"from_torch: no torch weight for {missing}; no place for {extra}")
+    for path, var in flat:
+        array = arrays[path]
+        if array.shape != var.shape:
+            raise ValueError(
+                f"from_torch: {_dotted(path)} has shape {array.shape}, expected {var.shape}"
+            )
+        var.set_value(jnp.asarray(array, var.dtype))
+    nnx.update(target, state)
+
+
+def _dotted(path: Path) -> str:
+    return ".".join(map(str, path))
+
+
+# --- one table of names, used in both directions ---------------------------------------
+
+Rule = tuple[
+    list[Path],
+    Callable[[np.ndarray], list[np.ndarray]],
+    Callable[[list[np.ndarray]], np.ndarray],
+]
+
+
+def _rule(name: str, H: int) -> Rule:
+    """torch state_dict key -> (jaxformer parameter paths, torch -> jax, jax -> torch).
+
+    Torch's Linear weights are [out, in] and y = x W^T + b; in_proj packs W_q, W_k, W_v
+    (and their biases) along the output axis, each splitting into heads h * D + d.
+    """
+    *parents, leaf = name.split(".")
+    path: list[str | int] = []
+    for p in parents:
+        if p.isdigit():
+            path.append(int(p))
+        elif p == "multihead_attn":
+            path.append("cross_attn")
+        elif p == "norm":  # a stack's final norm
+            path.append("final_norm")
+        elif p not in ("out_proj", "linear1", "linear2"):
+            path.append(p)
+    owner = parents[-1] if parents else ""
+    pre = tuple(path)
+
+    if leaf == "in_proj_weight":  # [3E, E]
+
+        def split_w(w):
+            E = w.shape[1]
+            return [w[i * E : (i + 1) * E].T.reshape(E, H, E // H) for i in range(3)]
+
+        def pack_w(ws):
+            return np.concatenate([w.reshape(w.shape[0], -1).T for w in ws])
+
+        return [pre + ("wq",), pre + ("wk",), pre + ("wv",)], split_w, pack_w
+    if leaf == "in_proj_bias":  # [3E]
+
+        def split_b(b):
+            E = b.shape[0] // 3
+            return [b[i * E : (i + 1) * E].reshape(H, E // H) for i in range(3)]
+
+        return (
+            [pre + ("bq",), pre + ("bk",), pre + ("bv",)],
+            split_b,
+            lambda bs: np.concatenate([b.reshape(-1) for b in bs]),
+        )
+    if owner == "out_proj":
+        if leaf == "weight":  # [E, E] -> wo [H, D, E]
+            return (
+                [pre + ("wo",)],
+                lambda w: [w.T.reshape(H, w.shape[0] // H, w.shape[0])],
+                lambda ws: ws[0].reshape(-1, ws[0].shape[-1]).T,
+            )
+        return [pre + ("bo",)], lambda b: [b], lambda bs: bs[0]
+    if owner in ("linear1", "linear2"):
+        i = owner[-1]
+        if leaf == "weight":  # [out, in] -> [in, out]
+            return [pre + ("ffn", f"w{i}")], lambda w: [w.T], lambda ws: ws[0].T
+        return [pre + ("ffn", f"b{i}")], lambda b: [b], lambda bs: bs[0]
+    if owner.startswith("norm"):
+        jax_leaf = {"weight": "scale", "bias": "bias"}[leaf]
+        return [pre + (jax_leaf,)], lambda x: [x], lambda xs: xs[0]
+    raise ValueError(f"no jaxformer counterpart for the torch weight {name!r}")
+
+
+def _allowed(name: str, mask) -> np.ndarray:
+    """A torch mask as a NumPy bool array, True = may attend."""
+    if hasattr(mask, "detach"):
+        mask = mask.detach().cpu().numpy()
+    mask = np.asarray(mask)
+    if mask.dtype == np.bool_:
+        return ~mask
+    if not np.issubdtype(mask.dtype, np.floating):
+        raise TypeError(f"{name} must be boolean or float (0 / -inf), got dtype {mask.dtype}")
+    other = mask[(mask != 0) & ~np.isneginf(mask)]
+    if other.size:
+        raise ValueError(
+            f"{name} holds additive values other than 0 and -inf (e.g. {other.flat[0]}): "
+            "jaxformer masks are boolean"
+        )
+    return mask == 0

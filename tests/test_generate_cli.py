@@ -1,0 +1,163 @@
+"""`jaxformer generate`: outputs equal the library's decoding of the restored model, one
+line per input; bad input is one error line with exit code 2."""
+
+import io
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxformer as jf
+from jaxformer import decode
+from jaxformer.cli import main
+from jaxformer.data import tasks
+from jaxformer.data.tokenizers import EOS_ID
+from jaxformer.train import checkpoint, loop
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SMALL = dict(
+    num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=48
+)
+RUN = dict(batch_size=8, eval_every=1000, log_every=1, eval_examples=8, checkpoint_every=2, lr=3e-3)
+
+
+@pytest.fixture(scope="module")
+def seq2seq_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dates")
+    run = loop.RunConfig(task="dates", steps=2, out=str(out), **RUN)
+    loop.train(jf.TransformerConfig.tiny(259, **SMALL), run, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm")
+    text = out / "text.txt"
+    text.write_text("\n\n".join(f"document {i}: " + "abc def ghi " * 6 for i in range(30)))
+    run = loop.RunConfig(task=None, data_text=str(text), seq_len=32, steps=2, out=str(out), **RUN)
+    loop.train(jf.TransformerConfig.tiny(259, **SMALL), run, progress=False)
+    return out
+
+
+def generate(capsys, monkeypatch, *args, stdin=None):
+    """(exit code, stdout lines, stderr) of `jaxformer generate ARGS`."""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = main(["generate", *args])
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err
+
+
+def library(run_dir, lines, method, **kw):
+    """What the library decodes for each line alone (a batch of one; sources padded to a
+    multiple of 16 tokens, prompts not padded), as text."""
+    model, tokenizer = checkpoint.restore_model(run_dir)
+    seq2seq = isinstance(model, jf.Transformer)
+    out = []
+    for line in lines:
+        ids = tokenizer.encode(line) + ([EOS_ID] if seq2seq else [])
+        src = np.zeros((1, -(-len(ids) // 16) * 16 if seq2seq else len(ids)), np.int32)
+        src[0, : len(ids)] = ids
+        tokens = method(model, jnp.asarray(src), jnp.asarray(src != 0), **kw)
+        tokens = tokens[0][:, 0] if method is decode.beam_search else tokens
+        out.append(tokenizer.decode(np.asarray(tokens)[0][: len(ids) + 50]))
+    return out
+
+
+LINES = ["3 March 2001", "Saturday, 3 March 2001", "20010303"]
+
+
+def test_greedy_lines_from_stdin_equal_the_library(seq2seq_run, capsys, monkeypatch):
+    code, out, err = generate(
+        capsys, monkeypatch, "--checkpoint", str(seq2seq_run), stdin="\n".join(LINES) + "\n"
+    )
+    assert code == 0 and err == ""
+    assert out == library(seq2seq_run, LINES, decode.greedy, max_new_tokens=48)
+
+
+def test_beam_and_sampling(seq2seq_run, capsys, monkeypatch):
+    args = ("--checkpoint", str(seq2seq_run), "--input", LINES[1])
+    code, out, _ = generate(capsys, monkeypatch, *args, "--beam", "2", "--alpha", "0.6")
+    assert code == 0
+    want = library(seq2seq_run, LINES[1:2], decode.beam_search, beam_size=2, alpha=0.6)
+    assert out == want
+    sampling = ("--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3")
+    code, first, _ = generate(capsys, monkeypatch, *args, *sampling)
+    assert code == 0 and len(first) == 1
+    assert generate(capsys, monkeypatch, *args, *sampling)[1] == first  # seeded
+
+
+def test_lm_continues_prompts(lm_run, capsys, monkeypatch):
+    prompts = ["document 3: abc", "doc"]
+    code, out, _ = generate(
+        capsys, monkeypatch, "--checkpoint", str(lm_run), "--max-new-tokens", "8",
+        stdin="\n".join(prompts),
+    )  # fmt: skip
+    assert code == 0
+    assert out == library(lm_run, prompts, decode.greedy, max_new_tokens=8)
+
+
+@pytest.mark.parametrize(
+    "args, stdin, match",
+    [
+        ([], "3 March 2001\n\n20010303\n", "input line 2 is empty"),
+        (["--input", "x" * 48], None, "input line 1 has 49 tokens, more than the model's max_len=48"),
+        (["--input", "1", "--temperature", "0"], None, "temperature must be > 0"),
+        (["--input", "1", "--top-p", "1.5"], None, r"top_p must be in \(0, 1\]"),
+        (["--input", "1", "--top-p", "0"], None, r"top_p must be in \(0, 1\]"),
+        (["--input", "1", "--beam", "0"], None, "beam_size must be an int >= 1"),
+        (["--input", "1", "--beam", "2", "--temperature", "1"], None, "not both"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(seq2seq_run, capsys, monkeypatch, args, stdin, match):
+    code, out, err = generate(
+        capsys, monkeypatch, "--checkpoint", str(seq2seq_run), *args, stdin=stdin
+    )
+    assert code == 2 and out == []
+    assert len(err.splitlines()) == 1 and err.startswith("jaxformer generate: error: ")
+    assert re.search(match, err), err
+
+
+def test_bad_checkpoint_folders(seq2seq_run, tmp_path, capsys, monkeypatch):
+    code, _, err = generate(capsys, monkeypatch, "--checkpoint", str(tmp_path / "nope"))
+    assert code == 2 and "no such run folder" in err and len(err.splitlines()) == 1
+    copy = tmp_path / "copy"
+    shutil.copytree(seq2seq_run, copy)
+    (copy / "tokenizer.json").unlink()
+    code, _, err = generate(capsys, monkeypatch, "--checkpoint", str(copy), "--input", "1")
+    assert code == 2 and "no tokenizer" in err and len(err.splitlines()) == 1
+
+
+def test_the_command_exits_2_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxformer", "generate", "--checkpoint", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=""),
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"jaxformer generate: error: {tmp_path / 'nope'}: no such run folder"
+    ]
+
+
+@pytest.mark.slow
+def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkeypatch):
+    """The issue's end-to-end check: train on dates, then translate held-out dates."""
+    run = loop.RunConfig(task="dates", steps=1500, lr=3e-3, out=str(tmp_path), eval_examples=200)
+    loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
+    capsys.readouterr()  # the training report
+    pairs = tasks.test_examples(tasks.get_task("dates"), seed=123, n=20)
+    code, out, _ = generate(
+        capsys, monkeypatch, "--checkpoint", str(tmp_path), "--beam", "4",
+        stdin="\n".join(src for src, _ in pairs),
+    )  # fmt: skip
+    assert code == 0
+    correct = sum(got == want for got, (_, want) in zip(out, pairs, strict=True))
+    assert correct >= 19, list(zip(out, pairs, strict=True))
