@@ -32,14 +32,9 @@ test-all: $(STAMP)
 # with glibc's malloc each call page-faults them in anew (see README, Performance).
 TCMALLOC ?= $(firstword $(wildcard /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib/libtcmalloc_minimal.so.4))
 BENCH_ENV := $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC))
-BENCH_STAMP := $(VENV)/.bench-installed
 
-# torch==2.13.0 exactly: the CPU wheel CI keeps on disk (an open range pulls GBs of CUDA).
-$(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet torch==2.13.0
-	@touch $(BENCH_STAMP)
-
-bench: $(BENCH_STAMP)
+# The torch baseline uses the torch==2.13.0 that $(STAMP) installs.
+bench: $(STAMP)
 	@$(if $(TCMALLOC),,echo "note: libtcmalloc_minimal.so.4 not found (apt-get install libtcmalloc-minimal4); timing with the system malloc")
 	$(BENCH_ENV) $(PY) experiments/xla_vs_eager.py --quick
 	$(BENCH_ENV) $(PY) experiments/attention_bench.py --quick
