@@ -8,7 +8,8 @@ gradient of sum(out * cotangent) with respect to q, k and v is compiled; XLA's
 memory: inputs and outputs are the same for every implementation and listed apart). A
 program whose temporaries exceed --max-gib is compiled but not run, and its memory is
 reported from the compiler alone. Times are medians after a warm-up call. The largest
-chunked run is also repeated in a fresh process that reports its peak resident memory.
+chunked run is also repeated in a fresh process that reports how far its resident memory
+rises during the call (Linux).
 
     python experiments/attention_bench.py [--quick]
 
@@ -85,14 +86,21 @@ def measure(implementation: str, T: int, dtype, repeats: int, max_bytes: int) ->
 
 
 def peak_rss_subprocess(implementation: str, T: int) -> dict:
-    """Run one forward + backward in a fresh process; its peak RSS above the baseline."""
+    """Run one compiled forward + backward in a fresh process (Linux) and report how far its
+    resident memory rose during the run: the peak (VmHWM, reset just before the call by
+    writing 5 to /proc/self/clear_refs) above the resident memory before it. The rise
+    includes the four outputs (out, dq, dk, dv)."""
     code = (
-        "import resource, sys, jax; sys.path.insert(0, '.');"
+        "import sys, jax; sys.path.insert(0, '.');"
         "import experiments.attention_bench as ab;"
         f"args = ab.inputs({T}, jax.numpy.float32);"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-        f"jax.block_until_ready(ab.grad_fn('{implementation}')(*args));"
-        "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        f"fn = ab.grad_fn('{implementation}').lower(*args).compile();"
+        "kib = lambda key: int(next(l for l in open('/proc/self/status')"
+        " if l.startswith(key)).split()[1]);"
+        "base = kib('VmRSS:');"
+        "open('/proc/self/clear_refs', 'w').write('5');"
+        "jax.block_until_ready(fn(*args));"
+        "print(base, kib('VmHWM:'))"
     )
     root = pathlib.Path(__file__).resolve().parent.parent
     out = subprocess.run(
@@ -103,6 +111,7 @@ def peak_rss_subprocess(implementation: str, T: int) -> dict:
         "implementation": implementation,
         "T": T,
         "rss_growth_bytes": 1024 * (peak_kib - base_kib),
+        "output_bytes": 4 * B * T * H * D * 4,
     }
 
 
@@ -145,9 +154,13 @@ def main(argv=None):
             )
         del plain
 
-    rss = [] if args.quick else [peak_rss_subprocess("chunked", max(lengths))]
+    measure_rss = not args.quick and sys.platform == "linux"
+    rss = [peak_rss_subprocess("chunked", max(lengths))] if measure_rss else []
     for r in rss:
-        print(f"peak RSS growth, chunked at T={r['T']}: {r['rss_growth_bytes'] / 2**20:.0f} MiB")
+        print(
+            f"resident memory rise during one run, chunked at T={r['T']}: "
+            f"{r['rss_growth_bytes'] / 2**20:.0f} MiB ({r['output_bytes'] / 2**20:.0f} MiB of it outputs)"
+        )
 
     def find(impl, T, dtype="float32"):
         return next(
