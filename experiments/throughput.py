@@ -85,7 +85,7 @@ def jax_setup(dtype: str, seed: int = 0):
     optimizer = train.make_optimizer(schedule)
     graphdef, state = train.create_train_state(model, optimizer, seed=seed)
     step = train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1)
-    return state, step
+    return state, jax.jit(step, donate_argnums=0)
 
 
 def random_batch(rng: np.random.Generator):
@@ -174,7 +174,7 @@ def loss_curves(steps: int) -> dict:
         )
         optimizer = train.make_optimizer(schedule)
         graphdef, state = train.create_train_state(model, optimizer, seed=0)
-        step = train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1)
+        step = jax.jit(train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1))
         losses = []
         for i in range(steps):
             state, metrics = step(state, task.train_batch(i, SIZES["B"]))

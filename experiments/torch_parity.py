@@ -127,7 +127,7 @@ def case(kind: str, c: dict, inp: dict, layers=(2, 2)) -> dict:
             return m(L(q), L(kv), L(kv), key_padding_mask=tm["src_kpm"], need_weights=False)[0]
 
         def jf_(q, kv):
-            return j(q, kv, mem_mask)
+            return j(q, kv, mem_mask).out
 
     elif kind == "MultiheadAttention":  # causal self-attention
         arrays = (tgt,)
@@ -136,7 +136,7 @@ def case(kind: str, c: dict, inp: dict, layers=(2, 2)) -> dict:
             return m(L(x), L(x), L(x), attn_mask=tm["tgt_mask"], need_weights=False)[0]
 
         def jf_(x):
-            return j(x, None, tgt_mask)
+            return j(x, None, tgt_mask).out
 
     elif kind in ("EncoderLayer", "Encoder"):
         arrays = (src,)
@@ -154,7 +154,7 @@ def case(kind: str, c: dict, inp: dict, layers=(2, 2)) -> dict:
             return m(L(y), L(mem), tm["tgt_mask"], None, tm["tgt_kpm"], tm["src_kpm"])
 
         def jf_(y, mem):
-            return j(y, tgt_mask, memory=mem, cross_mask=mem_mask)
+            return j(y, tgt_mask, memory=mem, cross_mask=mem_mask).y
 
     else:
         arrays = (src, tgt)

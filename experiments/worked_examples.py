@@ -21,9 +21,8 @@ from jaxformer import functional as F
 def _attend(q, k, v):
     """Single-head attention of row vectors q [T, D], k [S, D], v [S, Dv] via the library."""
     add_heads = lambda x: jnp.asarray(x, jnp.float32)[None, :, None, :]  # noqa: E731
-    out, w = F.scaled_dot_product_attention(
-        add_heads(q), add_heads(k), add_heads(v), return_weights=True
-    )
+    q, k, v = add_heads(q), add_heads(k), add_heads(v)
+    out, w = F.scaled_dot_product_attention(q, k, v), F.attention_weights(q, k)
     return np.asarray(out[0, :, 0]), np.asarray(w[0, 0])
 
 

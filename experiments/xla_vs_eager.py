@@ -84,7 +84,7 @@ def build(name: str, config: jf.TransformerConfig, B: int, L: int) -> Workload:
         return Workload(
             lambda y, memory, p: F.decoder_layer(
                 y, p, causal, opts, memory=memory, cross_mask=mask
-            ),
+            ).y,
             (x, x, params),
             {},
         )
@@ -103,7 +103,7 @@ def build(name: str, config: jf.TransformerConfig, B: int, L: int) -> Workload:
         optimizer = train.make_optimizer(schedule)
         graphdef, state = train.create_train_state(model, optimizer, seed=0)
         step = train.make_train_step(
-            graphdef, optimizer, schedule, label_smoothing=config.label_smoothing, jit=False
+            graphdef, optimizer, schedule, label_smoothing=config.label_smoothing
         )
         return Workload(step, (state, batch), {"donate_argnums": 0}, threads_state=True)
     raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")

@@ -1,7 +1,7 @@
 """jaxformer: the Transformer (Vaswani et al., 2017) in JAX and Flax NNX."""
 
 from jaxformer import functional
-from jaxformer.config import TransformerConfig
+from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.data.tokenizers import check_tokens
 from jaxformer.models import DecoderLM, Encoder, Transformer, count_params
 
@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DecoderLM",
     "Encoder",
+    "RunConfig",
     "Transformer",
     "TransformerConfig",
     "check_tokens",

@@ -17,119 +17,50 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import os
 import pathlib
 import sys
+import typing
 
 PRESETS = ("tiny", "paper_base", "paper_big")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the command (exit code 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from jaxformer.config import RunConfig, TransformerConfig
 
-
-def _parser() -> argparse.ArgumentParser:
-    from jaxformer.config import REMAT
-    from jaxformer.data.tasks import TASKS
-    from jaxformer.train.optim import OPTIMIZERS, SCHEDULES
-
-    parser = argparse.ArgumentParser(prog="jaxformer", description="Train and use Transformers.")
+    parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser(
         "train",
         help="train a model",
-        description="Train a Transformer (or, on --data-text, a decoder-only LM).",
+        description="Train a Transformer (or, on --data-text, a decoder-only LM). Every "
+        "RunConfig and TransformerConfig field is an option.",
     )
-    data = t.add_mutually_exclusive_group()
-    data.add_argument("--task", choices=TASKS, help="a synthetic task (default: dates)")
-    data.add_argument("--data-tsv", metavar="FILE", help="source<TAB>target lines")
-    data.add_argument("--data-text", metavar="FILE", help="plain text, for a decoder-only LM")
-    t.add_argument("--preset", choices=PRESETS, default="tiny", help="model size (default: tiny)")
-    t.add_argument("--config", metavar="FILE", help="JSON or YAML of TransformerConfig fields")
-    t.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype")
-    t.add_argument(
-        "--remat", choices=REMAT, help="recompute layers in the backward pass (saves memory)"
+    _add_fields(t.add_argument_group("run (RunConfig)"), RunConfig, keep_defaults=True)
+    model = t.add_argument_group(
+        "model (TransformerConfig; default: the --preset, then the --config file)"
     )
-    t.add_argument(
-        "--scan-layers", action="store_true", help="stacked layers in one scan (faster compile)"
+    model.add_argument(
+        "--preset", choices=PRESETS, default="tiny", help="model size (default: tiny)"
     )
-    t.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
-    t.add_argument("--bpe-vocab", type=_positive_int, default=8000, metavar="N")
-    t.add_argument(
-        "--seq-len", type=_positive_int, default=128, metavar="N", help="packed LM row length"
-    )
-    t.add_argument("--steps", type=_positive_int, default=1500)
-    t.add_argument("--batch-size", type=_positive_int, default=64)
-    t.add_argument("--accum-steps", type=_positive_int, default=1, help="gradient accumulation")
-    t.add_argument("--schedule", choices=SCHEDULES, default="cosine")
-    t.add_argument(
-        "--lr",
-        type=_positive_float,
-        help="peak lr, default 3e-3 (for --schedule paper: a multiplier, default 1)",
-    )
-    t.add_argument(
-        "--warmup-steps",
-        type=int,
-        metavar="N",
-        help="default: 10%% of --steps (cosine), 4000 (paper)",
-    )
-    t.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
-    t.add_argument("--weight-decay", type=float, default=0.0)
-    t.add_argument("--clip-norm", type=_positive_float, default=1.0)
-    t.add_argument("--eval-every", type=_positive_int, default=250, metavar="N")
-    t.add_argument("--log-every", type=_positive_int, default=10, metavar="N")
-    t.add_argument("--checkpoint-every", type=_positive_int, default=500, metavar="N")
-    t.add_argument("--keep-checkpoints", type=_positive_int, default=3, metavar="K")
-    t.add_argument("--eval-examples", type=_positive_int, default=1000, metavar="N")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<task>)")
-    t.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the latest checkpoint in --out, if there is one",
-    )
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    par = t.add_argument_group("parallelism (see README, 'Scaling out')")
-    layout = par.add_mutually_exclusive_group()
-    layout.add_argument(
-        "--mesh",
-        metavar="SPEC",
-        help="device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1: the rest)",
-    )
-    layout.add_argument(
-        "--pmap", action="store_true", help="data parallel with jax.pmap (one process)"
-    )
-    par.add_argument(
-        "--coordinator",
-        metavar="HOST:PORT",
-        help="process 0's address, to train as one of several processes ('auto' on TPU pods, SLURM)",
-    )
-    par.add_argument("--num-processes", type=_positive_int, metavar="N")
+    model.add_argument("--config", metavar="FILE", help="JSON or YAML of TransformerConfig fields")
+    _add_fields(model, TransformerConfig, keep_defaults=False)
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out, if there is one")  # fmt: skip
+    t.add_argument("--no-progress", action="store_true", help="no progress output")
+    par = t.add_argument_group("several processes (see README, 'Scaling out')")
+    par.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address ('auto' on TPU pods, SLURM)")  # fmt: skip
+    par.add_argument("--num-processes", type=int, metavar="N")
     par.add_argument("--process-id", type=int, metavar="I", help="0 .. N-1")
-    par.add_argument(
-        "--coordinator-timeout",
-        type=_positive_int,
-        default=120,
-        metavar="S",
-        help="seconds to wait for all processes to join (default: 120)",
-    )
+    par.add_argument("--coordinator-timeout", type=int, default=120, metavar="S", help="seconds to wait for all processes (default: 120)")  # fmt: skip
 
     g = sub.add_parser(
         "generate",
@@ -146,15 +77,57 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, metavar="T", help="sample at temperature T")
     g.add_argument("--top-k", type=int, metavar="K", help="sample from the K likeliest tokens")
     g.add_argument("--top-p", type=float, metavar="P", help="sample from the nucleus of mass P")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     g.add_argument(
         "--max-new-tokens",
         type=int,
         metavar="N",
         help="default: the input's length + 50 (the paper), within the model's max_len",
     )
-    g.add_argument("--batch-size", type=_positive_int, default=32, metavar="B")
-    return parser
+    g.add_argument("--batch-size", type=int, default=32, metavar="B", help="inputs per batch (default: 32)")  # fmt: skip
+    return parser, {"train": t, "generate": g}
+
+
+def _add_fields(group, cls, *, keep_defaults: bool) -> None:
+    """One option per dataclass field: --field-name, its type, choices and help from the
+    field; the field's default (or, with keep_defaults=False, none: the option is left
+    out of the namespace unless given). Optional fields take the value "none"."""
+    from jaxformer.config import TransformerConfig
+
+    hints, tiny = typing.get_type_hints(cls), TransformerConfig.tiny(259)
+    for f in dataclasses.fields(cls):
+        kind, optional = _base_type(hints[f.name])
+        help_text = f.metadata["help"]
+        if keep_defaults:
+            default = f.default
+            help_text += "" if "default" in help_text else f" (default: {f.default})"
+        else:  # left out unless given, so that the preset's value stands
+            default = argparse.SUPPRESS
+            help_text += f" (tiny: {getattr(tiny, f.name)})"
+        kw = dict(default=default, help=help_text.replace("%", "%%"))
+        if kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = _value_parser(kind, optional)
+            kw["choices"] = f.metadata["choices"]
+            kw["metavar"] = None if kw["choices"] else kind.__name__.upper()
+        group.add_argument("--" + f.name.replace("_", "-"), **kw)
+
+
+def _base_type(hint) -> tuple[type, bool]:
+    """(the type, whether None is allowed) of an annotation such as `int | None`."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return (args[0], True) if args else (hint, False)
+
+
+def _value_parser(kind: type, optional: bool):
+    def parse(text: str):
+        if optional and text.lower() == "none":
+            return None
+        return kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
+    return parse
 
 
 def load_config_file(path: str) -> dict:
@@ -186,8 +159,8 @@ def load_config_file(path: str) -> dict:
 
 
 def _train(args) -> int:
-    from jaxformer.config import TransformerConfig
-    from jaxformer.train.loop import RunConfig, TrainingDiverged, train
+    from jaxformer.config import RunConfig
+    from jaxformer.train.loop import TrainingDiverged, train
 
     if args.coordinator:
         from jaxformer import parallel
@@ -200,45 +173,9 @@ def _train(args) -> int:
         )
     elif args.num_processes is not None or args.process_id is not None:
         raise ValueError("--num-processes and --process-id need --coordinator HOST:PORT")
-    task = None if (args.data_tsv or args.data_text) else (args.task or "dates")
-    # Byte tokenizer vocabulary; replaced by the tokenizer's own size before training.
-    config = getattr(TransformerConfig, args.preset)(259)
-    if args.config:
-        config = config.replace(**_checked_fields(load_config_file(args.config), args.config))
-    if args.dtype:
-        config = config.replace(dtype=args.dtype)
-    if args.remat:
-        config = config.replace(remat=args.remat)
-    if args.scan_layers:
-        config = config.replace(scan_layers=True)
-    run = RunConfig(
-        task=task,
-        data_tsv=args.data_tsv,
-        data_text=args.data_text,
-        tokenizer=args.tokenizer,
-        bpe_vocab_size=args.bpe_vocab,
-        seq_len=args.seq_len,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        accum_steps=args.accum_steps,
-        schedule=args.schedule,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        optimizer=args.optimizer,
-        weight_decay=args.weight_decay,
-        clip_norm=args.clip_norm,
-        eval_every=args.eval_every,
-        log_every=args.log_every,
-        checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints,
-        eval_examples=args.eval_examples,
-        seed=args.seed,
-        mesh=args.mesh,
-        pmap=args.pmap,
-        out=args.out or f"runs/{task or pathlib.Path(args.data_tsv or args.data_text).stem}",
-    )
+    run = RunConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)})
     try:
-        train(config, run, resume=args.resume, progress=not args.no_progress)
+        train(_model_config(args), run, resume=args.resume, progress=not args.no_progress)
     except TrainingDiverged as e:
         print(f"jaxformer train: {e}", file=sys.stderr)
         return 1
@@ -247,11 +184,28 @@ def _train(args) -> int:
     return 0
 
 
+def _model_config(args):
+    """The --preset, with the --config file's fields, then the model options given."""
+    from jaxformer.config import TransformerConfig
+    from jaxformer.data.tokenizers import ByteTokenizer
+
+    # The byte vocabulary; training raises it to the tokenizer's when that is larger.
+    config = getattr(TransformerConfig, args.preset)(ByteTokenizer.vocab_size)
+    if args.config:
+        try:
+            config = config.replace(**load_config_file(args.config))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{args.config}: {e}") from None
+    names = [f.name for f in dataclasses.fields(TransformerConfig) if hasattr(args, f.name)]
+    return config.replace(**{name: getattr(args, name) for name in names})
+
+
 def _generate(args) -> int:
     import jax
     import numpy as np
 
     from jaxformer import decode
+    from jaxformer.checks import check_int
     from jaxformer.data.tokenizers import EOS_ID, PAD_ID
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
@@ -271,8 +225,9 @@ def _generate(args) -> int:
         decode.check_sampling_options(temperature, args.top_k, top_p)
     if beam:
         decode.check_beam_options(beam_size, alpha)
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    check_int("--batch-size", args.batch_size)
+    if args.max_new_tokens is not None:
+        check_int("--max-new-tokens", args.max_new_tokens)
 
     model, tokenizer = restore_model(args.checkpoint)
     seq2seq = isinstance(model, Transformer)
@@ -284,7 +239,8 @@ def _generate(args) -> int:
     for i, line in enumerate(lines, 1):
         if not line.strip():
             raise ValueError(f"input line {i} is empty")
-        ids = tokenizer.encode(line) + ([EOS_ID] if seq2seq else [])  # as in training
+        # Surrounding spaces stripped; EOS after a source, as in training.
+        ids = tokenizer.encode(line.strip()) + ([EOS_ID] if seq2seq else [])
         if len(ids) > max_len:
             raise ValueError(
                 f"input line {i} has {len(ids)} tokens, more than the model's max_len={max_len}"
@@ -328,14 +284,27 @@ def _generate(args) -> int:
     return 0
 
 
-def _checked_fields(fields: dict, path: str) -> dict:
-    from jaxformer.config import TransformerConfig
+def _tune_glibc_malloc() -> None:
+    """Keep XLA's large per-step CPU buffers in glibc's heap. By default each worker
+    thread's arena caps at 64 MiB, so a step's ~100 MiB of temporaries is a fresh mmap
+    every step, faulted in page by page (a third of a CPU run's time went to system time).
+    One arena, and no mmap or trim below 1 GiB, reuses the memory as tcmalloc would.
+    Must run before JAX starts its CPU backend; Linux with glibc only; an allocator or
+    tuning the user chose (LD_PRELOAD, MALLOC_*, GLIBC_TUNABLES) is left alone."""
+    import ctypes
 
-    valid = {f.name for f in dataclasses.fields(TransformerConfig)}
-    unknown = sorted(set(fields) - valid)
-    if unknown:
-        raise ValueError(f"{path}: unknown config key(s) {unknown}; valid keys are {sorted(valid)}")
-    return fields
+    tuned = any(k.startswith("MALLOC_") for k in os.environ)
+    if tuned or {"LD_PRELOAD", "GLIBC_TUNABLES"} & set(os.environ):
+        return
+    try:
+        if not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION"):
+            return
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, ValueError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    for param, value in ((-8, 1), (-3, 1 << 30), (-1, 1 << 30)):  # ARENA_MAX, MMAP_, TRIM_THRESHOLD
+        mallopt(param, value)
 
 
 def _use_compilation_cache() -> None:
@@ -352,21 +321,29 @@ def _use_compilation_cache() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    _tune_glibc_malloc()
+    parser, commands = _parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _unrecognized(commands[args.command], extras)
     _use_compilation_cache()
     try:
         if args.command == "train":
             return _train(args)
-        if args.command == "generate":
-            return _generate(args)
+        return _generate(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as e:
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
         print(f"jaxformer {args.command}: error: {e}", file=sys.stderr)
         return 2
-    parser.error(f"unknown command {args.command}")
-    return 2
+
+
+def _unrecognized(command: argparse.ArgumentParser, extras: list[str]) -> None:
+    """The command's own one-line error, with the closest option when there is one."""
+    options = [o for action in command._actions for o in action.option_strings]
+    close = difflib.get_close_matches(extras[0].split("=")[0], options, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    command.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
 
 
 if __name__ == "__main__":

@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from typing import Any
 
+import jax.numpy as jnp
+
+from jaxformer.checks import (
+    check_bool,
+    check_choice,
+    check_divisible,
+    check_even,
+    check_int,
+    check_number,
+)
+from jaxformer.data.tasks import TASKS
 from jaxformer.functional.attention import IMPLEMENTATIONS
 from jaxformer.functional.layers import ACTIVATIONS, NORM_PLACEMENTS, NORMS, BlockOptions
 
 POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rope", "none")
-DTYPES = ("float32", "bfloat16")
+SCHEDULES = ("paper", "cosine", "constant")
+OPTIMIZERS = ("adam", "adamw")
+TOKENIZERS = ("byte", "bpe")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Rematerialisation of each layer in the backward pass: keep nothing ("full"), or keep the
 # outputs of matmuls with weights ("dots": projections and feed-forward) and recompute the rest.
 REMAT = ("none", "full", "dots")
+
+
+def option(default, help: str, choices: tuple[str, ...] | None = None):
+    """A config field with its default, its help text and its choices, from which the
+    `jaxformer` command derives its options."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
 
 # Table 3 of the paper: each row is the base model with these fields changed.
 TABLE3_ROWS: dict[str, dict[str, Any]] = {
@@ -55,83 +77,64 @@ class TransformerConfig:
     the numbers.
     """
 
-    vocab_size: int
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    d_model: int = 512
-    d_ff: int = 2048
-    num_heads: int = 8
-    num_kv_heads: int | None = None
-    d_k: int | None = None
-    d_v: int | None = None
-    dropout_rate: float = 0.1
-    attention_dropout_rate: float = 0.0
-    label_smoothing: float = 0.1
-    max_len: int = 512
-    position_embedding: str = "sinusoidal"
-    norm: str = "layer"
-    norm_placement: str = "post"
-    norm_eps: float = 1e-6
-    norm_bias: bool = True
-    final_norm: bool | None = None
-    activation: str = "relu"
-    share_embeddings: bool = True
-    attention_bias: bool = False
-    ffn_bias: bool = True
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-    attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn" (scaled_dot_product_attention)
-    remat: str = "none"
-    scan_layers: bool = False
+    vocab_size: int = option(
+        dataclasses.MISSING, "vocabulary size V (in training: at least the tokenizer's)"
+    )
+    num_encoder_layers: int = option(6, "encoder layers N")
+    num_decoder_layers: int = option(6, "decoder layers N (the layers of a decoder-only LM)")
+    d_model: int = option(512, "model dimension")
+    d_ff: int = option(2048, "feed-forward hidden dimension")
+    num_heads: int = option(8, "attention heads h")
+    num_kv_heads: int | None = option(None, "key/value heads (grouped-query); default h")
+    d_k: int | None = option(None, "key (and query) head dimension; default d_model / h")
+    d_v: int | None = option(None, "value head dimension; default d_model / h")
+    dropout_rate: float = option(0.1, "residual and embedding dropout P_drop")
+    attention_dropout_rate: float = option(0.0, "dropout on the attention weights")
+    label_smoothing: float = option(0.1, "label smoothing eps_ls of the training loss")
+    max_len: int = option(512, "longest sequence (rows of the position table)")
+    position_embedding: str = option("sinusoidal", "positions", POSITION_EMBEDDINGS)
+    norm: str = option("layer", "LayerNorm or RMSNorm", NORMS)
+    norm_placement: str = option("post", "post-LN (the paper) or pre-LN", NORM_PLACEMENTS)
+    norm_eps: float = option(1e-6, "epsilon of the norms")
+    norm_bias: bool = option(True, "LayerNorm with a bias (beta)")
+    final_norm: bool | None = option(None, "a norm after each stack; default with pre-LN")
+    activation: str = option("relu", "feed-forward activation", ACTIVATIONS)
+    share_embeddings: bool = option(
+        True, "one matrix embeds source and target and makes the logits"
+    )
+    attention_bias: bool = option(False, "biases on the attention projections")
+    ffn_bias: bool = option(True, "biases on the feed-forward layers")
+    dtype: str = option("float32", "compute dtype (parameters stay float32)", tuple(DTYPES))
+    param_dtype: str = option("float32", "parameter dtype", tuple(DTYPES))
+    attention_impl: str = option("xla", "attention kernel", IMPLEMENTATIONS)
+    remat: str = option("none", "recompute layers in the backward pass", REMAT)
+    scan_layers: bool = option(False, "stacked layers in one scan (faster compile)")
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "max_len"):
-            _check_int(name, getattr(self, name), minimum=1)
+            check_int(name, getattr(self, name))
         for name in ("num_encoder_layers", "num_decoder_layers"):
-            _check_int(name, getattr(self, name), minimum=0)
+            check_int(name, getattr(self, name), minimum=0)
         for name in ("num_kv_heads", "d_k", "d_v"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), minimum=1)
+                check_int(name, getattr(self, name))
         if self.d_k is None or self.d_v is None:
-            if self.d_model % self.num_heads:
-                raise ValueError(
-                    f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-                    "choose sizes that divide or set d_k and d_v explicitly"
-                )
-        if self.num_heads % self.kv_heads:
-            raise ValueError(
-                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
-            )
-        for name in ("dropout_rate", "attention_dropout_rate", "label_smoothing"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise TypeError(f"{name} must be a number, got {value!r}")
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value}")
-        for name, allowed in (
-            ("position_embedding", POSITION_EMBEDDINGS),
-            ("norm", NORMS),
-            ("norm_placement", NORM_PLACEMENTS),
-            ("activation", ACTIVATIONS),
-            ("dtype", DTYPES),
-            ("param_dtype", DTYPES),
-            ("attention_impl", IMPLEMENTATIONS),
-            ("remat", REMAT),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.position_embedding == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
-        if self.position_embedding == "rope" and self.key_dim % 2:
-            raise ValueError(f"rope needs an even key head dim d_k, got {self.key_dim}")
-        eps = self.norm_eps
-        if not isinstance(eps, int | float) or isinstance(eps, bool) or eps <= 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+            check_divisible("d_model", self.d_model, "num_heads", self.num_heads)
+        check_divisible("num_heads", self.num_heads, "num_kv_heads", self.kv_heads)
+        check_number("label_smoothing", self.label_smoothing, "[0, 1)")
+        self.block_options()  # checks norm, activation, dropout rates, attention_impl
+        check_choice("position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("param_dtype", self.param_dtype, DTYPES)
+        check_choice("remat", self.remat, REMAT)
+        if self.position_embedding == "sinusoidal":
+            check_even("d_model", self.d_model, "sinusoidal positions")
+        if self.position_embedding == "rope":
+            check_even("key head dim d_k", self.key_dim, "rotary embeddings")
         for name in ("share_embeddings", "attention_bias", "ffn_bias", "norm_bias", "scan_layers"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.final_norm is not None and not isinstance(self.final_norm, bool):
-            raise TypeError(f"final_norm must be a bool or None, got {self.final_norm!r}")
+            check_bool(name, getattr(self, name))
+        if self.final_norm is not None:
+            check_bool("final_norm", self.final_norm)
 
     # Derived sizes.
     @property
@@ -211,8 +214,97 @@ class TransformerConfig:
         return self.from_dict(self.to_dict() | changes)
 
 
-def _check_int(name: str, value, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What to train on and how (the model itself is a TransformerConfig). Each field is
+    also an option of `jaxformer train` (`--batch-size` for batch_size, ...)."""
+
+    task: str | None = option(None, "a synthetic task; default dates, unless a data file is given", TASKS)  # fmt: skip
+    data_tsv: str | None = option(None, "a file of source<TAB>target lines (translation)")
+    data_text: str | None = option(None, "plain text for a decoder-only language model")
+    tokenizer: str = option("byte", "bytes, or BPE trained on the data file", TOKENIZERS)
+    bpe_vocab_size: int | None = option(None, "BPE vocabulary; default sized from the data")
+    seq_len: int = option(128, "tokens per row of packed text (language modelling)")
+    steps: int = option(1500, "optimizer steps")
+    batch_size: int = option(64, "examples (rows) per step")
+    accum_steps: int = option(1, "micro-batches per step (gradient accumulation)")
+    schedule: str = option("cosine", "learning-rate schedule; paper: eq. (3)", SCHEDULES)
+    lr: float | None = option(None, "peak lr, default 3e-3 (paper schedule: a multiplier, default 1)")  # fmt: skip
+    warmup_steps: int | None = option(None, "default: 10% of steps (cosine), 4000 (paper)")
+    optimizer: str = option("adam", "Adam(0.9, 0.98, 1e-9) as the paper, or AdamW", OPTIMIZERS)
+    weight_decay: float = option(0.0, "decoupled weight decay (adamw)")
+    clip_norm: float | None = option(1.0, "global gradient-norm clipping; none to turn off")
+    eval_every: int = option(250, "steps between held-out evaluations")
+    log_every: int = option(10, "steps between logged metrics")
+    checkpoint_every: int = option(500, "steps between checkpoints")
+    keep_checkpoints: int = option(3, "checkpoints kept")
+    eval_examples: int = option(1000, "held-out examples for evaluation")
+    seed: int = option(0, "initialisation, dropout and data order")
+    out: str | None = option(None, "run folder; default runs/<task or data file name>")
+    mesh: str | None = option(None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)")  # fmt: skip
+    pmap: bool = option(False, "data parallel with jax.pmap over this process's devices")
+
+    def __post_init__(self):
+        sources = [x for x in (self.task, self.data_tsv, self.data_text) if x is not None]
+        if len(sources) > 1:
+            raise ValueError("give one of task, data_tsv and data_text, not several")
+        if not sources:
+            object.__setattr__(self, "task", "dates")
+        if self.task is not None:
+            check_choice("task", self.task, TASKS)
+        check_choice("tokenizer", self.tokenizer, TOKENIZERS)
+        if self.tokenizer == "bpe" and self.task:
+            raise ValueError("the BPE tokenizer is trained on a data file; use it with data_tsv or data_text")  # fmt: skip
+        for name in ("seq_len", "steps", "batch_size", "accum_steps", "eval_every", "log_every",
+                     "checkpoint_every", "keep_checkpoints", "eval_examples"):  # fmt: skip
+            check_int(name, getattr(self, name))
+        check_int("seed", self.seed, minimum=None)
+        if self.bpe_vocab_size is not None:
+            check_int("bpe_vocab_size", self.bpe_vocab_size, minimum=300)
+        if self.warmup_steps is not None:
+            check_int("warmup_steps", self.warmup_steps, minimum=0)
+        check_divisible("batch_size", self.batch_size, "accum_steps", self.accum_steps)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        for name, interval in (("lr", "(0, inf)"), ("clip_norm", "(0, inf)")):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), interval)
+        check_number("weight_decay", self.weight_decay, "[0, inf)")
+        check_bool("pmap", self.pmap)
+        if self.mesh is not None and self.pmap:
+            raise ValueError("give a mesh or pmap, not both")
+        if self.out is None:
+            name = self.task or pathlib.Path(self.data_tsv or self.data_text).stem
+            object.__setattr__(self, "out", f"runs/{name}")
+
+    @property
+    def peak_lr(self) -> float | None:
+        """The lr given to the schedule: as given, else 3e-3 (None = 1x for "paper")."""
+        if self.lr is not None or self.schedule == "paper":
+            return self.lr
+        return 3e-3
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up steps: as given, else the paper's 4000 or a tenth of the run."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return 4000 if self.schedule == "paper" else max(1, self.steps // 10)
+
+    def resume_settings(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the checkpoint to continue exactly.
+
+        `steps` may grow on resume, except with the cosine schedule, whose shape depends
+        on the total number of steps.
+        """
+        keep = (
+            "task", "data_tsv", "data_text", "tokenizer", "bpe_vocab_size", "seq_len",
+            "batch_size", "accum_steps", "schedule", "lr", "warmup_steps", "optimizer",
+            "weight_decay", "clip_norm", "seed",
+        )  # fmt: skip
+        settings = {k: getattr(self, k) for k in keep}
+        settings["cosine_total_steps"] = self.steps if self.schedule == "cosine" else None
+        return settings
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

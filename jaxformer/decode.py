@@ -33,6 +33,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer.checks import (
+    check_instance,
+    check_int,
+    check_int_array,
+    check_number,
+    check_rank,
+    check_shape,
+    is_int,
+)
 from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.models import DecoderLM, Transformer
 
@@ -79,7 +88,7 @@ def sample(
     n = _check_common(model, src_tokens, src_valid, max_new_tokens)
     V = model.config.vocab_size
     check_sampling_options(temperature, top_k, top_p, vocab_size=V)
-    key = jax.random.PRNGKey(rng) if _is_int(rng) else rng
+    key = jax.random.PRNGKey(rng) if is_int(rng) else rng
     # Traced, so that one compiled loop serves every temperature, top_k and top_p.
     filters = (
         jnp.float32(temperature),
@@ -303,8 +312,7 @@ def _ids(bos_id: int, eos_id: int | None, vocab_size: int) -> tuple[jax.Array, j
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
         if name == "eos_id" and value is None:
             continue
-        if not _is_int(value):
-            raise TypeError(f"{name} must be an int, got {value!r}")
+        check_int(name, value, minimum=None)
         if not 0 <= value < vocab_size:
             raise ValueError(f"{name}={value} is outside the vocabulary [0, {vocab_size})")
     return jnp.int32(bos_id), jnp.int32(-1 if eos_id is None else eos_id)
@@ -358,15 +366,12 @@ def _beam_jit(graphdef, state, src, src_valid, row_max, alpha, ids, n, beam_size
 
 
 def _check_model(model, src, src_valid) -> None:
-    if not isinstance(model, Transformer | DecoderLM):
-        raise TypeError(f"decoding needs a Transformer or a DecoderLM, got {type(model).__name__}")
+    check_instance("model", model, (Transformer, DecoderLM))
     name = "src_tokens" if isinstance(model, Transformer) else "prompt (src_tokens)"
-    if np.ndim(src) != 2:
-        raise ValueError(f"{name} must have shape [B, S], got {np.shape(src)}")
-    if not jnp.issubdtype(jnp.result_type(src), jnp.integer):
-        raise TypeError(f"{name} must be integer token ids, got dtype {jnp.result_type(src)}")
-    if src_valid is not None and np.shape(src_valid) != np.shape(src):
-        raise ValueError(f"src_valid shape {np.shape(src_valid)} != {name} shape {np.shape(src)}")
+    check_rank(name, src, 2, "[B, S]")
+    check_int_array(name, src)
+    if src_valid is not None:
+        check_shape("src_valid", src_valid, np.shape(src), "src_tokens' [B, S]")
     c = model.config
     if c.position_embedding in ("sinusoidal", "learned") and src.shape[1] > c.max_len:
         raise ValueError(
@@ -384,11 +389,8 @@ def _check_model(model, src, src_valid) -> None:
 
 def _check_common(model, src, src_valid, max_new_tokens) -> int:
     _check_model(model, src, src_valid)
-    if not _is_int(max_new_tokens):
-        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    check_int("max_new_tokens", max_new_tokens)
     max_new_tokens = int(max_new_tokens)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     capacity = _capacity(model, src)
     if max_new_tokens > capacity:
         raise ValueError(
@@ -408,35 +410,21 @@ def _capacity(model, src) -> int:
 
 
 def check_sampling_options(temperature, top_k, top_p, *, vocab_size: int | None = None) -> None:
-    """Raise ValueError unless temperature > 0, top_k in [1, vocab_size] (or None) and
-    top_p in (0, 1]."""
-    if not _is_number(temperature) or not temperature > 0:
-        raise ValueError(f"temperature must be > 0 for sampling (use greedy), got {temperature!r}")
+    """Raise unless temperature > 0, top_k in [1, vocab_size] (or None) and top_p in (0, 1]."""
+    check_number("temperature", temperature, "(0, inf)")
     if top_k is not None:
-        high = "V" if vocab_size is None else vocab_size
-        too_big = vocab_size is not None and _is_int(top_k) and top_k > vocab_size
-        if not _is_int(top_k) or top_k < 1 or too_big:
-            raise ValueError(f"top_k must be an int in [1, {high}] or None, got {top_k!r}")
-    if not _is_number(top_p) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        check_int("top_k", top_k)
+        if vocab_size is not None and top_k > vocab_size:
+            raise ValueError(f"top_k must be <= {vocab_size} (the vocabulary), got {top_k}")
+    check_number("top_p", top_p, "(0, 1]")
 
 
 def check_beam_options(beam_size, alpha, *, vocab_size: int | None = None) -> None:
-    """Raise ValueError unless 1 <= beam_size <= vocab_size and alpha >= 0."""
-    if not _is_int(beam_size) or beam_size < 1:
-        raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
+    """Raise unless 1 <= beam_size <= vocab_size and alpha >= 0."""
+    check_int("beam_size", beam_size)
     if vocab_size is not None and beam_size > vocab_size:
         raise ValueError(f"beam_size={beam_size} exceeds the vocabulary size {vocab_size}")
-    if not _is_number(alpha) or not alpha >= 0:
-        raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
+    check_number("alpha", alpha, "[0, inf)")
 
 
 def _valid_or_all(src, src_valid):

@@ -12,15 +12,22 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxformer import functional as F
+from jaxformer.checks import (
+    check_bool_array,
+    check_float_array,
+    check_instance,
+    check_int,
+    check_int_array,
+    check_rank,
+    check_shape,
+)
 from jaxformer.config import TransformerConfig
-from jaxformer.functional._checks import check_float, check_int, check_rank
 from jaxformer.nn import DecoderStack, Embed, EncoderStack, LearnedPositions
-from jaxformer.nn._params import dropout_rng
-from jaxformer.nn._sharding import constrain_batch
+from jaxformer.nn.parameters import dropout_rng
+from jaxformer.nn.sharding import constrain_batch
 
 
 class _Inputs(nnx.Module):
@@ -105,51 +112,44 @@ class Transformer(nnx.Module):
         *,
         deterministic: bool = True,
         rng: jax.Array | None = None,
-        return_cross_attention: bool = False,
-    ) -> jax.Array | tuple[jax.Array, jax.Array]:
-        """tgt_tokens [B, T] (shifted right), memory [B, S, E] -> logits [B, T, V] (float32).
-
-        With `return_cross_attention`, also every layer's encoder-decoder attention
-        weights [L, B, H, T, S] (to look at what the model aligned).
-        """
-        _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
-        check_rank("memory", memory, 3, "[B, S, E]")
-        check_float("memory", memory)
-        if memory.shape[2] != self.config.d_model:
-            raise ValueError(
-                f"memory has model dim {memory.shape[2]}, the model's d_model is {self.config.d_model}"
-            )
-        if memory.shape[0] != tgt_tokens.shape[0]:
-            raise ValueError(
-                f"memory batch {memory.shape[0]} != tgt_tokens batch {tgt_tokens.shape[0]}"
-            )
-        if src_valid is not None and src_valid.shape != memory.shape[:2]:
-            raise ValueError(
-                f"src_valid shape {src_valid.shape} != memory's [B, S] {memory.shape[:2]}"
-            )
+    ) -> jax.Array:
+        """tgt_tokens [B, T] (shifted right), memory [B, S, E] -> logits [B, T, V] (float32)."""
         rng = dropout_rng(deterministic, rng)
+        y = self._decoder(tgt_tokens, memory, src_valid, tgt_valid, rng, False).y
+        return (self.output_embed or self.tgt_inputs.embed).attend(y)
+
+    def cross_attention_weights(
+        self,
+        src_tokens: jax.Array,
+        tgt_tokens: jax.Array,
+        src_valid: jax.Array | None = None,
+        tgt_valid: jax.Array | None = None,
+    ) -> jax.Array:
+        """Every decoder layer's encoder-decoder attention weights [L, B, H, T, S] for
+        sources [B, S] and (shifted) targets [B, T]: what the model aligned."""
+        memory = self.encode(src_tokens, src_valid)
+        return self._decoder(tgt_tokens, memory, src_valid, tgt_valid, None, True).cross_weights
+
+    def _decoder(self, tgt_tokens, memory, src_valid, tgt_valid, rng, return_cross_attention):
+        """The decoder stack over the target inputs: F.DecoderOutput."""
+        _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
+        _check_memory(self.config, memory, tgt_tokens, src_valid)
         k_in, k_layers = _split2(rng)
         positions = _default_positions(tgt_tokens)
         y = self.tgt_inputs(tgt_tokens, positions, k_in)
-        T = tgt_tokens.shape[1]
         self_mask = F.combine_masks(
-            F.causal_mask(T), None if tgt_valid is None else F.padding_mask(None, tgt_valid)
+            F.causal_mask(tgt_tokens.shape[1]),
+            None if tgt_valid is None else F.padding_mask(None, tgt_valid),
         )
-        cross_mask = None if src_valid is None else F.padding_mask(None, src_valid)
-        y = self.decoder(
+        return self.decoder(
             y,
             self_mask,
             memory=memory.astype(y.dtype),
-            cross_mask=cross_mask,
+            cross_mask=None if src_valid is None else F.padding_mask(None, src_valid),
             rng=k_layers,
             rope_positions=_rope(self.config, positions),
             return_cross_attention=return_cross_attention,
         )
-        output = self.output_embed or self.tgt_inputs.embed
-        if return_cross_attention:
-            y, weights = y
-            return output.attend(y), weights
-        return output.attend(y)
 
     def __call__(
         self,
@@ -226,7 +226,7 @@ class DecoderLM(nnx.Module):
         _check_tokens(self.config, "tokens", tokens, valid, "valid")
         for name, ids in (("positions", positions), ("segment_ids", segment_ids)):
             if ids is not None:
-                check_int(name, ids, f"of {name.replace('_', ' ')}")
+                check_int_array(name, ids, f"of {name.replace('_', ' ')}")
                 if ids.shape != tokens.shape:
                     raise ValueError(f"{name} shape {ids.shape} != tokens shape {tokens.shape}")
         if positions is None:
@@ -239,8 +239,8 @@ class DecoderLM(nnx.Module):
             None if valid is None else F.padding_mask(None, valid),
             None if segment_ids is None else F.segment_mask(segment_ids, segment_ids),
         )
-        x = self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions))
-        return (self.output_embed or self.inputs.embed).attend(x)
+        y = self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions)).y
+        return (self.output_embed or self.inputs.embed).attend(y)
 
     def init_cache(self, batch_size: int, *, max_len: int) -> DecodeCache:
         """Empty caches for `batch_size` rows of up to `max_len` tokens (prompt included)."""
@@ -306,7 +306,7 @@ def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
     x = inputs(tokens, positions, None)
     self_mask = F.causal_mask(T, S_max, offset=cache.lengths[:, None, None, None])
     cross_mask = None if cache.src_valid is None else F.padding_mask(None, cache.src_valid)
-    y, layers = model.decoder(
+    out = model.decoder(
         x,
         self_mask,
         cross_mask=cross_mask,
@@ -314,16 +314,13 @@ def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
         cache=cache.layers,
         cache_positions=positions,
     )
-    logits = (model.output_embed or inputs.embed).attend(y)
+    logits = (model.output_embed or inputs.embed).attend(out.y)
     advance = T if valid is None else jnp.sum(valid, axis=1, dtype=jnp.int32)
-    return logits, cache._replace(layers=layers, lengths=cache.lengths + advance)
+    return logits, cache._replace(layers=out.cache, lengths=cache.lengths + advance)
 
 
 def _check_cache_len(config: TransformerConfig, max_len) -> None:
-    if not isinstance(max_len, int | np.integer) or isinstance(max_len, bool):
-        raise TypeError(f"max_len must be an int, got {max_len!r}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    check_int("max_len", max_len)
     if config.position_embedding in ("sinusoidal", "learned") and max_len > config.max_len:
         raise ValueError(
             f"a cache of max_len={max_len} positions exceeds the model's max_len="
@@ -331,10 +328,12 @@ def _check_cache_len(config: TransformerConfig, max_len) -> None:
         )
 
 
+MODEL_KINDS = {"Transformer": Transformer, "DecoderLM": DecoderLM, "Encoder": Encoder}
+
+
 def count_params(model: nnx.Module) -> int:
     """The number of scalar parameters (a shared matrix counts once)."""
-    if not isinstance(model, nnx.Module):
-        raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
+    check_instance("model", model, nnx.Module)
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
@@ -349,8 +348,7 @@ def _output_embed(config: TransformerConfig, rngs: nnx.Rngs) -> Embed:
 
 
 def _need_layers(config: TransformerConfig, *, encoder: bool, decoder: bool) -> None:
-    if not isinstance(config, TransformerConfig):
-        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    check_instance("config", config, TransformerConfig)
     if encoder and config.num_encoder_layers < 1:
         raise ValueError("this model needs num_encoder_layers >= 1")
     if decoder and config.num_decoder_layers < 1:
@@ -359,12 +357,11 @@ def _need_layers(config: TransformerConfig, *, encoder: bool, decoder: bool) -> 
 
 def _check_tokens(config, name, tokens, valid, valid_name) -> None:
     check_rank(name, tokens, 2, "[B, T]")
-    check_int(name, tokens)
+    check_int_array(name, tokens)
     if valid is not None:
         if valid.shape != tokens.shape:
             raise ValueError(f"{valid_name} shape {valid.shape} != {name} shape {tokens.shape}")
-        if valid.dtype != jnp.bool_:
-            raise TypeError(f"{valid_name} must be boolean (True = real token), got {valid.dtype}")
+        check_bool_array(valid_name, valid, "(True = real token)")
     T = tokens.shape[1]
     if T < 1:
         raise ValueError(f"{name} has length 0; sequences need at least one token")
@@ -373,6 +370,21 @@ def _check_tokens(config, name, tokens, valid, valid_name) -> None:
             f"{name} has length {T} > max_len={config.max_len} of the "
             f"{config.position_embedding} position table; raise max_len in the config"
         )
+
+
+def _check_memory(config, memory, tgt_tokens, src_valid) -> None:
+    check_rank("memory", memory, 3, "[B, S, E]")
+    check_float_array("memory", memory)
+    if memory.shape[2] != config.d_model:
+        raise ValueError(
+            f"memory has model dim {memory.shape[2]}, the model's d_model is {config.d_model}"
+        )
+    if memory.shape[0] != tgt_tokens.shape[0]:
+        raise ValueError(
+            f"memory batch {memory.shape[0]} != tgt_tokens batch {tgt_tokens.shape[0]}"
+        )
+    if src_valid is not None:
+        check_shape("src_valid", src_valid, memory.shape[:2], "memory's [B, S]")
 
 
 def _default_positions(tokens: jax.Array) -> jax.Array:

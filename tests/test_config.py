@@ -52,7 +52,7 @@ def test_round_trip_and_unknown_keys():
     "fields,error,match",
     [
         (dict(d_model=100, num_heads=8), ValueError, "d_model=100 is not divisible by num_heads=8"),
-        (dict(num_kv_heads=3), ValueError, "num_kv_heads=3 must divide num_heads=8"),
+        (dict(num_kv_heads=3), ValueError, "num_heads=8 is not divisible by num_kv_heads=3"),
         (dict(d_model=0), ValueError, "d_model must be >= 1"),
         (dict(d_model=512.0), TypeError, "d_model must be an int"),
         (dict(vocab_size=True), TypeError, "vocab_size must be an int"),
@@ -66,7 +66,7 @@ def test_round_trip_and_unknown_keys():
         (
             dict(position_embedding="rope", d_k=7, d_v=8),
             ValueError,
-            "rope needs an even key head dim",
+            "rotary embeddings need an even key head dim",
         ),
         (dict(d_model=100, num_heads=8, d_k=12, d_v=12), None, None),
     ],

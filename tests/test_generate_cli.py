@@ -30,7 +30,7 @@ RUN = dict(batch_size=8, eval_every=1000, log_every=1, eval_examples=8, checkpoi
 @pytest.fixture(scope="module")
 def seq2seq_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dates")
-    run = loop.RunConfig(task="dates", steps=2, out=str(out), **RUN)
+    run = jf.RunConfig(task="dates", steps=2, out=str(out), **RUN)
     loop.train(jf.TransformerConfig.tiny(259, **SMALL), run, progress=False)
     return out
 
@@ -40,7 +40,7 @@ def lm_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm")
     text = out / "text.txt"
     text.write_text("\n\n".join(f"document {i}: " + "abc def ghi " * 6 for i in range(30)))
-    run = loop.RunConfig(task=None, data_text=str(text), seq_len=32, steps=2, out=str(out), **RUN)
+    run = jf.RunConfig(task=None, data_text=str(text), seq_len=32, steps=2, out=str(out), **RUN)
     loop.train(jf.TransformerConfig.tiny(259, **SMALL), run, progress=False)
     return out
 
@@ -49,7 +49,10 @@ def generate(capsys, monkeypatch, *args, stdin=None):
     """(exit code, stdout lines, stderr) of `jaxformer generate ARGS`."""
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    code = main(["generate", *args])
+    try:
+        code = main(["generate", *args])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err
 
@@ -79,6 +82,8 @@ def test_greedy_lines_from_stdin_equal_the_library(seq2seq_run, capsys, monkeypa
     )
     assert code == 0 and err == ""
     assert out == library(seq2seq_run, LINES, decode.greedy, max_new_tokens=48)
+    padded = "\n".join(f"  {line}\t " for line in LINES)  # surrounding spaces are stripped
+    assert generate(capsys, monkeypatch, "--checkpoint", str(seq2seq_run), stdin=padded)[1] == out
 
 
 def test_beam_and_sampling(seq2seq_run, capsys, monkeypatch):
@@ -111,7 +116,9 @@ def test_lm_continues_prompts(lm_run, capsys, monkeypatch):
         (["--input", "1", "--temperature", "0"], None, "temperature must be > 0"),
         (["--input", "1", "--top-p", "1.5"], None, r"top_p must be in \(0, 1\]"),
         (["--input", "1", "--top-p", "0"], None, r"top_p must be in \(0, 1\]"),
-        (["--input", "1", "--beam", "0"], None, "beam_size must be an int >= 1"),
+        (["--input", "1", "--beam", "0"], None, "beam_size must be >= 1, got 0"),
+        (["--input", "1", "--batch-size", "0"], None, "--batch-size must be >= 1, got 0"),
+        (["--input", "1", "--top-k", "two"], None, "argument --top-k: invalid int value: 'two'"),
         (["--input", "1", "--beam", "2", "--temperature", "1"], None, "not both"),
     ],
 )  # fmt: skip
@@ -150,7 +157,7 @@ def test_the_command_exits_2_without_a_traceback(tmp_path):
 @pytest.mark.slow
 def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkeypatch):
     """The issue's end-to-end check: train on dates, then translate held-out dates."""
-    run = loop.RunConfig(task="dates", steps=1500, lr=3e-3, out=str(tmp_path), eval_examples=200)
+    run = jf.RunConfig(task="dates", steps=1500, lr=3e-3, out=str(tmp_path), eval_examples=200)
     loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
     capsys.readouterr()  # the training report
     pairs = tasks.test_examples(tasks.get_task("dates"), seed=123, n=20)

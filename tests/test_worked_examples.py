@@ -15,7 +15,8 @@ from jaxformer import functional as F
 
 def attend(q, k, v):
     heads = lambda x: jnp.asarray(x, jnp.float32)[None, :, None, :]  # noqa: E731
-    out, w = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), return_weights=True)
+    out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v))
+    w = F.attention_weights(heads(q), heads(k))
     return np.asarray(out[0, :, 0]), np.asarray(w[0, 0])
 
 

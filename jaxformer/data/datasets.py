@@ -5,6 +5,11 @@ continues with exactly the batches it would have seen.
     TaskData   a synthetic task (jaxformer.data.tasks), sequence to sequence
     TsvData    a file of `source<TAB>target` lines (translation), with length bucketing
     TextData   plain text for language modelling, packed into rows of fixed length
+
+Each says what it trains and how it is judged (the protocol the training loop reads):
+`model_kind` names the model class ("Transformer" or "DecoderLM"), `metrics` the
+held-out metrics beyond the loss, computed on `test_pairs` (e.g. "exact_match"), and
+`max_len` the longest sequence a batch holds.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from jaxformer.checks import check_int
 from jaxformer.data import tasks as tasks_lib
 from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_tokens
 
@@ -54,7 +60,8 @@ def encode_pairs(
 class TaskData:
     """A synthetic task: fixed padded lengths, so one compiled step serves every batch."""
 
-    kind = "seq2seq"
+    model_kind = "Transformer"
+    metrics = ("exact_match",)
 
     def __init__(
         self,
@@ -79,12 +86,12 @@ class TaskData:
         return max(self.src_len, self.tgt_len)
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
-        _check_positive("batch_size", batch_size)
+        check_int("batch_size", batch_size)
         pairs = tasks_lib.train_examples(self.task, self.seed, index, batch_size)
         return encode_pairs(pairs, self.tokenizer, self.src_len, self.tgt_len)
 
     def eval_batches(self, batch_size: int):
-        _check_positive("batch_size", batch_size)
+        check_int("batch_size", batch_size)
         for i in range(0, len(self.test_pairs), batch_size):
             yield encode_pairs(
                 _fill(self.test_pairs[i : i + batch_size], batch_size),
@@ -101,7 +108,8 @@ class TsvData:
     batches, pairs of similar length are batched together and padded to a multiple of 16.
     """
 
-    kind = "seq2seq"
+    model_kind = "Transformer"
+    metrics = ("exact_match",)
 
     def __init__(
         self,
@@ -113,7 +121,7 @@ class TsvData:
         test_size: int = 1000,
         vocab_size: int | None = None,
     ):
-        _check_positive("max_len", max_len)
+        check_int("max_len", max_len)
         _check_vocab(tokenizer, vocab_size)
         lines = read_text_lines(path)
         self.tokenizer = tokenizer
@@ -178,12 +186,12 @@ class TsvData:
         return batches
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
-        _check_positive("batch_size", batch_size)
+        check_int("batch_size", batch_size)
         epoch, j = divmod(index, self.batches_per_epoch(batch_size))
         return self._encode([self._train[i][2] for i in self._epoch(epoch, batch_size)[j]])
 
     def eval_batches(self, batch_size: int):
-        _check_positive("batch_size", batch_size)
+        check_int("batch_size", batch_size)
         for i in range(0, len(self._test_ids), batch_size):
             yield self._encode(_fill(self._test_ids[i : i + batch_size], batch_size))
 
@@ -195,13 +203,14 @@ class TsvData:
 
 
 class TextData:
-    """Plain text for a `DecoderLM`. Documents are separated by blank lines; each ends
-    with EOS. The token stream is cut into rows of seq_len + 1 tokens; rows carry
+    """Plain text for a `DecoderLM`. Documents are separated by blank lines (paragraphs);
+    a text without blank lines has one document per line. Each document ends with EOS. The token stream is cut into rows of seq_len + 1 tokens; rows carry
     segment ids (documents never attend to each other) and per-document positions, and
     no loss is taken on a prediction that crosses a document boundary. One document in
     ten (by hash) is held out."""
 
-    kind = "lm"
+    model_kind = "DecoderLM"
+    metrics = ()
 
     def __init__(
         self,
@@ -212,25 +221,22 @@ class TextData:
         seed: int = 0,
         vocab_size: int | None = None,
     ):
-        _check_positive("seq_len", seq_len)
+        check_int("seq_len", seq_len)
         _check_vocab(tokenizer, vocab_size)
-        docs, current = [], []
-        for _, line in read_text_lines(path):
-            if line.strip():
-                current.append(line)
-            elif current:
-                docs.append("\n".join(current))
-                current = []
-        if current:
-            docs.append("\n".join(current))
-        if not docs:
-            raise ValueError(f"{path}: no text found")
+        docs = _documents([line for _, line in read_text_lines(path)])
+        if len(docs) < 2:
+            raise ValueError(
+                f"{path}: needs at least two documents (separated by blank lines, or one per "
+                "line in a text without blank lines), to hold one out"
+            )
         self.tokenizer, self.seed, self.seq_len = tokenizer, seed, seq_len
         self.max_len = seq_len
         train = [d for d in docs if zlib.crc32(d.encode()) % 10]
-        test = [d for d in docs if not zlib.crc32(d.encode()) % 10] or [train.pop()]
+        test = [d for d in docs if not zlib.crc32(d.encode()) % 10]
+        if not test:
+            test.append(train.pop())
         if not train:
-            raise ValueError(f"{path}: needs at least two documents (separated by a blank line)")
+            train.append(test.pop())
         self._train_rows = self._rows(train)
         self._test_rows = self._rows(test)
         self.test_pairs: list[tuple[str, str]] = []  # no exact-match evaluation for an LM
@@ -261,7 +267,7 @@ class TextData:
         return n
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
-        _check_positive("batch_size", batch_size)
+        check_int("batch_size", batch_size)
         epoch, j = divmod(index, self.batches_per_epoch(batch_size))
         order = list(range(len(self._train_rows)))
         random.Random(f"text:{self.seed}:{epoch}").shuffle(order)
@@ -270,11 +276,23 @@ class TextData:
         )
 
     def eval_batches(self, batch_size: int):
-        _check_positive("batch_size", batch_size)
+        check_int("batch_size", batch_size)
         for i in range(0, len(self._test_rows), batch_size):
             rows = self._test_rows[i : i + batch_size]
             empty = (np.zeros(self.seq_len + 1, np.int32),) * 2
             yield _lm_batch(rows + [empty] * (batch_size - len(rows)))
+
+
+def _documents(lines: list[str]) -> list[str]:
+    """The blocks of non-blank lines, or every non-blank line when there is one block."""
+    docs, current = [], []
+    for line in [*lines, ""]:
+        if line.strip():
+            current.append(line)
+        elif current:
+            docs.append("\n".join(current))
+            current = []
+    return docs if len(docs) > 1 else [line for line in lines if line.strip()]
 
 
 def _lm_batch(rows: list[tuple[np.ndarray, np.ndarray]]) -> Batch:
@@ -359,11 +377,6 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int | None) -> None:
             f"the tokenizer has {tokenizer.vocab_size} ids but vocab_size={vocab_size}: its "
             "ids would fall outside the model's embedding table"
         )
-
-
-def _check_positive(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def _fill(items: list, n: int) -> list:

@@ -13,9 +13,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from jaxformer.checks import check_int
+
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 FILENAME = "tokenizer.json"
+MIN_MERGE_COUNT = 50  # BPE sized from the data: a merge needs a pair seen this often
 
 
 def check_tokens(tokens, vocab_size: int, *, name: str = "tokens") -> None:
@@ -26,10 +29,7 @@ def check_tokens(tokens, vocab_size: int, *, name: str = "tokens") -> None:
     an out-of-range id would silently embed as NaN (too large) or as another token's row
     (negative). tokens: any array-like of integers (NumPy, JAX, lists).
     """
-    if not isinstance(vocab_size, int | np.integer) or isinstance(vocab_size, bool):
-        raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    check_int("vocab_size", vocab_size)
     array = np.asarray(tokens)
     if array.size == 0:
         return
@@ -91,17 +91,20 @@ class BPETokenizer:
         self._tok = tokenizer
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+    def train(cls, texts: Iterable[str], vocab_size: int | None = None) -> BPETokenizer:
+        """BPE learned from `texts`, up to `vocab_size` ids. With vocab_size None the
+        vocabulary is sized from the data: merges stop at pairs seen fewer than
+        MIN_MERGE_COUNT times, so that every token is common enough to be learned (at
+        most 32000 ids)."""
         tokenizers = _import_tokenizers()
-        if vocab_size < 300:
-            raise ValueError(
-                f"BPE vocab_size must be >= 300 (256 bytes + merges), got {vocab_size}"
-            )
+        if vocab_size is not None:
+            check_int("vocab_size", vocab_size, minimum=300)  # 256 bytes + specials + merges
         tok = tokenizers.Tokenizer(tokenizers.models.BPE())
         tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = tokenizers.decoders.ByteLevel()
         trainer = tokenizers.trainers.BpeTrainer(
-            vocab_size=vocab_size,
+            vocab_size=32000 if vocab_size is None else vocab_size,
+            min_frequency=MIN_MERGE_COUNT if vocab_size is None else 0,
             special_tokens=list(SPECIALS),
             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,

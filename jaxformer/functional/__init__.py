@@ -2,8 +2,10 @@
 
 from jaxformer.functional.attention import (
     IMPLEMENTATIONS,
+    AttentionOutput,
     AttentionParams,
     KVCache,
+    attention_weights,
     masked_softmax,
     merge_heads,
     multi_head_attention,
@@ -16,6 +18,7 @@ from jaxformer.functional.layers import (
     BlockOptions,
     DecoderLayerCache,
     DecoderLayerParams,
+    DecoderOutput,
     EncoderLayerParams,
     FeedForwardParams,
     NormParams,
@@ -36,15 +39,18 @@ from jaxformer.functional.positions import apply_rope, sinusoidal_positions
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "AttentionOutput",
     "AttentionParams",
     "BlockOptions",
     "DecoderLayerCache",
     "DecoderLayerParams",
+    "DecoderOutput",
     "EncoderLayerParams",
     "FeedForwardParams",
     "KVCache",
     "NormParams",
     "apply_rope",
+    "attention_weights",
     "causal_mask",
     "combine_masks",
     "decoder_layer",

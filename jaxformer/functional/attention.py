@@ -16,9 +16,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional._checks import (
+from jaxformer.checks import (
+    check_bool_array,
     check_broadcastable,
-    check_float,
+    check_choice,
+    check_divisible,
+    check_float_array,
+    check_number,
     check_rank,
     check_shape,
 )
@@ -41,12 +45,11 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
-    return_weights: bool = False,
     q_valid: jax.Array | None = None,
     k_valid: jax.Array | None = None,
     implementation: str = "xla",
-) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """softmax(q k^T * scale + bias, masked) v.
+) -> jax.Array:
+    """softmax(q k^T * scale + bias, masked) v: [B, T, H, Dv] in q's dtype.
 
     Args:
       q: [B, T, H, D] queries.
@@ -57,7 +60,6 @@ def scaled_dot_product_attention(
       causal: also apply `causal_mask(T, S)` (query t sees keys s <= t).
       scale: logit scale; default 1 / sqrt(D).
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
-      return_weights: also return the attention probabilities (before dropout); "xla" only.
       q_valid, k_valid: bool [B, T] and [B, S], True = real token: the same as
         `padding_mask(q_valid, k_valid)` in `mask`, but never formed at [T, S] by "chunked".
       implementation: one of IMPLEMENTATIONS, all computing the same function:
@@ -65,69 +67,71 @@ def scaled_dot_product_attention(
         "chunked": online softmax over tiles of queries and keys, memory O(T + S) in the
           forward and backward passes (see `chunked_attention`; dropout draws differ);
         "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, NVIDIA GPUs
-          with bfloat16/float16 inputs; no dropout, no return_weights.
+          with bfloat16/float16 inputs; no dropout.
 
-    Returns:
-      [B, T, H, Dv] in q's dtype, and with `return_weights` the weights [B, H, T, S]
-      (float32). The softmax runs in float32 with the row maximum subtracted; a query
-      with no key to attend to gets all-zero weights and a zero output.
+    The softmax runs in float32 with the row maximum subtracted; a query with no key to
+    attend to gets all-zero weights and a zero output. `attention_weights` gives the
+    weights themselves.
     """
-    B, T, H, D, S, K = _check_qkv(q, k, v)
-    if mask is not None:
-        if jnp.result_type(mask) != jnp.bool_:
-            raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
-        check_broadcastable("mask", mask, (B, H, T, S), "[B, H, T, S]")
-    if bias is not None:
-        check_float("bias", bias)
-        check_broadcastable("bias", bias, (B, H, T, S), "[B, H, T, S]")
-    if not 0.0 <= dropout_rate < 1.0:
-        raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
+    _check_attention(q, k, v, mask, bias, q_valid, k_valid)
+    check_number("dropout_rate", dropout_rate, "[0, 1)")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
-    for name, valid, n in (("q_valid", q_valid, T), ("k_valid", k_valid, S)):
-        if valid is not None:
-            if jnp.result_type(valid) != jnp.bool_:
-                raise TypeError(f"{name} must be boolean (True = real token), got {valid.dtype}")
-            if valid.shape != (B, n):
-                raise ValueError(f"{name} must have shape [B, {n}] = {(B, n)}, got {valid.shape}")
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-    if implementation != "xla" and return_weights:
-        raise ValueError(
-            f"return_weights needs the materialised weights of implementation='xla', "
-            f"got implementation={implementation!r}"
-        )
+    check_choice("implementation", implementation, IMPLEMENTATIONS)
     if implementation == "chunked":
         return chunked_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            q_valid=q_valid,
-            k_valid=k_valid,
-            causal=causal,
-            scale=scale,
-            dropout_rate=dropout_rate,
-            dropout_rng=dropout_rng,
-        )
+            q, k, v, mask=mask, bias=bias, q_valid=q_valid, k_valid=k_valid, causal=causal,
+            scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+        )  # fmt: skip
+    mask = _full_mask(q, k, mask, q_valid, k_valid, causal and implementation == "xla")
+    if implementation == "cudnn":
+        return _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate)
+    weights_BKGTS = _weights(q, k, mask, bias, scale)
+    return _weighted_values(weights_BKGTS, v, q.dtype, dropout_rate, dropout_rng)
+
+
+def attention_weights(
+    q: jax.Array,
+    k: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    bias: jax.Array | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> jax.Array:
+    """softmax(q k^T * scale + bias, masked): the attention probabilities [B, H, T, S]
+    (float32) of `scaled_dot_product_attention` with the same arguments (before dropout)."""
+    _check_attention(q, k, k, mask, bias, None, None)
+    B, T, H, _ = q.shape
+    weights_BKGTS = _weights(q, k, _full_mask(q, k, mask, None, None, causal), bias, scale)
+    return weights_BKGTS.reshape(B, H, T, k.shape[1])
+
+
+def _full_mask(q, k, mask, q_valid, k_valid, causal):
+    """`mask` combined with the validity vectors and, if asked, the causal mask."""
+    B, T, S = q.shape[0], q.shape[1], k.shape[1]
     if q_valid is not None or k_valid is not None:
         k_valid = jnp.ones((B, S), bool) if k_valid is None else k_valid
         mask = combine_masks(mask, padding_mask(q_valid, k_valid))
-    if implementation == "cudnn":
-        return _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate)
-    if causal:
-        mask = combine_masks(mask, causal_mask(T, S))
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    G = H // K
+    return combine_masks(mask, causal_mask(T, S)) if causal else mask
 
-    q_BTKGD = q.reshape(B, T, K, G, D)
+
+def _weights(q, k, mask, bias, scale):
+    """The softmax weights [B, K, G, T, S] (float32) of grouped heads h = k * G + g."""
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    q_BTKGD = q.reshape(B, T, K, H // K, D)
     logits = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k, preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(scale)
     if bias is not None:
         logits = logits + split_heads(bias.astype(jnp.float32), H, K)
-    weights_BKGTS = masked_softmax(logits, None if mask is None else split_heads(mask, H, K))
+    return masked_softmax(logits, None if mask is None else split_heads(mask, H, K))
 
+
+def _weighted_values(weights_BKGTS, v, dtype, dropout_rate, dropout_rng):
+    """The weights (after dropout) times the values: [B, T, H, Dv] in `dtype`."""
+    B, K, G, T, _ = weights_BKGTS.shape
     probs = weights_BKGTS
     if dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
@@ -135,10 +139,7 @@ def scaled_dot_product_attention(
     out = jnp.einsum(
         "bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
     )
-    out = out.reshape(B, T, H, v.shape[-1]).astype(q.dtype)
-    if return_weights:
-        return out, weights_BKGTS.reshape(B, H, T, S)
-    return out
+    return out.reshape(B, T, K * G, v.shape[-1]).astype(dtype)
 
 
 def _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate):
@@ -184,8 +185,7 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) ->
     """
     logits = logits.astype(jnp.float32)
     if mask is not None:
-        if jnp.result_type(mask) != jnp.bool_:
-            raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
+        check_bool_array("mask", mask)
         check_broadcastable("mask", mask, logits.shape, "logits' shape")
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     row_max = jax.lax.stop_gradient(jnp.max(logits, axis=axis, keepdims=True))
@@ -197,12 +197,14 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) ->
     return unnorm / jnp.where(total == 0.0, 1.0, total)
 
 
-def _check_qkv(q, k, v):
+def _check_attention(q, k, v, mask, bias, q_valid, k_valid) -> None:
+    """Ranks, dtypes and matching sizes of q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv],
+    the mask and bias (broadcastable to [B, H, T, S]) and the validity vectors."""
     check_rank("q", q, 4, "[B, T, H, D]")
     check_rank("k", k, 4, "[B, S, K, D]")
     check_rank("v", v, 4, "[B, S, K, Dv]")
     for name, x in (("q", q), ("k", k), ("v", v)):
-        check_float(name, x)
+        check_float_array(name, x)
     B, T, H, D = q.shape
     _, S, K, _ = k.shape
     if k.shape[0] != B or v.shape[0] != B:
@@ -213,9 +215,17 @@ def _check_qkv(q, k, v):
         )
     if v.shape[1:3] != (S, K):
         raise ValueError(f"v shape {v.shape} must match k's [B, S, K] = {k.shape[:3]} in S and K")
-    if K < 1 or H % K != 0:
-        raise ValueError(f"the number of key/value heads K={K} must divide the query heads H={H}")
-    return B, T, H, D, S, K
+    check_divisible("query heads H", H, "key/value heads K", K)
+    if mask is not None:
+        check_bool_array("mask", mask)
+        check_broadcastable("mask", mask, (B, H, T, S), "[B, H, T, S]")
+    if bias is not None:
+        check_float_array("bias", bias)
+        check_broadcastable("bias", bias, (B, H, T, S), "[B, H, T, S]")
+    for name, valid, n in (("q_valid", q_valid, T), ("k_valid", k_valid, S)):
+        if valid is not None:
+            check_bool_array(name, valid, "(True = real token)")
+            check_shape(name, valid, (B, n), f"[B, {n}]")
 
 
 class AttentionParams(NamedTuple):
@@ -231,6 +241,14 @@ class AttentionParams(NamedTuple):
     bo: jax.Array | None = None  # [E]
 
 
+class AttentionOutput(NamedTuple):
+    """What `multi_head_attention` returns, whatever its options."""
+
+    out: jax.Array  # [B, T, E]
+    weights: jax.Array | None = None  # [B, H, T, S] float32, with return_weights
+    kv_cache: KVCache | None = None  # the updated cache, when given one
+
+
 def multi_head_attention(
     x_q: jax.Array,
     x_kv: jax.Array | None,
@@ -244,7 +262,7 @@ def multi_head_attention(
     implementation: str = "xla",
     kv_cache: KVCache | None = None,
     cache_positions: jax.Array | None = None,
-) -> jax.Array | tuple[jax.Array, ...]:
+) -> AttentionOutput:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
     Self-attention: x_kv is x_q. Cross-attention: x_kv is the encoder output.
@@ -256,7 +274,7 @@ def multi_head_attention(
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
-      return_weights: also return the attention probabilities [B, H, T, S].
+      return_weights: also return the attention probabilities (implementation "xla").
       implementation: the attention kernel, "xla" | "chunked" | "cudnn" (see
         `scaled_dot_product_attention`).
       kv_cache: for decoding. With `cache_positions` [B, T] (cached self-attention) the
@@ -266,23 +284,13 @@ def multi_head_attention(
         from `project_kv` and x_kv must be None.
 
     Returns:
-      [B, T, E]; then the weights with `return_weights`; then, with a kv_cache, the
-      updated cache: out, (out, weights), (out, cache) or (out, weights, cache).
+      AttentionOutput(out [B, T, E], weights or None, updated kv_cache or None).
     """
-    check_rank("x_q", x_q, 3, "[B, T, E]")
-    if x_kv is not None:
-        check_rank("x_kv", x_kv, 3, "[B, S, E]")
-    _check_params(params)
-    E = params.wq.shape[0]
-    named = (("x_q", x_q),) if x_kv is None else (("x_q", x_q), ("x_kv", x_kv))
-    for name, x in named:
-        check_float(name, x)
-        if x.shape[-1] != E:
-            raise ValueError(f"{name} has model dim {x.shape[-1]}, the projections expect {E}")
-    if (x_kv is None) != (kv_cache is not None and cache_positions is None):
+    _check_inputs(x_q, x_kv, params, kv_cache, cache_positions)
+    if return_weights and implementation != "xla":
         raise ValueError(
-            "x_kv must be given, except with a kv_cache and no cache_positions "
-            "(attention over keys and values projected before)"
+            "return_weights needs the materialised weights of implementation='xla', "
+            f"got implementation={implementation!r}"
         )
     if x_kv is None:
         q, kv = project_heads(x_q, params.wq, params.bq), kv_cache
@@ -294,23 +302,38 @@ def multi_head_attention(
             kv = kv._replace(k=apply_rope(kv.k, rope_positions[1]))
     if x_kv is not None and kv_cache is not None:
         kv = kv_cache = write_kv(kv_cache, kv, cache_positions)
-    out = scaled_dot_product_attention(
-        q,
-        kv.k,
-        kv.v,
-        mask,
-        dropout_rate=dropout_rate if rng is not None else 0.0,
-        dropout_rng=rng,
-        return_weights=return_weights,
-        implementation=implementation,
-    )
+    dropout_rate = dropout_rate if rng is not None else 0.0
+    weights = None
     if return_weights:
-        out, weights = out
-    out = merge_heads(out, params.wo, params.bo)
-    result = (
-        (out,) + ((weights,) if return_weights else ()) + (() if kv_cache is None else (kv_cache,))
-    )
-    return result if len(result) > 1 else out
+        _check_attention(q, kv.k, kv.v, mask, None, None, None)
+        weights = _weights(q, kv.k, mask, None, None)
+        heads = _weighted_values(weights, kv.v, q.dtype, dropout_rate, rng)
+        weights = weights.reshape(q.shape[0], q.shape[2], q.shape[1], kv.k.shape[1])
+    else:
+        heads = scaled_dot_product_attention(
+            q, kv.k, kv.v, mask, dropout_rate=dropout_rate, dropout_rng=rng,
+            implementation=implementation,
+        )  # fmt: skip
+    return AttentionOutput(merge_heads(heads, params.wo, params.bo), weights, kv_cache)
+
+
+def _check_inputs(x_q, x_kv, params, kv_cache, cache_positions) -> None:
+    """x_q [B, T, E] and x_kv [B, S, E] (or a cache instead) fit the projections."""
+    check_rank("x_q", x_q, 3, "[B, T, E]")
+    if x_kv is not None:
+        check_rank("x_kv", x_kv, 3, "[B, S, E]")
+    _check_params(params)
+    E = params.wq.shape[0]
+    named = (("x_q", x_q),) if x_kv is None else (("x_q", x_q), ("x_kv", x_kv))
+    for name, x in named:
+        check_float_array(name, x)
+        if x.shape[-1] != E:
+            raise ValueError(f"{name} has model dim {x.shape[-1]}, the projections expect {E}")
+    if (x_kv is None) != (kv_cache is not None and cache_positions is None):
+        raise ValueError(
+            "x_kv must be given, except with a kv_cache and no cache_positions "
+            "(attention over keys and values projected before)"
+        )
 
 
 class KVCache(NamedTuple):

@@ -14,16 +14,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional._checks import (
-    check_float,
-    check_int,
+from jaxformer.checks import (
+    check_choice,
+    check_float_array,
+    check_int_array,
+    check_number,
     check_rank,
-    check_rate,
     check_shape,
 )
 from jaxformer.functional.attention import (
@@ -53,19 +55,13 @@ class BlockOptions:
     attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn": see scaled_dot_product_attention
 
     def __post_init__(self):
-        for name, value, allowed in (
-            ("attention_impl", self.attention_impl, IMPLEMENTATIONS),
-            ("norm", self.norm, NORMS),
-            ("norm_placement", self.norm_placement, NORM_PLACEMENTS),
-            ("activation", self.activation, ACTIVATIONS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        for name in ("dropout_rate", "attention_dropout_rate"):
-            check_rate(name, getattr(self, name))
-        eps = self.norm_eps
-        if not isinstance(eps, int | float) or isinstance(eps, bool) or not eps > 0:
-            raise ValueError(f"norm_eps must be > 0 (a number), got {eps!r}")
+        check_choice("attention_impl", self.attention_impl, IMPLEMENTATIONS)
+        check_choice("norm", self.norm, NORMS)
+        check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+        check_choice("activation", self.activation, ACTIVATIONS)
+        check_number("dropout_rate", self.dropout_rate, "[0, 1)")
+        check_number("attention_dropout_rate", self.attention_dropout_rate, "[0, 1)")
+        check_number("norm_eps", self.norm_eps, "(0, inf)")
 
 
 class NormParams(NamedTuple):
@@ -149,18 +145,21 @@ def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6) -> jax.Array:
 
 
 def _check_norm_args(x, scale, bias) -> None:
-    check_float("x", x)
+    check_float_array("x", x)
     E = x.shape[-1:]
     check_shape("scale", scale, E, "[E]")
     if bias is not None:
         check_shape("bias", bias, E, "[E]")
 
 
-def normalize(x: jax.Array, params: NormParams, opts: BlockOptions) -> jax.Array:
-    """The norm `opts.norm` selects, with `params`."""
-    if opts.norm == "rms":
-        return rms_norm(x, params.scale, eps=opts.norm_eps)
-    return layer_norm(x, params.scale, params.bias, eps=opts.norm_eps)
+def normalize(x: jax.Array, params: NormParams, *, kind: str = "layer", eps: float = 1e-6):
+    """LayerNorm (kind "layer") or RMSNorm (kind "rms", which has no bias) with `params`."""
+    check_choice("norm", kind, NORMS)
+    if kind == "layer":
+        return layer_norm(x, params.scale, params.bias, eps=eps)
+    if params.bias is not None:
+        raise ValueError("RMSNorm has no bias, but NormParams.bias is given")
+    return rms_norm(x, params.scale, eps=eps)
 
 
 def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "relu"):
@@ -168,7 +167,13 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
 
     The products accumulate in float32 (`einsum_f32`); activations are in x's dtype.
     """
-    check_float("x", x)
+    check_float_array("x", x)
+    check_choice("activation", activation, ACTIVATIONS)
+    if (activation == "swiglu") != (params.w_gate is not None):
+        raise ValueError(
+            "activation 'swiglu' needs FeedForwardParams.w_gate, and only it uses one; got "
+            f"activation {activation!r} with w_gate {'given' if params.w_gate is not None else 'None'}"
+        )
     check_rank("params.w1", params.w1, 2, "[E, F]")
     E, F = params.w1.shape
     if x.shape[-1] != E:
@@ -180,12 +185,8 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
         h = jax.nn.relu(h)
     elif activation == "gelu":
         h = jax.nn.gelu(h, approximate=False)
-    elif activation == "swiglu":
-        if params.w_gate is None:
-            raise ValueError("activation 'swiglu' needs FeedForwardParams.w_gate")
+    else:  # swiglu
         h = jax.nn.silu(einsum_f32("ne,ef->nf", x_NE, params.w_gate)) * h
-    else:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     return einsum_f32("nf,fe->ne", h, params.w2, params.b2).reshape(x.shape)
 
 
@@ -194,7 +195,7 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
 
     The identity when rng is None or rate is 0.
     """
-    check_rate("rate", rate)
+    check_number("rate", rate, "[0, 1)")
     if rng is None or rate == 0.0:
         return x
     keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
@@ -207,24 +208,30 @@ def residual(
     norm: NormParams,
     opts: BlockOptions,
     rng: jax.Array | None,
-    *,
-    has_aux: bool = False,
-):
-    """One residual sub-layer with the norm placed as `opts.norm_placement` says.
+) -> jax.Array:
+    """One residual sub-layer with the norm placed as `opts.norm_placement` says:
+    post: norm(x + dropout(sublayer(x))); pre: x + dropout(sublayer(norm(x)))."""
+    return _residual_out(x, sublayer(_residual_in(x, norm, opts)), norm, opts, rng)
 
-    With has_aux, sublayer returns (out, aux) and so does this function.
-    """
-    h = x if opts.norm_placement == "post" else normalize(x, norm, opts)
-    out, aux = sublayer(h) if has_aux else (sublayer(h), None)
-    y = x + dropout(out, opts.dropout_rate, rng)
+
+def _residual_in(x: jax.Array, norm: NormParams, opts: BlockOptions) -> jax.Array:
+    """What a residual sub-layer computes on: norm(x) with pre-LN, x with post-LN."""
     if opts.norm_placement == "post":
-        y = normalize(y, norm, opts)
-    return (y, aux) if has_aux else y
+        return x
+    return normalize(x, norm, kind=opts.norm, eps=opts.norm_eps)
+
+
+def _residual_out(x, out, norm: NormParams, opts: BlockOptions, rng) -> jax.Array:
+    """x + dropout(out), normalised with post-LN: the residual around sub-layer output `out`."""
+    y = x + dropout(out, opts.dropout_rate, rng)
+    if opts.norm_placement == "pre":
+        return y
+    return normalize(y, norm, kind=opts.norm, eps=opts.norm_eps)
 
 
 def embed(tokens: jax.Array, table: jax.Array, *, scale: bool = True) -> jax.Array:
     """table[tokens] * sqrt(d_model) (section 3.4): tokens [...] int, table [V, E] -> [..., E]."""
-    check_int("tokens", tokens)
+    check_int_array("tokens", tokens)
     check_rank("table", table, 2, "[V, E]")
     out = jnp.take(table, tokens, axis=0)
     return out * jnp.asarray(math.sqrt(table.shape[-1]), out.dtype) if scale else out
@@ -260,24 +267,22 @@ def encoder_layer(
 
     def self_attention(h):
         return multi_head_attention(
-            h,
-            h,
-            params.self_attn,
-            mask,
-            dropout_rate=opts.attention_dropout_rate,
-            rng=k_attn,
-            rope_positions=rope,
-            implementation=opts.attention_impl,
-        )
+            h, h, params.self_attn, mask, dropout_rate=opts.attention_dropout_rate, rng=k_attn,
+            rope_positions=rope, implementation=opts.attention_impl,
+        ).out  # fmt: skip
 
     x = residual(x, self_attention, params.norm1, opts, k_res1)
     return residual(
-        x,
-        lambda h: feed_forward(h, params.ffn, activation=opts.activation),
-        params.norm2,
-        opts,
-        k_res2,
+        x, partial(_feed_forward, params=params.ffn, opts=opts), params.norm2, opts, k_res2
     )
+
+
+class DecoderOutput(NamedTuple):
+    """What a decoder layer (or a stack of them) returns, whatever its options."""
+
+    y: jax.Array  # [B, T, E]
+    cross_weights: jax.Array | None = None  # [B, H, T, S] ([L, B, H, T, S] from a stack)
+    cache: DecoderLayerCache | None = None  # updated (a stack's: one per layer)
 
 
 def decoder_layer(
@@ -293,7 +298,7 @@ def decoder_layer(
     return_cross_attention: bool = False,
     cache: DecoderLayerCache | None = None,
     cache_positions: jax.Array | None = None,
-) -> jax.Array | tuple[jax.Array, ...]:
+) -> DecoderOutput:
     """Masked self-attention, cross-attention over `memory`, feed-forward: [B, T, E] -> same.
 
     self_mask: broadcastable to [B, H, T, T] (include the causal mask).
@@ -303,9 +308,45 @@ def decoder_layer(
     cache, cache_positions: decoding with a `decoder_layer_cache`. The new tokens sit at
     positions cache_positions [B, T]; their keys and values are written there and
     self_mask ([B, H, T, S_max]) must hide the slots not yet written. The memory's keys
-    and values come from the cache (memory must be None). The updated cache is returned
-    last: (y, cache) or (y, weights, cache).
+    and values come from the cache (memory must be None).
     """
+    has_memory = _check_decoder_inputs(y, params, memory, cache, cache_positions)
+    if return_cross_attention and not has_memory:
+        raise ValueError("return_cross_attention needs a layer with cross-attention")
+    k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
+    rope = None if rope_positions is None else (rope_positions, rope_positions)
+    attend = partial(multi_head_attention, dropout_rate=opts.attention_dropout_rate)
+    h = _residual_in(y, params.norm1, opts)
+    self_attn = attend(
+        h, h, params.self_attn, self_mask, rng=k_self, rope_positions=rope,
+        implementation=opts.attention_impl, kv_cache=None if cache is None else cache.self_attn,
+        cache_positions=cache_positions,
+    )  # fmt: skip
+    y = _residual_out(y, self_attn.out, params.norm1, opts, k_res1)
+    cross_weights = None
+    if has_memory:
+        h = _residual_in(y, params.norm2, opts)
+        cross = attend(
+            h, memory, params.cross_attn, cross_mask, rng=k_cross,
+            return_weights=return_cross_attention,
+            # The weights exist only in the materialised implementation.
+            implementation="xla" if return_cross_attention else opts.attention_impl,
+            kv_cache=None if cache is None else cache.cross_attn,
+        )  # fmt: skip
+        y, cross_weights = _residual_out(y, cross.out, params.norm2, opts, k_res2), cross.weights
+    y = residual(
+        y, partial(_feed_forward, params=params.ffn, opts=opts), params.norm3, opts, k_res3
+    )
+    new_cache = None if cache is None else cache._replace(self_attn=self_attn.kv_cache)
+    return DecoderOutput(y, cross_weights, new_cache)
+
+
+def _feed_forward(h, params: FeedForwardParams, opts: BlockOptions) -> jax.Array:
+    return feed_forward(h, params, activation=opts.activation)
+
+
+def _check_decoder_inputs(y, params, memory, cache, cache_positions) -> bool:
+    """Checks the arguments of `decoder_layer`; True when the layer attends to a memory."""
     check_rank("y", y, 3, "[B, T, E]")
     has_memory = memory is not None or (cache is not None and cache.cross_attn is not None)
     if has_memory != (params.cross_attn is not None):
@@ -318,64 +359,7 @@ def decoder_layer(
             raise ValueError(
                 f"memory {memory.shape} must be [B, S, E] with y's B and E, y is {y.shape}"
             )
-    k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
-    rope = None if rope_positions is None else (rope_positions, rope_positions)
-    cached = cache is not None
-
-    def self_attention(h):  # (out, updated self-attention cache) when cached
-        return multi_head_attention(
-            h,
-            h,
-            params.self_attn,
-            self_mask,
-            dropout_rate=opts.attention_dropout_rate,
-            rng=k_self,
-            rope_positions=rope,
-            implementation=opts.attention_impl,
-            kv_cache=cache.self_attn if cached else None,
-            cache_positions=cache_positions,
-        )
-
-    cross_weights = []
-
-    def cross_attention(h):
-        out = multi_head_attention(
-            h,
-            None if cached else memory,
-            params.cross_attn,
-            cross_mask,
-            dropout_rate=opts.attention_dropout_rate,
-            rng=k_cross,
-            return_weights=return_cross_attention,
-            # The weights exist only in the materialised implementation.
-            implementation="xla" if return_cross_attention else opts.attention_impl,
-            kv_cache=cache.cross_attn if cached else None,
-        )
-        parts = out if isinstance(out, tuple) else (out,)  # out, [weights], [unchanged cache]
-        if return_cross_attention:
-            cross_weights.append(parts[1])
-        return parts[0]
-
-    y = residual(y, self_attention, params.norm1, opts, k_res1, has_aux=cached)
-    if cached:
-        y, self_kv = y
-    if has_memory:
-        y = residual(y, cross_attention, params.norm2, opts, k_res2)
-    y = residual(
-        y,
-        lambda h: feed_forward(h, params.ffn, activation=opts.activation),
-        params.norm3,
-        opts,
-        k_res3,
-    )
-    if return_cross_attention and not has_memory:
-        raise ValueError("return_cross_attention needs a layer with cross-attention")
-    result = (
-        (y,)
-        + ((cross_weights[0],) if return_cross_attention else ())
-        + ((cache._replace(self_attn=self_kv),) if cached else ())
-    )
-    return result if len(result) > 1 else y
+    return has_memory
 
 
 def _split(rng: jax.Array | None, n: int) -> tuple[jax.Array | None, ...]:

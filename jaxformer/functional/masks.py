@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.functional._checks import check_int, check_rank
+from jaxformer.checks import check_bool_array, check_int, check_int_array, check_rank
 
 
 def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> jax.Array:
@@ -17,11 +17,8 @@ def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> ja
     shape [B, 1, 1, 1], gives a [B, 1, T, S] mask.
     """
     S = T if S is None else S
-    for name, n in (("T", T), ("S", S)):
-        if not isinstance(n, int | np.integer) or isinstance(n, bool):
-            raise TypeError(f"causal_mask: {name} must be an int, got {n!r}")
-    if T < 1 or S < 1:
-        raise ValueError(f"causal_mask: T and S must be >= 1, got T={T}, S={S}")
+    check_int("causal_mask's T", T)
+    check_int("causal_mask's S", S)
     q_pos = jnp.arange(T)[:, None] + offset
     return jnp.arange(S)[None, :] <= q_pos
 
@@ -33,12 +30,12 @@ def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
     masked ([B, 1, 1, S]): padded queries then still produce (ignored) outputs.
     """
     check_rank("k_valid", k_valid, 2)
-    _check_bool("k_valid", k_valid)
+    check_bool_array("k_valid", k_valid, "(True = real token)")
     mask = k_valid[:, None, None, :]
     if q_valid is None:
         return mask
     check_rank("q_valid", q_valid, 2)
-    _check_bool("q_valid", q_valid)
+    check_bool_array("q_valid", q_valid, "(True = real token)")
     if q_valid.shape[0] != k_valid.shape[0]:
         raise ValueError(
             f"padding_mask: batch sizes differ: q_valid {q_valid.shape}, k_valid {k_valid.shape}"
@@ -54,8 +51,8 @@ def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
     """
     check_rank("q_segments", q_segments, 2)
     check_rank("k_segments", k_segments, 2)
-    check_int("q_segments", q_segments, "of segment ids")
-    check_int("k_segments", k_segments, "of segment ids")
+    check_int_array("q_segments", q_segments, "of segment ids")
+    check_int_array("k_segments", k_segments, "of segment ids")
     if q_segments.shape[0] != k_segments.shape[0]:
         raise ValueError(
             f"segment_mask: batch sizes differ: q_segments {q_segments.shape}, "
@@ -71,7 +68,7 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     if not present:
         return None
     for i, m in enumerate(present):
-        _check_bool(f"masks[{i}]", m)
+        check_bool_array(f"masks[{i}]", m)
     try:
         np.broadcast_shapes(*(np.shape(m) for m in present))
     except ValueError:
@@ -93,8 +90,3 @@ def split_heads(x: jax.Array, H: int, K: int) -> jax.Array:
     if h == H and H > 1:
         return x.reshape(b, K, H // K, t, s)
     return x.reshape(b, 1, 1, t, s)
-
-
-def _check_bool(name: str, x: jax.Array) -> None:
-    if jnp.asarray(x).dtype != jnp.bool_:
-        raise TypeError(f"{name} must be a boolean array (True = attend), got dtype {x.dtype}")

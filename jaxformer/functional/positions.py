@@ -6,7 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.functional._checks import check_float, check_int, check_rank
+from jaxformer.checks import (
+    check_even,
+    check_float_array,
+    check_int,
+    check_int_array,
+    check_rank,
+)
 
 
 def sinusoidal_positions(length: int, d_model: int) -> jax.Array:
@@ -17,12 +23,9 @@ def sinusoidal_positions(length: int, d_model: int) -> jax.Array:
 
     Computed in float64 from static sizes (a compile-time constant), returned as float32.
     """
-    if not isinstance(length, int | np.integer) or length < 0:
-        raise ValueError(f"length must be a non-negative int, got {length!r}")
-    if not isinstance(d_model, int | np.integer) or d_model < 2 or d_model % 2:
-        raise ValueError(
-            f"d_model must be a positive even int for sinusoidal positions, got {d_model!r}"
-        )
+    check_int("length", length, minimum=0)
+    check_int("d_model", d_model, minimum=2)
+    check_even("d_model", d_model, "sinusoidal positions")
     pos = np.arange(length, dtype=np.float64)[:, None]
     two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
     angle = pos / np.power(10000.0, two_i / d_model)
@@ -39,11 +42,10 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0) -> 
     positions * base^(-2j/D). Rotation is done in float32; the result has x's dtype.
     """
     check_rank("x", x, 4, "[B, T, H, D]")
-    check_float("x", x)
+    check_float_array("x", x)
     D = x.shape[-1]
-    if D % 2:
-        raise ValueError(f"apply_rope needs an even head dim, got D={D}")
-    check_int("positions", positions, "of positions")
+    check_even("head dim D", D, "rotary embeddings")
+    check_int_array("positions", positions, "of positions")
     if positions.ndim not in (1, 2) or positions.shape[-1] != x.shape[1]:
         raise ValueError(
             f"positions must be [T] or [B, T] with T={x.shape[1]}, got shape {positions.shape}"

@@ -57,7 +57,6 @@ def from_torch(module) -> nnx.Module:
                 options["d_model"],
                 options["num_heads"],
                 use_bias=options["bias"],
-                dropout_rate=options["attention_dropout"],
                 dtype=dtype,
                 param_dtype=dtype,
                 rngs=nnx.Rngs(0),
@@ -91,7 +90,8 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
     its weights, in torch's default training mode (call `.eval()` for inference).
 
     batch_first: the layout of the torch module's inputs (jaxformer's is batch-first).
-    dropout: torch's one dropout probability; default the module's residual dropout rate.
+    dropout: torch's one dropout probability; default the layers' residual dropout rate
+    (0 for a MultiHeadAttention, whose dropout is an argument of its call).
     Raises ValueError naming the option for what torch cannot represent (RMSNorm,
     SwiGLU, grouped key/value heads, d_k or d_v other than d_model / num_heads, biases
     on some sub-layers but not others, a decoder layer without cross-attention).
@@ -106,7 +106,7 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
         out = tnn.MultiheadAttention(
             o["d_model"],
             o["num_heads"],
-            dropout=module.dropout_rate if dropout is None else dropout,
+            dropout=0.0 if dropout is None else dropout,
             bias=o["bias"],
             batch_first=batch_first,
             dtype=dtype,

@@ -1,6 +1,5 @@
 """Flax NNX modules: they declare parameters and call `jaxformer.functional`."""
 
-from jaxformer.nn._params import LOGICAL_AXES
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.blocks import (
     DecoderLayer,
@@ -12,6 +11,7 @@ from jaxformer.nn.blocks import (
 )
 from jaxformer.nn.embeddings import Embed, LearnedPositions
 from jaxformer.nn.encoder_decoder import EncoderDecoder
+from jaxformer.nn.parameters import LOGICAL_AXES
 
 __all__ = [
     "LOGICAL_AXES",

@@ -6,17 +6,17 @@ import jax
 from flax import nnx
 
 from jaxformer import functional as F
-from jaxformer.functional._checks import check_rate
-from jaxformer.nn._params import check_sizes, dropout_rng, dtype_of, param
+from jaxformer.checks import check_divisible, check_int
+from jaxformer.nn.parameters import dropout_rng, dtype_of, param
 
 
 class MultiHeadAttention(nnx.Module):
     """Projections W^Q [E, H, Dk], W^K [E, K, Dk], W^V [E, K, Dv], W^O [H, Dv, E].
 
     `num_kv_heads` K < H shares each key/value head among H / K query heads (GQA; K=1
-    is multi-query attention). key_dim (d_k) and value_dim (d_v) default to E / H.
-    `attention_impl` picks the kernel ("xla" | "chunked" | "cudnn"; see
-    `functional.scaled_dot_product_attention`).
+    is multi-query attention). key_dim (d_k) and value_dim (d_v) default to E / H. The
+    module holds parameters only: dropout and the attention kernel are arguments of the
+    call, so a layer that holds this module keeps its options in one place.
     """
 
     def __init__(
@@ -28,25 +28,18 @@ class MultiHeadAttention(nnx.Module):
         key_dim: int | None = None,
         value_dim: int | None = None,
         use_bias: bool = False,
-        dropout_rate: float = 0.0,
-        attention_impl: str = "xla",
         dtype: str = "float32",
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
-        check_sizes(
-            d_model=d_model,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            key_dim=key_dim,
-            value_dim=value_dim,
-        )
-        check_rate("dropout_rate", dropout_rate)
+        sizes = dict(num_kv_heads=num_kv_heads, key_dim=key_dim, value_dim=value_dim)
+        for name, value in dict(d_model=d_model, num_heads=num_heads, **sizes).items():
+            if name in ("d_model", "num_heads") or value is not None:
+                check_int(name, value)
         K = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads % K:
-            raise ValueError(f"num_kv_heads={K} must divide num_heads={num_heads}")
-        if (key_dim is None or value_dim is None) and d_model % num_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        check_divisible("num_heads", num_heads, "num_kv_heads", K)
+        if key_dim is None or value_dim is None:
+            check_divisible("d_model", d_model, "num_heads", num_heads)
         Dk = d_model // num_heads if key_dim is None else key_dim
         Dv = d_model // num_heads if value_dim is None else value_dim
         E, H, pdt = d_model, num_heads, dtype_of("param_dtype", param_dtype)
@@ -63,12 +56,6 @@ class MultiHeadAttention(nnx.Module):
             self.bv = param(rngs, zeros, (K, Dv), ("heads", "kv"), pdt)
             self.bo = param(rngs, zeros, (E,), ("embed",), pdt)
         self.use_bias = use_bias
-        if attention_impl not in F.IMPLEMENTATIONS:
-            raise ValueError(
-                f"attention_impl must be one of {F.IMPLEMENTATIONS}, got {attention_impl!r}"
-            )
-        self.dropout_rate = dropout_rate
-        self.attention_impl = attention_impl
         self.dtype = dtype_of("dtype", dtype)
 
     def params(self) -> F.AttentionParams:
@@ -82,28 +69,30 @@ class MultiHeadAttention(nnx.Module):
         x_kv: jax.Array | None = None,
         mask: jax.Array | None = None,
         *,
+        dropout_rate: float = 0.0,
+        implementation: str = "xla",
         deterministic: bool = True,
         rng: jax.Array | None = None,
         rope_positions: tuple[jax.Array, jax.Array] | None = None,
+        return_weights: bool = False,
         kv_cache: F.KVCache | None = None,
         cache_positions: jax.Array | None = None,
-    ) -> jax.Array | tuple[jax.Array, F.KVCache]:
-        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention), mask -> [B, T, E].
-
-        With a kv_cache, returns (out, cache) as `functional.multi_head_attention` does
-        (cross-attention over a cache of projected keys and values: x_kv=None and no
-        cache_positions).
-        """
+    ) -> F.AttentionOutput:
+        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention), mask -> AttentionOutput
+        (out [B, T, E], weights, cache), as `functional.multi_head_attention` (a
+        cross-attention over a cache of projected keys and values: x_kv=None and no
+        cache_positions)."""
         cross_from_cache = kv_cache is not None and cache_positions is None
         return F.multi_head_attention(
             x_q,
             None if cross_from_cache else x_q if x_kv is None else x_kv,
             self.params(),
             mask,
-            dropout_rate=self.dropout_rate,
+            dropout_rate=dropout_rate,
             rng=dropout_rng(deterministic, rng),
             rope_positions=rope_positions,
-            implementation=self.attention_impl,
+            return_weights=return_weights,
+            implementation=implementation,
             kv_cache=kv_cache,
             cache_positions=cache_positions,
         )

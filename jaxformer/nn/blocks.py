@@ -1,4 +1,10 @@
-"""Feed-forward, norms, encoder and decoder layers, and the layer stacks, as NNX modules."""
+"""Feed-forward, norms, encoder and decoder layers, and the layer stacks, as NNX modules.
+
+Every option lives in one module, the one whose call reads it: a layer holds its
+`BlockOptions`; the attention, feed-forward and norm modules inside it hold parameters
+(and what decides their shapes) only, and take their options as call arguments when used
+on their own.
+"""
 
 from __future__ import annotations
 
@@ -7,88 +13,72 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import functional as F
+from jaxformer.checks import check_instance, check_int
 from jaxformer.config import TransformerConfig
-from jaxformer.nn._params import check_sizes, dropout_rng, dtype_of, param
-from jaxformer.nn._sharding import constrain_batch
 from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.parameters import dropout_rng, dtype_of, param
+from jaxformer.nn.sharding import constrain_batch
 
 
 class FeedForward(nnx.Module):
-    """FFN(x) = act(x W1 + b1) W2 + b2 with W1 [E, F], W2 [F, E]; SwiGLU adds W_gate [E, F]."""
+    """W1 [E, F], W2 [F, E] (biases b1, b2 unless `use_bias=False`); `gated` adds
+    W_gate [E, F] for SwiGLU. The call computes FFN(x) = act(x W1 + b1) W2 + b2."""
 
     def __init__(
         self,
         d_model: int,
         d_ff: int,
         *,
-        activation: str = "relu",
+        gated: bool = False,
         use_bias: bool = True,
         dtype: str = "float32",
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
-        check_sizes(d_model=d_model, d_ff=d_ff)
-        if activation not in F.layers.ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {F.layers.ACTIVATIONS}, got {activation!r}"
-            )
+        check_int("d_model", d_model)
+        check_int("d_ff", d_ff)
         E, pdt = d_model, dtype_of("param_dtype", param_dtype)
         init = nnx.initializers.xavier_uniform()
         self.w1 = param(rngs, init, (E, d_ff), ("embed", "mlp"), pdt)
         self.w2 = param(rngs, init, (d_ff, E), ("mlp", "embed"), pdt)
-        if activation == "swiglu":
+        if gated:
             self.w_gate = param(rngs, init, (E, d_ff), ("embed", "mlp"), pdt)
         if use_bias:
             self.b1 = param(rngs, nnx.initializers.zeros, (d_ff,), ("mlp",), pdt)
             self.b2 = param(rngs, nnx.initializers.zeros, (E,), ("embed",), pdt)
-        self.activation = activation
-        self.use_bias = use_bias
+        self.gated, self.use_bias = gated, use_bias
         self.dtype = dtype_of("dtype", dtype)
 
     def params(self) -> F.FeedForwardParams:
         names = ("w1", "w2") + (("b1", "b2") if self.use_bias else ())
-        names += ("w_gate",) if self.activation == "swiglu" else ()
+        names += ("w_gate",) if self.gated else ()
         return F.FeedForwardParams(**{n: getattr(self, n)[...].astype(self.dtype) for n in names})
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x [..., E] -> [..., E]."""
-        return F.feed_forward(x, self.params(), activation=self.activation)
+    def __call__(self, x: jax.Array, *, activation: str = "relu") -> jax.Array:
+        """x [..., E] -> [..., E]; activation "swiglu" needs a gated module."""
+        return F.feed_forward(x, self.params(), activation=activation)
 
 
 class Norm(nnx.Module):
-    """LayerNorm (scale, and bias unless `use_bias=False`) or RMSNorm (scale only) over the
-    last axis."""
+    """The scale [E] (and bias [E] unless `use_bias=False`) of a LayerNorm or, without
+    bias, an RMSNorm; the call normalises the last axis."""
 
     def __init__(
-        self,
-        d_model: int,
-        *,
-        kind: str = "layer",
-        eps: float = 1e-6,
-        use_bias: bool = True,
-        param_dtype: str = "float32",
-        rngs: nnx.Rngs,
+        self, d_model: int, *, use_bias: bool = True, param_dtype: str = "float32", rngs: nnx.Rngs
     ):
-        check_sizes(d_model=d_model)
-        opts = F.BlockOptions(norm=kind, norm_eps=eps)
+        check_int("d_model", d_model)
         pdt = dtype_of("param_dtype", param_dtype)
         self.scale = param(rngs, nnx.initializers.ones, (d_model,), ("norm",), pdt)
-        self.use_bias = kind == "layer" and use_bias
-        if self.use_bias:
+        if use_bias:
             self.bias = param(rngs, nnx.initializers.zeros, (d_model,), ("norm",), pdt)
-        self.opts = opts
+        self.use_bias = use_bias
 
     def params(self) -> F.NormParams:
-        bias = self.bias[...] if self.use_bias else None
-        return F.NormParams(self.scale[...], bias)
+        return F.NormParams(self.scale[...], self.bias[...] if self.use_bias else None)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return F.normalize(x, self.params(), self.opts)
-
-
-def _check_config(config) -> None:
-    if not isinstance(config, TransformerConfig):
-        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    def __call__(self, x: jax.Array, *, kind: str = "layer", eps: float = 1e-6) -> jax.Array:
+        """x [..., E] -> [..., E]: LayerNorm (kind "layer") or RMSNorm ("rms")."""
+        return F.normalize(x, self.params(), kind=kind, eps=eps)
 
 
 def _attention(config: TransformerConfig, rngs: nnx.Rngs) -> MultiHeadAttention:
@@ -99,8 +89,6 @@ def _attention(config: TransformerConfig, rngs: nnx.Rngs) -> MultiHeadAttention:
         key_dim=config.key_dim,
         value_dim=config.value_dim,
         use_bias=config.attention_bias,
-        dropout_rate=config.attention_dropout_rate,
-        attention_impl=config.attention_impl,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         rngs=rngs,
@@ -111,7 +99,7 @@ def _ffn(config: TransformerConfig, rngs: nnx.Rngs) -> FeedForward:
     return FeedForward(
         config.d_model,
         config.d_ff,
-        activation=config.activation,
+        gated=config.activation == "swiglu",
         use_bias=config.ffn_bias,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
@@ -120,21 +108,15 @@ def _ffn(config: TransformerConfig, rngs: nnx.Rngs) -> FeedForward:
 
 
 def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> Norm:
-    return Norm(
-        config.d_model,
-        kind=config.norm,
-        eps=config.norm_eps,
-        use_bias=config.norm_bias,
-        param_dtype=config.param_dtype,
-        rngs=rngs,
-    )
+    use_bias = config.norm == "layer" and config.norm_bias
+    return Norm(config.d_model, use_bias=use_bias, param_dtype=config.param_dtype, rngs=rngs)
 
 
 class EncoderLayer(nnx.Module):
     """Self-attention and feed-forward sub-layers with residuals and norms (section 3.1)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        _check_config(config)
+        check_instance("config", config, TransformerConfig)
         self.self_attn = _attention(config, rngs)
         self.ffn = _ffn(config, rngs)
         self.norm1 = _norm(config, rngs)
@@ -171,7 +153,7 @@ class DecoderLayer(nnx.Module):
     decoder-only model) and feed-forward sub-layers (section 3.1)."""
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
-        _check_config(config)
+        check_instance("config", config, TransformerConfig)
         self.self_attn = _attention(config, rngs)
         self.ffn = _ffn(config, rngs)
         self.norm1 = _norm(config, rngs)
@@ -211,10 +193,10 @@ class DecoderLayer(nnx.Module):
         return_cross_attention: bool = False,
         cache: F.DecoderLayerCache | None = None,
         cache_positions: jax.Array | None = None,
-    ) -> jax.Array | tuple[jax.Array, ...]:
-        """y [B, T, E], memory [B, S, E] (encoder output) -> [B, T, E] (and the
-        cross-attention weights [B, H, T, S] with `return_cross_attention`; then the
-        updated cache when given one, as in `functional.decoder_layer`)."""
+    ) -> F.DecoderOutput:
+        """y [B, T, E], memory [B, S, E] (encoder output) -> DecoderOutput(y [B, T, E],
+        cross-attention weights [B, H, T, S] or None, updated cache or None), as
+        `functional.decoder_layer`."""
         return F.decoder_layer(
             y,
             self.params(),
@@ -230,43 +212,55 @@ class DecoderLayer(nnx.Module):
         )
 
 
-class EncoderStack(nnx.Module):
-    """N encoder layers, then a final norm when the config asks for one (pre-LN).
+class _Stack(nnx.Module):
+    """N layers, then a final norm when the config asks for one (pre-LN).
 
     With `config.scan_layers` the layers' parameters are stacked [N, ...] and run by one
     scan; with `config.remat` each layer is recomputed in the backward pass.
     """
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        _check_config(config)
-        layers = [EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)]
+    def __init__(self, layers: list[nnx.Module], config: TransformerConfig, rngs: nnx.Rngs):
         self.layers = _stacked(layers) if config.scan_layers else nnx.List(layers)
-        self.final_norm = _norm(config, rngs) if config.use_final_norm else None
         self.num_layers, self.scan, self.remat = len(layers), config.scan_layers, config.remat
+        self.final_norm = _norm(config, rngs) if config.use_final_norm else None
+        if self.final_norm is not None:
+            self.final_norm_kind, self.final_norm_eps = config.norm, config.norm_eps
+
+    def _final(self, y: jax.Array) -> jax.Array:
+        if self.final_norm is None:
+            return y
+        return self.final_norm(y, kind=self.final_norm_kind, eps=self.final_norm_eps)
+
+
+class EncoderStack(_Stack):
+    """`num_encoder_layers` encoder layers, then the final norm if any."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        check_instance("config", config, TransformerConfig)
+        layers = [EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)]
+        super().__init__(layers, config, rngs)
 
     def __call__(self, x, mask=None, *, rng=None, rope_positions=None) -> jax.Array:
         """x [B, S, E] -> [B, S, E]. Dropout is applied when rng is given."""
 
         def call(layer, x, key, _):
-            return layer(x, mask, deterministic=key is None, rng=key, rope_positions=rope_positions)
+            y = layer(x, mask, deterministic=key is None, rng=key, rope_positions=rope_positions)
+            return F.DecoderOutput(y)
 
-        x, _, _ = _run_layers(self, call, x, rng)
-        return x if self.final_norm is None else self.final_norm(x)
+        return self._final(_run_layers(self, call, x, rng).y)
 
 
-class DecoderStack(nnx.Module):
-    """N decoder layers (with or without cross-attention), then an optional final norm;
-    `scan_layers` and `remat` as in EncoderStack."""
+class DecoderStack(_Stack):
+    """`num_decoder_layers` decoder layers (with or without cross-attention), then the
+    final norm if any."""
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
-        _check_config(config)
+        check_instance("config", config, TransformerConfig)
         layers = [
             DecoderLayer(config, cross_attention=cross_attention, rngs=rngs)
             for _ in range(config.num_decoder_layers)
         ]
-        self.layers = _stacked(layers) if config.scan_layers else nnx.List(layers)
-        self.final_norm = _norm(config, rngs) if config.use_final_norm else None
-        self.num_layers, self.scan, self.remat = len(layers), config.scan_layers, config.remat
+        super().__init__(layers, config, rngs)
 
     def init_cache(self, batch_size: int, max_len: int, memory=None) -> tuple:
         """One `DecoderLayerCache` per layer."""
@@ -286,11 +280,11 @@ class DecoderStack(nnx.Module):
         return_cross_attention=False,
         cache=None,
         cache_positions=None,
-    ):
-        """y [B, T, E] -> [B, T, E]. Dropout is applied when rng is given. With
-        `return_cross_attention`, also each layer's cross-attention weights [L, B, H, T, S].
-        With `cache` (from `init_cache`) and cache_positions [B, T], the updated cache last.
-        """
+    ) -> F.DecoderOutput:
+        """y [B, T, E] -> DecoderOutput(y [B, T, E], each layer's cross-attention weights
+        [L, B, H, T, S] with `return_cross_attention`, else None, and with `cache` (from
+        `init_cache`) and cache_positions [B, T] the updated caches, else None). Dropout
+        is applied when rng is given."""
 
         def call(layer, y, key, layer_cache):
             return layer(
@@ -306,27 +300,18 @@ class DecoderStack(nnx.Module):
                 cache_positions=cache_positions,
             )
 
-        y, weights, cache = _run_layers(
-            self, call, y, rng, with_weights=return_cross_attention, cache=cache
-        )
-        y = y if self.final_norm is None else self.final_norm(y)
-        result = (
-            (y,)
-            + ((weights,) if return_cross_attention else ())
-            + ((cache,) if cache is not None else ())
-        )
-        return result if len(result) > 1 else y
+        out = _run_layers(self, call, y, rng, cache=cache)
+        return out._replace(y=self._final(out.y))
 
 
 # jax.checkpoint policies by `TransformerConfig.remat`: "full" saves nothing.
 REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
-def _run_layers(stack, call, x, rng, *, with_weights: bool = False, cache=None):
-    """x through `stack.layers` by `call(layer, x, key, layer_cache)`, which returns what
-    the layer returns: x, then its cross-attention weights with `with_weights`, then its
-    cache when given one. Returns (x, weights stacked [N, ...] or None, the updated
-    per-layer caches or None).
+def _run_layers(stack: _Stack, call, x, rng, *, cache=None) -> F.DecoderOutput:
+    """x through `stack.layers` by `call(layer, x, key, layer_cache) -> DecoderOutput`.
+    Returns the last output, the cross-attention weights stacked [N, ...] (or None) and
+    the per-layer caches (or None).
 
     Without a cache, stacked layers run as one jax.lax.scan; each layer is rematerialised
     if asked. The scan and the remat are jax.lax.scan and jax.checkpoint over the layer's
@@ -338,9 +323,7 @@ def _run_layers(stack, call, x, rng, *, with_weights: bool = False, cache=None):
 
     def step(layer, x, key, layer_cache):
         out = call(layer, x, key, layer_cache)
-        parts = out if isinstance(out, tuple) else (out,)  # x, [weights], [cache]
-        weights = parts[1] if with_weights else None
-        return constrain_batch(parts[0]), weights, parts[-1] if cache is not None else None
+        return out._replace(y=constrain_batch(out.y))
 
     if stack.remat != "none":
         step = _rematerialised(step, REMAT_POLICIES[stack.remat])
@@ -349,22 +332,21 @@ def _run_layers(stack, call, x, rng, *, with_weights: bool = False, cache=None):
         graphdef, stacked = nnx.split(stack.layers)
 
         def body(x, layer_and_key):
-            x, weights, _ = step(nnx.merge(graphdef, layer_and_key[0]), x, layer_and_key[1], None)
-            return x, weights
+            out = step(nnx.merge(graphdef, layer_and_key[0]), x, layer_and_key[1], None)
+            return out.y, out.cross_weights
 
-        x, weights = jax.lax.scan(body, x, (stacked, keys))
-        return x, weights, None
+        return F.DecoderOutput(*jax.lax.scan(body, x, (stacked, keys)))
     keys = [None] * stack.num_layers if keys is None else list(keys)
     caches = [None] * stack.num_layers if cache is None else list(cache)
-    layers = _layer_modules(stack)
-    weights = []
-    for i, (layer, key) in enumerate(zip(layers, keys, strict=True)):
-        x, w, caches[i] = step(layer, x, key, caches[i])
-        weights.append(w)
-    return (
+    outs = []
+    for layer, key, layer_cache in zip(_layer_modules(stack), keys, caches, strict=True):
+        outs.append(step(layer, x, key, layer_cache))
+        x = outs[-1].y
+    weights = [o.cross_weights for o in outs if o.cross_weights is not None]
+    return F.DecoderOutput(
         x,
-        jnp.stack(weights) if with_weights else None,
-        tuple(caches) if cache is not None else None,
+        jnp.stack(weights) if weights else None,
+        None if cache is None else tuple(o.cache for o in outs),
     )
 
 

@@ -6,9 +6,9 @@ import jax
 from flax import nnx
 
 from jaxformer import functional as F
-from jaxformer.functional._checks import check_int
-from jaxformer.nn._params import check_sizes, dtype_of, param
-from jaxformer.nn._sharding import gather_whole
+from jaxformer.checks import check_int, check_int_array
+from jaxformer.nn.parameters import dtype_of, param
+from jaxformer.nn.sharding import gather_whole
 
 
 class Embed(nnx.Module):
@@ -28,7 +28,8 @@ class Embed(nnx.Module):
         param_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
-        check_sizes(vocab_size=vocab_size, d_model=d_model)
+        check_int("vocab_size", vocab_size)
+        check_int("d_model", d_model)
         init = nnx.initializers.normal(stddev=d_model**-0.5)
         pdt = dtype_of("param_dtype", param_dtype)
         self.table = param(rngs, init, (vocab_size, d_model), ("vocab", "embed"), pdt)
@@ -41,7 +42,7 @@ class Embed(nnx.Module):
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """tokens [...] (int) -> [..., E] in the compute dtype."""
-        check_int("tokens", tokens)
+        check_int_array("tokens", tokens)
         table = gather_whole(self.table[...])
         return F.embed(tokens, table.astype(self.dtype), scale=self.scale)
 
@@ -54,12 +55,13 @@ class LearnedPositions(nnx.Module):
     """A learned table [max_len, E] of position embeddings (the paper's Table 3 row E)."""
 
     def __init__(self, max_len: int, d_model: int, *, param_dtype: str = "float32", rngs: nnx.Rngs):
-        check_sizes(max_len=max_len, d_model=d_model)
+        check_int("max_len", max_len)
+        check_int("d_model", d_model)
         init = nnx.initializers.normal(stddev=0.02)
         pdt = dtype_of("param_dtype", param_dtype)
         self.table = param(rngs, init, (max_len, d_model), ("position", "embed"), pdt)
 
     def __call__(self, positions: jax.Array) -> jax.Array:
         """positions [...] (int) -> [..., E]."""
-        check_int("positions", positions, "of positions")
+        check_int_array("positions", positions, "of positions")
         return gather_whole(self.table[...])[positions]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from jaxformer.checks import check_instance
 from jaxformer.config import TransformerConfig
 from jaxformer.nn.blocks import DecoderStack, EncoderStack
 
@@ -16,8 +17,7 @@ class EncoderDecoder(nnx.Module):
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        if not isinstance(config, TransformerConfig):
-            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        check_instance("config", config, TransformerConfig)
         self.encoder = EncoderStack(config, rngs=rngs)
         self.decoder = DecoderStack(config, cross_attention=True, rngs=rngs)
 
@@ -39,4 +39,4 @@ class EncoderDecoder(nnx.Module):
         """
         k_enc, k_dec = (None, None) if rng is None else tuple(jax.random.split(rng))
         memory = self.encoder(src, src_mask, rng=k_enc)
-        return self.decoder(tgt, tgt_mask, memory=memory, cross_mask=memory_mask, rng=k_dec)
+        return self.decoder(tgt, tgt_mask, memory=memory, cross_mask=memory_mask, rng=k_dec).y

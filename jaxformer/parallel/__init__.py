@@ -1,16 +1,29 @@
-"""Parallel training: a device mesh, sharding rules, jit-sharded and pmap train steps,
-and multi-host start-up. One code path from one CPU to many hosts:
+"""Parallel training: a device mesh, sharding rules, placements that lay out any state
+and compile any step over one device, a mesh or pmap, and multi-host start-up. One code
+path from one CPU to many hosts:
 
-    mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
-    state, shardings = parallel.shard_state(state, mesh)
-    step = parallel.make_sharded_train_step(graphdef, optimizer, schedule, mesh, shardings,
-                                            label_smoothing=0.1)
-    state, metrics = step(state, parallel.shard_batch(batch, mesh))
+    placement = parallel.make_placement("data=2,fsdp=2,tensor=2")
+    state = placement.put(state)
+    step = placement.compile(train_step, state, donate_state=True)
+    state, metrics = step(state, batch)
 """
 
 from jaxformer.parallel.distributed import initialize, is_main_process
 from jaxformer.parallel.mesh import MESH_AXES, make_mesh, parse_mesh
-from jaxformer.parallel.pmap import make_pmap_train_step, replicate, split_batch, unreplicate
+from jaxformer.parallel.placement import (
+    MeshPlacement,
+    Placement,
+    PmapPlacement,
+    host_copy,
+    make_placement,
+)
+from jaxformer.parallel.pmap import (
+    per_replica_key,
+    replicate,
+    split_batch,
+    sum_over_replicas,
+    unreplicate,
+)
 from jaxformer.parallel.rules import (
     DEFAULT_RULES,
     batch_sharding,
@@ -19,27 +32,24 @@ from jaxformer.parallel.rules import (
     state_shardings,
     state_specs,
 )
-from jaxformer.parallel.sharded import (
-    make_sharded_eval_step,
-    make_sharded_train_step,
-    put,
-    shard_batch,
-    shard_state,
-)
+from jaxformer.parallel.sharded import put, shard_batch, shard_state
 
 __all__ = [
     "DEFAULT_RULES",
     "MESH_AXES",
+    "MeshPlacement",
+    "Placement",
+    "PmapPlacement",
     "batch_sharding",
     "batch_shards",
     "check_batch_size",
+    "host_copy",
     "initialize",
     "is_main_process",
     "make_mesh",
-    "make_pmap_train_step",
-    "make_sharded_eval_step",
-    "make_sharded_train_step",
+    "make_placement",
     "parse_mesh",
+    "per_replica_key",
     "put",
     "replicate",
     "shard_batch",
@@ -47,5 +57,6 @@ __all__ = [
     "split_batch",
     "state_shardings",
     "state_specs",
+    "sum_over_replicas",
     "unreplicate",
 ]

@@ -1,138 +1,169 @@
-"""Where a training run keeps its state and batches, and the compiled steps that go with
-it: one device (the plain jitted step), a mesh (jit with NamedShardings) or pmap. The
-training loop talks only to a `Placement`, so all three share one loop.
+"""Where a run keeps its state and batches, and how its step functions compile.
+
+A `Placement` lays out any pytree state and compiles any step function
+`fn(state, batch)`; it knows nothing about training:
+
+    placement = parallel.make_placement("data=2,fsdp=2,tensor=2")  # None: one device
+    state = placement.put(state)                  # laid out by the logical-axis rules
+    step = placement.compile(train_step, state, donate_state=True)
+    state, metrics = step(state, batch)           # batch: the global batch, on the host
+
+`MeshPlacement` jits with NamedShardings over a mesh (one device is a one-device mesh);
+`PmapPlacement` replicates the state over the local devices and runs `jax.pmap`, for
+code built around it (step functions sum over replicas with `sum_over_replicas`).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import abc
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
-import optax
-from flax import nnx
 from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxformer.parallel import pmap as pmap_lib
-from jaxformer.parallel.mesh import make_mesh
+from jaxformer.nn.sharding import activation_sharding
+from jaxformer.parallel.mesh import make_mesh, parse_mesh
+from jaxformer.parallel.pmap import AXIS, replica_axis, replicate, split_batch, unreplicate
 from jaxformer.parallel.rules import (
     DEFAULT_RULES,
+    Rules,
+    batch_sharding,
     batch_shards,
     check_batch_size,
+    check_rules,
     state_shardings,
 )
-from jaxformer.parallel.sharded import (
-    make_sharded_eval_step,
-    make_sharded_train_step,
-    put,
-    shard_batch,
-)
-from jaxformer.train.losses import LossSums
-from jaxformer.train.steps import Batch, TrainState, make_eval_step, make_train_step
+from jaxformer.parallel.sharded import put, shard_batch
+
+Batch = dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """A layout and its steps. Batches come in as host (NumPy) arrays of the global batch.
-
-    put_state     a TrainState as created or restored (one copy) -> laid out
-    train_step    (state, batch) -> (state, scalar metrics)
-    eval_step     (params, batch) -> LossSums
-    params        state -> the parameters eval_step and decoding take
-    saved         state -> the TrainState a checkpoint holds (one copy, globally shaped)
-    """
+class Placement(abc.ABC):
+    """A layout of state and batches, and the compiler of steps that use it."""
 
     description: str
-    put_state: Callable[[TrainState], TrainState]
-    train_step: Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
-    eval_step: Callable[[nnx.State, Batch], LossSums]
-    params: Callable[[TrainState], nnx.State]
-    saved: Callable[[TrainState], TrainState]
-    mesh: jax.sharding.Mesh | None = None
+    mesh: Mesh | None = None
+
+    @abc.abstractmethod
+    def put(self, tree):
+        """A tree as created or restored (one copy) -> laid out on the devices."""
+
+    @abc.abstractmethod
+    def compile(self, fn: Callable, like, *, donate_state: bool = False) -> Callable:
+        """`fn(state, batch)`, compiled for states laid out like `like` and host batches.
+
+        With donate_state, fn returns (new state, outputs) and the state passed in is
+        donated; otherwise it returns outputs. Outputs (metrics, sums) come back whole.
+        """
+
+    @abc.abstractmethod
+    def one_copy(self, tree):
+        """The laid-out tree as one global copy: what a checkpoint saves, decoding reads."""
+
+    @abc.abstractmethod
+    def check_rows(self, rows: int, name: str) -> None:
+        """Raise a ValueError unless `rows` batch rows can be split over the devices."""
+
+
+class MeshPlacement(Placement):
+    """`jax.jit` with in/out NamedShardings over `mesh`, the parameters laid out by the
+    logical-axis `rules`, the batch split by rows and the activations pinned to it."""
+
+    def __init__(self, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+        check_rules(rules, mesh)
+        self.mesh, self.rules = mesh, rules
+        if mesh.size == 1:
+            self.description = f"one device ({mesh.devices.flat[0].device_kind})"
+        else:
+            sizes = ", ".join(f"{a}={n}" for a, n in mesh.shape.items())
+            self.description = (
+                f"mesh {sizes} over {mesh.size} devices in {jax.process_count()} process(es); "
+                f"each batch in {batch_shards(mesh, rules)} slices"
+            )
+
+    def put(self, tree):
+        return put(tree, state_shardings(tree, self.mesh, self.rules))
+
+    def compile(self, fn, like, *, donate_state=False):
+        tree_sharding = state_shardings(like, self.mesh, self.rules)
+        whole = NamedSharding(self.mesh, PartitionSpec())
+
+        def traced(tree, batch):
+            with activation_sharding(self.mesh, self.rules):
+                return fn(tree, batch)
+
+        jitted = jax.jit(
+            traced,
+            in_shardings=(tree_sharding, batch_sharding(self.mesh, self.rules)),
+            out_shardings=(tree_sharding, whole) if donate_state else whole,
+            donate_argnums=0 if donate_state else (),
+        )
+
+        def call(tree, batch):
+            with jax.set_mesh(self.mesh):
+                return jitted(tree, shard_batch(batch, self.mesh, self.rules))
+
+        return call
+
+    def one_copy(self, tree):
+        return tree
+
+    def check_rows(self, rows, name):
+        check_batch_size(rows, self.mesh, self.rules, name=name)
+
+
+class PmapPlacement(Placement):
+    """Data parallel with `jax.pmap` over the local devices: the state replicated with a
+    leading device axis, each device taking B / n rows of the batch."""
+
+    def __init__(self, devices=None):
+        self.devices = list(jax.local_devices() if devices is None else devices)
+        self.description = f"pmap over {len(self.devices)} devices"
+
+    def put(self, tree):
+        return replicate(tree, self.devices)
+
+    def compile(self, fn, like, *, donate_state=False):
+        def traced(tree, batch):
+            with replica_axis(AXIS):
+                return fn(tree, batch)
+
+        donate = (0,) if donate_state else ()
+        pmapped = jax.pmap(traced, AXIS, devices=self.devices, donate_argnums=donate)
+
+        def call(tree, batch):
+            out = pmapped(tree, split_batch(batch, len(self.devices)))
+            return (out[0], unreplicate(out[1])) if donate_state else unreplicate(out)
+
+        return call
+
+    def one_copy(self, tree):
+        return unreplicate(tree)
+
+    def check_rows(self, rows, name):
+        if rows % len(self.devices):
+            raise ValueError(
+                f"{name} {rows} is not divisible by the {len(self.devices)} devices of pmap"
+            )
 
 
 def make_placement(
-    layout: dict[str, int] | str | None,
-    graphdef: nnx.GraphDef,
-    optimizer: optax.GradientTransformation,
-    schedule: optax.Schedule,
-    state: TrainState,
-    *,
-    label_smoothing: float,
-    batch_size: int,
-    accum_steps: int = 1,
-    rules=DEFAULT_RULES,
+    mesh: str | dict[str, int] | Mesh | None = None, *, pmap: bool = False, rules=DEFAULT_RULES
 ) -> Placement:
-    """`layout`: None (one device), "pmap" (data parallel over the local devices), or mesh
-    sizes for `make_mesh` such as {"data": 2, "fsdp": 2, "tensor": 2}."""
-    micro_batch = batch_size // accum_steps
-    kw = dict(label_smoothing=label_smoothing, accum_steps=accum_steps)
-    if layout is None:
-        step = make_train_step(graphdef, optimizer, schedule, **kw)
-        evaluate = make_eval_step(graphdef, label_smoothing=label_smoothing)
-        same = lambda x: x  # noqa: E731
-        return Placement(
-            f"one device ({jax.devices()[0].device_kind})",
-            same, step, evaluate, lambda s: s.params, same,
-        )  # fmt: skip
-    if layout == "pmap":
-        if jax.process_count() > 1:
-            raise ValueError("pmap runs on one process; on several hosts use a mesh")
-        n = jax.local_device_count()
-        if batch_size % n or micro_batch % n:
-            raise ValueError(
-                f"pmap over {n} devices needs batch_size / accum_steps divisible by {n}, "
-                f"got {batch_size} / {accum_steps}"
-            )
-        pstep = pmap_lib.make_pmap_train_step(graphdef, optimizer, schedule, **kw)
-        evaluate = make_eval_step(graphdef, label_smoothing=label_smoothing)
-
-        def train_step(s, batch):
-            s, m = pstep(s, pmap_lib.split_batch(batch, n))
-            return s, pmap_lib.unreplicate(m)
-
-        return Placement(
-            f"pmap over {n} devices",
-            pmap_lib.replicate,
-            train_step,
-            evaluate,
-            lambda s: pmap_lib.unreplicate(s.params),
-            pmap_lib.unreplicate,
-        )
-    mesh = make_mesh(**layout)
-    check_batch_size(
-        micro_batch, mesh, rules, name=f"batch_size / accum_steps = {batch_size} / {accum_steps} ="
-    )
-    shardings = state_shardings(state, mesh, rules)
-    step = make_sharded_train_step(
-        graphdef, optimizer, schedule, mesh, shardings, rules=rules, **kw
-    )
-    evaluate = make_sharded_eval_step(
-        graphdef, mesh, shardings.params, label_smoothing=label_smoothing, rules=rules
-    )
-    sizes = ", ".join(f"{a}={n}" for a, n in mesh.shape.items())
-    return Placement(
-        f"mesh {sizes} over {mesh.size} devices in {jax.process_count()} process(es); "
-        f"each batch in {batch_shards(mesh, rules)} slices",
-        lambda s: put(s, shardings),
-        _in_mesh(mesh, lambda s, batch: step(s, shard_batch(batch, mesh, rules))),
-        _in_mesh(mesh, lambda params, batch: evaluate(params, shard_batch(batch, mesh, rules))),
-        lambda s: s.params,
-        lambda s: s,
-        mesh,
-    )
-
-
-def _in_mesh(mesh, fn):
-    """`fn` called with `mesh` as JAX's current mesh (`jax.set_mesh`)."""
-
-    def call(*args):
-        with jax.set_mesh(mesh):
-            return fn(*args)
-
-    return call
+    """A placement for `mesh` ("data=2,fsdp=2,tensor=2", sizes for `make_mesh`, or a Mesh;
+    None: this process's first device), or pmap over the local devices."""
+    if pmap:
+        if mesh is not None:
+            raise ValueError("give a mesh or pmap, not both")
+        return PmapPlacement()
+    if mesh is None:
+        mesh = make_mesh(devices=jax.local_devices()[:1])
+    elif not isinstance(mesh, Mesh):
+        mesh = make_mesh(**(parse_mesh(mesh) if isinstance(mesh, str) else mesh))
+    return MeshPlacement(mesh, rules)
 
 
 def host_copy(tree: Any) -> Any:

@@ -1,25 +1,51 @@
 """Data parallelism with `jax.pmap`, for code built around it. `jax.pmap` is in maintenance
-mode upstream; new code should use the mesh (`make_mesh`, `shard_state`,
-`make_sharded_train_step`), which also shards parameters.
+mode upstream; new code should use a mesh (`make_placement`), which also shards
+parameters.
 
 The state is replicated on the local devices with a leading device axis; each device
-takes B / n rows; loss sums and gradients are added over the devices (`lax.psum`) before
-the one update, so the step equals the single-device step on the whole batch. With
-dropout, device i draws its masks from fold_in(step key, i): the same distribution as one
-device, not the same masks.
+takes B / n rows. A step function written for one device runs unchanged on a mesh, where
+XLA inserts the collectives; under pmap it must say which values are per-replica sums:
+`sum_over_replicas` adds them over the devices (`lax.psum`), so the step equals the
+single-device step on the whole batch, and `per_replica_key` gives each device its own
+dropout key (the same distribution as one device, not the same masks). Outside a pmap
+placement's step both are the identity.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax
 import numpy as np
-import optax
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxformer.train.steps import Batch, make_train_step
-
 AXIS = "devices"
+_REPLICA_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "replica_axis", default=None
+)
+
+
+@contextlib.contextmanager
+def replica_axis(name: str):
+    """Within the block (the trace of a pmapped step), replicas run along axis `name`."""
+    token = _REPLICA_AXIS.set(name)
+    try:
+        yield
+    finally:
+        _REPLICA_AXIS.reset(token)
+
+
+def sum_over_replicas(tree):
+    """The tree summed over the pmap replicas (unchanged outside a pmapped step)."""
+    axis = _REPLICA_AXIS.get()
+    return tree if axis is None else jax.lax.psum(tree, axis)
+
+
+def per_replica_key(key: jax.Array) -> jax.Array:
+    """`key` folded with the replica's index under pmap (unchanged outside)."""
+    axis = _REPLICA_AXIS.get()
+    return key if axis is None else jax.random.fold_in(key, jax.lax.axis_index(axis))
 
 
 def replicate(tree, devices=None):
@@ -48,7 +74,7 @@ def unreplicate(tree):
     return jax.tree.map(first, tree)
 
 
-def split_batch(batch: Batch, num_devices: int | None = None) -> Batch:
+def split_batch(batch: dict, num_devices: int | None = None) -> dict:
     """[B, ...] -> [n, B / n, ...]: device i gets rows i * B/n ... (i + 1) * B/n - 1."""
     n = jax.local_device_count() if num_devices is None else num_devices
 
@@ -60,25 +86,3 @@ def split_batch(batch: Batch, num_devices: int | None = None) -> Batch:
         return x.reshape(n, x.shape[0] // n, *x.shape[1:])
 
     return {name: split(name, x) for name, x in batch.items()}
-
-
-def make_pmap_train_step(
-    graphdef: nnx.GraphDef,
-    optimizer: optax.GradientTransformation,
-    schedule: optax.Schedule,
-    *,
-    label_smoothing: float,
-    accum_steps: int = 1,
-):
-    """`make_train_step`'s step under `jax.pmap`: (replicated state, split batch) ->
-    (replicated state, replicated metrics), the old state donated."""
-    step = make_train_step(
-        graphdef,
-        optimizer,
-        schedule,
-        label_smoothing=label_smoothing,
-        accum_steps=accum_steps,
-        jit=False,
-        axis_name=AXIS,
-    )
-    return jax.pmap(step, axis_name=AXIS, donate_argnums=0)

@@ -1,6 +1,6 @@
 """Sharding rules: from the logical axis names that parameters carry to mesh axes.
 
-Every parameter declares logical axes (`jaxformer.nn._params.LOGICAL_AXES`), e.g. the
+Every parameter declares logical axes (`jaxformer.nn.LOGICAL_AXES`), e.g. the
 query projection W^Q [E, H, Dk] is ("embed", "heads", "kv"). A rule maps each logical
 name to a mesh axis (or a tuple of them, or None = not split). The default rules give
 data parallelism, FSDP and Megatron-style tensor parallelism at once; a mesh axis of
@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxformer.nn._params import LOGICAL_AXES
+from jaxformer.nn.parameters import LOGICAL_AXES
 
 Rules = Mapping[str, str | tuple[str, ...] | None]
 

@@ -15,21 +15,20 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from jaxformer.checks import check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
-from jaxformer.models import DecoderLM, Transformer
+from jaxformer.models import MODEL_KINDS
 from jaxformer.train.steps import TrainState
 
 CHECKPOINTS = "checkpoints"
-MODEL_KINDS = {"Transformer": Transformer, "DecoderLM": DecoderLM}
 
 
 class Checkpointer:
     """Saves and restores a TrainState plus JSON metadata in `run_dir/checkpoints`."""
 
     def __init__(self, run_dir: str | pathlib.Path, *, keep: int = 3):
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1 checkpoint, got {keep}")
+        check_int("keep", keep)
         self.directory = pathlib.Path(run_dir).resolve() / CHECKPOINTS
         self.manager = ocp.CheckpointManager(
             self.directory,

@@ -1,186 +1,149 @@
-"""The training loop: data, model, optimizer, jitted steps, evaluation, checkpoints,
-metrics, plots and a readable end-of-run report.
+"""The training loop: batch -> compiled step -> periodic actions (log, evaluate,
+checkpoint), with Ctrl-C held until a step's donated state is back.
 
-Everything a run produces goes to `RunConfig.out`:
-    metrics.jsonl    one JSON object per logged step and per evaluation
-    summary.json     final metrics, timings, parameter count, the configs
-    checkpoints/     orbax checkpoints (the last `keep` of them)
-    tokenizer.json   the tokenizer, for `jaxformer generate`
-    loss.png         train and held-out loss, held-out accuracy and exact match
-    attention.png    cross-attention of a held-out example, per layer and head
-
-`RunConfig.mesh` ("data=2,fsdp=2,tensor=2") or `RunConfig.pmap` spread the run over
-devices (`jaxformer.parallel`). On several processes (after `parallel.initialize`) every
-process runs this same loop: each builds the global batch (a pure function of seed and
-index) and transfers only its own rows; checkpoints are written by all together (orbax);
-only process 0 writes metrics, the summary, plots and prints.
+The pieces it composes live beside it: the run folder (`run_folder`), evaluation
+(`evaluate`), the report (`report`), the steps (`steps`) and the placement that lays
+out and compiles them (`jaxformer.parallel`). `RunConfig.mesh` ("data=2,fsdp=2,tensor=2")
+or `RunConfig.pmap` spread the run over devices. On several processes (after
+`parallel.initialize`) every process runs this same loop: each builds the global batch
+(a pure function of seed and index) and the placement transfers only its own rows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import math
-import pathlib
 import signal
 import threading
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from jaxformer import decode
-from jaxformer.config import TransformerConfig
+from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData
-from jaxformer.data.datasets import encode_pairs, read_text_lines
-from jaxformer.models import DecoderLM, Transformer, count_params
-from jaxformer.parallel.mesh import parse_mesh
-from jaxformer.parallel.placement import host_copy, make_placement
-from jaxformer.train import plots
-from jaxformer.train.checkpoint import Checkpointer, abstract_train_state
-from jaxformer.train.losses import LossSums
+from jaxformer.data.datasets import read_text_lines
+from jaxformer.models import MODEL_KINDS, count_params
+from jaxformer.parallel import host_copy, make_placement
+from jaxformer.train import report
+from jaxformer.train.checkpoint import abstract_train_state
+from jaxformer.train.evaluate import evaluate, predict
 from jaxformer.train.optim import make_optimizer, make_schedule
-from jaxformer.train.steps import create_train_state
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """What to train on and how (the model itself is a TransformerConfig)."""
-
-    task: str | None = "dates"  # a synthetic task, or None with data_tsv / data_text
-    data_tsv: str | None = None
-    data_text: str | None = None
-    tokenizer: str = "byte"  # "byte" | "bpe" (trained on the data file)
-    bpe_vocab_size: int = 8000
-    seq_len: int = 128  # rows of packed text (language modelling)
-    steps: int = 1500
-    batch_size: int = 64
-    accum_steps: int = 1
-    schedule: str = "cosine"  # "paper" | "cosine" | "constant"
-    lr: float | None = None  # peak lr (default 3e-3); a multiplier for "paper" (default 1)
-    warmup_steps: int | None = None  # default: 10% of steps (cosine), 4000 (paper)
-    optimizer: str = "adam"
-    weight_decay: float = 0.0
-    clip_norm: float | None = 1.0
-    eval_every: int = 250
-    log_every: int = 10
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 3
-    eval_examples: int = 1000
-    seed: int = 0
-    out: str = "runs/dates"
-    mesh: str | None = None  # e.g. "data=2,fsdp=2,tensor=2" (jaxformer.parallel.make_mesh)
-    pmap: bool = False  # data parallel with jax.pmap over the local devices
-
-    def __post_init__(self):
-        sources = [x for x in (self.task, self.data_tsv, self.data_text) if x]
-        if len(sources) != 1:
-            raise ValueError("give exactly one of task, data_tsv, data_text")
-        for name in (
-            "steps", "batch_size", "accum_steps", "eval_every", "log_every",
-            "checkpoint_every", "keep_checkpoints", "eval_examples", "seq_len",
-        ):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.batch_size % self.accum_steps:
-            raise ValueError(
-                f"batch_size={self.batch_size} must be divisible by accum_steps={self.accum_steps}"
-            )
-        if self.mesh is not None:
-            parse_mesh(self.mesh)
-            if self.pmap:
-                raise ValueError("give a mesh or pmap, not both")
-        if self.tokenizer not in ("byte", "bpe"):
-            raise ValueError(f"tokenizer must be 'byte' or 'bpe', got {self.tokenizer!r}")
-        if self.tokenizer == "bpe" and self.task:
-            raise ValueError(
-                "the BPE tokenizer is trained on a data file; use it with data_tsv or data_text"
-            )
-
-    @property
-    def peak_lr(self) -> float | None:
-        """The lr given to the schedule: as given, else 3e-3 (None = 1x for "paper")."""
-        if self.lr is not None or self.schedule == "paper":
-            return self.lr
-        return 3e-3
-
-    @property
-    def warmup(self) -> int:
-        """Warm-up steps: as given, else the paper's 4000 or a tenth of the run."""
-        if self.warmup_steps is not None:
-            return self.warmup_steps
-        return 4000 if self.schedule == "paper" else max(1, self.steps // 10)
-
-    def resume_settings(self) -> dict[str, Any]:
-        """The settings a resumed run must share with the checkpoint to continue exactly.
-
-        `steps` may grow on resume, except with the cosine schedule, whose shape depends
-        on the total number of steps.
-        """
-        keep = (
-            "task", "data_tsv", "data_text", "tokenizer", "bpe_vocab_size", "seq_len",
-            "batch_size", "accum_steps", "schedule", "lr", "warmup_steps", "optimizer",
-            "weight_decay", "clip_norm", "seed",
-        )  # fmt: skip
-        settings = {k: getattr(self, k) for k in keep}
-        settings["cosine_total_steps"] = self.steps if self.schedule == "cosine" else None
-        return settings
+from jaxformer.train.run_folder import RunFolder
+from jaxformer.train.steps import create_train_state, make_eval_step, make_train_step
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-def build_data(run: RunConfig, out: pathlib.Path):
-    """The tokenizer (saved to `out`) and the dataset of a run."""
+def train(
+    model_config: TransformerConfig, run: RunConfig, *, resume: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Train, evaluate and report; returns the summary (also written to summary.json).
+
+    The model's vocabulary is the tokenizer's, or `model_config.vocab_size` when larger.
+    With `resume`, continue from the latest checkpoint in `run.out` if there is one.
+    Raises TrainingDiverged on a NaN or infinite loss (the last good checkpoint stays
+    intact) and re-raises KeyboardInterrupt after saving the last completed step.
+    """
+    tokenizer, data = build_data(run)
+    config = _fit_config(model_config, tokenizer, data)
+    model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.seed))
+    n_params = count_params(model)
+    graphdef, state, train_fn, eval_fn = _steps(model, config, run)
+    placement = make_placement(run.mesh, pmap=run.pmap)
+    placement.check_rows(
+        run.batch_size // run.accum_steps,
+        f"batch_size / accum_steps = {run.batch_size} / {run.accum_steps} =",
+    )
+    train_step = placement.compile(train_fn, state, donate_state=True)
+    eval_step = placement.compile(eval_fn, state.params)
+    folder = RunFolder(run.out, keep_checkpoints=run.keep_checkpoints)
+    meta = {"model_kind": data.model_kind, "model_config": config.to_dict(), "run": run.resume_settings()}  # fmt: skip
+    state = placement.put(state)
+    if folder.start(resume=resume):
+        state = placement.put(folder.restore(abstract_train_state(placement.one_copy(state)), meta))
+    first = int(placement.one_copy(state.step))
+    if folder.is_main:
+        tokenizer.save(folder.path)
+    folder.write_json("config.json", {"model": config.to_dict(), "run": run.to_dict()})
+    folder.say(f"training on {placement.description}")
+
+    def predictions(sources):
+        model = nnx.merge(graphdef, placement.one_copy(state.params))
+        return predict(model, tokenizer, data, sources, run.batch_size)
+
+    shown = report.Progress(progress and folder.is_main, first, run.steps)
+    meter, last_eval = _Meter(first), {}
+    try:
+        for step in range(first, run.steps):
+            with _interrupts_held():
+                state, metrics = train_step(state, data.train_batch(step, run.batch_size))
+            done = step + 1
+            record = meter.record(done, metrics, folder)
+            if _due(done, run.log_every, run.steps):
+                folder.log(record)
+                shown.show(record)
+                meter.restart_window()
+            if _due(done, run.eval_every, run.steps):
+                last_eval = evaluate(eval_step, state.params, data, predictions, run.batch_size)
+                folder.log({"step": done, **last_eval})
+                shown.write(report.eval_line(done, last_eval))
+                meter.restart_window()
+            if _due(done, run.checkpoint_every, run.steps):
+                folder.save(placement.one_copy(state), meta)
+            shown.advance()
+    except KeyboardInterrupt:
+        shown.close()
+        if meter.step > (folder.checkpoints.latest_step() or 0):
+            folder.save(placement.one_copy(state), meta)
+        folder.say(f"\ninterrupted: saved step {meter.step} in {folder.checkpoints.directory}; continue with --resume")  # fmt: skip
+        raise
+    finally:
+        shown.close()
+    summary = meter.summary(last_eval, data.metrics) | {
+        "params": n_params,
+        "device": str(jax.devices()[0].device_kind),
+        "layout": placement.description,
+        "model_kind": data.model_kind,
+        "model_config": config.to_dict(),
+        "run": run.to_dict(),
+    }
+    _finish(folder, summary, nnx.merge(graphdef, host_copy(placement.one_copy(state.params))), tokenizer, data, run)  # fmt: skip
+    return summary
+
+
+def build_data(run: RunConfig):
+    """The tokenizer and the dataset of a run."""
     if run.tokenizer == "bpe":
-        path = run.data_tsv or run.data_text
-        lines = [line for _, line in read_text_lines(path)]
+        lines = [line for _, line in read_text_lines(run.data_tsv or run.data_text)]
         tokenizer = BPETokenizer.train(lines, run.bpe_vocab_size)
     else:
         tokenizer = ByteTokenizer()
     if run.task:
-        data = TaskData(run.task, tokenizer, seed=run.seed, test_size=run.eval_examples)
-    elif run.data_tsv:
+        return tokenizer, TaskData(run.task, tokenizer, seed=run.seed, test_size=run.eval_examples)
+    if run.data_tsv:
         data = TsvData(
             run.data_tsv, tokenizer, max_len=run.seq_len, seed=run.seed, test_size=run.eval_examples
         )
-    else:
-        data = TextData(run.data_text, tokenizer, seq_len=run.seq_len, seed=run.seed)
-    return tokenizer, data
+        return tokenizer, data
+    return tokenizer, TextData(run.data_text, tokenizer, seq_len=run.seq_len, seed=run.seed)
 
 
-def train(
-    model_config: TransformerConfig,
-    run: RunConfig,
-    *,
-    resume: bool = False,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Train, evaluate and report; returns the summary (also written to summary.json).
-
-    `model_config.vocab_size` is replaced by the tokenizer's. With `resume`, continue from
-    the latest checkpoint in `run.out` if there is one. Raises TrainingDiverged on
-    a NaN or infinite loss (the last good checkpoint stays intact) and re-raises
-    KeyboardInterrupt after saving a checkpoint of the last completed step.
-    """
-    out = pathlib.Path(run.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer, data = build_data(run, out)
-    config = model_config.replace(vocab_size=tokenizer.vocab_size)
+def _fit_config(config: TransformerConfig, tokenizer, data) -> TransformerConfig:
+    """`config` with a vocabulary that holds the tokenizer's ids, checked against the
+    data's sequence length."""
     if config.max_len < data.max_len:
         raise ValueError(
             f"the data needs sequences of {data.max_len} tokens but max_len={config.max_len}"
         )
-    cls = DecoderLM if data.kind == "lm" else Transformer
-    model = cls(config, rngs=nnx.Rngs(run.seed))
+    return config.replace(vocab_size=max(config.vocab_size, tokenizer.vocab_size))
+
+
+def _steps(model, config: TransformerConfig, run: RunConfig):
+    """(graphdef, fresh TrainState, pure train step, pure eval step) of a run."""
     schedule = make_schedule(
         run.schedule,
         lr=run.peak_lr,
@@ -192,216 +155,80 @@ def train(
         schedule, name=run.optimizer, weight_decay=run.weight_decay, clip_norm=run.clip_norm
     )
     graphdef, state = create_train_state(model, optimizer, run.seed)
-    place = make_placement(
-        parse_mesh(run.mesh) if run.mesh else ("pmap" if run.pmap else None),
-        graphdef,
-        optimizer,
-        schedule,
-        state,
-        label_smoothing=config.label_smoothing,
-        batch_size=run.batch_size,
-        accum_steps=run.accum_steps,
+    smoothing = config.label_smoothing
+    train_fn = make_train_step(
+        graphdef, optimizer, schedule, label_smoothing=smoothing, accum_steps=run.accum_steps
     )
-    state = place.put_state(state)
-    params_count = count_params(model)
-    main = jax.process_index() == 0
-    del model
+    return graphdef, state, train_fn, make_eval_step(graphdef, label_smoothing=smoothing)
 
-    meta = {
-        "model_kind": cls.__name__,
-        "model_config": config.to_dict(),
-        "run": run.resume_settings(),
-    }
-    checkpointer = Checkpointer(out, keep=run.keep_checkpoints)
-    metrics_path = out / "metrics.jsonl"
-    if resume and checkpointer.latest_step() is not None:
-        state, _ = checkpointer.restore(abstract_train_state(place.saved(state)), meta)
-        state = place.put_state(state)
-        if main:
-            _truncate_metrics(metrics_path, _step(state))
-            print(f"resumed from step {_step(state)} in {checkpointer.directory}")
-    elif resume:
-        if main:
-            print(f"no checkpoint in {checkpointer.directory} yet: starting from step 0")
-            _truncate_metrics(metrics_path, 0)
-    elif checkpointer.latest_step() is not None:
-        raise ValueError(
-            f"{out} already holds checkpoints (latest step {checkpointer.latest_step()}); "
-            "pass --resume to continue that run, or choose another --out"
-        )
-    elif main:
-        metrics_path.write_text("")
-    if main:
-        tokenizer.save(out)
-        (out / "config.json").write_text(
-            json.dumps({"model": config.to_dict(), "run": dataclasses.asdict(run)}, indent=1)
-        )
-        if place.mesh is not None or run.pmap:
-            print(f"training on {place.description}")
 
-    def save(state):
-        checkpointer.save(place.saved(state), meta | {"data_position": _step(state)})
+class _Meter:
+    """Counts steps and target tokens, times them, and stops the run on a NaN loss."""
 
-    def log(record):
-        if main:
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+    def __init__(self, first: int):
+        self.first = self.step = first
+        self.tokens = self.window_tokens = 0
+        self.start = self.window_start = time.perf_counter()
 
-    start_step = _step(state)
-    bar = _progress(progress and main, start_step, run.steps)
-    t_start, tokens_done, last_eval = time.perf_counter(), 0, {}
-    window_t, window_tokens = time.perf_counter(), 0
-    try:
-        for step in range(start_step, run.steps):
-            batch = data.train_batch(step, run.batch_size)
-            with _interrupt_after():
-                state, m = place.train_step(state, batch)
-            loss = float(m["loss"])
-            if not math.isfinite(loss):
-                raise TrainingDiverged(
-                    f"the training loss became {loss} at step {step + 1}; the last good "
-                    f"checkpoint (step {checkpointer.latest_step()}) is intact in {checkpointer.directory}"
-                )
-            n_tokens = int(m["tokens"])
-            tokens_done += n_tokens
-            window_tokens += n_tokens
-            done = step + 1
-            if done % run.log_every == 0 or done == run.steps:
-                now = time.perf_counter()
-                record = {"step": done, **{k: float(v) for k, v in m.items() if k != "tokens"}}
-                record["tokens_per_second"] = window_tokens / max(now - window_t, 1e-9)
-                window_t, window_tokens = now, 0
-                log(record)
-                bar.set_postfix(
-                    loss=f"{record['loss']:.3f}",
-                    lr=f"{record['lr']:.2e}",
-                    tok_s=f"{record['tokens_per_second']:,.0f}",
-                )
-            if done % run.eval_every == 0 or done == run.steps:
-                last_eval = evaluate(
-                    place.eval_step, graphdef, place.params(state), data, tokenizer, run
-                )
-                log({"step": done, **last_eval})
-                if main:
-                    bar.write(_eval_line(done, last_eval))
-            if done % run.checkpoint_every == 0 or done == run.steps:
-                save(state)
-            bar.update(1)
-    except KeyboardInterrupt:
-        bar.close()
-        if _step(state) > (checkpointer.latest_step() or 0):
-            save(state)
-        if main:
-            print(
-                f"\ninterrupted: saved step {_step(state)} in {checkpointer.directory}; continue with --resume"
+    def record(self, step: int, metrics, folder: RunFolder) -> dict[str, float]:
+        """The step's metrics as a log record (with tokens/s since the last record)."""
+        loss = float(metrics["loss"])
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"the training loss became {loss} at step {step}; the last good checkpoint "
+                f"(step {folder.checkpoints.latest_step()}) is intact in {folder.checkpoints.directory}"
             )
-        raise
-    finally:
-        bar.close()
-    wall = time.perf_counter() - t_start
+        self.step = step
+        n = int(metrics["tokens"])
+        self.tokens, self.window_tokens = self.tokens + n, self.window_tokens + n
+        now = time.perf_counter()
+        record = {"step": step, **{k: float(v) for k, v in metrics.items() if k != "tokens"}}
+        record["tokens_per_second"] = self.window_tokens / max(now - self.window_start, 1e-9)
+        return record
 
-    summary = {
-        "steps": _step(state),
-        "wall_seconds": round(wall, 2),
-        "train_tokens_per_second": round(tokens_done / max(wall, 1e-9), 1),
-        "params": params_count,
-        "exact_match": last_eval.get("exact_match"),
-        "token_accuracy": last_eval.get("eval_token_accuracy"),
-        "eval_loss": last_eval.get("eval_loss"),
-        "eval_perplexity": last_eval.get("eval_perplexity"),
-        "device": str(jax.devices()[0].device_kind),
-        "layout": place.description,
-        "model_kind": cls.__name__,
-        "model_config": config.to_dict(),
-        "run": dataclasses.asdict(run),
-    }
-    params = host_copy(place.params(state))  # all processes take part; then only process 0
-    checkpointer.close()
-    if not main:
-        return summary
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    model = nnx.merge(graphdef, params)
-    plots.loss_curves(metrics_path, out / "loss.png")
+    def restart_window(self) -> None:
+        """Start a new tokens/s window (after a log record, and after an evaluation)."""
+        self.window_start, self.window_tokens = time.perf_counter(), 0
+
+    def summary(self, last_eval: dict[str, float], metrics: tuple[str, ...]) -> dict[str, Any]:
+        wall = time.perf_counter() - self.start
+        return {
+            "steps": self.step,
+            "steps_run": self.step - self.first,
+            "wall_seconds": round(wall, 2),
+            "train_tokens_per_second": round(self.tokens / max(wall, 1e-9), 1),
+            "eval_loss": last_eval.get("eval_loss"),  # label-smoothed, as trained
+            "eval_nll": last_eval.get("eval_nll"),
+            "eval_perplexity": last_eval.get("eval_perplexity"),
+            "token_accuracy": last_eval.get("eval_token_accuracy"),
+            **{name: last_eval.get(name) for name in metrics},
+        }
+
+
+def _due(done: int, every: int, total: int) -> bool:
+    return done % every == 0 or done == total
+
+
+def _finish(folder: RunFolder, summary, model, tokenizer, data, run: RunConfig) -> None:
+    """summary.json, the plots and the console report (process 0 only)."""
+    folder.close()
+    if not folder.is_main:
+        return
+    folder.write_json("summary.json", summary)
+    report.loss_curves(folder.metrics_path, folder.path / "loss.png")
     examples = []
-    if data.kind == "seq2seq":
-        plots.cross_attention(model, tokenizer, data.test_pairs[0], out / "attention.png")
-        examples = _examples(model, tokenizer, data, n=8, batch_size=run.batch_size)
-    _report(summary, examples, out)
-    return summary
-
-
-def evaluate(eval_step, graphdef, params, data, tokenizer, run: RunConfig) -> dict[str, float]:
-    """Held-out loss, NLL, perplexity and token accuracy; exact match by greedy decoding."""
-    sums = None
-    for batch in data.eval_batches(run.batch_size):
-        s = eval_step(params, batch)
-        sums = s if sums is None else LossSums(*(a + b for a, b in zip(sums, s, strict=True)))
-    m = {f"eval_{k}": float(v) for k, v in sums.means().items() if k != "tokens"}
-    if data.kind == "seq2seq":
-        model = nnx.merge(graphdef, params)
-        predictions = predict(
-            model, tokenizer, data, [src for src, _ in data.test_pairs], run.batch_size
-        )
-        m["exact_match"] = float(
-            np.mean([p == t for p, (_, t) in zip(predictions, data.test_pairs, strict=True)])
-        )
-    return m
-
-
-def predict(model, tokenizer, data, sources: list[str], batch_size: int) -> list[str]:
-    """Greedy translations of `sources` (padded to fixed batches: one compilation)."""
-    out = []
-    for i in range(0, len(sources), batch_size):
-        chunk = sources[i : i + batch_size]
-        pairs = [(s, "") for s in chunk] + [None] * (batch_size - len(chunk))
-        batch = encode_pairs(pairs, tokenizer, data.src_len, data.tgt_len)
-        tokens = decode.greedy(
-            model,
-            jnp.asarray(batch["src"]),
-            jnp.asarray(batch["src_valid"]),
-            max_new_tokens=data.tgt_len,
-        )
-        out += [tokenizer.decode(row) for row in np.asarray(tokens)[: len(chunk)]]
-    return out
-
-
-def _examples(model, tokenizer, data, n: int, batch_size: int) -> list[tuple[str, str, str, bool]]:
-    pairs = data.test_pairs[:n]
-    preds = predict(model, tokenizer, data, [s for s, _ in pairs], batch_size)
-    return [(s, p, t, p == t) for p, (s, t) in zip(preds, pairs, strict=True)]
-
-
-def _report(summary: dict, examples: list, out: pathlib.Path) -> None:
-    if examples:
-        w = max(len(s) for s, *_ in examples)
-        print(f"\n{'input':<{w}}  {'prediction':<12} {'target':<12} correct")
-        for src, pred, tgt, ok in examples:
-            print(f"{src:<{w}}  {pred:<12} {tgt:<12} {'yes' if ok else 'NO'}")
-    em = summary["exact_match"]
-    print(
-        f"\n{summary['steps']} steps in {summary['wall_seconds']:.0f} s "
-        f"({summary['train_tokens_per_second']:,.0f} target tokens/s), {summary['params']:,} parameters"
-    )
-    if em is not None:
-        print(f"held-out exact match {em:.1%}, token accuracy {summary['token_accuracy']:.1%}")
-    else:
-        print(f"held-out perplexity {summary['eval_perplexity']:.3f}")
-    print(
-        f"results in {out}/: summary.json metrics.jsonl loss.png"
-        + (" attention.png" if examples else "")
-    )
-
-
-def _eval_line(step: int, m: dict) -> str:
-    text = f"step {step}: eval loss {m['eval_loss']:.4f}, token accuracy {m['eval_token_accuracy']:.2%}"
-    if "exact_match" in m:
-        text += f", exact match {m['exact_match']:.2%}"
-    return text
+    if data.metrics:
+        pairs = data.test_pairs[:8]
+        predictions = predict(model, tokenizer, data, [s for s, _ in pairs], run.batch_size)
+        examples = [(s, p, t) for p, (s, t) in zip(predictions, pairs, strict=True)]
+    if hasattr(model, "cross_attention_weights") and data.test_pairs:
+        report.cross_attention(model, tokenizer, data.test_pairs[0], folder.path / "attention.png")
+    report.print_summary(summary, examples, folder.path)
 
 
 @contextlib.contextmanager
-def _interrupt_after():
-    """Hold Ctrl-C until the block ends. The jitted step donates the old state, so an
+def _interrupts_held():
+    """Hold Ctrl-C until the block ends. The compiled step donates the old state, so an
     interrupt raised inside it (e.g. while its outputs are unpacked) would leave no state
     to save."""
     if (
@@ -418,24 +245,3 @@ def _interrupt_after():
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if caught:
         raise KeyboardInterrupt
-
-
-def _step(state) -> int:
-    """Updates applied so far (pmap keeps one copy of the counter per device)."""
-    return int(np.ravel(state.step)[0])
-
-
-def _truncate_metrics(path: pathlib.Path, step: int) -> None:
-    """Drop records logged after the checkpoint we resume from (they will be redone)."""
-    if not path.exists():
-        return
-    keep = [
-        line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step
-    ]
-    path.write_text("".join(line + "\n" for line in keep))
-
-
-def _progress(enabled: bool, start: int, total: int):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True)

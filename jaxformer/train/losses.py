@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxformer.functional._checks import check_float, check_int, check_rate
+from jaxformer.checks import check_float_array, check_int_array, check_number
 
 
 class LossSums(NamedTuple):
@@ -44,14 +44,14 @@ def cross_entropy(
     logits: jax.Array, targets: jax.Array, weights: jax.Array, *, label_smoothing: float = 0.0
 ) -> LossSums:
     """logits [B, T, V], targets [B, T] int, weights [B, T] (bool or 0/1: False = padding)."""
-    check_float("logits", logits)
-    check_int("targets", targets)
+    check_float_array("logits", logits)
+    check_int_array("targets", targets)
     if logits.shape[:-1] != targets.shape or targets.shape != weights.shape:
         raise ValueError(
             f"logits {logits.shape} must be [B, T, V] with targets and weights [B, T]; "
             f"got targets {targets.shape}, weights {weights.shape}"
         )
-    check_rate("label_smoothing", label_smoothing)
+    check_number("label_smoothing", label_smoothing, "[0, 1)")
     logits = logits.astype(jnp.float32)
     w = weights.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits, axis=-1)

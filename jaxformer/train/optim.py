@@ -13,15 +13,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("paper", "cosine", "constant")
-OPTIMIZERS = ("adam", "adamw")
+from jaxformer.checks import check_choice, check_int, check_number
+from jaxformer.config import OPTIMIZERS, SCHEDULES
 
 
 def paper_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> optax.Schedule:
     """scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step = count + 1."""
-    _positive("d_model", d_model)
-    _positive("warmup_steps", warmup_steps)
-    _positive("scale", scale)
+    check_int("d_model", d_model)
+    check_int("warmup_steps", warmup_steps)
+    check_number("scale", scale, "(0, inf)")
 
     def schedule(count):
         step = jnp.asarray(count, jnp.float32) + 1.0
@@ -41,18 +41,16 @@ def make_schedule(
 ) -> optax.Schedule:
     """A schedule by name. `paper` takes d_model (and `lr` as an optional multiplier);
     `cosine` takes lr, warmup_steps and total_steps; `constant` takes lr."""
+    check_choice("schedule", name, SCHEDULES)
+    if lr is not None:
+        check_number("lr", lr, "(0, inf)")
     if name == "paper":
         if d_model is None:
             raise ValueError("the paper schedule needs d_model")
-        if lr is not None:
-            _positive("lr", lr)
         return paper_schedule(d_model, warmup_steps, 1.0 if lr is None else lr)
-    if name not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {name!r}")
-    if lr is None or lr <= 0:
-        raise ValueError(f"the {name} schedule needs a learning rate lr > 0, got {lr}")
-    if not 0.0 <= final_fraction <= 1.0:
-        raise ValueError(f"final_fraction must be in [0, 1], got {final_fraction}")
+    if lr is None:
+        raise ValueError(f"the {name} schedule needs a learning rate lr > 0, got None")
+    check_number("final_fraction", final_fraction, "[0, 1]")
     if name == "constant":
         return optax.constant_schedule(lr)
     if total_steps is None or total_steps <= warmup_steps:
@@ -76,14 +74,11 @@ def make_optimizer(
     clip_norm: float | None = None,
 ) -> optax.GradientTransformation:
     """Adam(0.9, 0.98, 1e-9) as in the paper, or AdamW; optional global-norm clipping."""
-    if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
-    for beta_name, beta in (("b1", b1), ("b2", b2)):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"{beta_name} must be in [0, 1), got {beta}")
-    for nonneg_name, value in (("eps", eps), ("weight_decay", weight_decay)):
-        if value < 0:
-            raise ValueError(f"{nonneg_name} must be >= 0, got {value}")
+    check_choice("optimizer", name, OPTIMIZERS)
+    check_number("b1", b1, "[0, 1)")
+    check_number("b2", b2, "[0, 1)")
+    check_number("eps", eps, "[0, inf)")
+    check_number("weight_decay", weight_decay, "[0, inf)")
     if name == "adam":
         if weight_decay:
             raise ValueError("weight_decay needs the 'adamw' optimizer")
@@ -92,12 +87,5 @@ def make_optimizer(
         opt = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
     if clip_norm is None:
         return opt
-    _positive("clip_norm", clip_norm)
+    check_number("clip_norm", clip_norm, "(0, inf)")
     return optax.chain(optax.clip_by_global_norm(clip_norm), opt)
-
-
-def _positive(name, value):
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")

@@ -1,4 +1,5 @@
-"""Train state and the jitted train and eval steps: pure functions over (graphdef, state).
+"""Train state and the train and eval steps: pure functions over (graphdef, state), to be
+compiled by `jax.jit` or a `jaxformer.parallel` placement.
 
 A batch is a dict of arrays. The decoder side is shared by both model kinds:
     tgt_in [B, T] int     decoder input (the target shifted right, starting with BOS)
@@ -18,8 +19,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from jaxformer.functional._checks import check_rate
+from jaxformer.checks import check_instance, check_int, check_number
 from jaxformer.models import DecoderLM, Transformer
+from jaxformer.nn.sharding import constrain_batch
+from jaxformer.parallel import per_replica_key, sum_over_replicas
 from jaxformer.train.losses import LossSums, cross_entropy
 
 Batch = dict[str, jax.Array]
@@ -39,10 +42,8 @@ def create_train_state(
     model: nnx.Module, optimizer: optax.GradientTransformation, seed: int
 ) -> tuple[nnx.GraphDef, TrainState]:
     """Split `model` into its static graph and a fresh TrainState."""
-    if not isinstance(model, Transformer | DecoderLM):
-        raise TypeError(f"model must be a Transformer or DecoderLM, got {type(model).__name__}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {seed!r}")
+    check_instance("model", model, (Transformer, DecoderLM))
+    check_int("seed", seed, minimum=None)
     graphdef, params = nnx.split(model)
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
@@ -104,59 +105,45 @@ def make_train_step(
     *,
     label_smoothing: float,
     accum_steps: int = 1,
-    jit: bool = True,
-    axis_name: str | None = None,
-    shard_micro_batch: Callable[[Batch], Batch] | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
-    """A step `(state, batch) -> (state, metrics)`, jitted with the old state donated.
+    """The pure step `(state, batch) -> (state, metrics)`: compile it with
+    `jax.jit(step, donate_argnums=0)` or a placement's `compile(..., donate_state=True)`.
 
     With accum_steps = k the batch (leading size k * b) is cut into k micro-batches whose
     gradients are summed in float32 before one update: the same update as the whole batch.
-
-    For `jaxformer.parallel`: inside `pmap`/`shard_map` over `axis_name`, each device's loss
-    sums and gradients are added over that axis before the update (and each device draws
-    its own dropout key); `shard_micro_batch` lays out the [k, b, ...] micro-batches.
+    Loss sums and gradients are summed over pmap replicas (`sum_over_replicas`) before
+    the update; on one device or a mesh that is the identity.
     """
-    if not isinstance(accum_steps, int) or isinstance(accum_steps, bool) or accum_steps < 1:
-        raise ValueError(f"accum_steps must be an int >= 1, got {accum_steps!r}")
-    check_rate("label_smoothing", label_smoothing)
+    check_int("accum_steps", accum_steps)
+    check_number("label_smoothing", label_smoothing, "[0, 1)")
 
     def sums_and_grads(params, batch, rng):
         def loss_sum(params):
-            logits = model_logits(nnx.merge(graphdef, params), batch, rng=rng)
-            sums = cross_entropy(
-                logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
-            )
+            sums = _loss_sums(graphdef, params, batch, rng, label_smoothing)
             return sums.loss, sums
 
         (_, sums), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
         return sums, grads
 
     def step(state: TrainState, batch: Batch):
-        step_rng = jax.random.fold_in(state.rng, state.step)
-        if axis_name is not None:
-            step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
+        step_rng = per_replica_key(jax.random.fold_in(state.rng, state.step))
         if accum_steps == 1:
             sums, grads = sums_and_grads(state.params, batch, step_rng)
         else:
             micro = jax.tree.map(_split_leading(accum_steps), batch)
-            if shard_micro_batch is not None:
-                micro = shard_micro_batch(micro)
+            micro = jax.tree.map(lambda x: constrain_batch(x, batch_axis=1), micro)
 
             def add(carry, xs):
                 i, mb = xs
                 s, g = sums_and_grads(state.params, mb, jax.random.fold_in(step_rng, i))
                 return jax.tree.map(jnp.add, carry, (s, g)), None
 
+            first = jax.tree.map(lambda x: x[0], micro)
             zeros = jax.tree.map(
-                jnp.zeros_like,
-                jax.eval_shape(
-                    sums_and_grads, state.params, jax.tree.map(lambda x: x[0], micro), step_rng
-                ),
+                jnp.zeros_like, jax.eval_shape(sums_and_grads, state.params, first, step_rng)
             )
             (sums, grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accum_steps), micro))
-        if axis_name is not None:
-            sums, grads = jax.lax.psum((sums, grads), axis_name)
+        sums, grads = sum_over_replicas((sums, grads))
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums.tokens, 1.0), grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -167,20 +154,25 @@ def make_train_step(
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
 
-    return jax.jit(step, donate_argnums=0) if jit else step
+    return step
 
 
-def make_eval_step(graphdef: nnx.GraphDef, *, label_smoothing: float, jit: bool = True):
-    """`(params, batch) -> LossSums` without dropout; add the sums over batches."""
-    check_rate("label_smoothing", label_smoothing)
+def make_eval_step(graphdef: nnx.GraphDef, *, label_smoothing: float):
+    """The pure `(params, batch) -> LossSums` without dropout (summed over pmap replicas);
+    add the sums over batches."""
+    check_number("label_smoothing", label_smoothing, "[0, 1)")
 
     def evaluate(params: nnx.State, batch: Batch) -> LossSums:
-        logits = model_logits(nnx.merge(graphdef, params), batch, rng=None)
-        return cross_entropy(
-            logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
-        )
+        return sum_over_replicas(_loss_sums(graphdef, params, batch, None, label_smoothing))
 
-    return jax.jit(evaluate) if jit else evaluate
+    return evaluate
+
+
+def _loss_sums(graphdef, params, batch, rng, label_smoothing) -> LossSums:
+    logits = model_logits(nnx.merge(graphdef, params), batch, rng=rng)
+    return cross_entropy(
+        logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
+    )
 
 
 def _split_leading(k: int) -> Callable[[Any], Any]:

@@ -178,7 +178,7 @@ def test_chunked_dropout_is_exact_for_its_mask():
     mask = F.combine_masks(F.padding_mask(None, k_valid), F.causal_mask(T, S))
 
     def dense(q, k, v, bias):
-        _, w = F.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+        w = F.attention_weights(q, k, mask)
         w = jnp.where(keep, w / (1 - rate), 0.0)  # [B, H, T, S]
         vh = jnp.repeat(v, H // K, axis=2)
         return jnp.einsum("bhts,bshd->bthd", w, vh)
@@ -258,11 +258,13 @@ def test_implementation_errors_are_named():
     q = np.zeros((1, 3, 2, 8), np.float32)
     with pytest.raises(ValueError, match="implementation must be one of"):
         F.scaled_dot_product_attention(q, q, q, implementation="flash")
+    p = F.AttentionParams(*(np.zeros(s, np.float32) for s in [(8, 2, 4)] * 3 + [(2, 4, 8)]))
+    x = np.zeros((1, 3, 8), np.float32)
     with pytest.raises(ValueError, match="return_weights needs .*'xla'"):
-        F.scaled_dot_product_attention(q, q, q, implementation="chunked", return_weights=True)
+        F.multi_head_attention(x, x, p, implementation="chunked", return_weights=True)
     with pytest.raises(ValueError, match=r"k_valid must have shape \[B, 3\]"):
         F.scaled_dot_product_attention(q, q, q, k_valid=np.ones((1, 4), bool))
-    with pytest.raises(TypeError, match="q_valid must be boolean"):
+    with pytest.raises(TypeError, match="q_valid must be a boolean array"):
         F.scaled_dot_product_attention(q, q, q, q_valid=np.ones((1, 3), np.int32))
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         jf.TransformerConfig.tiny(10, attention_impl="flash")
@@ -307,7 +309,7 @@ def test_fused_projections_match_reference(self_attention):
     )
     xq = jnp.asarray(rng.standard_normal((B, T, E)), jnp.float32)
     xkv = xq if self_attention else jnp.asarray(rng.standard_normal((B, S, E)), jnp.float32)
-    out = F.multi_head_attention(xq, xkv, p)
+    out = F.multi_head_attention(xq, xkv, p).out
     want = ref.mha(np.asarray(xq), np.asarray(xkv), p)
     np.testing.assert_allclose(out, want, atol=1e-4, rtol=1e-4)
 

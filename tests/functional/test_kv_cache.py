@@ -51,7 +51,7 @@ def test_cached_self_attention_in_pieces_equals_full_causal_attention(rope):
         if not rope:
             return ref.mha(x, x, p, np.asarray(F.causal_mask(T)))[0]
         pos = np.arange(T)[None]
-        return F.multi_head_attention(x, x, p, F.causal_mask(T), rope_positions=(pos, pos))[0]
+        return F.multi_head_attention(x, x, p, F.causal_mask(T), rope_positions=(pos, pos)).out[0]
 
     def cached(x, cache, offsets):
         T = x.shape[1]
@@ -65,7 +65,7 @@ def test_cached_self_attention_in_pieces_equals_full_causal_attention(rope):
             rope_positions=(positions, positions) if rope else None,
             kv_cache=cache,
             cache_positions=positions,
-        )
+        )[::2]  # out, kv_cache
 
     out, cache = jax.jit(cached)(seqs[:, :4], _empty(2, S_max), jnp.zeros(2, jnp.int32))
     outs = [[out[b, : lengths[b]]] for b in range(2)]
@@ -86,7 +86,8 @@ def test_cross_attention_over_projected_memory_matches_reference():
     memory = rng.standard_normal((2, 5, E)).astype(np.float32)
     valid = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
     mask = F.padding_mask(None, valid)
-    out, kv = F.multi_head_attention(x, None, p, mask, kv_cache=F.project_kv(memory, p))
+    out, weights, kv = F.multi_head_attention(x, None, p, mask, kv_cache=F.project_kv(memory, p))
+    assert weights is None
     np.testing.assert_allclose(out, ref.mha(x, memory, p, np.asarray(mask)), atol=1e-5)
     np.testing.assert_allclose(kv.v, np.einsum("bse,ekd->bskd", memory, p.wv), atol=1e-6)
 
@@ -111,10 +112,11 @@ def test_cached_decoder_layer_equals_the_full_layer(placement):
     y = rng.standard_normal((2, T, E)).astype(np.float32)
     memory = rng.standard_normal((2, S, E)).astype(np.float32)
     cross_mask = F.padding_mask(None, np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool))
-    want, want_weights = F.decoder_layer(
+    want, want_weights, no_cache = F.decoder_layer(
         y, p, F.causal_mask(T), opts, memory=memory, cross_mask=cross_mask,
         return_cross_attention=True,
     )  # fmt: skip
+    assert no_cache is None
 
     cache = F.decoder_layer_cache(p, 2, T, jnp.float32, memory=memory)
     for start, stop in ((0, 2), (2, 3), (3, 5)):

@@ -122,7 +122,7 @@ def test_decoder_layer_matches_reference(placement):
     self_mask = F.causal_mask(T)
     cross_mask = F.padding_mask(None, src_valid)
     opts = F.BlockOptions(norm_placement=placement)
-    out = F.decoder_layer(y, p, self_mask, opts, memory=memory, cross_mask=cross_mask)
+    out = F.decoder_layer(y, p, self_mask, opts, memory=memory, cross_mask=cross_mask).y
 
     def norm(h, n):
         return ref.layer_norm(h, n.scale, n.bias, 1e-6)

@@ -21,7 +21,7 @@ def test_sinusoid_worked_values():
 
 @pytest.mark.parametrize("d_model", [3, 0, -2])
 def test_sinusoids_reject_odd_or_nonpositive_d_model(d_model):
-    with pytest.raises(ValueError, match="d_model must be a positive even int"):
+    with pytest.raises(ValueError, match="(need an even d_model|d_model must be >= 2), got"):
         F.sinusoidal_positions(4, d_model)
 
 

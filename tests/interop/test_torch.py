@@ -139,14 +139,14 @@ def functions(kind, m, j, inp, cfg):
         def tf(q, kv):
             return L(m(L(q), L(kv), L(kv), key_padding_mask=tm["src_kpm"], need_weights=False)[0])
 
-        return (tgt, src), tf, lambda q, kv: j(q, kv, memory_mask)
+        return (tgt, src), tf, lambda q, kv: j(q, kv, memory_mask).out
     if kind == "mha":  # causal self-attention
 
         def tf(x):
             x = L(x)
             return L(m(x, x, x, attn_mask=tm["tgt_mask"], need_weights=False)[0])
 
-        return (tgt,), tf, lambda x: j(x, None, tgt_mask)
+        return (tgt,), tf, lambda x: j(x, None, tgt_mask).out
     if kind == "encoder_layer":
         tf = lambda x: L(m(L(x), tm["src_mask"], tm["src_kpm"]))  # noqa: E731
         return (src,), tf, lambda x: j(x, src_mask)
@@ -165,7 +165,7 @@ def functions(kind, m, j, inp, cfg):
             )
             return L(out)
 
-        return (tgt, src), tf, lambda y, mem: j(y, tgt_mask, memory=mem, cross_mask=memory_mask)
+        return (tgt, src), tf, lambda y, mem: j(y, tgt_mask, memory=mem, cross_mask=memory_mask).y
 
     def tf(s, t):
         out = m(

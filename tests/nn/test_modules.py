@@ -23,32 +23,36 @@ def test_attention_shapes_axes_and_math():
     x = rng.standard_normal((2, 3, 24)).astype(np.float32)
     mem = rng.standard_normal((2, 5, 24)).astype(np.float32)
     p = jax.tree.map(np.asarray, mha.params())
-    np.testing.assert_allclose(mha(x), ref.mha(x, x, p), atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(mha(x, mem), ref.mha(x, mem, p), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(mha(x).out, ref.mha(x, x, p), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(mha(x, mem).out, ref.mha(x, mem, p), atol=1e-4, rtol=1e-4)
+    weights = mha(x, mem, return_weights=True).weights
+    assert weights.shape == (2, 6, 3, 5)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
 
 
 def test_attention_rejects_heads_that_do_not_divide():
-    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+    with pytest.raises(ValueError, match="num_heads=4 is not divisible by num_kv_heads=3"):
         nn.MultiHeadAttention(16, 4, num_kv_heads=3, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=4"):
         nn.MultiHeadAttention(10, 4, rngs=nnx.Rngs(0))
 
 
 def test_attention_dropout_needs_rng():
-    mha = nn.MultiHeadAttention(8, 2, dropout_rate=0.5, rngs=nnx.Rngs(0))
-    x = jnp.ones((1, 3, 8))
+    mha = nn.MultiHeadAttention(8, 2, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (1, 3, 8))
     with pytest.raises(ValueError, match="deterministic=False needs rng"):
-        mha(x, deterministic=False)
-    np.testing.assert_array_equal(mha(x), mha(x))
-    assert not np.allclose(mha(x, deterministic=False, rng=jax.random.key(0)), mha(x))
+        mha(x, dropout_rate=0.5, deterministic=False)
+    np.testing.assert_array_equal(mha(x).out, mha(x).out)
+    dropped = mha(x, dropout_rate=0.5, deterministic=False, rng=jax.random.key(0)).out
+    assert not np.allclose(dropped, mha(x).out)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
 def test_feed_forward_module(activation):
-    ffn = nn.FeedForward(8, 32, activation=activation, rngs=nnx.Rngs(0))
+    ffn = nn.FeedForward(8, 32, gated=activation == "swiglu", rngs=nnx.Rngs(0))
     x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
     p = jax.tree.map(np.asarray, ffn.params())
-    np.testing.assert_allclose(ffn(x), ref.ffn(x, p, activation), atol=1e-5)
+    np.testing.assert_allclose(ffn(x, activation=activation), ref.ffn(x, p, activation), atol=1e-5)
     assert ffn.w1.get_metadata()["out_sharding"] == ("embed", "mlp")
     assert (activation == "swiglu") == hasattr(ffn, "w_gate")
 
@@ -73,10 +77,23 @@ def test_layer_modules_call_the_functional_layers():
     mem = rng.standard_normal((2, 6, 32)).astype(np.float32)
     out = layer(y, F.causal_mask(4), memory=mem)
     want = F.decoder_layer(y, layer.params(), F.causal_mask(4), c.block_options(), memory=mem)
-    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(out.y, want.y)
+    assert out.cross_weights is None and out.cache is None
     lm_layer = nn.DecoderLayer(c, cross_attention=False, rngs=nnx.Rngs(0))
     assert not hasattr(lm_layer, "cross_attn")
-    assert lm_layer(y, F.causal_mask(4)).shape == (2, 4, 32)
+    assert lm_layer(y, F.causal_mask(4)).y.shape == (2, 4, 32)
+
+
+def test_options_live_in_the_module_whose_call_reads_them():
+    """A layer holds its BlockOptions; its attention, feed-forward and norm modules hold
+    parameters only, so no nested option can disagree with the one the call uses."""
+    c = TransformerConfig.tiny(50, d_model=32, num_heads=4, d_ff=64, activation="swiglu")
+    layer = nn.EncoderLayer(c, rngs=nnx.Rngs(0))
+    assert layer.opts == c.block_options()
+    options = {"dropout_rate", "attention_impl", "activation", "opts", "kind", "eps"}
+    for sub in (layer.self_attn, layer.ffn, layer.norm1, layer.norm2):
+        assert not options & set(vars(sub)), (type(sub).__name__, options & set(vars(sub)))
+    assert layer.ffn.gated and layer.norm1.use_bias
 
 
 def test_bfloat16_compute_keeps_float32_params():

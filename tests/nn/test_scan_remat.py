@@ -36,7 +36,7 @@ def train_losses(cfg, kind=jf.Transformer, batches=SEQ2SEQ):
     schedule = optax.constant_schedule(3e-3)
     optimizer = train.make_optimizer(schedule)
     graphdef, state = train.create_train_state(kind(cfg, rngs=nnx.Rngs(0)), optimizer, seed=0)
-    step = train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1)
+    step = jax.jit(train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1))
     losses = []
     for batch in batches:
         state, m = step(state, batch)
@@ -54,7 +54,7 @@ def test_scan_layers_stacks_the_same_parameters():
     for i in range(2):
         np.testing.assert_array_equal(wq[...][i], plain.decoder.layers[i].self_attn.wq[...])
     src, tgt = jnp.asarray(SEQ2SEQ[0]["src"]), jnp.asarray(SEQ2SEQ[0]["tgt_in"])
-    run = nnx.jit(lambda m, s, t: m.decode(t, m.encode(s), return_cross_attention=True))
+    run = nnx.jit(lambda m, s, t: (m(s, t), m.cross_attention_weights(s, t)))
     logits, weights = run(scanned, src, tgt)
     expected, expected_w = run(plain, src, tgt)
     assert weights.shape == expected_w.shape == (2, 8, 2, tgt.shape[1], src.shape[1])
@@ -94,7 +94,7 @@ def test_remat_keeps_less_for_the_backward_pass():
         graphdef, state = train.create_train_state(
             jf.Transformer(cfg, rngs=nnx.Rngs(0)), optimizer, seed=0
         )
-        step = train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1)
+        step = jax.jit(train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1))
         analysis = step.lower(state, SEQ2SEQ[0]).compile().memory_analysis()
         temps[remat] = analysis.temp_size_in_bytes
     assert temps["full"] < temps["dots"] < temps["none"], temps
@@ -109,15 +109,18 @@ def test_scanned_model_on_a_mesh_and_in_a_checkpoint(tmp_path):
     graphdef, state = train.create_train_state(
         jf.Transformer(cfg, rngs=nnx.Rngs(0)), optimizer, seed=0
     )
-    state, shardings = parallel.shard_state(state, mesh)
+    placement = parallel.make_placement(mesh)
+    state = placement.put(state)
     wq = state.params["decoder"]["layers"]["self_attn"]["wq"]
     assert wq.sharding.spec == P(None, "fsdp", "tensor", None)  # the layer axis stays whole
-    step = parallel.make_sharded_train_step(
-        graphdef, optimizer, schedule, mesh, shardings, label_smoothing=0.1
+    step = placement.compile(
+        train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1),
+        state,
+        donate_state=True,
     )
     losses = []
     for batch in SEQ2SEQ:
-        state, m = step(state, parallel.shard_batch(batch, mesh))
+        state, m = step(state, batch)
         losses.append(float(m["loss"]))
     np.testing.assert_allclose(losses, plain_losses(), rtol=1e-5)
     meta = {"model_kind": "Transformer", "model_config": cfg.to_dict(), "run": {}}

@@ -1,5 +1,6 @@
-"""Mesh, sharding rules, sharded and pmap train steps on 8 virtual CPU devices: each layout
-must give the single-device losses, with parameters laid out as the rules say."""
+"""Mesh, sharding rules and placements (one device, meshes, pmap) on 8 virtual CPU
+devices: each layout must give the single-device losses, with parameters laid out as the
+rules say, from the one train step function."""
 
 import functools
 import math
@@ -36,17 +37,42 @@ def setup(config):
     return graphdef, state, optimizer, schedule
 
 
-@functools.cache
-def single_device_losses(config, accum_steps=1) -> list[float]:
+def placed_losses(config, placement, accum_steps=1):
+    """5 steps of the train step compiled by `placement`: (losses, final state)."""
     graphdef, state, optimizer, schedule = setup(config)
     step = train.make_train_step(
         graphdef, optimizer, schedule, label_smoothing=0.1, accum_steps=accum_steps
+    )
+    state = placement.put(state)
+    compiled = placement.compile(step, state, donate_state=True)
+    losses = []
+    for batch in BATCHES:
+        state, m = compiled(state, batch)
+        losses.append(float(m["loss"]))
+    return losses, state
+
+
+@functools.cache
+def single_device_losses(config, accum_steps=1) -> list[float]:
+    graphdef, state, optimizer, schedule = setup(config)
+    step = jax.jit(
+        train.make_train_step(
+            graphdef, optimizer, schedule, label_smoothing=0.1, accum_steps=accum_steps
+        )
     )
     losses = []
     for batch in BATCHES:
         state, m = step(state, batch)
         losses.append(float(m["loss"]))
     return losses
+
+
+def test_one_device_placement_is_plain_jit():
+    placement = parallel.make_placement()
+    assert placement.description.startswith("one device") and placement.mesh.size == 1
+    losses, state = placed_losses(small(dropout_rate=0.1), placement)
+    assert losses == single_device_losses(small(dropout_rate=0.1))  # bit for bit
+    assert int(state.step) == 5
 
 
 def test_make_mesh_fills_and_checks():
@@ -117,15 +143,7 @@ def test_sharded_steps_match_one_device(shape, accum):
     config = small(dropout_rate=0.1)
     expected = single_device_losses(config, accum)
     mesh = parallel.make_mesh(**shape)
-    graphdef, state, optimizer, schedule = setup(config)
-    state, shardings = parallel.shard_state(state, mesh)
-    step = parallel.make_sharded_train_step(
-        graphdef, optimizer, schedule, mesh, shardings, label_smoothing=0.1, accum_steps=accum
-    )
-    losses = []
-    for batch in BATCHES:
-        state, m = step(state, parallel.shard_batch(batch, mesh))
-        losses.append(float(m["loss"]))
+    losses, state = placed_losses(config, parallel.make_placement(mesh), accum)
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
     check_layout(state, mesh)
     assert int(state.step) == 5
@@ -165,16 +183,13 @@ def test_layouts_that_do_not_divide_are_clear_errors():
 def test_pmap_step_equals_the_single_device_step():
     config = small()
     expected = single_device_losses(config)
-    graphdef, state, optimizer, schedule = setup(config)
-    step = parallel.make_pmap_train_step(graphdef, optimizer, schedule, label_smoothing=0.1)
-    state = parallel.replicate(state)
-    losses = []
-    for batch in BATCHES:
-        state, m = step(state, parallel.split_batch(batch))
-        assert m["loss"].shape == (8,)
-        losses.append(float(parallel.unreplicate(m)["loss"]))
+    placement = parallel.make_placement(pmap=True)
+    losses, state = placed_losses(config, placement)
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
-    assert int(parallel.unreplicate(state).step) == 5
+    assert state.step.shape == (8,)  # one copy per device
+    assert int(placement.one_copy(state).step) == 5
+    with pytest.raises(ValueError, match="batch size 12 is not divisible by the 8 devices"):
+        placement.check_rows(12, "batch size")
     with pytest.raises(ValueError, match="not divisible by the 8 devices of pmap"):
         parallel.split_batch({"src": BATCHES[0]["src"][:12]})
 
@@ -198,3 +213,16 @@ def test_sharded_checkpoint_restores_onto_another_mesh_and_one_device(tmp_path):
     table = model.src_inputs.embed.table[...]
     assert len(table.sharding.device_set) == 1
     np.testing.assert_array_equal(table, state.params["src_inputs"]["embed"]["table"][...])
+
+
+@pytest.mark.parametrize("layout", ["data=2,fsdp=2,tensor=2", "pmap"])
+def test_eval_step_sums_agree_across_placements(layout):
+    """The eval step's loss sums over a placement equal one device's (pmap adds the
+    devices' sums with sum_over_replicas)."""
+    graphdef, state, *_ = setup(small())
+    evaluate = train.make_eval_step(graphdef, label_smoothing=0.1)
+    expected = jax.jit(evaluate)(state.params, BATCHES[0])
+    placement = parallel.make_placement(pmap=True) if layout == "pmap" else parallel.make_placement(layout)  # fmt: skip
+    placed = placement.put(state)
+    got = placement.compile(evaluate, placed.params)(placed.params, BATCHES[0])
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-5)

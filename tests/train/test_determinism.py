@@ -24,7 +24,7 @@ def trained_params(seed: int):
     optimizer = train.make_optimizer(schedule)
     graphdef, state = train.create_train_state(model, optimizer, seed)
     initial = [np.asarray(x) for x in jax.tree.leaves(state.params)]
-    step = train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1)
+    step = jax.jit(train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1))
     batches = data.TaskData("reverse", TOK, seed=seed, test_size=4)
     losses = []
     for i in range(STEPS):

@@ -19,7 +19,7 @@ def _setup(dropout=0.0, accum=1, kind="transformer"):
     opt = train.make_optimizer(sched)
     graphdef, state = train.create_train_state(model, opt, seed=0)
     step = train.make_train_step(graphdef, opt, sched, label_smoothing=0.1, accum_steps=accum)
-    return graphdef, state, step
+    return graphdef, state, jax.jit(step)
 
 
 def test_accumulation_equals_the_large_batch():
@@ -75,7 +75,7 @@ def test_bfloat16_compute_trains_with_float32_params():
     sched = optax.constant_schedule(3e-3)
     opt = train.make_optimizer(sched)
     graphdef, state = train.create_train_state(model, opt, seed=0)
-    step = train.make_train_step(graphdef, opt, sched, label_smoothing=0.1)
+    step = jax.jit(train.make_train_step(graphdef, opt, sched, label_smoothing=0.1))
     d = data.TaskData("copy", TOK, seed=0, test_size=10)
     for i in range(3):
         state, m = step(state, d.train_batch(i, 8))

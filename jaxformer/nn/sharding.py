@@ -32,12 +32,14 @@ def activation_sharding(mesh: jax.sharding.Mesh, rules):
         _LAYOUT.reset(token)
 
 
-def constrain_batch(x: jax.Array) -> jax.Array:
-    """x [B, ...] with its rows split like the batch (inside `activation_sharding`)."""
+def constrain_batch(x: jax.Array, batch_axis: int = 0) -> jax.Array:
+    """x with axis `batch_axis` (its rows) split like the batch (inside
+    `activation_sharding`); e.g. micro-batches [k, B, ...] with batch_axis=1."""
     layout = _LAYOUT.get()
     if layout is None:
         return x
     mesh, spec = layout
+    spec = PartitionSpec(*(None,) * batch_axis, *spec)
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 

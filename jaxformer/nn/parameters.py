@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from flax import nnx
+
+from jaxformer.checks import check_choice
+from jaxformer.config import DTYPES
 
 # Logical axis names carried by parameters; jaxformer.parallel maps them to mesh axes.
 #   embed: d_model   heads: attention heads   kv: head dim   mlp: d_ff
 #   vocab: vocabulary   position: learned position table rows   norm: norm scales/biases
 #   layers: the leading axis of a stack's parameters with `scan_layers`
 LOGICAL_AXES = ("embed", "heads", "kv", "mlp", "vocab", "position", "norm", "layers")
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...], dtype) -> nnx.Param:
@@ -23,21 +23,9 @@ def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...], d
     return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
 
 
-def check_sizes(**sizes) -> None:
-    """Each size is an int >= 1 (None means "use the default" and is skipped)."""
-    for name, value in sizes.items():
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-
-
 def dtype_of(name: str, value: str):
     """The jnp dtype named `value` ("float32" or "bfloat16")."""
-    if value not in DTYPES:
-        raise ValueError(f"{name} must be one of {tuple(DTYPES)}, got {value!r}")
+    check_choice(name, value, DTYPES)
     return DTYPES[value]
 
 

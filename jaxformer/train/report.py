@@ -1,0 +1,158 @@
+"""What a run shows a person: progress while it trains, a line per evaluation, a table of
+held-out examples and the totals at the end, and two plots (loss.png, attention.png).
+matplotlib is imported only when a plot is drawn."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+from jaxformer.data.datasets import encode_pairs
+
+
+class Progress:
+    """A tqdm bar on a terminal; elsewhere (a log file, CI) a plain line every tenth of
+    the run, so that logs hold no carriage returns."""
+
+    def __init__(self, enabled: bool, start: int, total: int):
+        self.enabled, self.total = enabled, total
+        self.tty = enabled and sys.stderr.isatty()
+        self.every = max(1, total // 10)
+        self.next_line = (start // self.every + 1) * self.every
+        self.bar = None
+        if self.tty:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+
+    def show(self, record: dict[str, float]) -> None:
+        """The latest logged metrics."""
+        loss, lr, speed = record["loss"], record["lr"], record["tokens_per_second"]
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
+        elif self.enabled and record["step"] >= self.next_line:
+            self.next_line += self.every
+            print(f"step {record['step']}/{self.total}: loss {loss:.4f}, lr {lr:.2e}, "
+                  f"{speed:,.0f} tokens/s", flush=True)  # fmt: skip
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        elif self.enabled:
+            print(line, flush=True)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def eval_line(step: int, m: dict[str, float]) -> str:
+    text = (
+        f"step {step}: held-out NLL {m['eval_nll']:.4f} (perplexity {m['eval_perplexity']:.3f}), "
+        f"token accuracy {m['eval_token_accuracy']:.2%}"
+    )
+    if "exact_match" in m:
+        text += f", exact match {m['exact_match']:.2%}"
+    return text
+
+
+def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]], out) -> None:
+    """The held-out examples (input, prediction, target) as a table, then the totals."""
+    if examples:
+        rows = [("input", "prediction", "target", "correct")]
+        rows += [(s, p, t, "yes" if p == t else "NO") for s, p, t in examples]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        print()
+        for row in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths + [0], strict=True)))
+    first = summary["steps"] - summary["steps_run"] + 1
+    span = f"steps {first}-{summary['steps']}" if first > 1 else f"{summary['steps']} steps"
+    print(
+        f"\n{span} in {summary['wall_seconds']:.0f} s "
+        f"({summary['train_tokens_per_second']:,.0f} target tokens/s), "
+        f"{summary['params']:,} parameters"
+    )
+    line = f"held-out NLL {summary['eval_nll']:.4f}, perplexity {summary['eval_perplexity']:.3f}"
+    line += f", token accuracy {summary['token_accuracy']:.1%}"
+    if summary.get("exact_match") is not None:
+        line += f", exact match {summary['exact_match']:.1%}"
+    print(line)
+    plots = " ".join(p.name for p in sorted(pathlib.Path(out).glob("*.png")))
+    print(f"results in {out}/: summary.json metrics.jsonl {plots}")
+
+
+def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
+    """Train and held-out loss against steps; held-out token accuracy and exact match."""
+    plt = _pyplot()
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval_loss" in r]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [r["step"] for r in train]
+    ax_loss.plot(steps, [r["loss"] for r in train], label="train (label-smoothed)")
+    ax_loss.plot(steps, [r["nll"] for r in train], label="train NLL", alpha=0.7)
+    if evals:
+        steps = [r["step"] for r in evals]
+        ax_loss.plot(steps, [r["eval_nll"] for r in evals], "o-", label="held-out NLL")
+        ax_acc.plot(steps, [r["eval_token_accuracy"] for r in evals], "o-", label="token accuracy")
+        if "exact_match" in evals[0]:
+            ax_acc.plot(steps, [r["exact_match"] for r in evals], "s-", label="exact match")
+        ax_acc.set(xlabel="step", ylim=(0, 1.02), title="held-out accuracy")
+        ax_acc.legend()
+    ax_loss.set(xlabel="step", ylabel="nats per token", yscale="log", title="loss")
+    ax_loss.legend()
+    _save(fig, out_png)
+
+
+@nnx.jit
+def _cross_weights(model, src, tgt_in):
+    return model.cross_attention_weights(src, tgt_in)
+
+
+def cross_attention(model, tokenizer, pair: tuple[str, str], out_png: pathlib.Path) -> None:
+    """Encoder-decoder attention of every layer and head for one (source, target) pair,
+    target tokens down the side, source tokens along the bottom."""
+    plt = _pyplot()
+    src, tgt = pair
+    batch = encode_pairs(
+        [pair], tokenizer, len(tokenizer.encode(src)) + 1, len(tokenizer.encode(tgt)) + 1
+    )
+    weights = np.asarray(_cross_weights(model, batch["src"], batch["tgt_in"])[:, 0])  # [L, H, T, S]
+    L, H, T, S = weights.shape
+    src_labels = tokenizer.token_strings(batch["src"][0])
+    tgt_labels = tokenizer.token_strings(batch["tgt_out"][0])
+    fig, axes = plt.subplots(L, H, figsize=(2.2 + 0.28 * S * H, 0.8 + 0.3 * T * L), squeeze=False)
+    for layer in range(L):
+        for head in range(H):
+            ax = axes[layer, head]
+            ax.imshow(weights[layer, head], cmap="viridis", vmin=0, vmax=1, aspect="auto")
+            ax.set_xticks(range(S), src_labels, fontsize=7)
+            ax.set_yticks(range(T), tgt_labels, fontsize=7)
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+    fig.suptitle(f"cross-attention: {src!r} -> {tgt!r}", fontsize=10)
+    _save(fig, out_png)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out_png: pathlib.Path) -> None:
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    _pyplot().close(fig)

@@ -1,0 +1,85 @@
+"""A training run's folder: what it holds, who writes it, and whether a run may start there.
+
+    config.json      the model and run configs
+    metrics.jsonl    one JSON object per logged step and per evaluation
+    summary.json     final metrics, timings, parameter count, the configs
+    checkpoints/     orbax checkpoints (the last `keep` of them)
+    tokenizer.json   the tokenizer, for `jaxformer generate`
+    loss.png, attention.png   plots (`jaxformer.train.report`)
+
+Every process of a multi-process run opens the folder (orbax writes checkpoints with all
+of them); only process 0 writes the other files and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import jax
+
+from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.steps import TrainState
+
+
+class RunFolder:
+    """The folder `path` of one run, created on opening (an existing file is an error)."""
+
+    def __init__(self, path: str | pathlib.Path, *, keep_checkpoints: int = 3):
+        self.path = pathlib.Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"{self.path} exists and is not a folder; choose another --out")
+        self.is_main = jax.process_index() == 0
+        self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
+        self.metrics_path = self.path / "metrics.jsonl"
+
+    def start(self, *, resume: bool) -> bool:
+        """Whether to resume from the latest checkpoint. A fresh start empties the metrics;
+        checkpoints without `resume` are refused (the run would overwrite them)."""
+        latest = self.checkpoints.latest_step()
+        if latest is not None and not resume:
+            raise ValueError(
+                f"{self.path} already holds checkpoints (latest step {latest}); "
+                "pass --resume to continue that run, or choose another --out"
+            )
+        if latest is None:
+            if resume:
+                self.say(f"no checkpoint in {self.checkpoints.directory} yet: starting from step 0")
+            self._write("metrics.jsonl", "")
+        return latest is not None
+
+    def restore(self, abstract: TrainState, meta: dict[str, Any]) -> TrainState:
+        """The latest checkpoint (which must match `meta`); metrics logged after it are
+        dropped, as the steps will run again."""
+        state, _ = self.checkpoints.restore(abstract, meta)
+        step = int(state.step)
+        if self.is_main and self.metrics_path.exists():
+            lines = self.metrics_path.read_text().splitlines()
+            kept = [line for line in lines if line and json.loads(line)["step"] <= step]
+            self._write("metrics.jsonl", "".join(line + "\n" for line in kept))
+        self.say(f"resumed from step {step} in {self.checkpoints.directory}")
+        return state
+
+    def save(self, state: TrainState, meta: dict[str, Any]) -> None:
+        self.checkpoints.save(state, meta)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Append one record to metrics.jsonl."""
+        if self.is_main:
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def write_json(self, name: str, value: Any) -> None:
+        self._write(name, json.dumps(value, indent=1))
+
+    def say(self, message: str) -> None:
+        if self.is_main:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        self.checkpoints.close()
+
+    def _write(self, name: str, text: str) -> None:
+        if self.is_main:
+            (self.path / name).write_text(text)

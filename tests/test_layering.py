@@ -1,0 +1,119 @@
+"""Imports flow one way through the package, read from the source with `ast`:
+
+    checks <- data, functional <- config <- nn <- models <- decode, parallel, interop
+           <- train <- cli
+
+A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
+room below it, never one above or beside it. `functional/` (and the checks) import no
+Flax, optax or orbax; `nn/` no optax or orbax. Nothing imports another package's private
+module (`_name`), nor the test or experiment code."""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jaxformer"
+RANKS = {
+    "checks": 0,
+    "data": 1,
+    "functional": 1,
+    "config": 2,
+    "nn": 3,
+    "models": 4,
+    "decode": 5,
+    "parallel": 5,
+    "interop": 5,
+    "train": 6,
+    "cli": 7,
+    "__main__": 8,
+}
+FORBIDDEN_LIBRARIES = {
+    "checks": {"flax", "optax", "orbax"},
+    "functional": {"flax", "optax", "orbax"},
+    "nn": {"optax", "orbax"},
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported(source: str, name: str) -> list[str]:
+    """The modules (or packages) that module `name` imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = name.split(".")[: -node.level or None]
+                base = ".".join(package + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.append(full if full in MODULES else base)
+    return found
+
+
+def room(module: str) -> str:
+    """`jaxformer.train.loop` -> "train"; the package itself -> ""."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def violations(name: str, source: str) -> list[str]:
+    """What module `name` imports against the rules."""
+    problems = []
+    for target in imported(source, name):
+        top = target.split(".")[0]
+        if top in FORBIDDEN_LIBRARIES.get(room(name), ()):
+            problems.append(f"{name} imports {target} ({room(name)}/ must not use {top})")
+        if top in ("tests", "experiments"):
+            problems.append(f"{name} imports {target} (the package never imports {top}/)")
+        if top != "jaxformer" or room(name) == "":
+            continue
+        if room(target) == "":
+            problems.append(f"{name} imports the package facade `jaxformer`; import the module")
+            continue
+        private = [p for p in target.split(".") if p.startswith("_") and not p.startswith("__")]
+        owner = target.rsplit(".", 1)[0]
+        if private and not name.startswith(owner + ".") and name != owner:
+            problems.append(f"{name} imports {target}, a private module of another package")
+        here, there = RANKS[room(name)], RANKS[room(target)]
+        if room(target) != room(name) and there >= here:
+            problems.append(f"{name} imports {target}: {room(target)} is not below {room(name)}")
+    return problems
+
+
+def test_every_room_has_a_rank():
+    assert {room(m) for m in MODULES} - {""} == set(RANKS)
+
+
+def test_imports_flow_one_way():
+    problems = [p for name, path in MODULES.items() for p in violations(name, path.read_text())]
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    "name, source, complaint",
+    [
+        ("jaxformer.parallel.placement", "from jaxformer.train import steps", "train is not below"),
+        ("jaxformer.parallel.pmap", "import jaxformer.train.loop", "train is not below"),
+        ("jaxformer.decode", "from jaxformer.interop.torch import to_torch", "beside"),
+        ("jaxformer.models", "from jaxformer.nn._params import param", "private module"),
+        ("jaxformer.functional.layers", "from flax import nnx", "must not use flax"),
+        ("jaxformer.nn.blocks", "import optax", "must not use optax"),
+        ("jaxformer.train.loop", "from experiments import throughput", "never imports"),
+        ("jaxformer.models", "import jaxformer as jf", "facade"),
+        ("jaxformer.data.tasks", "from . import tokenizers\nfrom ..nn import Embed", "nn is not"),
+    ],
+)
+def test_a_forbidden_import_is_caught(name, source, complaint):
+    """The checker itself: each of these imports, added to the package, fails the test."""
+    found = violations(name, source)
+    assert any(complaint.replace("beside", "is not below") in p for p in found), found
