@@ -82,9 +82,9 @@ def build(name: str, config: jf.TransformerConfig, B: int, L: int) -> Workload:
         params = nn.DecoderLayer(config, rngs=nnx.Rngs(0)).params()
         causal = F.causal_mask(L)
         return Workload(
-            lambda y, memory, p: F.decoder_layer(
-                y, p, causal, opts, memory=memory, cross_mask=mask
-            ).y,
+            lambda y, memory, p: (
+                F.decoder_layer(y, p, causal, opts, memory=memory, cross_mask=mask).y
+            ),
             (x, x, params),
             {},
         )
