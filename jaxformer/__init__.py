@@ -6,14 +6,3 @@ from jaxformer.data.tokenizers import check_tokens
 from jaxformer.models import DecoderLM, Encoder, Transformer, count_params
 
 __version__ = "0.1.0"
-
-__all__ = [
-    "DecoderLM",
-    "Encoder",
-    "RunConfig",
-    "Transformer",
-    "TransformerConfig",
-    "check_tokens",
-    "count_params",
-    "functional",
-]

@@ -206,7 +206,7 @@ def _generate(args) -> int:
 
     from jaxformer import decode
     from jaxformer.checks import check_int
-    from jaxformer.data.tokenizers import EOS_ID, PAD_ID
+    from jaxformer.data.tokenizers import PAD_ID
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
 
@@ -232,20 +232,7 @@ def _generate(args) -> int:
     model, tokenizer = restore_model(args.checkpoint)
     seq2seq = isinstance(model, Transformer)
     max_len = model.config.max_len
-    lines = [args.input] if args.input is not None else sys.stdin.read().splitlines()
-    if not lines:
-        raise ValueError("no input: give --input TEXT or lines on stdin")
-    inputs = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            raise ValueError(f"input line {i} is empty")
-        # Surrounding spaces stripped; EOS after a source, as in training.
-        ids = tokenizer.encode(line.strip()) + ([EOS_ID] if seq2seq else [])
-        if len(ids) > max_len:
-            raise ValueError(
-                f"input line {i} has {len(ids)} tokens, more than the model's max_len={max_len}"
-            )
-        inputs.append(ids)
+    inputs = _read_inputs(args.input, tokenizer, seq2seq, max_len)
 
     for start in range(0, len(inputs), args.batch_size):
         chunk = inputs[start : start + args.batch_size]
@@ -282,6 +269,27 @@ def _generate(args) -> int:
         for row in tokens:
             print(tokenizer.decode(row).replace("\n", "\\n"), flush=True)
     return 0
+
+
+def _read_inputs(text: str | None, tokenizer, seq2seq: bool, max_len: int) -> list[list[int]]:
+    """The token ids of `text` or of each stdin line, stripped of surrounding spaces, with
+    EOS after a source as in training."""
+    from jaxformer.data.tokenizers import EOS_ID
+
+    lines = [text] if text is not None else sys.stdin.read().splitlines()
+    if not lines:
+        raise ValueError("no input: give --input TEXT or lines on stdin")
+    inputs = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            raise ValueError(f"input line {i} is empty")
+        ids = tokenizer.encode(line.strip()) + ([EOS_ID] if seq2seq else [])
+        if len(ids) > max_len:
+            raise ValueError(
+                f"input line {i} has {len(ids)} tokens, more than the model's max_len={max_len}"
+            )
+        inputs.append(ids)
+    return inputs
 
 
 def _tune_glibc_malloc() -> None:

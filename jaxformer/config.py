@@ -78,7 +78,7 @@ class TransformerConfig:
     """
 
     vocab_size: int = option(
-        dataclasses.MISSING, "vocabulary size V (in training: at least the tokenizer's)"
+        dataclasses.MISSING, "vocabulary size V (in training: the tokenizer's)"
     )
     num_encoder_layers: int = option(6, "encoder layers N")
     num_decoder_layers: int = option(6, "decoder layers N (the layers of a decoder-only LM)")
@@ -155,15 +155,9 @@ class TransformerConfig:
         return self.norm_placement == "pre" if self.final_norm is None else self.final_norm
 
     def block_options(self) -> BlockOptions:
-        return BlockOptions(
-            norm=self.norm,
-            norm_placement=self.norm_placement,
-            norm_eps=self.norm_eps,
-            activation=self.activation,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            attention_impl=self.attention_impl,
-        )
+        """The layers' options: the config's fields of the same names."""
+        names = (f.name for f in dataclasses.fields(BlockOptions))
+        return BlockOptions(**{name: getattr(self, name) for name in names})
 
     # Presets.
     @classmethod

@@ -35,9 +35,7 @@ class _Inputs(nnx.Module):
 
     def __init__(self, config: TransformerConfig, embed: Embed | None, *, rngs: nnx.Rngs):
         c = config
-        self.embed = embed or Embed(
-            c.vocab_size, c.d_model, dtype=c.dtype, param_dtype=c.param_dtype, rngs=rngs
-        )
+        self.embed = embed or _embed(config, rngs)
         learned = c.position_embedding == "learned"
         self.positions = (
             LearnedPositions(c.max_len, c.d_model, param_dtype=c.param_dtype, rngs=rngs)
@@ -82,7 +80,7 @@ class Transformer(nnx.Module):
         self.src_inputs = _Inputs(config, None, rngs=rngs)
         shared = self.src_inputs.embed if config.share_embeddings else None
         self.tgt_inputs = _Inputs(config, shared, rngs=rngs)
-        self.output_embed = None if config.share_embeddings else _output_embed(config, rngs)
+        self.output_embed = None if config.share_embeddings else _embed(config, rngs)
         self.encoder = EncoderStack(config, rngs=rngs)
         self.decoder = DecoderStack(config, cross_attention=True, rngs=rngs)
 
@@ -205,7 +203,7 @@ class DecoderLM(nnx.Module):
         _need_layers(config, encoder=False, decoder=True)
         self.config = config
         self.inputs = _Inputs(config, None, rngs=rngs)
-        self.output_embed = None if config.share_embeddings else _output_embed(config, rngs)
+        self.output_embed = None if config.share_embeddings else _embed(config, rngs)
         self.decoder = DecoderStack(config, cross_attention=False, rngs=rngs)
 
     def __call__(
@@ -337,7 +335,7 @@ def count_params(model: nnx.Module) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-def _output_embed(config: TransformerConfig, rngs: nnx.Rngs) -> Embed:
+def _embed(config: TransformerConfig, rngs: nnx.Rngs) -> Embed:
     return Embed(
         config.vocab_size,
         config.d_model,

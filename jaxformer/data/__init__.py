@@ -3,17 +3,3 @@
 from jaxformer.data.datasets import TaskData, TextData, TsvData, encode_pairs
 from jaxformer.data.tasks import DATE_FORMATS, TASKS, get_task
 from jaxformer.data.tokenizers import BPETokenizer, ByteTokenizer, check_tokens, load_tokenizer
-
-__all__ = [
-    "DATE_FORMATS",
-    "TASKS",
-    "BPETokenizer",
-    "ByteTokenizer",
-    "TaskData",
-    "TextData",
-    "TsvData",
-    "check_tokens",
-    "encode_pairs",
-    "get_task",
-    "load_tokenizer",
-]

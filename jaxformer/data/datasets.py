@@ -33,28 +33,18 @@ def encode_pairs(
 ) -> Batch:
     """Source tokens + EOS, and the target as decoder input (BOS + target) and output
     (target + EOS), padded to src_len / tgt_len. A None pair is an all-padding row."""
-    B = len(pairs)
-    batch = {
-        "src": np.full((B, src_len), PAD_ID, np.int32),
-        "tgt_in": np.full((B, tgt_len), PAD_ID, np.int32),
-        "tgt_out": np.full((B, tgt_len), PAD_ID, np.int32),
-    }
-    for i, pair in enumerate(pairs):
-        if pair is None:
-            continue
-        src, tgt = pair
-        s = _token_ids(tokenizer, src, f"example {i}'s source") + [EOS_ID]
-        t = _token_ids(tokenizer, tgt, f"example {i}'s target")
-        if len(s) > src_len or len(t) + 1 > tgt_len:
+    ids = [
+        None if p is None else tuple(_token_ids(tokenizer, x, f"example {i}'s {side}")
+                                     for x, side in zip(p, ("source", "target"), strict=True))
+        for i, p in enumerate(pairs)
+    ]  # fmt: skip
+    for i, p in enumerate(ids):
+        if p is not None and (len(p[0]) + 1 > src_len or len(p[1]) + 1 > tgt_len):
+            lengths = (len(p[0]) + 1, len(p[1]) + 1)
             raise ValueError(
-                f"example {i} needs lengths ({len(s)}, {len(t) + 1}) > ({src_len}, {tgt_len}): {src!r}"
+                f"example {i} needs lengths {lengths} > ({src_len}, {tgt_len}): {pairs[i][0]!r}"
             )
-        batch["src"][i, : len(s)] = s
-        batch["tgt_in"][i, : len(t) + 1] = [BOS_ID, *t]
-        batch["tgt_out"][i, : len(t) + 1] = [*t, EOS_ID]
-    batch["src_valid"] = batch["src"] != PAD_ID
-    batch["tgt_valid"] = batch["tgt_out"] != PAD_ID
-    return batch
+    return _pack_ids(ids, src_len, tgt_len)
 
 
 class TaskData:
@@ -163,12 +153,7 @@ class TsvData:
         self._epoch_cache: tuple[int, int, list[list[int]]] | None = None
 
     def batches_per_epoch(self, batch_size: int) -> int:
-        n = len(self._train) // batch_size
-        if n == 0:
-            raise ValueError(
-                f"batch size {batch_size} is larger than the {len(self._train)} training pairs"
-            )
-        return n
+        return _batches_per_epoch(len(self._train), batch_size, "training pairs")
 
     def _epoch(self, epoch: int, batch_size: int) -> list[list[int]]:
         if self._epoch_cache and self._epoch_cache[:2] == (epoch, batch_size):
@@ -258,13 +243,8 @@ class TextData:
         return rows
 
     def batches_per_epoch(self, batch_size: int) -> int:
-        n = len(self._train_rows) // batch_size
-        if n == 0:
-            raise ValueError(
-                f"batch size {batch_size} is larger than the {len(self._train_rows)} rows of "
-                f"{self.seq_len + 1} tokens in the training text"
-            )
-        return n
+        what = f"rows of {self.seq_len + 1} tokens in the training text"
+        return _batches_per_epoch(len(self._train_rows), batch_size, what)
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
         check_int("batch_size", batch_size)
@@ -377,6 +357,12 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int | None) -> None:
             f"the tokenizer has {tokenizer.vocab_size} ids but vocab_size={vocab_size}: its "
             "ids would fall outside the model's embedding table"
         )
+
+
+def _batches_per_epoch(rows: int, batch_size: int, what: str) -> int:
+    if rows < batch_size:
+        raise ValueError(f"batch size {batch_size} is larger than the {rows} {what}")
+    return rows // batch_size
 
 
 def _fill(items: list, n: int) -> list:

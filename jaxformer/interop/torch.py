@@ -140,31 +140,8 @@ def config_from_torch(module) -> TransformerConfig:
     vocab_size is 1 and position_embedding "none": torch's modules have neither.
     """
     tnn = _import_torch().nn
-    kind = type(module)
     layer_classes = {"encoder": tnn.TransformerEncoderLayer, "decoder": tnn.TransformerDecoderLayer}
-    stack_classes = {"encoder": tnn.TransformerEncoder, "decoder": tnn.TransformerDecoder}
-    # (part, where, stack) for each stack to read; a single layer is a stack of one.
-    if kind is tnn.Transformer:
-        parts = [(name, f"{name}.", getattr(module, name)) for name in ("encoder", "decoder")]
-        for name, _, stack in parts:
-            if type(stack) is not stack_classes[name]:
-                raise ValueError(
-                    f"custom_{name}: a {type(stack).__name__} cannot be converted, only a "
-                    f"torch.nn.{stack_classes[name].__name__}"
-                )
-    elif kind in stack_classes.values():
-        name = "encoder" if kind is tnn.TransformerEncoder else "decoder"
-        parts = [(name, "", module)]
-    elif kind in layer_classes.values():
-        name = "encoder" if kind is tnn.TransformerEncoderLayer else "decoder"
-        parts = [(name, "", None)]
-    else:
-        raise TypeError(
-            "from_torch converts torch.nn.MultiheadAttention, TransformerEncoderLayer, "
-            "TransformerDecoderLayer, TransformerEncoder, TransformerDecoder and Transformer "
-            f"(exactly these classes), got {kind.__module__}.{kind.__qualname__}"
-        )
-
+    parts = _stacks(module)
     options = []  # (where, options) of every layer
     num_layers = {"encoder": 0, "decoder": 0}
     final_norms = {}  # where -> the stack's final norm or None
@@ -220,6 +197,32 @@ def config_from_torch(module) -> TransformerConfig:
         ffn_bias=first["bias"],
         dtype=dtype,
         param_dtype=dtype,
+    )
+
+
+def _stacks(module) -> list[tuple[str, str, object]]:
+    """(part, where, stack) for each stack of `module` to read; a layer is a stack of one
+    (stack None). Anything but torch's own Transformer classes is refused."""
+    tnn = _import_torch().nn
+    kind = type(module)
+    stack_classes = {"encoder": tnn.TransformerEncoder, "decoder": tnn.TransformerDecoder}
+    if kind is tnn.Transformer:
+        parts = [(name, f"{name}.", getattr(module, name)) for name in ("encoder", "decoder")]
+        for name, _, stack in parts:
+            if type(stack) is not stack_classes[name]:
+                raise ValueError(
+                    f"custom_{name}: a {type(stack).__name__} cannot be converted, only a "
+                    f"torch.nn.{stack_classes[name].__name__}"
+                )
+        return parts
+    if kind in stack_classes.values():
+        return [("encoder" if kind is tnn.TransformerEncoder else "decoder", "", module)]
+    if kind in (tnn.TransformerEncoderLayer, tnn.TransformerDecoderLayer):
+        return [("encoder" if kind is tnn.TransformerEncoderLayer else "decoder", "", None)]
+    raise TypeError(
+        "from_torch converts torch.nn.MultiheadAttention, TransformerEncoderLayer, "
+        "TransformerDecoderLayer, TransformerEncoder, TransformerDecoder and Transformer "
+        f"(exactly these classes), got {kind.__module__}.{kind.__qualname__}"
     )
 
 

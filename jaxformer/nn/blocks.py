@@ -1,4 +1,5 @@
-"""Feed-forward, norms, encoder and decoder layers, and the layer stacks, as NNX modules.
+"""Feed-forward, norms, encoder and decoder layers, the layer stacks, and the two stacks
+together (`EncoderDecoder`, torch.nn.Transformer's shape), as NNX modules.
 
 Every option lives in one module, the one whose call reads it: a layer holds its
 `BlockOptions`; the attention, feed-forward and norm modules inside it hold parameters
@@ -304,6 +305,38 @@ class DecoderStack(_Stack):
         return out._replace(y=self._final(out.y))
 
 
+class EncoderDecoder(nnx.Module):
+    """The body of the Transformer (figure 1 without embeddings, positions or the output
+    projection): an `EncoderStack` over already-embedded sources and a `DecoderStack`
+    with cross-attention over its output. The counterpart of `torch.nn.Transformer`.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        check_instance("config", config, TransformerConfig)
+        self.encoder = EncoderStack(config, rngs=rngs)
+        self.decoder = DecoderStack(config, cross_attention=True, rngs=rngs)
+
+    def __call__(
+        self,
+        src: jax.Array,
+        tgt: jax.Array,
+        src_mask: jax.Array | None = None,
+        tgt_mask: jax.Array | None = None,
+        memory_mask: jax.Array | None = None,
+        *,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """src [B, S, E], tgt [B, T, E] -> [B, T, E]. Dropout is applied when rng is given.
+
+        Boolean masks (True = may attend), broadcastable to src_mask [B, H, S, S],
+        tgt_mask [B, H, T, T] and memory_mask [B, H, T, S]. As in torch, nothing is
+        causal unless tgt_mask says so: pass `functional.causal_mask(T)`.
+        """
+        k_enc, k_dec = (None, None) if rng is None else tuple(jax.random.split(rng))
+        memory = self.encoder(src, src_mask, rng=k_enc)
+        return self.decoder(tgt, tgt_mask, memory=memory, cross_mask=memory_mask, rng=k_dec).y
+
+
 # jax.checkpoint policies by `TransformerConfig.remat`: "full" saves nothing.
 REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
@@ -381,13 +414,3 @@ def _stacked(layers: list[nnx.Module]) -> nnx.Module:
     for _, variable in nnx.to_flat_state(stacked):
         variable.set_metadata(out_sharding=("layers", *variable.get_metadata()["out_sharding"]))
     return nnx.merge(graphdef, stacked)
-
-
-__all__ = [
-    "DecoderLayer",
-    "DecoderStack",
-    "EncoderLayer",
-    "EncoderStack",
-    "FeedForward",
-    "Norm",
-]

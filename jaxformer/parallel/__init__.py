@@ -16,6 +16,8 @@ from jaxformer.parallel.placement import (
     PmapPlacement,
     host_copy,
     make_placement,
+    put,
+    shard_batch,
 )
 from jaxformer.parallel.pmap import (
     per_replica_key,
@@ -32,31 +34,3 @@ from jaxformer.parallel.rules import (
     state_shardings,
     state_specs,
 )
-from jaxformer.parallel.sharded import put, shard_batch, shard_state
-
-__all__ = [
-    "DEFAULT_RULES",
-    "MESH_AXES",
-    "MeshPlacement",
-    "Placement",
-    "PmapPlacement",
-    "batch_sharding",
-    "batch_shards",
-    "check_batch_size",
-    "host_copy",
-    "initialize",
-    "is_main_process",
-    "make_mesh",
-    "make_placement",
-    "parse_mesh",
-    "per_replica_key",
-    "put",
-    "replicate",
-    "shard_batch",
-    "shard_state",
-    "split_batch",
-    "state_shardings",
-    "state_specs",
-    "sum_over_replicas",
-    "unreplicate",
-]

@@ -36,7 +36,6 @@ from jaxformer.parallel.rules import (
     check_rules,
     state_shardings,
 )
-from jaxformer.parallel.sharded import put, shard_batch
 
 Batch = dict[str, Any]
 
@@ -70,7 +69,11 @@ class Placement(abc.ABC):
 
 class MeshPlacement(Placement):
     """`jax.jit` with in/out NamedShardings over `mesh`, the parameters laid out by the
-    logical-axis `rules`, the batch split by rows and the activations pinned to it."""
+    logical-axis `rules`, the batch split by rows and the activations pinned to it. The
+    step is the same function as on one device; XLA inserts the collectives (gradient
+    all-reduce for data parallelism, parameter all-gathers and gradient reduce-scatters
+    for FSDP, activation all-reduces for tensor parallelism). A dimension that does not
+    divide by its mesh axes is a ValueError naming the parameter."""
 
     def __init__(self, mesh: Mesh, rules: Rules = DEFAULT_RULES):
         check_rules(rules, mesh)
@@ -164,6 +167,30 @@ def make_placement(
     elif not isinstance(mesh, Mesh):
         mesh = make_mesh(**(parse_mesh(mesh) if isinstance(mesh, str) else mesh))
     return MeshPlacement(mesh, rules)
+
+
+def put(tree, shardings):
+    """Place host values (NumPy or single-device arrays, the same on every process) with
+    `shardings` (a matching tree, or one sharding for all leaves); each process transfers
+    only the slices its own devices hold. Leaves already laid out so are kept."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: shardings, tree)
+
+    def place(x, sharding):
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+            return x
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(place, tree, shardings)
+
+
+def shard_batch(batch: Batch, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Batch:
+    """The global batch (dict of [B, ...] arrays, built identically on every process) with
+    its rows split over the `batch` rule's mesh axes. B must divide by their size."""
+    for name, x in batch.items():
+        check_batch_size(np.shape(x)[0], mesh, rules, name=f"batch[{name!r}] rows")
+    return put(batch, batch_sharding(mesh, rules))
 
 
 def host_copy(tree: Any) -> Any:

@@ -1,5 +1,7 @@
-"""Training with optax: losses, schedules, optimizers, train and eval steps."""
+"""Training with optax: losses, schedules, optimizers, the train and eval steps, and the
+loop that runs them (`train`)."""
 
+from jaxformer.train.loop import TrainingDiverged, train
 from jaxformer.train.losses import LossSums, cross_entropy
 from jaxformer.train.optim import make_optimizer, make_schedule, paper_schedule
 from jaxformer.train.steps import (
@@ -9,16 +11,3 @@ from jaxformer.train.steps import (
     make_train_step,
     model_logits,
 )
-
-__all__ = [
-    "LossSums",
-    "TrainState",
-    "create_train_state",
-    "cross_entropy",
-    "make_eval_step",
-    "make_optimizer",
-    "make_schedule",
-    "make_train_step",
-    "model_logits",
-    "paper_schedule",
-]

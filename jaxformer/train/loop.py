@@ -12,10 +12,12 @@ or `RunConfig.pmap` spread the run over devices. On several processes (after
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,13 +27,18 @@ from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData
 from jaxformer.data.datasets import read_text_lines
 from jaxformer.models import MODEL_KINDS, count_params
-from jaxformer.parallel import host_copy, make_placement
+from jaxformer.parallel import Placement, host_copy, make_placement
 from jaxformer.train import report
 from jaxformer.train.checkpoint import abstract_train_state
 from jaxformer.train.evaluate import evaluate, predict
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.run_folder import RunFolder
-from jaxformer.train.steps import create_train_state, make_eval_step, make_train_step
+from jaxformer.train.steps import (
+    TrainState,
+    create_train_state,
+    make_eval_step,
+    make_train_step,
+)
 
 
 class TrainingDiverged(RuntimeError):
@@ -43,44 +50,21 @@ def train(
 ) -> dict[str, Any]:
     """Train, evaluate and report; returns the summary (also written to summary.json).
 
-    The model's vocabulary is the tokenizer's, or `model_config.vocab_size` when larger.
+    The model's vocabulary is the tokenizer's (the run says so when `model_config` asked
+    for another size).
     With `resume`, continue from the latest checkpoint in `run.out` if there is one.
     Raises TrainingDiverged on a NaN or infinite loss (the last good checkpoint stays
     intact) and re-raises KeyboardInterrupt after saving the last completed step.
     """
-    tokenizer, data = build_data(run)
-    config = _fit_config(model_config, tokenizer, data)
-    model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.seed))
-    n_params = count_params(model)
-    graphdef, state, train_fn, eval_fn = _steps(model, config, run)
-    placement = make_placement(run.mesh, pmap=run.pmap)
-    placement.check_rows(
-        run.batch_size // run.accum_steps,
-        f"batch_size / accum_steps = {run.batch_size} / {run.accum_steps} =",
-    )
-    train_step = placement.compile(train_fn, state, donate_state=True)
-    eval_step = placement.compile(eval_fn, state.params)
+    job = _Job.prepare(model_config, run)  # everything that can fail before the folder exists
     folder = RunFolder(run.out, keep_checkpoints=run.keep_checkpoints)
-    meta = {"model_kind": data.model_kind, "model_config": config.to_dict(), "run": run.resume_settings()}  # fmt: skip
-    state = placement.put(state)
-    if folder.start(resume=resume):
-        state = placement.put(folder.restore(abstract_train_state(placement.one_copy(state)), meta))
-    first = int(placement.one_copy(state.step))
-    if folder.is_main:
-        tokenizer.save(folder.path)
-    folder.write_json("config.json", {"model": config.to_dict(), "run": run.to_dict()})
-    folder.say(f"training on {placement.description}")
-
-    def predictions(sources):
-        model = nnx.merge(graphdef, placement.one_copy(state.params))
-        return predict(model, tokenizer, data, sources, run.batch_size)
-
+    state, first = job.start(folder, resume=resume)
     shown = report.Progress(progress and folder.is_main, first, run.steps)
     meter, last_eval = _Meter(first), {}
     try:
         for step in range(first, run.steps):
             with _interrupts_held():
-                state, metrics = train_step(state, data.train_batch(step, run.batch_size))
+                state, metrics = job.train_step(state, job.data.train_batch(step, run.batch_size))
             done = step + 1
             record = meter.record(done, metrics, folder)
             if _due(done, run.log_every, run.steps):
@@ -88,31 +72,114 @@ def train(
                 shown.show(record)
                 meter.restart_window()
             if _due(done, run.eval_every, run.steps):
-                last_eval = evaluate(eval_step, state.params, data, predictions, run.batch_size)
+                last_eval = job.evaluate(state.params)
                 folder.log({"step": done, **last_eval})
-                shown.write(report.eval_line(done, last_eval))
+                if folder.is_main:
+                    shown.write(report.eval_line(done, last_eval))
                 meter.restart_window()
             if _due(done, run.checkpoint_every, run.steps):
-                folder.save(placement.one_copy(state), meta)
+                folder.save(job.placement.one_copy(state), job.meta)
             shown.advance()
     except KeyboardInterrupt:
         shown.close()
         if meter.step > (folder.checkpoints.latest_step() or 0):
-            folder.save(placement.one_copy(state), meta)
+            folder.save(job.placement.one_copy(state), job.meta)
         folder.say(f"\ninterrupted: saved step {meter.step} in {folder.checkpoints.directory}; continue with --resume")  # fmt: skip
         raise
     finally:
         shown.close()
-    summary = meter.summary(last_eval, data.metrics) | {
-        "params": n_params,
-        "device": str(jax.devices()[0].device_kind),
-        "layout": placement.description,
-        "model_kind": data.model_kind,
-        "model_config": config.to_dict(),
-        "run": run.to_dict(),
-    }
-    _finish(folder, summary, nnx.merge(graphdef, host_copy(placement.one_copy(state.params))), tokenizer, data, run)  # fmt: skip
+    summary = meter.summary(last_eval, job.data.metrics) | job.description()
+    job.finish(folder, summary, host_copy(job.placement.one_copy(state.params)))
     return summary
+
+
+@dataclasses.dataclass
+class _Job:
+    """A run before its first step: data, model, placement and the compiled steps."""
+
+    run: RunConfig
+    tokenizer: Any
+    data: Any
+    config: TransformerConfig
+    graphdef: nnx.GraphDef
+    state: TrainState  # fresh, not yet laid out
+    params: int
+    placement: Placement
+    train_step: Callable
+    eval_step: Callable
+    requested_vocab: int
+
+    @classmethod
+    def prepare(cls, model_config: TransformerConfig, run: RunConfig) -> _Job:
+        tokenizer, data = build_data(run)
+        config = _fit_config(model_config, tokenizer, data)
+        model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.seed))
+        graphdef, state, train_fn, eval_fn = _steps(model, config, run)
+        placement = make_placement(run.mesh, pmap=run.pmap)
+        placement.check_rows(
+            run.batch_size // run.accum_steps,
+            f"batch_size / accum_steps = {run.batch_size} / {run.accum_steps} =",
+        )
+        train_step = placement.compile(train_fn, state, donate_state=True)
+        eval_step = placement.compile(eval_fn, state.params)
+        return cls(run, tokenizer, data, config, graphdef, state, count_params(model),
+                   placement, train_step, eval_step, model_config.vocab_size)  # fmt: skip
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed by this run."""
+        return {"model_kind": self.data.model_kind, "model_config": self.config.to_dict(), "run": self.run.resume_settings()}  # fmt: skip
+
+    def start(self, folder: RunFolder, *, resume: bool) -> tuple[TrainState, int]:
+        """The laid-out state to start from (fresh or restored) and its step; writes the
+        tokenizer and config.json."""
+        state = self.placement.put(self.state)
+        if folder.start(resume=resume):
+            abstract = abstract_train_state(self.placement.one_copy(state))
+            state = self.placement.put(folder.restore(abstract, self.meta))
+        if folder.is_main:
+            self.tokenizer.save(folder.path)
+        folder.write_json("config.json", {"model": self.config.to_dict(), "run": self.run.to_dict()})  # fmt: skip
+        asked = self.requested_vocab
+        note = "" if asked == self.config.vocab_size else f"; the model config said {asked}"
+        vocab = f"vocabulary of {self.config.vocab_size} ids (the tokenizer's{note})"
+        folder.say(f"training on {self.placement.description}, {vocab}")
+        return state, int(self.placement.one_copy(state.step))
+
+    def evaluate(self, params) -> dict[str, float]:
+        def predictions(sources):
+            model = nnx.merge(self.graphdef, self.placement.one_copy(params))
+            return predict(model, self.tokenizer, self.data, sources, self.run.batch_size)
+
+        return evaluate(self.eval_step, params, self.data, predictions, self.run.batch_size)
+
+    def description(self) -> dict[str, Any]:
+        return {
+            "params": self.params,
+            "device": str(jax.devices()[0].device_kind),
+            "layout": self.placement.description,
+            "model_kind": self.data.model_kind,
+            "model_config": self.config.to_dict(),
+            "run": self.run.to_dict(),
+        }
+
+    def finish(self, folder: RunFolder, summary: dict[str, Any], params) -> None:
+        """summary.json, the plots and the console report (process 0 only)."""
+        folder.close()
+        if not folder.is_main:
+            return
+        folder.write_json("summary.json", summary)
+        report.loss_curves(folder.metrics_path, folder.path / "loss.png")
+        model, data, examples = nnx.merge(self.graphdef, params), self.data, []
+        if data.metrics:
+            pairs = data.test_pairs[:8]
+            sources = [s for s, _ in pairs]
+            predictions = predict(model, self.tokenizer, data, sources, self.run.batch_size)
+            examples = [(s, p, t) for p, (s, t) in zip(predictions, pairs, strict=True)]
+        if hasattr(model, "cross_attention_weights") and data.test_pairs:
+            plot = folder.path / "attention.png"
+            report.cross_attention(model, self.tokenizer, data.test_pairs[0], plot)
+        report.print_summary(summary, examples, folder.path)
 
 
 def build_data(run: RunConfig):
@@ -133,13 +200,12 @@ def build_data(run: RunConfig):
 
 
 def _fit_config(config: TransformerConfig, tokenizer, data) -> TransformerConfig:
-    """`config` with a vocabulary that holds the tokenizer's ids, checked against the
-    data's sequence length."""
+    """`config` with the tokenizer's vocabulary, checked against the data's length."""
     if config.max_len < data.max_len:
         raise ValueError(
             f"the data needs sequences of {data.max_len} tokens but max_len={config.max_len}"
         )
-    return config.replace(vocab_size=max(config.vocab_size, tokenizer.vocab_size))
+    return config.replace(vocab_size=tokenizer.vocab_size)
 
 
 def _steps(model, config: TransformerConfig, run: RunConfig):
@@ -207,23 +273,6 @@ class _Meter:
 
 def _due(done: int, every: int, total: int) -> bool:
     return done % every == 0 or done == total
-
-
-def _finish(folder: RunFolder, summary, model, tokenizer, data, run: RunConfig) -> None:
-    """summary.json, the plots and the console report (process 0 only)."""
-    folder.close()
-    if not folder.is_main:
-        return
-    folder.write_json("summary.json", summary)
-    report.loss_curves(folder.metrics_path, folder.path / "loss.png")
-    examples = []
-    if data.metrics:
-        pairs = data.test_pairs[:8]
-        predictions = predict(model, tokenizer, data, [s for s, _ in pairs], run.batch_size)
-        examples = [(s, p, t) for p, (s, t) in zip(predictions, pairs, strict=True)]
-    if hasattr(model, "cross_attention_weights") and data.test_pairs:
-        report.cross_attention(model, tokenizer, data.test_pairs[0], folder.path / "attention.png")
-    report.print_summary(summary, examples, folder.path)
 
 
 @contextlib.contextmanager

@@ -41,9 +41,10 @@ class Progress:
                   f"{speed:,.0f} tokens/s", flush=True)  # fmt: skip
 
     def write(self, line: str) -> None:
+        """A line of results (printed with or without progress output)."""
         if self.bar is not None:
             self.bar.write(line)
-        elif self.enabled:
+        else:
             print(line, flush=True)
 
     def advance(self) -> None:

@@ -141,3 +141,26 @@ def test_bpe_tokenizer_trains_saves_and_loads(tmp_path):
     tok.save(tmp_path)
     again = data.load_tokenizer(tmp_path)
     assert again.encode("the cat sat") == ids and again.vocab_size == tok.vocab_size
+
+
+def test_text_without_blank_lines_has_one_document_per_line(tmp_path):
+    def documents(text_data):  # segment ids count the documents of each split from 1
+        return sum(max(int(seg.max()) for _, seg in rows) for rows in (text_data._train_rows, text_data._test_rows))  # fmt: skip
+
+    lines = [f"sentence number {i} about the weather" for i in range(40)]
+    path = tmp_path / "lines.txt"
+    path.write_text("\n".join(lines) + "\n")
+    assert documents(data.TextData(path, TOK, seq_len=16)) == 40
+    paragraphs = tmp_path / "paragraphs.txt"
+    paragraphs.write_text("\n\n".join("\n".join(lines[i : i + 4]) for i in range(0, 40, 4)))
+    assert documents(data.TextData(paragraphs, TOK, seq_len=16)) == 10
+
+
+def test_bpe_sized_from_the_data_keeps_only_common_merges():
+    pytest.importorskip("tokenizers", reason="the BPE tokenizer needs the 'tokenizers' extra")
+    texts = [f"order {i:05d} shipped to the warehouse on monday" for i in range(400)]
+    capped = data.BPETokenizer.train(texts, vocab_size=2000)
+    sized = data.BPETokenizer.train(texts)
+    assert sized.vocab_size < capped.vocab_size
+    assert "warehouse" in "".join(sized.token_strings(sized.encode(" warehouse")))
+    assert len(sized.encode("00123")) > 1  # a number seen once is not one token

@@ -155,7 +155,7 @@ def test_fsdp_divides_parameter_and_optimizer_bytes_by_its_size():
     total = sum(x.nbytes for x in jax.tree.leaves((state.params, state.opt_state)))
     for fsdp in (2, 4, 8):
         mesh = parallel.make_mesh(data=-1, fsdp=fsdp)
-        placed, _ = parallel.shard_state(state, mesh)
+        placed = parallel.make_placement(mesh).put(state)
         per_device = sum(
             x.addressable_shards[0].data.nbytes
             for x in jax.tree.leaves((placed.params, placed.opt_state))
@@ -169,10 +169,10 @@ def test_layouts_that_do_not_divide_are_clear_errors():
     with pytest.raises(
         ValueError, match=r"wk.*dimension 1 \(heads\) of size 2 .* tensor of size 4"
     ):
-        parallel.shard_state(state, parallel.make_mesh(data=2, tensor=4))
+        parallel.make_placement(parallel.make_mesh(data=2, tensor=4)).put(state)
     graphdef, state, *_ = setup(small(d_model=36))
     with pytest.raises(ValueError, match=r"dimension \d \(embed\) of size 36 .* fsdp of size 8"):
-        parallel.shard_state(state, parallel.make_mesh(data=1, fsdp=8))
+        parallel.make_placement(parallel.make_mesh(data=1, fsdp=8)).put(state)
     mesh = parallel.make_mesh(data=4, fsdp=2)
     with pytest.raises(ValueError, match="rows 12 is not divisible by data\\*fsdp = 8"):
         parallel.shard_batch({k: v[:12] for k, v in BATCHES[0].items()}, mesh)
@@ -197,11 +197,11 @@ def test_pmap_step_equals_the_single_device_step():
 def test_sharded_checkpoint_restores_onto_another_mesh_and_one_device(tmp_path):
     """Orbax writes the pieces; restoring takes the target's layout, whatever the saved one."""
     graphdef, state, *_ = setup(small())
-    saved, _ = parallel.shard_state(state, parallel.make_mesh(data=2, fsdp=2, tensor=2))
+    saved = parallel.make_placement("data=2,fsdp=2,tensor=2").put(state)
     meta = {"model_kind": "Transformer", "model_config": small().to_dict(), "run": {}}
     ckpt = checkpoint.Checkpointer(tmp_path)
     ckpt.save(saved, meta)
-    target, _ = parallel.shard_state(state, parallel.make_mesh(data=1, fsdp=8))
+    target = parallel.make_placement("data=1,fsdp=8").put(state)
     restored, _ = ckpt.restore(checkpoint.abstract_train_state(target), meta)
     ckpt.close()
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):

@@ -1,5 +1,6 @@
 """The training loop, checkpoints, resume, faults and the `jaxformer train` command."""
 
+import dataclasses
 import json
 import math
 import os
@@ -24,7 +25,7 @@ SMALL = dict(
 
 
 def small_config(**overrides):
-    return jf.TransformerConfig.tiny(259, **(SMALL | overrides))
+    return jf.TransformerConfig.tiny(259, **SMALL).replace(**overrides)
 
 
 def run_config(out, **overrides):
@@ -123,10 +124,15 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 5
 
 
-def test_restore_model_for_inference(tmp_path):
-    loop.train(small_config(), run_config(tmp_path, steps=2), progress=False)
+def test_restore_model_for_inference(tmp_path, capsys):
+    loop.train(small_config(vocab_size=320), run_config(tmp_path, steps=2), progress=False)
     model, tokenizer = checkpoint.restore_model(tmp_path)
     assert isinstance(model, jf.Transformer) and tokenizer.vocab_size == 259
+    assert model.config.vocab_size == 259  # the tokenizer's, and the run says so:
+    assert (
+        "vocabulary of 259 ids (the tokenizer's; the model config said 320)"
+        in capsys.readouterr().out
+    )
     with pytest.raises(FileNotFoundError, match="no such run folder"):
         checkpoint.restore_model(tmp_path / "nope")
 
@@ -264,3 +270,15 @@ def test_yaml_config_file(tmp_path):
     path.write_text("- a list\n")
     with pytest.raises(ValueError, match="expected a mapping of config fields"):
         load_config_file(str(path))
+
+
+def test_train_help_lists_every_config_field_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for cls in (jf.RunConfig, jf.TransformerConfig):
+        for field in dataclasses.fields(cls):
+            assert f"--{field.name.replace('_', '-')}" in text, field.name
+    assert "optimizer steps (default: 1500)" in text
+    assert "examples (rows) per step (default: 64)" in text
+    assert "model dimension (tiny: 128)" in text

@@ -1,0 +1,88 @@
+"""The pieces of the training loop on their own: the run folder and the report."""
+
+import json
+
+import optax
+import pytest
+from flax import nnx
+
+import jaxformer as jf
+from jaxformer import train
+from jaxformer.train import report
+from jaxformer.train.checkpoint import abstract_train_state
+from jaxformer.train.run_folder import RunFolder
+
+META = {"model_kind": "DecoderLM", "model_config": {}, "run": {"seed": 0}}
+
+
+def tiny_state(step: int):
+    config = jf.TransformerConfig.tiny(11, num_decoder_layers=1, d_model=8, num_heads=2, d_ff=16)
+    _, state = train.create_train_state(
+        jf.DecoderLM(config, rngs=nnx.Rngs(0)), optax.adam(1e-3), seed=0
+    )
+    return state.replace(step=state.step + step)
+
+
+def test_a_fresh_folder_then_a_refusal_then_a_resume(tmp_path):
+    out = tmp_path / "run"
+    folder = RunFolder(out)
+    assert folder.start(resume=False) is False  # nothing to resume: a fresh start
+    for step in (1, 2, 3):
+        folder.log({"step": step, "loss": 1.0 / step})
+    folder.save(tiny_state(2), META)
+    folder.close()
+    with pytest.raises(ValueError, match=r"already holds checkpoints \(latest step 2\)"):
+        RunFolder(out).start(resume=False)
+    again = RunFolder(out)
+    assert again.start(resume=True) is True
+    state = again.restore(abstract_train_state(tiny_state(0)), META)
+    assert int(state.step) == 2
+    steps = [json.loads(line)["step"] for line in again.metrics_path.read_text().splitlines()]
+    assert steps == [1, 2]  # step 3 will run again: its record is dropped
+    with pytest.raises(ValueError, match=r"different configuration: seed=0 \(checkpoint\) vs 1"):
+        again.restore(abstract_train_state(tiny_state(0)), META | {"run": {"seed": 1}})
+    again.close()
+
+
+def test_resume_without_a_checkpoint_starts_afresh(tmp_path, capsys):
+    folder = RunFolder(tmp_path / "run")
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 5, "loss": 1.0}\n')
+    assert folder.start(resume=True) is False
+    assert folder.metrics_path.read_text() == ""
+    assert "starting from step 0" in capsys.readouterr().out
+    folder.close()
+
+
+def test_a_file_is_not_a_run_folder(tmp_path):
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(ValueError, match="taken exists and is not a folder"):
+        RunFolder(tmp_path / "taken")
+
+
+def test_progress_off_a_terminal_prints_plain_lines(capsys):
+    progress = report.Progress(True, start=0, total=100)
+    assert progress.bar is None  # pytest's stderr is not a terminal
+    for step in range(1, 101):
+        progress.show({"step": step, "loss": 1.0, "lr": 1e-3, "tokens_per_second": 10.0})
+        progress.advance()
+    progress.close()
+    out = capsys.readouterr()
+    assert "\r" not in out.out + out.err
+    assert out.out.count("\n") == 10 and out.out.startswith("step 10/100: loss 1.0000")
+
+
+def test_the_final_report_aligns_long_cells_and_counts_this_runs_steps(tmp_path, capsys):
+    summary = {
+        "steps": 200, "steps_run": 121, "wall_seconds": 26.0, "train_tokens_per_second": 1e4,
+        "params": 1234, "eval_nll": 0.5, "eval_perplexity": 1.65, "token_accuracy": 0.9,
+        "exact_match": 0.5,
+    }  # fmt: skip
+    examples = [("a short input", "2001-03-03 and then some", "2001-03-03"), ("x", "y", "y")]
+    report.print_summary(summary, examples, tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    header, first, second = [line for line in lines if line][:3]
+    at = {word: header.index(word) for word in ("prediction", "target", "correct")}
+    for row, cells in ((first, examples[0][1:] + ("NO",)), (second, ("y", "y", "yes"))):
+        for column, cell in zip(at.values(), cells, strict=True):
+            assert row[column:].startswith(cell), (row, cell)
+    assert "steps 80-200 in 26 s" in "\n".join(lines)
