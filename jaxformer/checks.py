@@ -19,11 +19,6 @@ def is_int(x) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
 
-def is_number(x) -> bool:
-    """A Python or NumPy real number, not a bool."""
-    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
-
-
 def check_int(name: str, value, minimum: int | None = 1) -> None:
     """An int (not a bool) >= minimum (no bound with minimum=None)."""
     if not is_int(value):
@@ -34,7 +29,7 @@ def check_int(name: str, value, minimum: int | None = 1) -> None:
 
 def check_number(name: str, value, interval: str) -> None:
     """A real number in `interval`, written as in mathematics: "[0, 1)", "(0, inf)"."""
-    if not is_number(value):
+    if not isinstance(value, int | float | np.integer | np.floating) or isinstance(value, bool):
         raise TypeError(f"{name} must be a number, got {value!r}")
     low, high = (float(x) for x in interval[1:-1].split(","))
     above = value > low if interval[0] == "(" else value >= low

@@ -49,18 +49,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     model = t.add_argument_group(
         "model (TransformerConfig; default: the --preset, then the --config file)"
     )
-    model.add_argument(
-        "--preset", choices=PRESETS, default="tiny", help="model size (default: tiny)"
-    )
+    model.add_argument("--preset", choices=PRESETS, default="tiny", help="(default: tiny)")
     model.add_argument("--config", metavar="FILE", help="JSON or YAML of TransformerConfig fields")
     _add_fields(model, TransformerConfig, keep_defaults=False)
-    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out, if there is one")  # fmt: skip
+    t.add_argument("--resume", action="store_true", help="continue from --out's last checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress output")
     par = t.add_argument_group("several processes (see README, 'Scaling out')")
-    par.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address ('auto' on TPU pods, SLURM)")  # fmt: skip
+    par.add_argument(
+        "--coordinator", metavar="HOST:PORT", help="process 0's address ('auto' on TPU pods, SLURM)"
+    )
     par.add_argument("--num-processes", type=int, metavar="N")
     par.add_argument("--process-id", type=int, metavar="I", help="0 .. N-1")
-    par.add_argument("--coordinator-timeout", type=int, default=120, metavar="S", help="seconds to wait for all processes (default: 120)")  # fmt: skip
+    par.add_argument(
+        "--coordinator-timeout", type=int, default=120, metavar="SECONDS", help="(default: 120)"
+    )
 
     g = sub.add_parser(
         "generate",
@@ -84,7 +86,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         metavar="N",
         help="default: the input's length + 50 (the paper), within the model's max_len",
     )
-    g.add_argument("--batch-size", type=int, default=32, metavar="B", help="inputs per batch (default: 32)")  # fmt: skip
+    g.add_argument("--batch-size", type=int, default=32, metavar="B", help="inputs (default: 32)")
     return parser, {"train": t, "generate": g}
 
 

@@ -213,7 +213,9 @@ class RunConfig:
     """What to train on and how (the model itself is a TransformerConfig). Each field is
     also an option of `jaxformer train` (`--batch-size` for batch_size, ...)."""
 
-    task: str | None = option(None, "a synthetic task; default dates, unless a data file is given", TASKS)  # fmt: skip
+    task: str | None = option(
+        None, "a synthetic task; default dates, unless a data file is given", TASKS
+    )
     data_tsv: str | None = option(None, "a file of source<TAB>target lines (translation)")
     data_text: str | None = option(None, "plain text for a decoder-only language model")
     tokenizer: str = option("byte", "bytes, or BPE trained on the data file", TOKENIZERS)
@@ -223,7 +225,9 @@ class RunConfig:
     batch_size: int = option(64, "examples (rows) per step")
     accum_steps: int = option(1, "micro-batches per step (gradient accumulation)")
     schedule: str = option("cosine", "learning-rate schedule; paper: eq. (3)", SCHEDULES)
-    lr: float | None = option(None, "peak lr, default 3e-3 (paper schedule: a multiplier, default 1)")  # fmt: skip
+    lr: float | None = option(
+        None, "peak lr, default 3e-3 (paper schedule: a multiplier, default 1)"
+    )
     warmup_steps: int | None = option(None, "default: 10% of steps (cosine), 4000 (paper)")
     optimizer: str = option("adam", "Adam(0.9, 0.98, 1e-9) as the paper, or AdamW", OPTIMIZERS)
     weight_decay: float = option(0.0, "decoupled weight decay (adamw)")
@@ -235,7 +239,7 @@ class RunConfig:
     eval_examples: int = option(1000, "held-out examples for evaluation")
     seed: int = option(0, "initialisation, dropout and data order")
     out: str | None = option(None, "run folder; default runs/<task or data file name>")
-    mesh: str | None = option(None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)")  # fmt: skip
+    mesh: str | None = option(None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)")
     pmap: bool = option(False, "data parallel with jax.pmap over this process's devices")
 
     def __post_init__(self):
@@ -248,7 +252,9 @@ class RunConfig:
             check_choice("task", self.task, TASKS)
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "bpe" and self.task:
-            raise ValueError("the BPE tokenizer is trained on a data file; use it with data_tsv or data_text")  # fmt: skip
+            raise ValueError(
+                "the BPE tokenizer is trained on a data file; use it with data_tsv or data_text"
+            )
         for name in ("seq_len", "steps", "batch_size", "accum_steps", "eval_every", "log_every",
                      "checkpoint_every", "keep_checkpoints", "eval_examples"):  # fmt: skip
             check_int(name, getattr(self, name))

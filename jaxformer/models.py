@@ -95,11 +95,7 @@ class Transformer(nnx.Module):
         """src_tokens [B, S] -> memory [B, S, E]."""
         _check_tokens(self.config, "src_tokens", src_tokens, src_valid, "src_valid")
         rng = dropout_rng(deterministic, rng)
-        k_in, k_layers = _split2(rng)
-        positions = _default_positions(src_tokens)
-        x = self.src_inputs(src_tokens, positions, k_in)
-        mask = None if src_valid is None else F.padding_mask(None, src_valid)
-        return self.encoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions))
+        return _encode(self.src_inputs, self.encoder, self.config, src_tokens, src_valid, rng)
 
     def decode(
         self,
@@ -282,11 +278,16 @@ class Encoder(nnx.Module):
         """tokens [B, S] -> [B, S, E]."""
         _check_tokens(self.config, "tokens", tokens, valid, "valid")
         rng = dropout_rng(deterministic, rng)
-        k_in, k_layers = _split2(rng)
-        positions = _default_positions(tokens)
-        x = self.inputs(tokens, positions, k_in)
-        mask = None if valid is None else F.padding_mask(None, valid)
-        return self.encoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions))
+        return _encode(self.inputs, self.encoder, self.config, tokens, valid, rng)
+
+
+def _encode(inputs: _Inputs, encoder: EncoderStack, config, tokens, valid, rng) -> jax.Array:
+    """The encoder stack over the inputs of tokens [B, S]: [B, S, E]."""
+    k_in, k_layers = _split2(rng)
+    positions = _default_positions(tokens)
+    mask = None if valid is None else F.padding_mask(None, valid)
+    x = inputs(tokens, positions, k_in)
+    return encoder(x, mask, rng=k_layers, rope_positions=_rope(config, positions))
 
 
 def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):

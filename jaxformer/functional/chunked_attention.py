@@ -226,16 +226,8 @@ def _attend_bwd(tiles, residuals, d_out):
     (dq, dbias), (dk, dv) = jax.lax.scan(key_block, init, jnp.arange(n_k))
     dk = jnp.moveaxis(dk, 0, 1).reshape(k.shape)  # [n_k, B, bk, K, D] -> [B, Sp, K, D]
     dv = jnp.moveaxis(dv, 0, 1).reshape(v.shape)
-    return (
-        dq.astype(q.dtype),
-        dk.astype(k.dtype),
-        dv.astype(v.dtype),
-        None,
-        dbias,
-        None,
-        None,
-        None,
-    )
+    grads = dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    return *grads, None, dbias, None, None, None  # mask, valid vectors and rng: none
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)

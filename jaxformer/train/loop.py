@@ -51,8 +51,8 @@ def train(
     """Train, evaluate and report; returns the summary (also written to summary.json).
 
     The model's vocabulary is the tokenizer's (the run says so when `model_config` asked
-    for another size).
-    With `resume`, continue from the latest checkpoint in `run.out` if there is one.
+    for another size). With `resume`, continue from the latest checkpoint in `run.out`
+    if there is one.
     Raises TrainingDiverged on a NaN or infinite loss (the last good checkpoint stays
     intact) and re-raises KeyboardInterrupt after saving the last completed step.
     """
@@ -82,9 +82,11 @@ def train(
             shown.advance()
     except KeyboardInterrupt:
         shown.close()
-        if meter.step > (folder.checkpoints.latest_step() or 0):
+        done = int(job.placement.one_copy(state.step))
+        if done > (folder.checkpoints.latest_step() or 0):
             folder.save(job.placement.one_copy(state), job.meta)
-        folder.say(f"\ninterrupted: saved step {meter.step} in {folder.checkpoints.directory}; continue with --resume")  # fmt: skip
+        where = folder.checkpoints.directory
+        folder.say(f"\ninterrupted: saved step {done} in {where}; continue with --resume")
         raise
     finally:
         shown.close()
@@ -122,13 +124,19 @@ class _Job:
         )
         train_step = placement.compile(train_fn, state, donate_state=True)
         eval_step = placement.compile(eval_fn, state.params)
-        return cls(run, tokenizer, data, config, graphdef, state, count_params(model),
-                   placement, train_step, eval_step, model_config.vocab_size)  # fmt: skip
+        return cls(
+            run, tokenizer, data, config, graphdef, state, count_params(model), placement,
+            train_step, eval_step, requested_vocab=model_config.vocab_size,
+        )  # fmt: skip
 
     @property
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this run."""
-        return {"model_kind": self.data.model_kind, "model_config": self.config.to_dict(), "run": self.run.resume_settings()}  # fmt: skip
+        return {
+            "model_kind": self.data.model_kind,
+            "model_config": self.config.to_dict(),
+            "run": self.run.resume_settings(),
+        }
 
     def start(self, folder: RunFolder, *, resume: bool) -> tuple[TrainState, int]:
         """The laid-out state to start from (fresh or restored) and its step; writes the
@@ -139,7 +147,9 @@ class _Job:
             state = self.placement.put(folder.restore(abstract, self.meta))
         if folder.is_main:
             self.tokenizer.save(folder.path)
-        folder.write_json("config.json", {"model": self.config.to_dict(), "run": self.run.to_dict()})  # fmt: skip
+        folder.write_json(
+            "config.json", {"model": self.config.to_dict(), "run": self.run.to_dict()}
+        )
         asked = self.requested_vocab
         note = "" if asked == self.config.vocab_size else f"; the model config said {asked}"
         vocab = f"vocabulary of {self.config.vocab_size} ids (the tokenizer's{note})"

@@ -20,12 +20,10 @@ class Progress:
     the run, so that logs hold no carriage returns."""
 
     def __init__(self, enabled: bool, start: int, total: int):
-        self.enabled, self.total = enabled, total
-        self.tty = enabled and sys.stderr.isatty()
-        self.every = max(1, total // 10)
+        self.enabled, self.total, self.every = enabled, total, max(1, total // 10)
         self.next_line = (start // self.every + 1) * self.every
         self.bar = None
-        if self.tty:
+        if enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
@@ -37,8 +35,11 @@ class Progress:
             self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
         elif self.enabled and record["step"] >= self.next_line:
             self.next_line += self.every
-            print(f"step {record['step']}/{self.total}: loss {loss:.4f}, lr {lr:.2e}, "
-                  f"{speed:,.0f} tokens/s", flush=True)  # fmt: skip
+            print(
+                f"step {record['step']}/{self.total}: loss {loss:.4f}, lr {lr:.2e}, "
+                f"{speed:,.0f} tokens/s",
+                flush=True,
+            )
 
     def write(self, line: str) -> None:
         """A line of results (printed with or without progress output)."""
@@ -57,13 +58,9 @@ class Progress:
 
 
 def eval_line(step: int, m: dict[str, float]) -> str:
-    text = (
-        f"step {step}: held-out NLL {m['eval_nll']:.4f} (perplexity {m['eval_perplexity']:.3f}), "
-        f"token accuracy {m['eval_token_accuracy']:.2%}"
+    return f"step {step}: " + _held_out(
+        m["eval_nll"], m["eval_perplexity"], m["eval_token_accuracy"], m.get("exact_match")
     )
-    if "exact_match" in m:
-        text += f", exact match {m['exact_match']:.2%}"
-    return text
 
 
 def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]], out) -> None:
@@ -82,13 +79,15 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
         f"({summary['train_tokens_per_second']:,.0f} target tokens/s), "
         f"{summary['params']:,} parameters"
     )
-    line = f"held-out NLL {summary['eval_nll']:.4f}, perplexity {summary['eval_perplexity']:.3f}"
-    line += f", token accuracy {summary['token_accuracy']:.1%}"
-    if summary.get("exact_match") is not None:
-        line += f", exact match {summary['exact_match']:.1%}"
-    print(line)
+    keys = ("eval_nll", "eval_perplexity", "token_accuracy")
+    print(_held_out(*(summary[k] for k in keys), summary.get("exact_match")))
     plots = " ".join(p.name for p in sorted(pathlib.Path(out).glob("*.png")))
     print(f"results in {out}/: summary.json metrics.jsonl {plots}")
+
+
+def _held_out(nll: float, perplexity: float, accuracy: float, exact_match: float | None) -> str:
+    text = f"held-out NLL {nll:.4f} (perplexity {perplexity:.3f}), token accuracy {accuracy:.2%}"
+    return text if exact_match is None else f"{text}, exact match {exact_match:.2%}"
 
 
 def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:

@@ -17,8 +17,7 @@ import json
 import pathlib
 from typing import Any
 
-import jax
-
+from jaxformer.parallel import is_main_process
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.steps import TrainState
 
@@ -30,7 +29,7 @@ class RunFolder:
         self.path = pathlib.Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{self.path} exists and is not a folder; choose another --out")
-        self.is_main = jax.process_index() == 0
+        self.is_main = is_main_process()
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
 
