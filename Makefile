@@ -9,9 +9,10 @@ DEV    := $(VENV)/.installed-dev
 
 .PHONY: train test test-all lint bench clean
 
-# `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers
-# and torch, pinned to exactly 2.13.0 for the PyTorch parity tests: CI has that CPU wheel
-# on disk, while another version or an open range would pull gigabytes of CUDA packages.
+# `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
+# torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk,
+# while another version or an open range would pull gigabytes of CUDA packages), and
+# transformers and safetensors pinned for the Hugging Face parity tests.
 $(RUN): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxformer needs Python >= 3.11, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +21,7 @@ $(RUN): pyproject.toml
 	@touch $(RUN)
 
 $(DEV): $(RUN)
-	$(PY) -m pip install --quiet -e '.[dev]' torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
 	@touch $(DEV)
 
 train: $(RUN)

@@ -20,7 +20,10 @@ from jaxformer.data.tasks import TASKS
 from jaxformer.functional.attention import IMPLEMENTATIONS
 from jaxformer.functional.layers import ACTIVATIONS, NORM_PLACEMENTS, NORMS, BlockOptions
 
-POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rope", "none")
+# Sinusoids (the paper's columns interleaved; Marian's in [sin | cos] halves), a learned
+# table, rotary embeddings, or none.
+POSITION_EMBEDDINGS = ("sinusoidal", "sinusoidal_halves", "learned", "rope", "none")
+SINUSOIDS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves"}  # -> table layout
 SCHEDULES = ("paper", "cosine", "constant")
 OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("byte", "bpe")
@@ -102,6 +105,9 @@ class TransformerConfig:
     share_embeddings: bool = option(
         True, "one matrix embeds source and target and makes the logits"
     )
+    embed_scale: bool = option(True, "token embeddings times sqrt(d_model) (section 3.4)")
+    embed_norm: bool = option(False, "a norm over embeddings + positions (BART)")
+    logits_bias: bool = option(False, "a learned bias on the output logits (Marian, BART)")
     attention_bias: bool = option(False, "biases on the attention projections")
     ffn_bias: bool = option(True, "biases on the feed-forward layers")
     dtype: str = option("float32", "compute dtype (parameters stay float32)", tuple(DTYPES))
@@ -127,11 +133,12 @@ class TransformerConfig:
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("param_dtype", self.param_dtype, DTYPES)
         check_choice("remat", self.remat, REMAT)
-        if self.position_embedding == "sinusoidal":
+        if self.position_embedding in SINUSOIDS:
             check_even("d_model", self.d_model, "sinusoidal positions")
         if self.position_embedding == "rope":
             check_even("key head dim d_k", self.key_dim, "rotary embeddings")
-        for name in ("share_embeddings", "attention_bias", "ffn_bias", "norm_bias", "scan_layers"):
+        for name in ("share_embeddings", "attention_bias", "ffn_bias", "norm_bias", "scan_layers",
+                     "embed_scale", "embed_norm", "logits_bias"):  # fmt: skip
             check_bool(name, getattr(self, name))
         if self.final_norm is not None:
             check_bool("final_norm", self.final_norm)
@@ -148,6 +155,11 @@ class TransformerConfig:
     @property
     def value_dim(self) -> int:
         return self.d_model // self.num_heads if self.d_v is None else self.d_v
+
+    @property
+    def position_table(self) -> bool:
+        """Positions come from a table of max_len rows, so sequences are at most max_len."""
+        return self.position_embedding in (*SINUSOIDS, "learned")
 
     @property
     def use_final_norm(self) -> bool:

@@ -373,7 +373,7 @@ def _check_model(model, src, src_valid) -> None:
     if src_valid is not None:
         check_shape("src_valid", src_valid, np.shape(src), "src_tokens' [B, S]")
     c = model.config
-    if c.position_embedding in ("sinusoidal", "learned") and src.shape[1] > c.max_len:
+    if c.position_table and src.shape[1] > c.max_len:
         raise ValueError(
             f"{name} has length {src.shape[1]} > the model's max_len={c.max_len}; "
             "shorten the input or use a model with a longer position table"
@@ -403,7 +403,7 @@ def _check_common(model, src, src_valid, max_new_tokens) -> int:
 def _capacity(model, src) -> int:
     """The most new tokens whose positions fit the model's position table."""
     c = model.config
-    if c.position_embedding not in ("sinusoidal", "learned"):
+    if not c.position_table:
         return np.iinfo(np.int32).max
     # Positions fed: BOS at 0 and outputs 1 .. n-1; or the prompt and outputs up to T + n - 2.
     return c.max_len if isinstance(model, Transformer) else c.max_len - src.shape[1] + 1

@@ -24,14 +24,15 @@ from jaxformer.checks import (
     check_rank,
     check_shape,
 )
-from jaxformer.config import TransformerConfig
-from jaxformer.nn import DecoderStack, Embed, EncoderStack, LearnedPositions
-from jaxformer.nn.parameters import dropout_rng
+from jaxformer.config import SINUSOIDS, TransformerConfig
+from jaxformer.nn import DecoderStack, Embed, EncoderStack, LearnedPositions, make_norm
+from jaxformer.nn.parameters import dropout_rng, dtype_of, param
 from jaxformer.nn.sharding import constrain_batch
 
 
 class _Inputs(nnx.Module):
-    """Token embedding * sqrt(E) + positions, then dropout (sections 3.4, 3.5, 5.4)."""
+    """Token embedding (* sqrt(E) with `embed_scale`) + positions, an optional norm
+    (`embed_norm`), then dropout (sections 3.4, 3.5, 5.4)."""
 
     def __init__(self, config: TransformerConfig, embed: Embed | None, *, rngs: nnx.Rngs):
         c = config
@@ -42,16 +43,22 @@ class _Inputs(nnx.Module):
             if learned
             else None
         )
+        self.norm = make_norm(c, rngs) if c.embed_norm else None
         self.config = c
 
     def __call__(self, tokens, positions, rng):
         """tokens [B, T], positions [B, T] -> [B, T, E]."""
         c = self.config
         x = self.embed(tokens)
-        if c.position_embedding == "sinusoidal":
-            x = x + F.sinusoidal_positions(c.max_len, c.d_model)[positions].astype(x.dtype)
+        if c.position_embedding in SINUSOIDS:
+            table = F.sinusoidal_positions(
+                c.max_len, c.d_model, layout=SINUSOIDS[c.position_embedding]
+            )
+            x = x + table[positions].astype(x.dtype)
         elif c.position_embedding == "learned":
             x = x + self.positions(positions).astype(x.dtype)
+        if self.norm is not None:
+            x = self.norm(x, kind=c.norm, eps=c.norm_eps)
         return constrain_batch(F.dropout(x, c.dropout_rate, rng))
 
 
@@ -81,6 +88,7 @@ class Transformer(nnx.Module):
         shared = self.src_inputs.embed if config.share_embeddings else None
         self.tgt_inputs = _Inputs(config, shared, rngs=rngs)
         self.output_embed = None if config.share_embeddings else _embed(config, rngs)
+        self.logits_bias = _logits_bias(config, rngs)
         self.encoder = EncoderStack(config, rngs=rngs)
         self.decoder = DecoderStack(config, cross_attention=True, rngs=rngs)
 
@@ -110,7 +118,7 @@ class Transformer(nnx.Module):
         """tgt_tokens [B, T] (shifted right), memory [B, S, E] -> logits [B, T, V] (float32)."""
         rng = dropout_rng(deterministic, rng)
         y = self._decoder(tgt_tokens, memory, src_valid, tgt_valid, rng, False).y
-        return (self.output_embed or self.tgt_inputs.embed).attend(y)
+        return _logits(self, self.tgt_inputs, y)
 
     def cross_attention_weights(
         self,
@@ -200,6 +208,7 @@ class DecoderLM(nnx.Module):
         self.config = config
         self.inputs = _Inputs(config, None, rngs=rngs)
         self.output_embed = None if config.share_embeddings else _embed(config, rngs)
+        self.logits_bias = _logits_bias(config, rngs)
         self.decoder = DecoderStack(config, cross_attention=False, rngs=rngs)
 
     def __call__(
@@ -234,7 +243,7 @@ class DecoderLM(nnx.Module):
             None if segment_ids is None else F.segment_mask(segment_ids, segment_ids),
         )
         y = self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions)).y
-        return (self.output_embed or self.inputs.embed).attend(y)
+        return _logits(self, self.inputs, y)
 
     def init_cache(self, batch_size: int, *, max_len: int) -> DecodeCache:
         """Empty caches for `batch_size` rows of up to `max_len` tokens (prompt included)."""
@@ -313,14 +322,14 @@ def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
         cache=cache.layers,
         cache_positions=positions,
     )
-    logits = (model.output_embed or inputs.embed).attend(out.y)
+    logits = _logits(model, inputs, out.y)
     advance = T if valid is None else jnp.sum(valid, axis=1, dtype=jnp.int32)
     return logits, cache._replace(layers=out.cache, lengths=cache.lengths + advance)
 
 
 def _check_cache_len(config: TransformerConfig, max_len) -> None:
     check_int("max_len", max_len)
-    if config.position_embedding in ("sinusoidal", "learned") and max_len > config.max_len:
+    if config.position_table and max_len > config.max_len:
         raise ValueError(
             f"a cache of max_len={max_len} positions exceeds the model's max_len="
             f"{config.max_len} ({config.position_embedding} position table)"
@@ -336,10 +345,27 @@ def count_params(model: nnx.Module) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
+def _logits(model, inputs: _Inputs, y: jax.Array) -> jax.Array:
+    """y [B, T, E] -> logits [B, T, V] (float32): the output projection (the embedding
+    matrix unless untied), plus the logits bias if the model has one."""
+    logits = (model.output_embed or inputs.embed).attend(y)
+    if model.logits_bias is not None:
+        logits = logits + model.logits_bias[...].astype(jnp.float32)
+    return logits
+
+
+def _logits_bias(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Param | None:
+    if not config.logits_bias:
+        return None
+    pdt = dtype_of("param_dtype", config.param_dtype)
+    return param(rngs, nnx.initializers.zeros, (config.vocab_size,), ("vocab",), pdt)
+
+
 def _embed(config: TransformerConfig, rngs: nnx.Rngs) -> Embed:
     return Embed(
         config.vocab_size,
         config.d_model,
+        scale=config.embed_scale,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         rngs=rngs,
@@ -364,7 +390,7 @@ def _check_tokens(config, name, tokens, valid, valid_name) -> None:
     T = tokens.shape[1]
     if T < 1:
         raise ValueError(f"{name} has length 0; sequences need at least one token")
-    if config.position_embedding in ("sinusoidal", "learned") and T > config.max_len:
+    if config.position_table and T > config.max_len:
         raise ValueError(
             f"{name} has length {T} > max_len={config.max_len} of the "
             f"{config.position_embedding} position table; raise max_len in the config"

@@ -63,18 +63,26 @@ def ffn(x, p, activation="relu"):
         from math import erf
 
         h = 0.5 * h * (1.0 + np.vectorize(erf)(h / np.sqrt(2.0)))
+    elif activation == "gelu_tanh":
+        h = 0.5 * h * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (h + 0.044715 * h**3)))
+    elif activation == "silu":
+        h = h / (1.0 + np.exp(-h))
     elif activation == "swiglu":
         g = x @ p.w_gate
         h = g / (1.0 + np.exp(-g)) * h
     return h @ p.w2 + (0.0 if p.b2 is None else p.b2)
 
 
-def sinusoid(length, d_model):
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same), element by element."""
+def sinusoid(length, d_model, layout="interleaved"):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same), element by element;
+    layout "halves" puts the sine of pair i in column i and its cosine in d/2 + i."""
     pe = np.zeros((length, d_model))
     for pos in range(length):
         for i in range(d_model // 2):
             angle = pos / 10000 ** (2 * i / d_model)
-            pe[pos, 2 * i] = np.sin(angle)
-            pe[pos, 2 * i + 1] = np.cos(angle)
+            sin_col, cos_col = (
+                (2 * i, 2 * i + 1) if layout == "interleaved" else (i, d_model // 2 + i)
+            )
+            pe[pos, sin_col] = np.sin(angle)
+            pe[pos, cos_col] = np.cos(angle)
     return pe

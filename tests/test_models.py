@@ -24,6 +24,13 @@ VARIANTS = {
     "gqa_rope": dict(num_kv_heads=2, position_embedding="rope"),
     "learned_unshared": dict(position_embedding="learned", share_embeddings=False),
     "dk_dv": dict(d_k=5, d_v=7, attention_bias=True),
+    "hf_options": dict(  # what Marian, BART and GPT-2 need (see jaxformer.interop.hf)
+        position_embedding="sinusoidal_halves",
+        embed_scale=False,
+        embed_norm=True,
+        logits_bias=True,
+        activation="gelu_tanh",
+    ),  # fmt: skip
 }
 
 _MODELS = {}
@@ -175,6 +182,9 @@ def test_count_params_matches_the_formula():
     assert jf.count_params(jf.DecoderLM(c, rngs=nnx.Rngs(0))) == V * E + N * (enc_layer)
     unshared = jf.Transformer(small(share_embeddings=False), rngs=nnx.Rngs(0))
     assert jf.count_params(unshared) == 3 * V * E + N * (enc_layer + dec_layer)
+    # A norm after each stack's embeddings (scale and bias) and a bias on the logits.
+    extras = jf.Transformer(small(embed_norm=True, logits_bias=True), rngs=nnx.Rngs(0))
+    assert jf.count_params(extras) == V * E + N * (enc_layer + dec_layer) + 2 * 2 * E + V
 
 
 @pytest.mark.parametrize(

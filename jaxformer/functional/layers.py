@@ -39,7 +39,15 @@ from jaxformer.functional.matmul import einsum_f32
 
 NORMS = ("layer", "rms")
 NORM_PLACEMENTS = ("post", "pre")
-ACTIVATIONS = ("relu", "gelu", "swiglu")
+# The feed-forward activations: gelu is exact (erf); gelu_tanh is its tanh approximation
+# (GPT-2's "gelu_new"); silu is x * sigmoid(x) ("swish", Marian); swiglu is gated.
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
+_UNGATED = {
+    "relu": jax.nn.relu,
+    "gelu": partial(jax.nn.gelu, approximate=False),
+    "gelu_tanh": partial(jax.nn.gelu, approximate=True),
+    "silu": jax.nn.silu,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +57,7 @@ class BlockOptions:
     norm: str = "layer"  # "layer" (the paper) | "rms"
     norm_placement: str = "post"  # "post" (the paper) | "pre"
     norm_eps: float = 1e-6
-    activation: str = "relu"  # "relu" (the paper) | "gelu" | "swiglu"
+    activation: str = "relu"  # one of ACTIVATIONS; relu is the paper's
     dropout_rate: float = 0.0  # residual dropout, P_drop
     attention_dropout_rate: float = 0.0
     attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn": see scaled_dot_product_attention
@@ -181,12 +189,10 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
     check_shape("params.w2", params.w2, (F, E), "[F, E]")
     x_NE = x.reshape(-1, E)
     h = einsum_f32("ne,ef->nf", x_NE, params.w1, params.b1)
-    if activation == "relu":
-        h = jax.nn.relu(h)
-    elif activation == "gelu":
-        h = jax.nn.gelu(h, approximate=False)
-    else:  # swiglu
+    if activation == "swiglu":
         h = jax.nn.silu(einsum_f32("ne,ef->nf", x_NE, params.w_gate)) * h
+    else:
+        h = _UNGATED[activation](h)
     return einsum_f32("nf,fe->ne", h, params.w2, params.b2).reshape(x.shape)
 
 

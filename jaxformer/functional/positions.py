@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.checks import (
+    check_choice,
     check_even,
     check_float_array,
     check_int,
@@ -14,24 +15,33 @@ from jaxformer.checks import (
     check_rank,
 )
 
+SINUSOID_LAYOUTS = ("interleaved", "halves")
 
-def sinusoidal_positions(length: int, d_model: int) -> jax.Array:
-    """[length, d_model] table of positions 0, ..., length - 1:
 
-        PE(pos, 2i)     = sin(pos / 10000^(2i / d_model))
-        PE(pos, 2i + 1) = cos(pos / 10000^(2i / d_model))
+def sinusoidal_positions(length: int, d_model: int, *, layout: str = "interleaved") -> jax.Array:
+    """[length, d_model] table of positions 0, ..., length - 1, with i = 0, ..., d_model/2 - 1:
 
-    Computed in float64 from static sizes (a compile-time constant), returned as float32.
+        layout "interleaved" (the paper):  PE(pos, 2i) = sin(w_i pos), PE(pos, 2i + 1) = cos(w_i pos)
+        layout "halves" (Marian):          PE(pos, i)  = sin(w_i pos), PE(pos, d/2 + i) = cos(w_i pos)
+
+    where w_i = 1 / 10000^(2i / d_model). Computed in float64 from static sizes (a
+    compile-time constant), returned as float32.
     """
     check_int("length", length, minimum=0)
     check_int("d_model", d_model, minimum=2)
     check_even("d_model", d_model, "sinusoidal positions")
+    check_choice("layout", layout, SINUSOID_LAYOUTS)
     pos = np.arange(length, dtype=np.float64)[:, None]
     two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
     angle = pos / np.power(10000.0, two_i / d_model)
     table = np.empty((length, d_model), dtype=np.float64)
-    table[:, 0::2] = np.sin(angle)
-    table[:, 1::2] = np.cos(angle)
+    sin_columns, cos_columns = (
+        (slice(0, None, 2), slice(1, None, 2))
+        if layout == "interleaved"
+        else (slice(0, d_model // 2), slice(d_model // 2, None))
+    )
+    table[:, sin_columns] = np.sin(angle)
+    table[:, cos_columns] = np.cos(angle)
     return jnp.asarray(table, dtype=jnp.float32)
 
 

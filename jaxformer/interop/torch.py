@@ -37,8 +37,7 @@ from flax import nnx
 
 from jaxformer import nn as jnn
 from jaxformer.config import TransformerConfig
-
-Path = tuple[str | int, ...]
+from jaxformer.interop.weights import Path, dotted, fill_params, params_of
 
 
 def from_torch(module) -> nnx.Module:
@@ -81,7 +80,7 @@ def from_torch(module) -> nnx.Module:
     for name, tensor in module.state_dict().items():
         paths, to_jax, _ = _rule(name, num_heads)
         arrays.update(zip(paths, to_jax(_numpy(tensor)), strict=True))
-    _fill(target, arrays)
+    fill_params(target, arrays, "from_torch")
     return target
 
 
@@ -113,7 +112,7 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
         )
     else:
         out = _build_torch(module, batch_first, dropout, dtype)
-    params = {path: np.asarray(var[...], np.float32) for path, var in states}
+    params = params_of(module)
     state = {}
     used: set[Path] = set()
     num_heads = _num_heads(out)
@@ -122,12 +121,12 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
         missing = [p for p in paths if p not in params]
         if missing:
             raise ValueError(
-                f"to_torch: the jaxformer module has no parameter {_dotted(missing[0])}"
+                f"to_torch: the jaxformer module has no parameter {dotted(missing[0])}"
             )
         used.update(paths)
         array = to_torch_array([params[p] for p in paths])
         state[name] = torch.tensor(array, dtype=dtype)
-    unused = sorted(_dotted(p) for p in set(params) - used)
+    unused = sorted(dotted(p) for p in set(params) - used)
     if unused:
         raise ValueError(f"to_torch: torch has no place for the parameters {unused}")
     out.load_state_dict(state, strict=True)
@@ -523,28 +522,6 @@ def _build_torch(module, batch_first: bool, dropout: float | None, dtype):
         "to_torch converts jaxformer.nn.MultiHeadAttention, EncoderLayer, DecoderLayer, "
         f"EncoderStack, DecoderStack and EncoderDecoder, got {type(module).__name__}"
     )
-
-
-def _fill(target: nnx.Module, arrays: dict[Path, np.ndarray]) -> None:
-    """Set every parameter of the abstract `target` from `arrays`, which must match exactly."""
-    state = nnx.state(target, nnx.Param)
-    flat = list(nnx.to_flat_state(state))
-    missing = [_dotted(p) for p, _ in flat if p not in arrays]
-    extra = sorted(_dotted(p) for p in set(arrays) - {p for p, _ in flat})
-    if missing or extra:
-        raise ValueError(f"from_torch: no torch weight for {missing}; no place for {extra}")
-    for path, var in flat:
-        array = arrays[path]
-        if array.shape != var.shape:
-            raise ValueError(
-                f"from_torch: {_dotted(path)} has shape {array.shape}, expected {var.shape}"
-            )
-        var.set_value(jnp.asarray(array, var.dtype))
-    nnx.update(target, state)
-
-
-def _dotted(path: Path) -> str:
-    return ".".join(map(str, path))
 
 
 # --- one table of names, used in both directions ---------------------------------------

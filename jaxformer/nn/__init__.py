@@ -9,6 +9,7 @@ from jaxformer.nn.blocks import (
     EncoderStack,
     FeedForward,
     Norm,
+    make_norm,
 )
 from jaxformer.nn.embeddings import Embed, LearnedPositions
 from jaxformer.nn.parameters import LOGICAL_AXES

@@ -108,7 +108,8 @@ def _ffn(config: TransformerConfig, rngs: nnx.Rngs) -> FeedForward:
     )
 
 
-def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> Norm:
+def make_norm(config: TransformerConfig, rngs: nnx.Rngs) -> Norm:
+    """The Norm a config's layers use (no bias for RMSNorm or with norm_bias False)."""
     use_bias = config.norm == "layer" and config.norm_bias
     return Norm(config.d_model, use_bias=use_bias, param_dtype=config.param_dtype, rngs=rngs)
 
@@ -120,8 +121,8 @@ class EncoderLayer(nnx.Module):
         check_instance("config", config, TransformerConfig)
         self.self_attn = _attention(config, rngs)
         self.ffn = _ffn(config, rngs)
-        self.norm1 = _norm(config, rngs)
-        self.norm2 = _norm(config, rngs)
+        self.norm1 = make_norm(config, rngs)
+        self.norm2 = make_norm(config, rngs)
         self.opts = config.block_options()
 
     def params(self) -> F.EncoderLayerParams:
@@ -157,11 +158,11 @@ class DecoderLayer(nnx.Module):
         check_instance("config", config, TransformerConfig)
         self.self_attn = _attention(config, rngs)
         self.ffn = _ffn(config, rngs)
-        self.norm1 = _norm(config, rngs)
-        self.norm3 = _norm(config, rngs)
+        self.norm1 = make_norm(config, rngs)
+        self.norm3 = make_norm(config, rngs)
         if cross_attention:
             self.cross_attn = _attention(config, rngs)
-            self.norm2 = _norm(config, rngs)
+            self.norm2 = make_norm(config, rngs)
         self.cross_attention = cross_attention
         self.opts = config.block_options()
 
@@ -223,7 +224,7 @@ class _Stack(nnx.Module):
     def __init__(self, layers: list[nnx.Module], config: TransformerConfig, rngs: nnx.Rngs):
         self.layers = _stacked(layers) if config.scan_layers else nnx.List(layers)
         self.num_layers, self.scan, self.remat = len(layers), config.scan_layers, config.remat
-        self.final_norm = _norm(config, rngs) if config.use_final_norm else None
+        self.final_norm = make_norm(config, rngs) if config.use_final_norm else None
         if self.final_norm is not None:
             self.final_norm_kind, self.final_norm_eps = config.norm, config.norm_eps
 

@@ -58,7 +58,7 @@ def test_layer_norm_and_rms_norm():
     assert F.layer_norm(xb, p.scale, p.bias).dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu", "swiglu"])
 def test_feed_forward(activation):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 3, E)).astype(np.float32)

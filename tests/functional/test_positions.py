@@ -6,11 +6,22 @@ from jaxformer import functional as F
 from tests import reference as ref
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "halves"])
 @pytest.mark.parametrize("length,d_model", [(1, 2), (7, 4), (50, 16), (128, 512)])
-def test_sinusoids_follow_the_paper(length, d_model):
-    table = F.sinusoidal_positions(length, d_model)
+def test_sinusoids_follow_the_paper(length, d_model, layout):
+    table = F.sinusoidal_positions(length, d_model, layout=layout)
     assert table.shape == (length, d_model) and table.dtype == jnp.float32
-    np.testing.assert_allclose(table, ref.sinusoid(length, d_model), atol=1e-6)
+    np.testing.assert_allclose(table, ref.sinusoid(length, d_model, layout), atol=1e-6)
+
+
+def test_sinusoid_layouts_hold_the_same_columns():
+    interleaved = np.asarray(F.sinusoidal_positions(9, 8))
+    halves = np.asarray(F.sinusoidal_positions(9, 8, layout="halves"))
+    np.testing.assert_array_equal(
+        halves, np.concatenate([interleaved[:, 0::2], interleaved[:, 1::2]], 1)
+    )
+    with pytest.raises(ValueError, match="layout must be one of"):
+        F.sinusoidal_positions(9, 8, layout="blocks")
 
 
 def test_sinusoid_worked_values():

@@ -1,0 +1,474 @@
+"""Hugging Face checkpoints in and out: GPT-2, Marian and BART (`pip install 'jaxformer[hf]'`;
+`transformers` is needed only to pass a model object, a folder is read with `safetensors`).
+
+    model_type   transformers class                jaxformer
+    gpt2         GPT2LMHeadModel (or GPT2Model)    DecoderLM: pre-LN, learned positions,
+                                                   tanh-GELU, biases, final norm, tied output
+    marian       MarianMTModel (or MarianModel)    Transformer: post-LN, [sin | cos] sinusoids,
+                                                   logits bias, one shared embedding
+    bart         BartForConditionalGeneration      Transformer: post-LN, learned positions,
+                 (or BartModel)                    a norm after the embeddings, logits bias
+
+`from_hf` reads the architecture from the Hugging Face config (`config_from_hf`) and
+copies the weights; `to_hf` writes `config.json` and `model.safetensors` that
+`from_pretrained` loads. Refused, with an error naming the option: another model_type,
+encoder and decoder of different widths or head counts, untied or unshared embeddings
+where jaxformer ties them all, GPT-2's attention scaled by layer index or unscaled, GPT-2
+cross-attention, and activations other than relu, gelu, gelu_new / gelu_pytorch_tanh and
+swish / silu. Dropout converts as jaxformer has it (one residual-and-embedding rate and an
+attention rate); what only changes training is not refused but differs: GPT-2's embd_pdrop
+(jaxformer uses resid_pdrop), Marian/BART's activation_dropout and layerdrop (jaxformer
+has neither). BART's position table has two unused leading rows (its offset): they are
+dropped, and written back as zeros.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+from flax import nnx
+
+from jaxformer.config import TransformerConfig
+from jaxformer.functional.positions import sinusoidal_positions
+from jaxformer.interop.weights import Path, dotted, fill_params, params_of
+from jaxformer.models import DecoderLM, Transformer
+
+CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+)
+MODEL_TYPES = ("gpt2", "marian", "bart")
+ACTIVATIONS = {  # Hugging Face's activation_function -> jaxformer's
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "swish": "silu",
+    "silu": "silu",
+}
+BART_POSITION_OFFSET = 2
+
+
+class Link(NamedTuple):
+    """Hugging Face weights <-> jaxformer parameters, in both directions."""
+
+    hf_names: tuple[str, ...]
+    paths: tuple[Path, ...]
+    to_jax: Callable[[list[np.ndarray]], list[np.ndarray]]
+    to_hf: Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
+# --- in ------------------------------------------------------------------------------------
+
+
+def from_hf(model_or_path) -> Transformer | DecoderLM:
+    """The jaxformer model of a Hugging Face GPT-2, Marian or BART model: a `transformers`
+    model object, or a local folder with config.json and model.safetensors."""
+    hf_config, weights = _read(model_or_path)
+    config = config_from_hf(hf_config)
+    cls = DecoderLM if hf_config["model_type"] == "gpt2" else Transformer
+    target = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+    weights = _strip_prefix(weights, hf_config["model_type"])
+    links = _links(hf_config["model_type"], config)
+    arrays: dict[Path, np.ndarray] = {}
+    for link in links:
+        missing = [n for n in link.hf_names if n not in weights]
+        if missing:
+            raise ValueError(f"from_hf: the checkpoint has no weight {missing[0]!r}")
+        arrays.update(
+            zip(link.paths, link.to_jax([weights[n] for n in link.hf_names]), strict=True)
+        )
+    used = {n for link in links for n in link.hf_names}
+    _check_leftovers(weights, used, hf_config, config)
+    fill_params(target, arrays, "from_hf")
+    return target
+
+
+def config_from_hf(hf_config: dict[str, Any]) -> TransformerConfig:
+    """The TransformerConfig of a Hugging Face config (a dict, as in config.json)."""
+    model_type = hf_config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported; jaxformer converts {list(MODEL_TYPES)}"
+        )
+    fields = _gpt2_fields(hf_config) if model_type == "gpt2" else _seq2seq_fields(hf_config)
+    activation = hf_config.get("activation_function", "gelu_new")
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"activation_function={activation!r} has no jaxformer counterpart; supported: "
+            f"{list(ACTIVATIONS)}"
+        )
+    return TransformerConfig(
+        vocab_size=hf_config["vocab_size"],
+        activation=ACTIVATIONS[activation],
+        norm="layer",
+        norm_bias=True,
+        attention_bias=True,
+        ffn_bias=True,
+        label_smoothing=0.0,
+        **fields,
+    )
+
+
+def _gpt2_fields(c: dict) -> dict:
+    _refuse(c, "scale_attn_weights", False, "attention scores are always scaled by 1/sqrt(d_k)")
+    _refuse(c, "scale_attn_by_inverse_layer_idx", True, "jaxformer does not scale by layer")
+    _refuse(c, "add_cross_attention", True, "a DecoderLM has no cross-attention")
+    d_model = c["n_embd"]
+    return dict(
+        num_encoder_layers=0,
+        num_decoder_layers=c["n_layer"],
+        d_model=d_model,
+        d_ff=c.get("n_inner") or 4 * d_model,
+        num_heads=c["n_head"],
+        max_len=c["n_positions"],
+        dropout_rate=c.get("resid_pdrop", 0.1),
+        attention_dropout_rate=c.get("attn_pdrop", 0.1),
+        position_embedding="learned",
+        norm_placement="pre",
+        norm_eps=c.get("layer_norm_epsilon", 1e-5),
+        final_norm=True,
+        share_embeddings=c.get("tie_word_embeddings", True),
+        embed_scale=False,
+    )
+
+
+def _seq2seq_fields(c: dict) -> dict:
+    for a, b in (("encoder_attention_heads", "decoder_attention_heads"),
+                 ("encoder_ffn_dim", "decoder_ffn_dim")):  # fmt: skip
+        if c[a] != c[b]:
+            raise ValueError(f"{a}={c[a]} differs from {b}={c[b]}: jaxformer's stacks share one")
+    ties = {k: c.get(k, True) for k in ("tie_word_embeddings", "share_encoder_decoder_embeddings")}
+    if not all(ties.values()):
+        raise ValueError(
+            f"{ties}: jaxformer's Transformer ties source, target and output embeddings"
+        )
+    if c.get("decoder_vocab_size") not in (None, c["vocab_size"]):
+        raise ValueError(f"decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size")
+    for name in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
+        _refuse(c, name, True, "BART and Marian here are post-LN without extra norms")
+    bart = c["model_type"] == "bart"
+    return dict(
+        num_encoder_layers=c["encoder_layers"],
+        num_decoder_layers=c["decoder_layers"],
+        d_model=c["d_model"],
+        d_ff=c["encoder_ffn_dim"],
+        num_heads=c["encoder_attention_heads"],
+        max_len=c["max_position_embeddings"],
+        dropout_rate=c.get("dropout", 0.1),
+        attention_dropout_rate=c.get("attention_dropout", 0.0),
+        position_embedding="learned" if bart else "sinusoidal_halves",
+        norm_placement="post",
+        norm_eps=1e-5,
+        final_norm=False,
+        share_embeddings=True,
+        embed_scale=c.get("scale_embedding", False),
+        embed_norm=bart,
+        logits_bias=True,
+    )
+
+
+def _refuse(c: dict, name: str, value, why: str) -> None:
+    if c.get(name) == value:
+        raise ValueError(f"{name}={value} has no jaxformer counterpart: {why}")
+
+
+def _read(model_or_path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config dict, weights by name as float32 NumPy) of a model object or a folder."""
+    if isinstance(model_or_path, (str, pathlib.Path)):
+        return _read_folder(pathlib.Path(model_or_path))
+    if not (hasattr(model_or_path, "config") and hasattr(model_or_path, "state_dict")):
+        raise TypeError(
+            "from_hf takes a transformers model or a folder path, got "
+            f"{type(model_or_path).__name__}"
+        )
+    weights = {
+        name: t.detach().cpu().float().numpy() for name, t in model_or_path.state_dict().items()
+    }
+    return model_or_path.config.to_dict(), weights
+
+
+def _read_folder(folder: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
+    if not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face model folder)")
+    hf_config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    if (folder / INDEX_FILE).is_file():
+        index = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))
+        files = sorted({folder / f for f in index["weight_map"].values()})
+    elif (folder / WEIGHTS_FILE).is_file():
+        files = [folder / WEIGHTS_FILE]
+    else:
+        found = sorted(p.name for p in folder.iterdir())
+        raise FileNotFoundError(
+            f"{folder}: no {WEIGHTS_FILE} (jaxformer reads safetensors weights; found {found})"
+        )
+    safetensors_numpy = _import("safetensors.numpy")
+    weights = {}
+    for f in files:
+        weights |= {k: np.asarray(v, np.float32) for k, v in safetensors_numpy.load_file(f).items()}
+    return hf_config, weights
+
+
+def _strip_prefix(weights: dict, model_type: str) -> dict:
+    """Names relative to the base model ("transformer." / "model." dropped)."""
+    prefix = "transformer." if model_type == "gpt2" else "model."
+    return {k.removeprefix(prefix): v for k, v in weights.items()}
+
+
+def _check_leftovers(weights: dict, used: set, hf_config: dict, config: TransformerConfig) -> None:
+    """Weights not converted must be ones jaxformer recomputes or ties; others are refused."""
+    shared = "wte.weight" if hf_config["model_type"] == "gpt2" else "shared.weight"
+    tied = {"lm_head.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
+    leftovers = sorted(set(weights) - used)
+    for name in leftovers:
+        if name in tied and config.share_embeddings:
+            _check_equal(name, weights[name], weights[shared], f"tied to {shared}")
+        elif name.endswith("embed_positions.weight") and config.position_embedding != "learned":
+            table = sinusoidal_positions(config.max_len, config.d_model, layout="halves")
+            _check_equal(name, weights[name], np.asarray(table), "Marian's fixed sinusoids")
+        elif not name.endswith((".attn.bias", ".attn.masked_bias")):  # GPT-2's old mask buffers
+            raise ValueError(f"from_hf: the weight {name!r} has no jaxformer counterpart")
+
+
+def _check_equal(name: str, got: np.ndarray, expected: np.ndarray, what: str) -> None:
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=0, atol=1e-6):
+        raise ValueError(f"from_hf: {name} differs from {what}; jaxformer cannot represent it")
+
+
+# --- out -----------------------------------------------------------------------------------
+
+
+def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, special_ids=None):
+    """Write `model` as a Hugging Face checkpoint folder (config.json, model.safetensors)
+    that transformers' `from_pretrained` loads: a DecoderLM as GPT-2, a Transformer as
+    Marian (sinusoids in halves) or BART (learned positions and an embedding norm).
+
+    special_ids: {"pad_token_id", "bos_token_id", "eos_token_id",
+    "decoder_start_token_id"} for config.json; default jaxformer's 0, 1, 2 and 1.
+    Returns the folder. ValueError names what the chosen format cannot hold.
+    """
+    model_type = _model_type_of(model)
+    if model.config.scan_layers:
+        raise ValueError("to_hf: scan_layers=True stacks the layers; convert a model without it")
+    hf_config = _hf_config(model_type, model.config, special_ids)
+    differences = _differences(model.config, config_from_hf(hf_config))
+    if differences:
+        raise ValueError(f"to_hf: {model_type} cannot hold this model: {differences}")
+    params = params_of(model)
+    weights = {}
+    for link in _links(model_type, model.config):
+        weights.update(
+            zip(link.hf_names, link.to_hf([params.pop(p) for p in link.paths]), strict=True)
+        )
+    if params:
+        raise ValueError(f"to_hf: {model_type} has no place for {sorted(map(dotted, params))}")
+    prefix = "transformer." if model_type == "gpt2" else "model."
+    weights = {
+        (k if k == "final_logits_bias" else prefix + k): np.ascontiguousarray(v)
+        for k, v in weights.items()
+    }
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+    _import("safetensors.numpy").save_file(
+        weights, folder / WEIGHTS_FILE, metadata={"format": "pt"}
+    )
+    return folder
+
+
+def _model_type_of(model) -> str:
+    if isinstance(model, DecoderLM):
+        return "gpt2"
+    if not isinstance(model, Transformer):
+        raise TypeError(f"to_hf converts a Transformer or a DecoderLM, got {type(model).__name__}")
+    position = model.config.position_embedding
+    if position == "sinusoidal_halves":
+        return "marian"
+    if position == "learned" and model.config.embed_norm:
+        return "bart"
+    raise ValueError(
+        f"to_hf: a Transformer with position_embedding={position!r} and embed_norm="
+        f"{model.config.embed_norm} is neither Marian ('sinusoidal_halves') nor BART "
+        "('learned' with embed_norm)"
+    )
+
+
+# Fields that do not change the weights or the function they compute.
+_NOT_ARCHITECTURE = ("label_smoothing", "dtype", "param_dtype", "attention_impl", "remat")
+
+
+def _differences(have: TransformerConfig, can: TransformerConfig) -> str:
+    """The architecture fields of `have` that `can` (what the format holds) lacks."""
+    have, can = have.to_dict(), can.to_dict()
+    return ", ".join(
+        f"{k}={have[k]!r} (it has {can[k]!r})"
+        for k in have
+        if k not in _NOT_ARCHITECTURE and have[k] != can[k]
+    )
+
+
+def _hf_config(model_type: str, c: TransformerConfig, special_ids) -> dict:
+    """The Hugging Face config.json of `c` as `model_type`."""
+    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
+    ids |= special_ids or {}
+    activation = {v: k for k, v in ACTIVATIONS.items() if k not in ("gelu_pytorch_tanh", "silu")}
+    if c.activation not in activation:
+        raise ValueError(
+            f"to_hf: activation={c.activation!r} has no Hugging Face counterpart; "
+            f"{model_type} takes {sorted(activation)}"
+        )
+    common = dict(
+        model_type=model_type, vocab_size=c.vocab_size, tie_word_embeddings=c.share_embeddings
+    )
+    common["activation_function"] = activation[c.activation]
+    if model_type == "gpt2":
+        ids.pop("decoder_start_token_id")
+        return common | ids | dict(
+            architectures=["GPT2LMHeadModel"], n_layer=c.num_decoder_layers, n_embd=c.d_model,
+            n_inner=c.d_ff, n_head=c.num_heads, n_positions=c.max_len, layer_norm_epsilon=c.norm_eps,
+            resid_pdrop=c.dropout_rate, embd_pdrop=c.dropout_rate, attn_pdrop=c.attention_dropout_rate,
+        )  # fmt: skip
+    architecture = {"marian": "MarianMTModel", "bart": "BartForConditionalGeneration"}[model_type]
+    return common | ids | dict(
+        architectures=[architecture], encoder_layers=c.num_encoder_layers,
+        decoder_layers=c.num_decoder_layers, d_model=c.d_model, encoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.d_ff, encoder_attention_heads=c.num_heads,
+        decoder_attention_heads=c.num_heads, max_position_embeddings=c.max_len,
+        dropout=c.dropout_rate, attention_dropout=c.attention_dropout_rate,
+        activation_dropout=0.0, scale_embedding=c.embed_scale, is_encoder_decoder=True,
+        forced_eos_token_id=ids["eos_token_id"], share_encoder_decoder_embeddings=True,
+    )  # fmt: skip
+
+
+# --- one table of names, used in both directions -------------------------------------------
+
+
+def _links(model_type: str, c: TransformerConfig) -> list[Link]:
+    if model_type == "gpt2":
+        return _gpt2_links(c)
+    links = _embedding_links(c, model_type)
+    for stack, n in (("encoder", c.num_encoder_layers), ("decoder", c.num_decoder_layers)):
+        for i in range(n):
+            links += _seq2seq_layer_links(c, f"{stack}.layers.{i}", (stack, "layers", i))
+    return links
+
+
+def _gpt2_links(c: TransformerConfig) -> list[Link]:
+    links = [
+        _same("wte.weight", ("inputs", "embed", "table")),
+        _same("wpe.weight", ("inputs", "positions", "table")),
+        *_norm("ln_f", ("decoder", "final_norm")),
+    ]
+    if not c.share_embeddings:
+        links.append(_same("lm_head.weight", ("output_embed", "table")))
+    for i in range(c.num_decoder_layers):
+        hf, jx = f"h.{i}", ("decoder", "layers", i)
+        links += [
+            *_norm(f"{hf}.ln_1", (*jx, "norm1")),
+            *_norm(f"{hf}.ln_2", (*jx, "norm3")),
+            *_fused_attention(c, f"{hf}.attn", (*jx, "self_attn")),
+            _same(f"{hf}.mlp.c_fc.weight", (*jx, "ffn", "w1")),  # Conv1D: [in, out]
+            _same(f"{hf}.mlp.c_fc.bias", (*jx, "ffn", "b1")),
+            _same(f"{hf}.mlp.c_proj.weight", (*jx, "ffn", "w2")),
+            _same(f"{hf}.mlp.c_proj.bias", (*jx, "ffn", "b2")),
+        ]
+    return links
+
+
+def _embedding_links(c: TransformerConfig, model_type: str) -> list[Link]:
+    links = [
+        _same("shared.weight", ("src_inputs", "embed", "table")),
+        Link(
+            ("final_logits_bias",), (("logits_bias",),), lambda b: [b[0][0]], lambda b: [b[0][None]]
+        ),
+    ]
+    if model_type == "bart":
+        for stack, inputs in (("encoder", "src_inputs"), ("decoder", "tgt_inputs")):
+            links.append(Link(
+                (f"{stack}.embed_positions.weight",), ((inputs, "positions", "table"),),
+                lambda t: [t[0][BART_POSITION_OFFSET:]],
+                lambda t: [np.pad(t[0], ((BART_POSITION_OFFSET, 0), (0, 0)))],
+            ))  # fmt: skip
+            links += _norm(f"{stack}.layernorm_embedding", (inputs, "norm"))
+    return links
+
+
+def _seq2seq_layer_links(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
+    decoder = jx[0] == "decoder"
+    links = [
+        *_attention(c, f"{hf}.self_attn", (*jx, "self_attn")),
+        *_norm(f"{hf}.self_attn_layer_norm", (*jx, "norm1")),
+        *_linear(f"{hf}.fc1", (*jx, "ffn"), "w1", "b1"),
+        *_linear(f"{hf}.fc2", (*jx, "ffn"), "w2", "b2"),
+        *_norm(f"{hf}.final_layer_norm", (*jx, "norm3" if decoder else "norm2")),
+    ]
+    if decoder:
+        links += _attention(c, f"{hf}.encoder_attn", (*jx, "cross_attn"))
+        links += _norm(f"{hf}.encoder_attn_layer_norm", (*jx, "norm2"))
+    return links
+
+
+def _same(hf_name: str, path: Path) -> Link:
+    return Link((hf_name,), (path,), list, list)
+
+
+def _norm(hf: str, jx: Path) -> list[Link]:
+    return [_same(f"{hf}.weight", (*jx, "scale")), _same(f"{hf}.bias", (*jx, "bias"))]
+
+
+def _linear(hf: str, jx: Path, w: str, b: str) -> list[Link]:
+    """nn.Linear: weight [out, in], y = x W^T + b; jaxformer's weight is [in, out]."""
+    transpose = lambda a: [a[0].T]  # noqa: E731
+    return [
+        Link((f"{hf}.weight",), ((*jx, w),), transpose, transpose),
+        _same(f"{hf}.bias", (*jx, b)),
+    ]
+
+
+def _attention(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
+    """q/k/v/out_proj nn.Linear layers <-> wq, wk, wv [E, H, D], wo [H, D, E] and biases."""
+    E, H = c.d_model, c.num_heads
+    links = []
+    for name, w, b in (("q_proj", "wq", "bq"), ("k_proj", "wk", "bk"), ("v_proj", "wv", "bv")):
+        links.append(Link((f"{hf}.{name}.weight",), ((*jx, w),),
+                          lambda a: [a[0].T.reshape(E, H, -1)], lambda a: [a[0].reshape(E, -1).T]))  # fmt: skip
+        links.append(Link((f"{hf}.{name}.bias",), ((*jx, b),),
+                          lambda a: [a[0].reshape(H, -1)], lambda a: [a[0].reshape(-1)]))  # fmt: skip
+    links.append(Link((f"{hf}.out_proj.weight",), ((*jx, "wo"),),
+                      lambda a: [a[0].T.reshape(H, -1, E)], lambda a: [a[0].reshape(-1, E).T]))  # fmt: skip
+    links.append(_same(f"{hf}.out_proj.bias", (*jx, "bo")))
+    return links
+
+
+def _fused_attention(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
+    """GPT-2's Conv1D c_attn [E, 3E] (q, k, v side by side) and c_proj [E, E], both [in, out]."""
+    E, H = c.d_model, c.num_heads
+    qkv_w = tuple((*jx, n) for n in ("wq", "wk", "wv"))
+    qkv_b = tuple((*jx, n) for n in ("bq", "bk", "bv"))
+    return [
+        Link((f"{hf}.c_attn.weight",), qkv_w,
+             lambda a: [w.reshape(E, H, -1) for w in np.split(a[0], 3, axis=1)],
+             lambda ws: [np.concatenate([w.reshape(E, -1) for w in ws], axis=1)]),
+        Link((f"{hf}.c_attn.bias",), qkv_b,
+             lambda a: [b.reshape(H, -1) for b in np.split(a[0], 3)],
+             lambda bs: [np.concatenate([b.reshape(-1) for b in bs])]),
+        Link((f"{hf}.c_proj.weight",), ((*jx, "wo"),),
+             lambda a: [a[0].reshape(H, -1, E)], lambda a: [a[0].reshape(-1, E)]),
+        _same(f"{hf}.c_proj.bias", (*jx, "bo")),
+    ]  # fmt: skip
+
+
+def _import(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ImportError(
+            f"jaxformer.interop.hf needs {name.split('.')[0]}: pip install 'jaxformer[hf]'"
+        ) from None
