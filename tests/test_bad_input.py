@@ -23,6 +23,7 @@ from jaxformer import data, decode, nn, train
 from jaxformer import functional as F
 from jaxformer.cli import main
 from jaxformer.train import checkpoint
+from tests import hf_tokenizers as hf
 
 V = 11  # vocabulary of the tiny models
 
@@ -369,7 +370,11 @@ FILES = [
     ("load_tokenizer missing", lambda t: data.load_tokenizer(t / "nope"), FileNotFoundError, "no tokenizer in"),
     ("load_tokenizer not UTF-8", lambda t: data.load_tokenizer(t), ValueError, "tokenizer.json is not a jaxformer tokenizer file"),
     ("BPE vocab_size", lambda t: data.BPETokenizer.train(["abc"], 10), ValueError, "vocab_size must be >= 300, got 10"),
+    ("HFTokenizer not a tokenizer", lambda t: data.HFTokenizer.from_file(t / "pairs.tsv", **HF_IDS), ValueError, "pairs.tsv is not a Hugging Face tokenizer file"),
+    ("HFTokenizer missing", lambda t: data.HFTokenizer.from_file(t / "nope.json", **HF_IDS), FileNotFoundError, "nope.json: no such file"),
+    ("HFTokenizer eos_id", lambda t: data.HFTokenizer.from_file(hf.char_level(t / "h.json", "ab", ["</s>"]), **HF_IDS | {"eos_id": 4}), ValueError, r"eos_id=4 is outside the tokenizer's vocabulary \[0, 4\)"),
 ]  # fmt: skip
+HF_IDS = dict(pad_id=3, bos_id=3, eos_id=3)
 
 
 def _cases(*groups):

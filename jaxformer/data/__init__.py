@@ -2,4 +2,10 @@
 
 from jaxformer.data.datasets import TaskData, TextData, TsvData, encode_pairs
 from jaxformer.data.tasks import DATE_FORMATS, TASKS, get_task
-from jaxformer.data.tokenizers import BPETokenizer, ByteTokenizer, check_tokens, load_tokenizer
+from jaxformer.data.tokenizers import (
+    BPETokenizer,
+    ByteTokenizer,
+    HFTokenizer,
+    check_tokens,
+    load_tokenizer,
+)
