@@ -1,10 +1,12 @@
-"""HFTokenizer: a Hugging Face tokenizer.json with its own special ids."""
+"""HFTokenizer: a Hugging Face tokenizer.json with its own special ids, and the batches
+the datasets build with them (the ids are the tokenizer's, the masks come from lengths)."""
 
 import json
 
 import pytest
 
 from jaxformer import data
+from jaxformer.data import tasks
 from tests import hf_tokenizers as hf
 
 pytest.importorskip("tokenizers", reason="the Hugging Face tokenizer needs 'tokenizers'")
@@ -82,3 +84,57 @@ def test_saved_file_without_its_ids_is_refused(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(saved | {"pad_id": 0, "tokenizer": 3}))
     with pytest.raises(ValueError, match="tokenizer.json is not a Hugging Face tokenizer file"):
         data.load_tokenizer(tmp_path)
+
+
+# --- batches with the tokenizer's ids -------------------------------------------------------
+
+
+def expected_row(ids, width, pad):
+    return ids + [pad] * (width - len(ids)), [True] * len(ids) + [False] * (width - len(ids))
+
+
+@pytest.mark.parametrize("make", [hf.seq2seq, hf.gpt2_like])
+def test_task_batches_use_the_tokenizer_ids_and_mask_by_length(tmp_path, make):
+    tok = make(tmp_path)
+    d = data.TaskData("addition", tok)
+    b = d.train_batch(0, 4)
+    pairs = tasks.train_examples(d.task, d.seed, 0, 4)
+    for i, (src, tgt) in enumerate(pairs):
+        s, t = tok.encode(src), tok.encode(tgt)
+        want_src, want_src_valid = expected_row([*s, tok.eos_id], d.src_len, tok.pad_id)
+        want_out, want_tgt_valid = expected_row([*t, tok.eos_id], d.tgt_len, tok.pad_id)
+        want_in, _ = expected_row([tok.bos_id, *t], d.tgt_len, tok.pad_id)
+        assert b["src"][i].tolist() == want_src
+        assert b["src_valid"][i].tolist() == want_src_valid  # the EOS is real, even = pad
+        assert b["tgt_in"][i].tolist() == want_in
+        assert b["tgt_out"][i].tolist() == want_out
+        assert b["tgt_valid"][i].tolist() == want_tgt_valid
+    filler = data.encode_pairs([None], tok, 4, 4)
+    assert (filler["src"] == tok.pad_id).all() and not filler["src_valid"].any()
+
+
+def test_tsv_batches_end_sources_with_the_tokenizer_eos(tmp_path):
+    tok = hf.gpt2_like(tmp_path)
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"source {i}\ttarget {i}+1\n" for i in range(100)))
+    b = data.TsvData(path, tok, max_len=32).train_batch(0, 8)
+    for src, valid, tgt_in in zip(b["src"], b["src_valid"], b["tgt_in"], strict=True):
+        n = int(valid.sum())
+        assert valid[:n].all()  # a prefix, its last token the EOS
+        assert src[n - 1] == tok.eos_id and (src[n:] == tok.pad_id).all()
+        assert tok.decode(src[: n - 1]).startswith("source ") and tgt_in[0] == tok.bos_id
+
+
+def test_text_documents_end_with_the_tokenizer_eos(tmp_path):
+    tok = hf.seq2seq(tmp_path)
+    path = tmp_path / "t.txt"
+    path.write_text("\n\n".join(f"doc {i} " + "x" * (i % 5) for i in range(30)))
+    d = data.TextData(path, tok, seq_len=16)
+    b = d.train_batch(0, 4)
+    seg, tokens = b["segment_ids"], b["tgt_in"]
+    ends = (seg[:, :-1] != seg[:, 1:]) & (seg[:, 1:] > 0)  # t: the last token of a document
+    assert ends.any() and (tokens[:, :-1][ends] == tok.eos_id).all()
+    assert b["tgt_valid"][:, :-1][(seg[:, :-1] == seg[:, 1:]) & (tokens[:, 1:] == tok.eos_id)].all()
+    last = list(d.eval_batches(4))[-1]  # its rows beyond the text are filler
+    assert (last["tgt_in"][last["segment_ids"] == 0] == tok.pad_id).all()
+    assert (last["segment_ids"] == 0).any()
