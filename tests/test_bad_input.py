@@ -305,6 +305,8 @@ DECODE = [
     ("greedy bos_id", lambda: decode.greedy(model(), t24, max_new_tokens=2, bos_id=V), ValueError, rf"bos_id={V} is outside the vocabulary \[0, {V}\)"),
     ("greedy bos_id type", lambda: decode.greedy(model(), t24, max_new_tokens=2, bos_id="1"), TypeError, "bos_id must be an int, got '1'"),
     ("greedy eos_id", lambda: decode.greedy(model(), t24, max_new_tokens=2, eos_id=-1), ValueError, r"eos_id=-1 is outside the vocabulary"),
+    ("greedy pad_id", lambda: decode.greedy(model(), t24, max_new_tokens=2, pad_id=V), ValueError, rf"pad_id={V} is outside the vocabulary \[0, {V}\)"),
+    ("beam_search pad_id type", lambda: decode.beam_search(model(), t24, pad_id=None), TypeError, "pad_id must be an int, got None"),
     ("greedy src dtype", lambda: decode.greedy(model(), f32(2, 4), max_new_tokens=2), TypeError, "src_tokens must be an integer array of token ids"),
     ("greedy src rank", lambda: decode.greedy(model(), i32(4), max_new_tokens=2), ValueError, r"src_tokens must have rank 2 \[B, S\]"),
     ("greedy src_valid", lambda: decode.greedy(model(), t24, b(2, 3), max_new_tokens=2), ValueError, r"src_valid must have shape src_tokens' \[B, S\] = \(2, 4\)"),
