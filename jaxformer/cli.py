@@ -208,7 +208,7 @@ def _generate(args) -> int:
 
     from jaxformer import decode
     from jaxformer.checks import check_int
-    from jaxformer.data.tokenizers import PAD_ID
+    from jaxformer.data import pad_rows
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
 
@@ -235,6 +235,7 @@ def _generate(args) -> int:
     seq2seq = isinstance(model, Transformer)
     max_len = model.config.max_len
     inputs = _read_inputs(args.input, tokenizer, seq2seq, max_len)
+    ids = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
 
     for start in range(0, len(inputs), args.batch_size):
         chunk = inputs[start : start + args.batch_size]
@@ -242,15 +243,11 @@ def _generate(args) -> int:
         # Sources padded to a multiple of 16 (fewer compilations); prompts to the longest,
         # which leaves the most room for the continuation.
         width = min(-(-longest // 16) * 16, max_len) if seq2seq else longest
-        B = len(chunk)
-        src = np.full((B, width), PAD_ID, np.int32)
-        for row, ids in enumerate(chunk):
-            src[row, : len(ids)] = ids
-        valid = src != PAD_ID
+        src, valid = pad_rows(chunk, width, tokenizer.pad_id)
         if beam:
             tokens, _ = decode.beam_search(
                 model, src, valid, beam_size=beam_size, alpha=alpha,
-                max_new_tokens=args.max_new_tokens,
+                max_new_tokens=args.max_new_tokens, **ids,
             )  # fmt: skip
             tokens = np.asarray(tokens[:, 0])
         else:
@@ -260,13 +257,13 @@ def _generate(args) -> int:
                 key = jax.random.fold_in(jax.random.PRNGKey(args.seed), start)
                 tokens = decode.sample(
                     model, src, valid, max_new_tokens=n, rng=key, temperature=temperature,
-                    top_k=args.top_k, top_p=top_p,
+                    top_k=args.top_k, top_p=top_p, **ids,
                 )  # fmt: skip
             else:
-                tokens = decode.greedy(model, src, valid, max_new_tokens=n)
+                tokens = decode.greedy(model, src, valid, max_new_tokens=n, **ids)
             tokens = np.asarray(tokens)
             if args.max_new_tokens is None:  # each row's own input length + 50
-                caps = [len(ids) + decode.PAPER_EXTRA_LENGTH for ids in chunk]
+                caps = [len(row) + decode.PAPER_EXTRA_LENGTH for row in chunk]
                 tokens = [row[:cap] for row, cap in zip(tokens, caps, strict=True)]
         for row in tokens:
             print(tokenizer.decode(row).replace("\n", "\\n"), flush=True)
@@ -275,9 +272,7 @@ def _generate(args) -> int:
 
 def _read_inputs(text: str | None, tokenizer, seq2seq: bool, max_len: int) -> list[list[int]]:
     """The token ids of `text` or of each stdin line, stripped of surrounding spaces, with
-    EOS after a source as in training."""
-    from jaxformer.data.tokenizers import EOS_ID
-
+    the tokenizer's EOS after a source as in training."""
     lines = [text] if text is not None else sys.stdin.read().splitlines()
     if not lines:
         raise ValueError("no input: give --input TEXT or lines on stdin")
@@ -285,7 +280,7 @@ def _read_inputs(text: str | None, tokenizer, seq2seq: bool, max_len: int) -> li
     for i, line in enumerate(lines, 1):
         if not line.strip():
             raise ValueError(f"input line {i} is empty")
-        ids = tokenizer.encode(line.strip()) + ([EOS_ID] if seq2seq else [])
+        ids = tokenizer.encode(line.strip()) + ([tokenizer.eos_id] if seq2seq else [])
         if len(ids) > max_len:
             raise ValueError(
                 f"input line {i} has {len(ids)} tokens, more than the model's max_len={max_len}"

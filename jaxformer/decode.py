@@ -15,7 +15,12 @@ The prompt is prefilled in one call, then one token per step goes through
 `model.extend`, which writes its keys and values into a fixed-size cache. The whole loop
 is one compiled `lax.while_loop` that stops as soon as every row has finished. Outputs
 hold only the generated tokens (no BOS, no prompt): each row up to and including its
-first EOS, then PAD. With `eos_id=None` every row runs to `max_new_tokens`.
+first EOS, then `pad_id` filler. With `eos_id=None` every row runs to `max_new_tokens`.
+
+The special ids default to the byte and BPE tokenizers' (PAD_ID, BOS_ID, EOS_ID); a model
+trained or converted with other ids decodes with its tokenizer's: `bos_id=tok.bos_id,
+eos_id=tok.eos_id, pad_id=tok.pad_id`. The filler matters: a beam hypothesis that stops
+at its row's maximum length has no EOS before it, so it must be a token `tok.decode` drops.
 
 The searches themselves (`run_sampling`, `run_beam_search`) take any step function
 `step(state, tokens [B]) -> (logits [B, V], state)`, so they can drive a cache-free
@@ -58,11 +63,12 @@ def greedy(
     max_new_tokens: int,
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
+    pad_id: int = PAD_ID,
 ) -> jax.Array:
     """The argmax token at every step: src [B, S] (or prompts) -> tokens [B, max_new_tokens]."""
     n = _check_common(model, src_tokens, src_valid, max_new_tokens)
     graphdef, state = nnx.split(model)
-    ids = _ids(bos_id, eos_id, model.config.vocab_size)
+    ids = _ids(bos_id, eos_id, pad_id, model.config.vocab_size)
     return _sample_jit(graphdef, state, src_tokens, src_valid, ids, None, n)
 
 
@@ -78,6 +84,7 @@ def sample(
     top_p: float = 1.0,
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
+    pad_id: int = PAD_ID,
 ) -> jax.Array:
     """Ancestral sampling: src [B, S] (or prompts) -> tokens [B, max_new_tokens].
 
@@ -96,7 +103,7 @@ def sample(
         jnp.float32(top_p),
     )
     graphdef, state = nnx.split(model)
-    ids = _ids(bos_id, eos_id, model.config.vocab_size)
+    ids = _ids(bos_id, eos_id, pad_id, model.config.vocab_size)
     return _sample_jit(graphdef, state, src_tokens, src_valid, ids, (key, filters), n)
 
 
@@ -110,6 +117,7 @@ def beam_search(
     max_new_tokens: int | None = None,
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
+    pad_id: int = PAD_ID,
 ) -> tuple[jax.Array, jax.Array]:
     """Beam search with the GNMT length penalty, the paper's beam 4 and alpha 0.6.
 
@@ -124,7 +132,7 @@ def beam_search(
 
     Returns:
       tokens [B, beam_size, N] and scores [B, beam_size], best first; a pool entry that
-      was never filled has score -inf and PAD tokens.
+      was never filled has score -inf and `pad_id` tokens.
     """
     _check_model(model, src_tokens, src_valid)
     check_beam_options(beam_size, alpha, vocab_size=model.config.vocab_size)
@@ -143,7 +151,7 @@ def beam_search(
         src_valid,
         jnp.asarray(row_max, jnp.int32),
         jnp.float32(alpha),
-        _ids(bos_id, eos_id, model.config.vocab_size),
+        _ids(bos_id, eos_id, pad_id, model.config.vocab_size),
         n,
         beam_size,
     )
@@ -191,18 +199,20 @@ def run_sampling(
     eos_id: int,
     choose: Callable[[jax.Array, jax.Array], jax.Array],
     rng: jax.Array,
+    pad_id: int = PAD_ID,
 ) -> jax.Array:
     """Pick a token per row with `choose(logits [B, V], key) -> tokens [B]` and feed it
     back through `step`, until max_new_tokens or until every row has emitted EOS.
 
-    `logits` [B, V] predict the first new token. Returns tokens [B, max_new_tokens].
+    `logits` [B, V] predict the first new token. Returns tokens [B, max_new_tokens],
+    `pad_id` after a row's EOS.
     """
     B = logits.shape[0]
-    out = jnp.full((B, max_new_tokens), PAD_ID, jnp.int32)
+    out = jnp.full((B, max_new_tokens), pad_id, jnp.int32)
 
     def pick(t, logits, out, done):
         token = choose(logits, jax.random.fold_in(rng, t)).astype(jnp.int32)
-        token = jnp.where(done, PAD_ID, token)
+        token = jnp.where(done, pad_id, token)
         return out.at[:, t].set(token), done | (token == eos_id)
 
     def cond(carry):
@@ -229,12 +239,14 @@ def run_beam_search(
     row_max_len: jax.Array,
     max_new_tokens: int,
     eos_id: int,
+    pad_id: int = PAD_ID,
 ) -> tuple[jax.Array, jax.Array]:
     """Beam search (see `beam_search`) over a step function.
 
     `state`'s leaves and `logits` [B * W, V] hold each row W times (row b's copies at
     b * W ... b * W + W - 1); row_max_len [B] <= max_new_tokens. Returns tokens
-    [B, W, max_new_tokens] and scores [B, W], best first.
+    [B, W, max_new_tokens] (`pad_id` after a hypothesis ends) and scores [B, W], best
+    first.
     """
     W, N = beam_size, max_new_tokens
     BW, V = logits.shape
@@ -242,9 +254,9 @@ def run_beam_search(
     neg_inf = jnp.float32(-jnp.inf)
     alive = (
         jnp.full((B, W), neg_inf).at[:, 0].set(0.0),  # log-probs (-inf: no live hypothesis)
-        jnp.full((B, W, N), PAD_ID, jnp.int32),
+        jnp.full((B, W, N), pad_id, jnp.int32),
     )
-    pool = (jnp.full((B, W), neg_inf), jnp.full((B, W, N), PAD_ID, jnp.int32))
+    pool = (jnp.full((B, W), neg_inf), jnp.full((B, W, N), pad_id, jnp.int32))
 
     def expand(t, logits, state, alive, pool):
         log_probs, seqs = alive
@@ -306,23 +318,23 @@ def _cache_len(model, src, n: int) -> int:
     return n if isinstance(model, Transformer) else src.shape[1] + n - 1
 
 
-def _ids(bos_id: int, eos_id: int | None, vocab_size: int) -> tuple[jax.Array, jax.Array]:
-    """The special ids, checked against the vocabulary; eos_id None (never stop early)
-    becomes -1, which no token equals. Traced, so one compiled loop serves any ids."""
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+def _ids(bos_id: int, eos_id: int | None, pad_id: int, vocab_size: int) -> tuple[jax.Array, ...]:
+    """(bos_id, eos_id, pad_id), checked against the vocabulary; eos_id None (never stop
+    early) becomes -1, which no token equals. Traced, so one compiled loop serves any ids."""
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         if name == "eos_id" and value is None:
             continue
         check_int(name, value, minimum=None)
         if not 0 <= value < vocab_size:
             raise ValueError(f"{name}={value} is outside the vocabulary [0, {vocab_size})")
-    return jnp.int32(bos_id), jnp.int32(-1 if eos_id is None else eos_id)
+    return jnp.int32(bos_id), jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(pad_id)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6))
 def _sample_jit(graphdef, state, src, src_valid, ids, sampling, n):
     """Greedy when `sampling` is None, else sampling = (key, (temperature, top_k, top_p))."""
     model = nnx.merge(graphdef, state)
-    bos_id, eos_id = ids
+    bos_id, eos_id, pad_id = ids
     logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
     if sampling is None:
         key, choose = jax.random.PRNGKey(0), lambda logits, _: jnp.argmax(logits, axis=-1)
@@ -341,13 +353,14 @@ def _sample_jit(graphdef, state, src, src_valid, ids, sampling, n):
         eos_id=eos_id,
         choose=choose,
         rng=key,
+        pad_id=pad_id,
     )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7, 8))
 def _beam_jit(graphdef, state, src, src_valid, row_max, alpha, ids, n, beam_size):
     model = nnx.merge(graphdef, state)
-    bos_id, eos_id = ids
+    bos_id, eos_id, pad_id = ids
     logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
     cache, logits = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), (cache, logits))
     return run_beam_search(
@@ -359,6 +372,7 @@ def _beam_jit(graphdef, state, src, src_valid, row_max, alpha, ids, n, beam_size
         row_max_len=row_max,
         max_new_tokens=n,
         eos_id=eos_id,
+        pad_id=pad_id,
     )
 
 

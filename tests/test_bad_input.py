@@ -23,6 +23,7 @@ from jaxformer import data, decode, nn, train
 from jaxformer import functional as F
 from jaxformer.cli import main
 from jaxformer.train import checkpoint
+from tests import hf_tokenizers as hf
 
 V = 11  # vocabulary of the tiny models
 
@@ -304,6 +305,8 @@ DECODE = [
     ("greedy bos_id", lambda: decode.greedy(model(), t24, max_new_tokens=2, bos_id=V), ValueError, rf"bos_id={V} is outside the vocabulary \[0, {V}\)"),
     ("greedy bos_id type", lambda: decode.greedy(model(), t24, max_new_tokens=2, bos_id="1"), TypeError, "bos_id must be an int, got '1'"),
     ("greedy eos_id", lambda: decode.greedy(model(), t24, max_new_tokens=2, eos_id=-1), ValueError, r"eos_id=-1 is outside the vocabulary"),
+    ("greedy pad_id", lambda: decode.greedy(model(), t24, max_new_tokens=2, pad_id=V), ValueError, rf"pad_id={V} is outside the vocabulary \[0, {V}\)"),
+    ("beam_search pad_id type", lambda: decode.beam_search(model(), t24, pad_id=None), TypeError, "pad_id must be an int, got None"),
     ("greedy src dtype", lambda: decode.greedy(model(), f32(2, 4), max_new_tokens=2), TypeError, "src_tokens must be an integer array of token ids"),
     ("greedy src rank", lambda: decode.greedy(model(), i32(4), max_new_tokens=2), ValueError, r"src_tokens must have rank 2 \[B, S\]"),
     ("greedy src_valid", lambda: decode.greedy(model(), t24, b(2, 3), max_new_tokens=2), ValueError, r"src_valid must have shape src_tokens' \[B, S\] = \(2, 4\)"),
@@ -369,7 +372,11 @@ FILES = [
     ("load_tokenizer missing", lambda t: data.load_tokenizer(t / "nope"), FileNotFoundError, "no tokenizer in"),
     ("load_tokenizer not UTF-8", lambda t: data.load_tokenizer(t), ValueError, "tokenizer.json is not a jaxformer tokenizer file"),
     ("BPE vocab_size", lambda t: data.BPETokenizer.train(["abc"], 10), ValueError, "vocab_size must be >= 300, got 10"),
+    ("HFTokenizer not a tokenizer", lambda t: data.HFTokenizer.from_file(t / "pairs.tsv", **HF_IDS), ValueError, "pairs.tsv is not a Hugging Face tokenizer file"),
+    ("HFTokenizer missing", lambda t: data.HFTokenizer.from_file(t / "nope.json", **HF_IDS), FileNotFoundError, "nope.json: no such file"),
+    ("HFTokenizer eos_id", lambda t: data.HFTokenizer.from_file(hf.char_level(t / "h.json", "ab", ["</s>"]), **HF_IDS | {"eos_id": 4}), ValueError, r"eos_id=4 is outside the tokenizer's vocabulary \[0, 4\)"),
 ]  # fmt: skip
+HF_IDS = dict(pad_id=3, bos_id=3, eos_id=3)
 
 
 def _cases(*groups):

@@ -15,6 +15,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer import decode
+from tests import hf_tokenizers as hf
 
 V = 20
 N = 8  # new tokens in the decoding tests
@@ -119,11 +120,12 @@ def test_cache_length_is_checked():
 # --- references from full forward passes ----------------------------------------------------
 
 
-def forced_log_probs(kind, m, src, valid, out):
-    """log p(out[b, t] | everything before) [B, N] from one teacher-forced forward pass."""
+def forced_log_probs(kind, m, src, valid, out, bos_id=1):
+    """log p(out[b, t] | everything before) [B, N] from one teacher-forced forward pass
+    (an encoder-decoder's target starting from bos_id)."""
     B, n = out.shape
     if kind == "transformer":
-        tgt_in = jnp.concatenate([jnp.ones((B, 1), jnp.int32), out[:, :-1]], axis=1)
+        tgt_in = jnp.concatenate([jnp.full((B, 1), bos_id, jnp.int32), out[:, :-1]], axis=1)
         logits = m(src, tgt_in, valid)
     else:
         lengths = np.asarray(valid).sum(1)
@@ -273,15 +275,36 @@ def test_beam_scores_are_right_and_never_worse_than_greedy(kind):
         assert float(scores[b, 0]) >= g - 1e-5
 
 
+def test_decoding_starts_from_the_tokenizers_bos_and_pads_with_its_pad(tmp_path):
+    tok = hf.seq2seq(tmp_path, alphabet="abcdefghijklmno")  # specials 16, 17, 18 < V = 20
+    m, (src, valid) = model("transformer"), inputs("transformer")
+    ids = dict(bos_id=tok.bos_id, eos_id=None, pad_id=tok.pad_id)
+    out = decode.greedy(m, src, valid, max_new_tokens=N, **ids)
+    log_probs, _ = forced_log_probs("transformer", m, src, valid, out, bos_id=tok.bos_id)
+    np.testing.assert_array_equal(out, jnp.argmax(log_probs, -1))
+    assert not np.array_equal(out, decode.greedy(m, src, valid, max_new_tokens=N, eos_id=None))
+    cold = decode.sample(m, src, valid, max_new_tokens=N, rng=0, temperature=1e-6, **ids)
+    np.testing.assert_array_equal(cold, out)
+    tokens, scores = decode.beam_search(m, src, valid, beam_size=2, max_new_tokens=N, **ids)
+    _, beam_lp = forced_log_probs("transformer", m, src, valid, tokens[:, 0], bos_id=tok.bos_id)
+    for b in range(3):
+        np.testing.assert_allclose(scores[b, 0], gnmt_score(beam_lp[b], N, 0.6), rtol=1e-5)
+    # An EOS the model emits in row 0 at step 3: the rest of that row is the tokenizer's pad.
+    eos = int(out[0, 2])
+    stopped = decode.greedy(m, src, valid, max_new_tokens=N, **ids | {"eos_id": eos})
+    length = hypothesis_length(stopped[0], eos)
+    assert length <= 3 and (np.asarray(stopped[0, length:]) == tok.pad_id).all()
+
+
 def test_beam_default_length_is_the_input_length_plus_50():
     m = model("transformer", "rope")  # no position table, so nothing caps the paper's rule
     src, valid = padded([1, 3], 3, seed=4)
-    tokens, scores = decode.beam_search(m, src, valid, beam_size=2, eos_id=None)
+    tokens, scores = decode.beam_search(m, src, valid, beam_size=2, eos_id=None, pad_id=7)
     assert tokens.shape == (2, 2, 53)
     _, lp = forced_log_probs("transformer", m, src, valid, tokens[:, 0])
     for b, cap in enumerate([51, 53]):  # without EOS every hypothesis runs to its row's cap
         np.testing.assert_allclose(scores[b, 0], gnmt_score(lp[b], cap, 0.6), rtol=1e-5)
-        assert (np.asarray(tokens[b, :, cap:]) == 0).all()
+        assert (np.asarray(tokens[b, :, cap:]) == 7).all()  # then the filler, pad_id
 
 
 def markov_step(tables):

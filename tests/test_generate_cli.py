@@ -17,8 +17,8 @@ import jaxformer as jf
 from jaxformer import decode
 from jaxformer.cli import main
 from jaxformer.data import tasks
-from jaxformer.data.tokenizers import EOS_ID
 from jaxformer.train import checkpoint, loop
+from tests import hf_tokenizers as hf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMALL = dict(
@@ -57,18 +57,24 @@ def generate(capsys, monkeypatch, *args, stdin=None):
     return code, captured.out.splitlines(), captured.err
 
 
+def special_ids(tokenizer):
+    return dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+
+
 def library(run_dir, lines, method, **kw):
     """What the library decodes for each line alone (a batch of one; sources padded to a
-    multiple of 16 tokens, prompts not padded), as text."""
+    multiple of 16 tokens, prompts not padded) with the tokenizer's ids, as text."""
     model, tokenizer = checkpoint.restore_model(run_dir)
     seq2seq = isinstance(model, jf.Transformer)
     out = []
     for line in lines:
-        ids = tokenizer.encode(line) + ([EOS_ID] if seq2seq else [])
-        src = np.zeros((1, -(-len(ids) // 16) * 16 if seq2seq else len(ids)), np.int32)
+        ids = tokenizer.encode(line) + ([tokenizer.eos_id] if seq2seq else [])
+        width = -(-len(ids) // 16) * 16 if seq2seq else len(ids)
+        src = np.full((1, width), tokenizer.pad_id, np.int32)
         src[0, : len(ids)] = ids
-        tokens = method(model, jnp.asarray(src), jnp.asarray(src != 0), **kw)
-        tokens = tokens[0][:, 0] if method is decode.beam_search else tokens
+        valid = np.arange(width)[None, :] < len(ids)
+        tokens = method(model, jnp.asarray(src), jnp.asarray(valid), **kw, **special_ids(tokenizer))
+        tokens = tokens[0][:, 0] if isinstance(tokens, tuple) else tokens  # beam search's best
         out.append(tokenizer.decode(np.asarray(tokens)[0][: len(ids) + 50]))
     return out
 
@@ -106,6 +112,57 @@ def test_lm_continues_prompts(lm_run, capsys, monkeypatch):
     )  # fmt: skip
     assert code == 0
     assert out == library(lm_run, prompts, decode.greedy, max_new_tokens=8)
+
+
+@pytest.fixture
+def hf_run(seq2seq_run, tmp_path):
+    """The dates run with a GPT-2-like tokenizer in place of its bytes: one id, not 0, 1
+    or 2, is bos, eos and pad."""
+    run = tmp_path / "run"
+    shutil.copytree(seq2seq_run, run)
+    hf.gpt2_like(tmp_path, alphabet=hf.PRINTABLE).save(run)
+    return run
+
+
+EOT = len(hf.PRINTABLE) + 1  # the GPT-2-like tokenizer's one special id
+
+
+def recording(method, calls):
+    """`method`, recording the (src, valid, keyword arguments) of each call."""
+
+    def spy(model, src, valid, **kw):
+        calls.append((np.asarray(src), np.asarray(valid), kw))
+        return method(model, src, valid, **kw)
+
+    return spy
+
+
+def test_sources_end_with_the_tokenizers_eos_which_the_mask_keeps(hf_run, capsys, monkeypatch):
+    calls, greedy = [], decode.greedy
+    monkeypatch.setattr(decode, "greedy", recording(greedy, calls))
+    code, out, err = generate(
+        capsys, monkeypatch, "--checkpoint", str(hf_run), stdin="\n".join(LINES)
+    )
+    assert code == 0 and err == ""
+    assert out == library(hf_run, LINES, greedy, max_new_tokens=48)
+    ((src, valid, kw),) = calls
+    assert (kw["bos_id"], kw["eos_id"], kw["pad_id"]) == (EOT, EOT, EOT)
+    for row, line in enumerate(LINES):
+        n = len(line) + 1  # one id per character, then EOS (= pad, yet a real token)
+        assert src[row, n - 1] == EOT and (src[row, n:] == EOT).all()
+        assert valid[row].tolist() == [True] * n + [False] * (src.shape[1] - n)
+
+
+def test_beam_search_gets_the_tokenizers_ids(hf_run, capsys, monkeypatch):
+    calls, beam_search = [], decode.beam_search
+    monkeypatch.setattr(decode, "beam_search", recording(beam_search, calls))
+    args = ("--checkpoint", str(hf_run), "--input", LINES[1], "--beam", "2")
+    code, out, _ = generate(capsys, monkeypatch, *args)
+    assert code == 0
+    assert out == library(hf_run, LINES[1:2], beam_search, beam_size=2, alpha=0.6)
+    ((src, valid, kw),) = calls
+    assert (kw["bos_id"], kw["eos_id"], kw["pad_id"]) == (EOT, EOT, EOT)
+    assert src[0, len(LINES[1])] == EOT and valid[0].sum() == len(LINES[1]) + 1
 
 
 @pytest.mark.parametrize(

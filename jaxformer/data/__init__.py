@@ -1,5 +1,11 @@
 """Tokenizers, synthetic tasks and file datasets."""
 
-from jaxformer.data.datasets import TaskData, TextData, TsvData, encode_pairs
+from jaxformer.data.datasets import TaskData, TextData, TsvData, encode_pairs, pad_rows
 from jaxformer.data.tasks import DATE_FORMATS, TASKS, get_task
-from jaxformer.data.tokenizers import BPETokenizer, ByteTokenizer, check_tokens, load_tokenizer
+from jaxformer.data.tokenizers import (
+    BPETokenizer,
+    ByteTokenizer,
+    HFTokenizer,
+    check_tokens,
+    load_tokenizer,
+)

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxformer.checks import check_int
 from jaxformer.data import tasks as tasks_lib
-from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_tokens
+from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
 Batch = dict[str, np.ndarray]
 _BUCKET = 16  # pad lengths of file data to a multiple of this, to bound recompilation
@@ -32,7 +32,8 @@ def encode_pairs(
     pairs: list[tuple[str, str]], tokenizer: Tokenizer, src_len: int, tgt_len: int
 ) -> Batch:
     """Source tokens + EOS, and the target as decoder input (BOS + target) and output
-    (target + EOS), padded to src_len / tgt_len. A None pair is an all-padding row."""
+    (target + EOS), padded to src_len / tgt_len, with the tokenizer's special ids. A None
+    pair is an all-padding row."""
     ids = [
         None if p is None else tuple(_token_ids(tokenizer, x, f"example {i}'s {side}")
                                      for x, side in zip(p, ("source", "target"), strict=True))
@@ -44,7 +45,7 @@ def encode_pairs(
             raise ValueError(
                 f"example {i} needs lengths {lengths} > ({src_len}, {tgt_len}): {pairs[i][0]!r}"
             )
-    return _pack_ids(ids, src_len, tgt_len)
+    return _pack_ids(ids, tokenizer, src_len, tgt_len)
 
 
 class TaskData:
@@ -184,7 +185,7 @@ class TsvData:
         real = [p for p in ids if p is not None]
         src_len = min(_round_up(max(len(s) + 1 for s, _ in real), _BUCKET), self.max_len)
         tgt_len = min(_round_up(max(len(t) + 1 for _, t in real), _BUCKET), self.max_len)
-        return _pack_ids(ids, src_len, tgt_len)
+        return _pack_ids(ids, self.tokenizer, src_len, tgt_len)
 
 
 class TextData:
@@ -229,17 +230,17 @@ class TextData:
     def _rows(self, docs: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         tokens, segments = [], []
         for d, doc in enumerate(docs):
-            ids = _token_ids(self.tokenizer, doc, f"document {d}") + [EOS_ID]
+            ids = _token_ids(self.tokenizer, doc, f"document {d}") + [self.tokenizer.eos_id]
             tokens += ids
             segments += [d + 1] * len(ids)
         tokens, segments = np.array(tokens, np.int32), np.array(segments, np.int32)
-        L = self.seq_len + 1
+        L, pad_id = self.seq_len + 1, self.tokenizer.pad_id
         starts = range(0, max(len(tokens) - 1, 1), self.seq_len)
         rows = []
         for s in starts:
             tok, seg = tokens[s : s + L], segments[s : s + L]
-            pad = L - len(tok)
-            rows.append((np.pad(tok, (0, pad)), np.pad(seg, (0, pad))))
+            pad = L - len(tok)  # filler in segment 0, on which no loss is taken
+            rows.append((np.pad(tok, (0, pad), constant_values=pad_id), np.pad(seg, (0, pad))))
         return rows
 
     def batches_per_epoch(self, batch_size: int) -> int:
@@ -259,7 +260,10 @@ class TextData:
         check_int("batch_size", batch_size)
         for i in range(0, len(self._test_rows), batch_size):
             rows = self._test_rows[i : i + batch_size]
-            empty = (np.zeros(self.seq_len + 1, np.int32),) * 2
+            empty = (
+                np.full(self.seq_len + 1, self.tokenizer.pad_id, np.int32),
+                np.zeros(self.seq_len + 1, np.int32),
+            )
             yield _lm_batch(rows + [empty] * (batch_size - len(rows)))
 
 
@@ -295,24 +299,33 @@ def _lm_batch(rows: list[tuple[np.ndarray, np.ndarray]]) -> Batch:
     }
 
 
-def _pack_ids(ids: list[tuple[list[int], list[int]]], src_len: int, tgt_len: int) -> Batch:
-    B = len(ids)
-    src = np.full((B, src_len), PAD_ID, np.int32)
-    tgt_in = np.full((B, tgt_len), PAD_ID, np.int32)
-    tgt_out = np.full((B, tgt_len), PAD_ID, np.int32)
-    for i, pair in enumerate(ids):
-        if pair is None:  # a row that fills the last eval batch
-            continue
-        s, t = pair
-        src[i, : len(s) + 1] = [*s, EOS_ID]
-        tgt_in[i, : len(t) + 1] = [BOS_ID, *t]
-        tgt_out[i, : len(t) + 1] = [*t, EOS_ID]
+def pad_rows(rows: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows right-padded with pad_id: tokens [B, width] int32 and valid [B, width],
+    True on each row's own tokens. The mask comes from the lengths, never from comparing
+    with pad_id, which may be a real token (GPT-2 pads with its EOS)."""
+    lengths = np.array([len(row) for row in rows], int)
+    if lengths.max(initial=0) > width:
+        raise ValueError(f"a row of {lengths.max()} tokens does not fit width={width}")
+    valid = np.arange(width) < lengths[:, None]
+    tokens = np.full(valid.shape, pad_id, np.int32)
+    tokens[valid] = np.concatenate([np.asarray(row, np.int32) for row in rows])
+    return tokens, valid
+
+
+def _pack_ids(
+    ids: list[tuple[list[int], list[int]] | None], tokenizer: Tokenizer, src_len: int, tgt_len: int
+) -> Batch:
+    """The batch of (source ids, target ids) pairs; None is an all-padding row."""
+    bos, eos, pad = tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id
+    src, src_valid = pad_rows([[] if p is None else [*p[0], eos] for p in ids], src_len, pad)
+    tgt_in, _ = pad_rows([[] if p is None else [bos, *p[1]] for p in ids], tgt_len, pad)
+    tgt_out, tgt_valid = pad_rows([[] if p is None else [*p[1], eos] for p in ids], tgt_len, pad)
     return {
         "src": src,
-        "src_valid": src != PAD_ID,
+        "src_valid": src_valid,
         "tgt_in": tgt_in,
         "tgt_out": tgt_out,
-        "tgt_valid": tgt_out != PAD_ID,
+        "tgt_valid": tgt_valid,
     }
 
 

@@ -1,8 +1,12 @@
-"""Tokenizers: byte-level (default, nothing to download or train) and BPE trained on the
-user's own text with the `tokenizers` package (`pip install jaxformer[bpe]`).
+"""Tokenizers: byte-level (default, nothing to download or train), BPE trained on the
+user's own text, and a Hugging Face `tokenizer.json` (a converted checkpoint's); the last
+two use the `tokenizers` package (`pip install jaxformer[bpe]`).
 
-Both reserve the same special ids: 0 = padding, 1 = BOS, 2 = EOS. A tokenizer saves to and
-loads from `tokenizer.json` in a folder (beside the checkpoints).
+Every tokenizer names its special ids: `pad_id` (filler, never attended to: masks come
+from lengths, so it may equal eos_id), `bos_id` (the token the decoder starts from) and
+`eos_id` (ends a source, a target and a document). The byte and BPE tokenizers use
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2; a Hugging Face tokenizer's are given with it. A
+tokenizer saves to and loads from `tokenizer.json` in a folder (beside the checkpoints).
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jaxformer.checks import check_int
+from jaxformer.checks import check_instance, check_int
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 SPECIALS = ("<pad>", "<bos>", "<eos>")
+_IDS = ("pad_id", "bos_id", "eos_id")  # the special ids every tokenizer names
 FILENAME = "tokenizer.json"
 MIN_MERGE_COUNT = 50  # BPE sized from the data: a merge needs a pair seen this often
 
@@ -57,16 +62,8 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of the ids up to the first EOS; other special ids are skipped."""
-        ids = list(ids)
-        check_tokens(ids, self.vocab_size, name="ids")
-        out = bytearray()
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i >= len(SPECIALS):
-                out.append(i - len(SPECIALS))
-        return out.decode("utf-8", errors="replace")
+        kept = [i - len(SPECIALS) for i in _until_eos(ids, self) if i >= len(SPECIALS)]
+        return bytes(kept).decode("utf-8", errors="replace")
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """One printable label per id (for plots)."""
@@ -81,14 +78,72 @@ class ByteTokenizer:
         path.write_text(json.dumps({"jaxformer_tokenizer": "byte"}))
 
 
-class BPETokenizer:
-    """Byte-level BPE trained with the `tokenizers` package; ids 0-2 are the specials."""
+class HFTokenizer:
+    """A Hugging Face `tokenizers.Tokenizer` with its special ids named explicitly, since
+    a `tokenizer.json` does not say which token plays which part: GPT-2's one
+    `<|endoftext|>` is BOS and EOS (and serves as pad), Marian has eos 0 and pad 58100
+    (also its decoder start), BART bos 0, pad 1, eos 2 and decoder start 2. `bos_id` is
+    the token the decoder starts from (for an encoder-decoder, HF's
+    decoder_start_token_id). The data pipeline adds BOS and EOS itself, so `encode` adds
+    no special tokens."""
+
+    kind = "hf"
+
+    def __init__(self, tokenizer, *, pad_id: int, bos_id: int, eos_id: int):
+        check_instance("tokenizer", tokenizer, _import_tokenizers().Tokenizer)
+        self._tok = tokenizer
+        for name, value in zip(_IDS, (pad_id, bos_id, eos_id), strict=True):
+            check_int(name, value, minimum=None)
+            if not 0 <= value < self.vocab_size:
+                raise ValueError(
+                    f"{name}={value} is outside the tokenizer's vocabulary [0, {self.vocab_size})"
+                )
+        self.pad_id, self.bos_id, self.eos_id = int(pad_id), int(bos_id), int(eos_id)
+
+    @classmethod
+    def from_file(
+        cls, path: str | pathlib.Path, *, pad_id: int, bos_id: int, eos_id: int
+    ) -> HFTokenizer:
+        """The tokenizer in a Hugging Face `tokenizer.json` file, with its special ids."""
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not a Hugging Face tokenizer file ({e})") from None
+        return cls(_parse(text, path), pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of the ids up to the first EOS, without special tokens."""
+        specials = (self.pad_id, self.bos_id)
+        kept = [i for i in _until_eos(ids, self) if i not in specials]
+        return self._tok.decode(kept, skip_special_tokens=True)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """One label per id (for plots)."""
+        return [self._tok.id_to_token(int(i)) or "?" for i in ids]
+
+    def save(self, folder: str | pathlib.Path) -> None:
+        path = pathlib.Path(folder) / FILENAME
+        saved = {"jaxformer_tokenizer": self.kind, "tokenizer": json.loads(self._tok.to_str())}
+        path.write_text(json.dumps(saved | {name: getattr(self, name) for name in _IDS}))
+
+
+class BPETokenizer(HFTokenizer):
+    """Byte-level BPE trained here with the `tokenizers` package; ids 0-2 are the specials."""
 
     kind = "bpe"
-    pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
 
     def __init__(self, tokenizer):
-        self._tok = tokenizer
+        super().__init__(tokenizer, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int | None = None) -> BPETokenizer:
@@ -112,31 +167,8 @@ class BPETokenizer:
         tok.train_from_iterator(texts, trainer)
         return cls(tok)
 
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
-
-    def decode(self, ids: Iterable[int]) -> str:
-        ids = [int(i) for i in ids]
-        check_tokens(ids, self.vocab_size, name="ids")
-        if EOS_ID in ids:
-            ids = ids[: ids.index(EOS_ID)]
-        return self._tok.decode([i for i in ids if i >= len(SPECIALS)])
-
-    def token_strings(self, ids: Iterable[int]) -> list[str]:
-        return [self._tok.id_to_token(int(i)) or "?" for i in ids]
-
-    def save(self, folder: str | pathlib.Path) -> None:
-        path = pathlib.Path(folder) / FILENAME
-        path.write_text(
-            json.dumps({"jaxformer_tokenizer": "bpe", "tokenizer": json.loads(self._tok.to_str())})
-        )
-
-
-Tokenizer = ByteTokenizer | BPETokenizer
+Tokenizer = ByteTokenizer | BPETokenizer | HFTokenizer
 
 
 def load_tokenizer(folder: str | pathlib.Path) -> Tokenizer:
@@ -144,17 +176,49 @@ def load_tokenizer(folder: str | pathlib.Path) -> Tokenizer:
     path = pathlib.Path(folder) / FILENAME
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer in {folder}: {path} does not exist")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        kind = data["jaxformer_tokenizer"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path} is not a jaxformer tokenizer file ({e})") from None
+    saved = _read_saved(path)
+    kind = saved["jaxformer_tokenizer"]
     if kind == "byte":
         return ByteTokenizer()
+    tokenizer = _parse(json.dumps(saved["tokenizer"]), path)
     if kind == "bpe":
-        tokenizers = _import_tokenizers()
-        return BPETokenizer(tokenizers.Tokenizer.from_str(json.dumps(data["tokenizer"])))
-    raise ValueError(f"{path}: unknown tokenizer kind {kind!r}")
+        return BPETokenizer(tokenizer)
+    return HFTokenizer(tokenizer, **{name: saved[name] for name in _IDS})
+
+
+_SAVED_KEYS = {"byte": (), "bpe": ("tokenizer",), "hf": ("tokenizer", *_IDS)}
+
+
+def _read_saved(path: pathlib.Path) -> dict:
+    """The JSON of a saved tokenizer, checked to hold what its kind needs."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        kind = saved["jaxformer_tokenizer"]
+        missing = [key for key in _SAVED_KEYS.get(kind, ()) if key not in saved]
+    except (ValueError, KeyError, TypeError) as e:  # UTF-8 and JSON errors are ValueErrors
+        raise ValueError(f"{path} is not a jaxformer tokenizer file ({e})") from None
+    if kind not in _SAVED_KEYS:
+        raise ValueError(f"{path}: unknown tokenizer kind {kind!r}")
+    if missing:
+        raise ValueError(f"{path}: a saved {kind!r} tokenizer lacks the keys {missing}")
+    return saved
+
+
+def _until_eos(ids: Iterable[int], tokenizer) -> list[int]:
+    """The ids before the tokenizer's first EOS, checked to lie in its vocabulary."""
+    ids = list(ids)
+    check_tokens(ids, tokenizer.vocab_size, name="ids")
+    ids = [int(i) for i in ids]
+    return ids[: ids.index(tokenizer.eos_id)] if tokenizer.eos_id in ids else ids
+
+
+def _parse(text: str, path: pathlib.Path):
+    """A `tokenizers.Tokenizer` from its JSON text, read from `path`."""
+    tokenizers = _import_tokenizers()
+    try:
+        return tokenizers.Tokenizer.from_str(text)
+    except Exception as e:  # `tokenizers` raises a bare Exception for any malformed JSON
+        raise ValueError(f"{path} is not a Hugging Face tokenizer file ({e})") from None
 
 
 def _import_tokenizers():
@@ -162,7 +226,8 @@ def _import_tokenizers():
         import tokenizers
     except ImportError:
         raise ImportError(
-            "the BPE tokenizer needs the 'tokenizers' package: pip install 'jaxformer[bpe]'"
+            "the BPE and Hugging Face tokenizers need the 'tokenizers' package: "
+            "pip install 'jaxformer[bpe]'"
         ) from None
     return tokenizers
 

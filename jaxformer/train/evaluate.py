@@ -42,7 +42,8 @@ def evaluate(
 
 
 def predict(model: nnx.Module, tokenizer, data, sources: list[str], batch_size: int) -> list[str]:
-    """Greedy translations of `sources` (padded to fixed batches: one compilation)."""
+    """Greedy translations of `sources` (padded to fixed batches: one compilation), decoded
+    with the tokenizer's special ids."""
     out = []
     for i in range(0, len(sources), batch_size):
         chunk = sources[i : i + batch_size]
@@ -53,6 +54,9 @@ def predict(model: nnx.Module, tokenizer, data, sources: list[str], batch_size: 
             jnp.asarray(batch["src"]),
             jnp.asarray(batch["src_valid"]),
             max_new_tokens=data.tgt_len,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
         )
         out += [tokenizer.decode(row) for row in np.asarray(tokens)[: len(chunk)]]
     return out

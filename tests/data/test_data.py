@@ -164,3 +164,12 @@ def test_bpe_sized_from_the_data_keeps_only_common_merges():
     assert sized.vocab_size < capped.vocab_size
     assert "warehouse" in "".join(sized.token_strings(sized.encode(" warehouse")))
     assert len(sized.encode("00123")) > 1  # a number seen once is not one token
+
+
+def test_pad_rows_masks_by_length_not_by_value():
+    tokens, valid = data.pad_rows([[5, 0], [], [7]], 3, pad_id=0)  # 0 is also a real token
+    np.testing.assert_array_equal(tokens, [[5, 0, 0], [0, 0, 0], [7, 0, 0]])
+    np.testing.assert_array_equal(valid, [[1, 1, 0], [0, 0, 0], [1, 0, 0]])
+    assert tokens.dtype == np.int32
+    with pytest.raises(ValueError, match="a row of 4 tokens does not fit width=3"):
+        data.pad_rows([[1, 2, 3, 4]], 3, pad_id=0)
