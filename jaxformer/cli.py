@@ -5,7 +5,9 @@
     jaxformer train --data-text book.txt --config lm.yaml
     jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
     jaxformer train --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0 --mesh data=-1
+    jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
+    jaxformer generate --checkpoint gpt2-folder/ --input "Once upon a time"
 
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...) is reported in one line
@@ -72,7 +74,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "(newlines in an output are written as \\n). Greedy unless --beam or sampling "
         "options are given.",
     )
-    g.add_argument("--checkpoint", required=True, metavar="DIR", help="a training run folder")
+    g.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="a training run folder, or a Hugging Face model folder",
+    )
     g.add_argument("--input", metavar="TEXT", help="one input (default: each line of stdin)")
     g.add_argument("--beam", type=int, metavar="N", help="beam search with N beams (paper: 4)")
     g.add_argument("--alpha", type=float, metavar="A", help="length penalty (default 0.6)")

@@ -231,6 +231,9 @@ class RunConfig:
     data_tsv: str | None = option(None, "a file of source<TAB>target lines (translation)")
     data_text: str | None = option(None, "plain text for a decoder-only language model")
     tokenizer: str = option("byte", "bytes, or BPE trained on the data file", TOKENIZERS)
+    init_from: str | None = option(
+        None, "fine-tune a Hugging Face model folder: its architecture, weights and tokenizer"
+    )
     bpe_vocab_size: int | None = option(None, "BPE vocabulary; default sized from the data")
     seq_len: int = option(128, "tokens per row of packed text (language modelling)")
     steps: int = option(1500, "optimizer steps")
@@ -263,6 +266,10 @@ class RunConfig:
         if self.task is not None:
             check_choice("task", self.task, TASKS)
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
+        if self.init_from is not None and self.tokenizer != "byte":
+            raise ValueError(
+                "a model given by init_from brings its tokenizer; leave tokenizer unset"
+            )
         if self.tokenizer == "bpe" and self.task:
             raise ValueError(
                 "the BPE tokenizer is trained on a data file; use it with data_tsv or data_text"
@@ -310,7 +317,7 @@ class RunConfig:
         on the total number of steps.
         """
         keep = (
-            "task", "data_tsv", "data_text", "tokenizer", "bpe_vocab_size", "seq_len",
+            "task", "data_tsv", "data_text", "tokenizer", "init_from", "bpe_vocab_size", "seq_len",
             "batch_size", "accum_steps", "schedule", "lr", "warmup_steps", "optimizer",
             "weight_decay", "clip_norm", "seed",
         )  # fmt: skip

@@ -136,6 +136,10 @@ class HFTokenizer:
         saved = {"jaxformer_tokenizer": self.kind, "tokenizer": json.loads(self._tok.to_str())}
         path.write_text(json.dumps(saved | {name: getattr(self, name) for name in _IDS}))
 
+    def save_hf(self, path: str | pathlib.Path) -> None:
+        """Write the Hugging Face `tokenizer.json` itself (what `from_file` reads)."""
+        self._tok.save(str(path))
+
 
 class BPETokenizer(HFTokenizer):
     """Byte-level BPE trained here with the `tokenizers` package; ids 0-2 are the specials."""

@@ -33,15 +33,13 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config import TransformerConfig
+from jaxformer.data.tokenizers import ByteTokenizer, HFTokenizer
 from jaxformer.functional.positions import sinusoidal_positions
 from jaxformer.interop.weights import Path, dotted, fill_params, params_of
 from jaxformer.models import DecoderLM, Transformer
 
-CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = (
-    "config.json",
-    "model.safetensors",
-    "model.safetensors.index.json",
-)
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+INDEX_FILE = "model.safetensors.index.json"
 MODEL_TYPES = ("gpt2", "marian", "bart")
 ACTIVATIONS = {  # Hugging Face's activation_function -> jaxformer's
     "relu": "relu",
@@ -87,6 +85,40 @@ def from_hf(model_or_path) -> Transformer | DecoderLM:
     _check_leftovers(weights, used, hf_config, config)
     fill_params(target, arrays, "from_hf")
     return target
+
+
+def load(folder: str | pathlib.Path) -> tuple[Transformer | DecoderLM, HFTokenizer]:
+    """The model (`from_hf`) and tokenizer of a Hugging Face folder: its tokenizer.json,
+    with the special ids of its config.json (GPT-2: eos, also bos and pad unless given;
+    Marian and BART: pad, eos, and decoder_start_token_id as the decoder's first token)."""
+    model = from_hf(folder)
+    path = pathlib.Path(folder) / TOKENIZER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{folder}: no {TOKENIZER_FILE}; jaxformer reads Hugging Face's tokenizer.json "
+            "(sentencepiece files alone, as in OPUS-MT folders, are not supported)"
+        )
+    c = json.loads((pathlib.Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
+    eos = c.get("eos_token_id")
+    bos = c.get("bos_token_id") if c["model_type"] == "gpt2" else c.get("decoder_start_token_id")
+    ids = dict(pad_id=c.get("pad_token_id"), bos_id=bos, eos_id=eos)
+    ids = {k: eos if v is None else v for k, v in ids.items()}
+    if eos is None:
+        raise ValueError(f"{folder}/{CONFIG_FILE} names no eos_token_id")
+    tokenizer = HFTokenizer.from_file(path, **ids)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"{path} has {tokenizer.vocab_size} tokens, more than the model's "
+            f"vocab_size={model.config.vocab_size}"
+        )
+    return model, tokenizer
+
+
+def is_model_folder(folder: str | pathlib.Path) -> bool:
+    """Whether `folder` holds a Hugging Face config.json and safetensors weights."""
+    folder = pathlib.Path(folder)
+    weights = (folder / WEIGHTS_FILE).is_file() or (folder / INDEX_FILE).is_file()
+    return (folder / CONFIG_FILE).is_file() and weights
 
 
 def config_from_hf(hf_config: dict[str, Any]) -> TransformerConfig:
@@ -243,42 +275,47 @@ def _check_equal(name: str, got: np.ndarray, expected: np.ndarray, what: str) ->
 # --- out -----------------------------------------------------------------------------------
 
 
-def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, special_ids=None):
+def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, tokenizer=None):
     """Write `model` as a Hugging Face checkpoint folder (config.json, model.safetensors)
     that transformers' `from_pretrained` loads: a DecoderLM as GPT-2, a Transformer as
     Marian (sinusoids in halves) or BART (learned positions and an embedding norm).
 
-    special_ids: {"pad_token_id", "bos_token_id", "eos_token_id",
-    "decoder_start_token_id"} for config.json; default jaxformer's 0, 1, 2 and 1.
-    Returns the folder. ValueError names what the chosen format cannot hold.
+    tokenizer: its special ids go into config.json (default jaxformer's pad 0, bos 1,
+    eos 2; bos is the decoder start), and a BPE or Hugging Face tokenizer is written as
+    tokenizer.json. Returns the folder. ValueError names what the format cannot hold.
     """
     model_type = _model_type_of(model)
     if model.config.scan_layers:
         raise ValueError("to_hf: scan_layers=True stacks the layers; convert a model without it")
-    hf_config = _hf_config(model_type, model.config, special_ids)
+    hf_config = _hf_config(model_type, model.config, tokenizer or ByteTokenizer())
     differences = _differences(model.config, config_from_hf(hf_config))
     if differences:
         raise ValueError(f"to_hf: {model_type} cannot hold this model: {differences}")
-    params = params_of(model)
-    weights = {}
-    for link in _links(model_type, model.config):
-        weights.update(
-            zip(link.hf_names, link.to_hf([params.pop(p) for p in link.paths]), strict=True)
-        )
-    if params:
-        raise ValueError(f"to_hf: {model_type} has no place for {sorted(map(dotted, params))}")
-    prefix = "transformer." if model_type == "gpt2" else "model."
-    weights = {
-        (k if k == "final_logits_bias" else prefix + k): np.ascontiguousarray(v)
-        for k, v in weights.items()
-    }
+    weights = _hf_weights(model, model_type)
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
-    _import("safetensors.numpy").save_file(
-        weights, folder / WEIGHTS_FILE, metadata={"format": "pt"}
-    )
+    save_file = _import("safetensors.numpy").save_file
+    save_file(weights, folder / WEIGHTS_FILE, metadata={"format": "pt"})
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.save_hf(folder / TOKENIZER_FILE)
     return folder
+
+
+def _hf_weights(model, model_type: str) -> dict[str, np.ndarray]:
+    """The model's parameters under their Hugging Face names."""
+    params = params_of(model)
+    weights = {}
+    for link in _links(model_type, model.config):
+        arrays = link.to_hf([params.pop(p) for p in link.paths])
+        weights.update(zip(link.hf_names, arrays, strict=True))
+    if params:
+        raise ValueError(f"to_hf: {model_type} has no place for {sorted(map(dotted, params))}")
+    prefix = "transformer." if model_type == "gpt2" else "model."
+    return {
+        (k if k == "final_logits_bias" else prefix + k): np.ascontiguousarray(v)
+        for k, v in weights.items()
+    }
 
 
 def _model_type_of(model) -> str:
@@ -312,10 +349,14 @@ def _differences(have: TransformerConfig, can: TransformerConfig) -> str:
     )
 
 
-def _hf_config(model_type: str, c: TransformerConfig, special_ids) -> dict:
-    """The Hugging Face config.json of `c` as `model_type`."""
-    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
-    ids |= special_ids or {}
+def _hf_config(model_type: str, c: TransformerConfig, tokenizer) -> dict:
+    """The Hugging Face config.json of `c` as `model_type`, with the tokenizer's ids."""
+    ids = dict(
+        pad_token_id=tokenizer.pad_id,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+        decoder_start_token_id=tokenizer.bos_id,
+    )
     activation = {v: k for k, v in ACTIVATIONS.items() if k not in ("gelu_pytorch_tanh", "silu")}
     if c.activation not in activation:
         raise ValueError(

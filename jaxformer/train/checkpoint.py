@@ -18,6 +18,7 @@ from flax import nnx
 from jaxformer.checks import check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
+from jaxformer.interop import hf
 from jaxformer.models import MODEL_KINDS
 from jaxformer.train.steps import TrainState
 
@@ -131,10 +132,13 @@ def check_compatible(saved: dict, expected: dict, where) -> None:
 
 
 def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
-    """The trained model (latest checkpoint, parameters only) and tokenizer of a run folder."""
+    """The trained model (latest checkpoint, parameters only) and tokenizer of a run
+    folder, or those of a Hugging Face model folder (see `interop.hf.load`)."""
     run_dir = pathlib.Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
+    if not (run_dir / CHECKPOINTS).is_dir() and hf.is_model_folder(run_dir):
+        return hf.load(run_dir)
     if not (run_dir / CHECKPOINTS).is_dir():
         raise FileNotFoundError(
             f"{run_dir}: no {CHECKPOINTS}/ folder; is this a `jaxformer train --out` folder?"

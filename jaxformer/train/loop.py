@@ -26,6 +26,7 @@ from flax import nnx
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData
 from jaxformer.data.datasets import read_text_lines
+from jaxformer.interop import hf
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, host_copy, make_placement
 from jaxformer.train import report
@@ -113,9 +114,13 @@ class _Job:
 
     @classmethod
     def prepare(cls, model_config: TransformerConfig, run: RunConfig) -> _Job:
-        tokenizer, data = build_data(run)
-        config = _fit_config(model_config, tokenizer, data)
-        model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.seed))
+        if run.init_from is None:
+            tokenizer, data = build_data(run)
+            config = _fit_config(model_config, tokenizer, data)
+            model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.seed))
+        else:
+            model, tokenizer, data = _pretrained(run)
+            config = model_config = model.config
         graphdef, state, train_fn, eval_fn = _steps(model, config, run)
         placement = make_placement(run.mesh, pmap=run.pmap)
         placement.check_rows(
@@ -192,13 +197,9 @@ class _Job:
         report.print_summary(summary, examples, folder.path)
 
 
-def build_data(run: RunConfig):
-    """The tokenizer and the dataset of a run."""
-    if run.tokenizer == "bpe":
-        lines = [line for _, line in read_text_lines(run.data_tsv or run.data_text)]
-        tokenizer = BPETokenizer.train(lines, run.bpe_vocab_size)
-    else:
-        tokenizer = ByteTokenizer()
+def build_data(run: RunConfig, tokenizer=None):
+    """The tokenizer (`tokenizer`, else the one the run asks for) and the dataset of a run."""
+    tokenizer = tokenizer or _tokenizer(run)
     if run.task:
         return tokenizer, TaskData(run.task, tokenizer, seed=run.seed, test_size=run.eval_examples)
     if run.data_tsv:
@@ -207,6 +208,29 @@ def build_data(run: RunConfig):
         )
         return tokenizer, data
     return tokenizer, TextData(run.data_text, tokenizer, seq_len=run.seq_len, seed=run.seed)
+
+
+def _tokenizer(run: RunConfig):
+    if run.tokenizer == "bpe":
+        lines = [line for _, line in read_text_lines(run.data_tsv or run.data_text)]
+        return BPETokenizer.train(lines, run.bpe_vocab_size)
+    return ByteTokenizer()
+
+
+def _pretrained(run: RunConfig):
+    """(model, tokenizer, data) of a run that fine-tunes the Hugging Face folder init_from."""
+    model, tokenizer = hf.load(run.init_from)
+    _, data = build_data(run, tokenizer)
+    kind = type(model).__name__
+    if kind != data.model_kind:
+        needs = {"DecoderLM": "text (data_text)", "Transformer": "pairs (a task or data_tsv)"}
+        raise ValueError(f"{run.init_from} holds a {kind}, which trains on {needs[kind]}")
+    if model.config.max_len < data.max_len:
+        raise ValueError(
+            f"the data needs sequences of {data.max_len} tokens but {run.init_from} takes "
+            f"{model.config.max_len} (max_position_embeddings)"
+        )
+    return model, tokenizer, data
 
 
 def _fit_config(config: TransformerConfig, tokenizer, data) -> TransformerConfig:
