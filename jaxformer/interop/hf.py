@@ -50,6 +50,8 @@ ACTIVATIONS = {  # Hugging Face's activation_function -> jaxformer's
     "silu": "silu",
 }
 BART_POSITION_OFFSET = 2
+# Weights of the model with a head that sit outside its base model ("transformer." or "model.").
+OUTSIDE_BASE_MODEL = ("lm_head.weight", "final_logits_bias")
 
 
 class Link(NamedTuple):
@@ -313,7 +315,7 @@ def _hf_weights(model, model_type: str) -> dict[str, np.ndarray]:
         raise ValueError(f"to_hf: {model_type} has no place for {sorted(map(dotted, params))}")
     prefix = "transformer." if model_type == "gpt2" else "model."
     return {
-        (k if k == "final_logits_bias" else prefix + k): np.ascontiguousarray(v)
+        (k if k in OUTSIDE_BASE_MODEL else prefix + k): np.ascontiguousarray(v)
         for k, v in weights.items()
     }
 

@@ -141,6 +141,10 @@ def test_greedy_tokens_match_generate(name):
 def test_to_hf_loads_in_transformers_and_round_trips_exactly(pair, tmp_path):
     name, hf, model = pair
     folder = to_hf(model, tmp_path / name)
+    from safetensors.numpy import load_file
+
+    names = set(load_file(folder / "model.safetensors"))
+    assert names <= {k for k in hf.state_dict()}, names - set(hf.state_dict())
     reloaded_hf = type(hf).from_pretrained(folder).eval()
     src, tgt, src_valid, tgt_valid = _inputs(**INPUTS["batch3_padded"])
     np.testing.assert_array_equal(
