@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 RUN    := $(VENV)/.installed-run
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: train test test-all lint bench clean
+.PHONY: train test test-all test-gpu lint bench clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
 # torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk,
@@ -32,6 +32,14 @@ test: $(DEV)
 
 test-all: $(DEV)
 	$(PY) -m pytest -q -n 2
+
+# On a machine with an NVIDIA GPU and a CUDA build of JAX already installed (no .venv: pip's
+# default JAX is CPU-only): the tests of the code that runs differently on a GPU (attention
+# kernels and "auto", layers, models, decoding, training steps, interop), on the GPU, with
+# float32 products pinned to full precision (tests/conftest.py). `make test` runs on the CPU.
+test-gpu:
+	JAX_PLATFORMS=cuda PYTHONPATH=. $(PYTHON) -m pytest -q -m "not slow" tests/functional tests/nn \
+		tests/test_models.py tests/test_decode.py tests/train/test_steps.py tests/interop
 
 # Benchmarks run with tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) preloaded
 # when it is installed, else with glibc tuned as the jaxformer command tunes it: XLA's CPU

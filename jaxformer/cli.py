@@ -94,6 +94,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="default: the input's length + 50 (the paper), within the model's max_len",
     )
     g.add_argument("--batch-size", type=int, default=32, metavar="B", help="inputs (default: 32)")
+    for command in (t, g):
+        command.add_argument(
+            "--no-compile-cache",
+            action="store_true",
+            help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
+        )
     return parser, {"train": t, "generate": g}
 
 
@@ -319,17 +325,20 @@ def _tune_glibc_malloc() -> None:
         mallopt(param, value)
 
 
-def _use_compilation_cache() -> None:
-    """Keep compiled programs in ~/.cache/jaxformer/jax (unless JAX_COMPILATION_CACHE_DIR
-    says otherwise), so a second run or a resume starts in seconds."""
-    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
-        return
+def _use_compilation_cache(enabled: bool) -> None:
+    """Keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache by default; JAX's
+    own JAX_COMPILATION_CACHE_DIR takes precedence), so a second run or a resume skips
+    XLA's compilation; --no-compile-cache turns it off."""
     import jax
 
-    jax.config.update(
-        "jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "jaxformer" / "jax")
-    )
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    if not enabled:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    jax.config.update("jax_compilation_cache_dir", str(cache / "jaxformer" / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:
         _unrecognized(commands[args.command], extras)
-    _use_compilation_cache()
+    _use_compilation_cache(not args.no_compile_cache)
     try:
         if args.command == "train":
             return _train(args)

@@ -112,7 +112,9 @@ class TransformerConfig:
     ffn_bias: bool = option(True, "biases on the feed-forward layers")
     dtype: str = option("float32", "compute dtype (parameters stay float32)", tuple(DTYPES))
     param_dtype: str = option("float32", "parameter dtype", tuple(DTYPES))
-    attention_impl: str = option("xla", "attention kernel", IMPLEMENTATIONS)
+    attention_impl: str = option(
+        "auto", "attention kernel; auto: cuDNN, chunked or xla by device and size", IMPLEMENTATIONS
+    )
     remat: str = option("none", "recompute layers in the backward pass", REMAT)
     scan_layers: bool = option(False, "stacked layers in one scan (faster compile)")
 
@@ -254,6 +256,9 @@ class RunConfig:
     eval_examples: int = option(1000, "held-out examples for evaluation")
     seed: int = option(0, "initialisation, dropout and data order")
     out: str | None = option(None, "run folder; default runs/<task or data file name>")
+    profile: str | None = option(
+        None, "START:STOP: a jax.profiler trace of steps START+1..STOP in <out>/profile"
+    )
     mesh: str | None = option(None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)")
     pmap: bool = option(False, "data parallel with jax.pmap over this process's devices")
 
@@ -290,11 +295,31 @@ class RunConfig:
                 check_number(name, getattr(self, name), interval)
         check_number("weight_decay", self.weight_decay, "[0, inf)")
         check_bool("pmap", self.pmap)
+        _ = self.profile_steps  # checks the range
         if self.mesh is not None and self.pmap:
             raise ValueError("give a mesh or pmap, not both")
         if self.out is None:
             name = self.task or pathlib.Path(self.data_tsv or self.data_text).stem
             object.__setattr__(self, "out", f"runs/{name}")
+
+    @property
+    def profile_steps(self) -> tuple[int, int] | None:
+        """`profile` "START:STOP" as (START, STOP): trace from after step START until
+        step STOP is done; None without a profile."""
+        if self.profile is None:
+            return None
+        start, _, stop = str(self.profile).partition(":")
+        if not (start.strip().isdigit() and stop.strip().isdigit()):
+            raise ValueError(
+                f"profile must be START:STOP (steps, e.g. 10:12), got {self.profile!r}"
+            )
+        start, stop = int(start), int(stop)
+        if not start < stop <= self.steps:
+            raise ValueError(
+                f"profile {self.profile!r} is an empty or reversed range, or goes past "
+                f"steps={self.steps}: give START < STOP <= steps"
+            )
+        return start, stop
 
     @property
     def peak_lr(self) -> float | None:

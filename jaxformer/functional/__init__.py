@@ -1,11 +1,13 @@
 """Pure functions of arrays for every part of the Transformer. No Flax, no optax, no I/O."""
 
 from jaxformer.functional.attention import (
+    AUTO_CHUNKED_BYTES,
     IMPLEMENTATIONS,
     AttentionOutput,
     AttentionParams,
     KVCache,
     attention_weights,
+    choose_implementation,
     masked_softmax,
     merge_heads,
     multi_head_attention,

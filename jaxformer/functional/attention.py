@@ -10,6 +10,7 @@ query head h reads key/value head h // G.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import NamedTuple
 
@@ -31,7 +32,12 @@ from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask,
 from jaxformer.functional.matmul import einsum_f32
 from jaxformer.functional.positions import apply_rope
 
-IMPLEMENTATIONS = ("xla", "chunked", "cudnn")
+IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn")
+# "auto" runs "chunked" instead of "xla" when the float32 logits [B, H, T, S] of the plain
+# implementation would take more than this many bytes (the weights take as much again).
+AUTO_CHUNKED_BYTES = 1 << 30
+_log = logging.getLogger("jaxformer.attention")
+_logged: set[tuple] = set()
 
 
 def scaled_dot_product_attention(
@@ -47,7 +53,7 @@ def scaled_dot_product_attention(
     dropout_rng: jax.Array | None = None,
     q_valid: jax.Array | None = None,
     k_valid: jax.Array | None = None,
-    implementation: str = "xla",
+    implementation: str = "auto",
 ) -> jax.Array:
     """softmax(q k^T * scale + bias, masked) v: [B, T, H, Dv] in q's dtype.
 
@@ -63,6 +69,8 @@ def scaled_dot_product_attention(
       q_valid, k_valid: bool [B, T] and [B, S], True = real token: the same as
         `padding_mask(q_valid, k_valid)` in `mask`, but never formed at [T, S] by "chunked".
       implementation: one of IMPLEMENTATIONS, all computing the same function:
+        "auto": one of the others, chosen from shapes, dtypes and the device when traced
+          (see `choose_implementation`; the choice is logged once per shape);
         "xla": the logits and weights materialised, [B, H, T, S] float32 (memory O(T S));
         "chunked": online softmax over tiles of queries and keys, memory O(T + S) in the
           forward and backward passes (see `chunked_attention`; dropout draws differ);
@@ -78,6 +86,10 @@ def scaled_dot_product_attention(
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
     check_choice("implementation", implementation, IMPLEMENTATIONS)
+    if implementation == "auto":
+        masked = mask is not None or bias is not None or causal or q_valid is not None
+        masked = masked or k_valid is not None
+        implementation = choose_implementation(q, k, v, masked=masked, dropout_rate=dropout_rate)
     if implementation == "chunked":
         return chunked_attention(
             q, k, v, mask=mask, bias=bias, q_valid=q_valid, k_valid=k_valid, causal=causal,
@@ -142,23 +154,63 @@ def _weighted_values(weights_BKGTS, v, dtype, dropout_rate, dropout_rng):
     return out.reshape(B, T, K * G, v.shape[-1]).astype(dtype)
 
 
+def choose_implementation(q, k, v, *, masked: bool, dropout_rate: float) -> str:
+    """The implementation "auto" runs for q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv]:
+
+    - "cudnn" on an NVIDIA GPU when cuDNN's fused kernel takes the call (see
+      `_cudnn_problem`: bfloat16/float16, head dim <= 128 and a multiple of 8, D = Dv, no
+      attention dropout, even lengths when masked);
+    - else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES;
+    - else "xla". TPUs and CPUs run XLA's code: "xla" or "chunked", no custom kernels.
+
+    Decided from shapes, dtypes and the device alone, so at trace time; the choice and
+    its reason are logged (logger "jaxformer.attention", INFO) once per shape.
+    """
+    B, T, H, _ = q.shape
+    S = k.shape[1]
+    logits_mib = 4 * B * H * T * S / 2**20
+    problem = _cudnn_problem(q, k, v, masked, dropout_rate)
+    if problem is None:
+        choice, reason = "cudnn", "cuDNN's fused kernel takes this call"
+    elif logits_mib * 2**20 > AUTO_CHUNKED_BYTES:
+        budget = AUTO_CHUNKED_BYTES / 2**20
+        choice, reason = "chunked", f"plain logits need {logits_mib:.0f} MiB > {budget:.0f} MiB"
+    else:
+        choice, reason = "xla", f"plain logits need {logits_mib:.1f} MiB; no cuDNN: {problem[1]}"
+    key = (q.shape, k.shape, v.shape, str(q.dtype), masked, dropout_rate > 0)
+    if key not in _logged:
+        _logged.add(key)
+        _log.info("attention q %s k %s %s: %s (%s)", q.shape, k.shape, q.dtype, choice, reason)
+    return choice
+
+
+def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, str] | None:
+    """Why cuDNN's fused attention cannot take this call (error type, reason), or None."""
+    kind = jax.devices()[0].device_kind
+    if jax.default_backend() != "gpu" or "nvidia" not in kind.lower():
+        return ValueError, f"needs an NVIDIA GPU, the backend is {jax.default_backend()!r}"
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        dtypes = f"{q.dtype}, {k.dtype}, {v.dtype}"
+        return TypeError, f"needs q, k and v all bfloat16 or all float16, got {dtypes}"
+    if dropout_rate > 0.0:
+        return ValueError, "has no attention dropout in jax.nn.dot_product_attention"
+    D, Dv = q.shape[-1], v.shape[-1]
+    if D != Dv or D > 128 or D % 8:
+        return ValueError, f"takes equal q/v head dims <= 128, multiples of 8; got {D}, {Dv}"
+    if masked and (q.shape[1] % 2 or k.shape[1] % 2):
+        return (
+            ValueError,
+            f"takes a mask with even lengths only; got T={q.shape[1]}, S={k.shape[1]}",
+        )
+    return None
+
+
 def _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate):
     """`jax.nn.dot_product_attention` with cuDNN's fused kernel; rows with no key give 0."""
-    if jax.default_backend() != "gpu":
-        raise ValueError(
-            "implementation='cudnn' needs an NVIDIA GPU (cuDNN), but the default JAX backend "
-            f"is {jax.default_backend()!r}; use implementation='xla' or 'chunked'"
-        )
-    if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(
-            "implementation='cudnn' needs q, k and v all bfloat16 or all float16, got "
-            f"{q.dtype}, {k.dtype}, {v.dtype}; use dtype='bfloat16' or implementation='xla'"
-        )
-    if dropout_rate > 0.0:
-        raise ValueError(
-            "implementation='cudnn' has no attention dropout in jax.nn.dot_product_attention; "
-            "use attention_dropout_rate=0 or implementation='xla' or 'chunked'"
-        )
+    problem = _cudnn_problem(q, k, v, mask is not None or bias is not None or causal, dropout_rate)
+    if problem is not None:
+        error, reason = problem
+        raise error(f"implementation='cudnn' {reason}; use implementation='xla' or 'chunked'")
     out = jax.nn.dot_product_attention(
         q,
         k,
@@ -259,7 +311,7 @@ def multi_head_attention(
     rng: jax.Array | None = None,
     rope_positions: tuple[jax.Array, jax.Array] | None = None,
     return_weights: bool = False,
-    implementation: str = "xla",
+    implementation: str = "auto",
     kv_cache: KVCache | None = None,
     cache_positions: jax.Array | None = None,
 ) -> AttentionOutput:
@@ -274,8 +326,8 @@ def multi_head_attention(
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
-      return_weights: also return the attention probabilities (implementation "xla").
-      implementation: the attention kernel, "xla" | "chunked" | "cudnn" (see
+      return_weights: also return the attention probabilities (runs "xla"; "auto" allows it).
+      implementation: the attention kernel, "auto" | "xla" | "chunked" | "cudnn" (see
         `scaled_dot_product_attention`).
       kv_cache: for decoding. With `cache_positions` [B, T] (cached self-attention) the
         keys and values of x_kv are written into the cache at those slots and the queries
@@ -287,7 +339,7 @@ def multi_head_attention(
       AttentionOutput(out [B, T, E], weights or None, updated kv_cache or None).
     """
     _check_inputs(x_q, x_kv, params, kv_cache, cache_positions)
-    if return_weights and implementation != "xla":
+    if return_weights and implementation not in ("xla", "auto"):
         raise ValueError(
             "return_weights needs the materialised weights of implementation='xla', "
             f"got implementation={implementation!r}"

@@ -60,7 +60,7 @@ class BlockOptions:
     activation: str = "relu"  # one of ACTIVATIONS; relu is the paper's
     dropout_rate: float = 0.0  # residual dropout, P_drop
     attention_dropout_rate: float = 0.0
-    attention_impl: str = "xla"  # "xla" | "chunked" | "cudnn": see scaled_dot_product_attention
+    attention_impl: str = "auto"  # one of IMPLEMENTATIONS: see scaled_dot_product_attention
 
     def __post_init__(self):
         check_choice("attention_impl", self.attention_impl, IMPLEMENTATIONS)

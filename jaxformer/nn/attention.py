@@ -70,7 +70,7 @@ class MultiHeadAttention(nnx.Module):
         mask: jax.Array | None = None,
         *,
         dropout_rate: float = 0.0,
-        implementation: str = "xla",
+        implementation: str = "auto",
         deterministic: bool = True,
         rng: jax.Array | None = None,
         rope_positions: tuple[jax.Array, jax.Array] | None = None,

@@ -172,13 +172,18 @@ def make_placement(
 def put(tree, shardings):
     """Place host values (NumPy or single-device arrays, the same on every process) with
     `shardings` (a matching tree, or one sharding for all leaves); each process transfers
-    only the slices its own devices hold. Leaves already laid out so are kept."""
+    only the slices its own devices hold. Leaves already laid out so are kept; others get
+    exactly `shardings` (a compiled step's input types include the kind of sharding, so a
+    single-device array where a step returns a one-device NamedSharding would make its
+    second call compile again)."""
     if isinstance(shardings, jax.sharding.Sharding):
         shardings = jax.tree.map(lambda _: shardings, tree)
 
     def place(x, sharding):
-        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+        if isinstance(x, jax.Array) and x.sharding == sharding:
             return x
+        if isinstance(x, jax.Array) and x.is_fully_addressable:
+            return jax.device_put(x, sharding)
         host = np.asarray(x)
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 

@@ -57,16 +57,20 @@ def train(
     Raises TrainingDiverged on a NaN or infinite loss (the last good checkpoint stays
     intact) and re-raises KeyboardInterrupt after saving the last completed step.
     """
+    started = time.perf_counter()
     job = _Job.prepare(model_config, run)  # everything that can fail before the folder exists
     folder = RunFolder(run.out, keep_checkpoints=run.keep_checkpoints)
     state, first = job.start(folder, resume=resume)
     shown = report.Progress(progress and folder.is_main, first, run.steps)
-    meter, last_eval = _Meter(first), {}
+    meter, last_eval = _Meter(first, started), {}
+    profiler = _Profiler(run.profile_steps, folder)
     try:
         for step in range(first, run.steps):
+            profiler.before(step)
             with _interrupts_held():
                 state, metrics = job.train_step(state, job.data.train_batch(step, run.batch_size))
             done = step + 1
+            profiler.after(done, state)
             record = meter.record(done, metrics, folder)
             if _due(done, run.log_every, run.steps):
                 folder.log(record)
@@ -91,6 +95,7 @@ def train(
         raise
     finally:
         shown.close()
+        profiler.close()
     summary = meter.summary(last_eval, job.data.metrics) | job.description()
     job.finish(folder, summary, host_copy(job.placement.one_copy(state.params)))
     return summary
@@ -265,10 +270,11 @@ def _steps(model, config: TransformerConfig, run: RunConfig):
 class _Meter:
     """Counts steps and target tokens, times them, and stops the run on a NaN loss."""
 
-    def __init__(self, first: int):
+    def __init__(self, first: int, started: float):
         self.first = self.step = first
         self.tokens = self.window_tokens = 0
         self.start = self.window_start = time.perf_counter()
+        self.started, self.to_first_step = started, None
 
     def record(self, step: int, metrics, folder: RunFolder) -> dict[str, float]:
         """The step's metrics as a log record (with tokens/s since the last record)."""
@@ -282,6 +288,8 @@ class _Meter:
         n = int(metrics["tokens"])
         self.tokens, self.window_tokens = self.tokens + n, self.window_tokens + n
         now = time.perf_counter()
+        if self.to_first_step is None:  # set-up, compilation and the first step
+            self.to_first_step = now - self.started
         record = {"step": step, **{k: float(v) for k, v in metrics.items() if k != "tokens"}}
         record["tokens_per_second"] = self.window_tokens / max(now - self.window_start, 1e-9)
         return record
@@ -296,6 +304,9 @@ class _Meter:
             "steps": self.step,
             "steps_run": self.step - self.first,
             "wall_seconds": round(wall, 2),
+            "seconds_to_first_step": None
+            if self.to_first_step is None
+            else round(self.to_first_step, 2),
             "train_tokens_per_second": round(self.tokens / max(wall, 1e-9), 1),
             "eval_loss": last_eval.get("eval_loss"),  # label-smoothed, as trained
             "eval_nll": last_eval.get("eval_nll"),
@@ -303,6 +314,32 @@ class _Meter:
             "token_accuracy": last_eval.get("eval_token_accuracy"),
             **{name: last_eval.get(name) for name in metrics},
         }
+
+
+class _Profiler:
+    """A jax.profiler trace of the steps after START up to STOP, in <out>/profile (open it
+    with Perfetto or TensorBoard's profile plugin; see the README)."""
+
+    def __init__(self, steps: tuple[int, int] | None, folder: RunFolder):
+        self.steps, self.folder, self.on = steps, folder, False
+
+    def before(self, step: int) -> None:
+        if self.steps and step == self.steps[0] and self.folder.is_main:
+            jax.profiler.start_trace(self.folder.path / "profile", create_perfetto_trace=True)
+            self.on = True
+
+    def after(self, done: int, state) -> None:
+        if self.on and done == self.steps[1]:
+            jax.block_until_ready(state)
+            self.close()
+            self.folder.say(
+                f"profile of steps {self.steps[0] + 1}-{done}: {self.folder.path / 'profile'}"
+            )
+
+    def close(self) -> None:
+        if self.on:
+            jax.profiler.stop_trace()
+            self.on = False
 
 
 def _due(done: int, every: int, total: int) -> bool:

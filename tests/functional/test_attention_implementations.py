@@ -273,6 +273,7 @@ def test_implementation_errors_are_named():
             F.scaled_dot_product_attention(q, q, q, implementation="cudnn")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
 @pytest.mark.parametrize("masking", ["none", "causal+valid"])
 def test_cudnn_matches_plain(masking):
@@ -332,3 +333,90 @@ def test_einsum_f32_bfloat16_gradients_equal_autodiff():
     for a, b in zip(jax.grad(mine, (0, 1))(x, w), jax.grad(plain, (0, 1))(x, w), strict=True):
         assert a.dtype == b.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2)
+
+
+# --- "auto": which implementation, and the same numbers as the one it picks ---------------
+
+from jaxformer.functional import attention as attention_module  # noqa: E402
+
+
+def _spec(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _choose(q_shape, k_shape, dtype=jnp.float32, *, Dv=None, masked=True, dropout_rate=0.0):
+    v_shape = (*k_shape[:3], Dv or k_shape[3])
+    return F.choose_implementation(
+        _spec(q_shape, dtype), _spec(k_shape, dtype), _spec(v_shape, dtype),
+        masked=masked, dropout_rate=dropout_rate,
+    )  # fmt: skip
+
+
+def test_auto_on_cpu_picks_xla_then_chunked_by_the_size_of_the_logits():
+    assert _choose((8, 128, 8, 64), (8, 128, 8, 64)) == "xla"  # 4 MiB of logits
+    # 16384 x 16384 logits for 8 heads: 8 GiB, over the 1 GiB budget (no memory is used:
+    # the choice reads shapes only).
+    assert _choose((1, 16384, 8, 64), (1, 16384, 8, 64)) == "chunked"
+    assert F.AUTO_CHUNKED_BYTES == 1 << 30
+
+
+def test_auto_computes_what_the_implementation_it_picks_computes(monkeypatch):
+    _, q, k, v, q_valid, k_valid = _inputs((2, 9, 9, 4, 4, 8, 8), seed=11)
+    kw = dict(causal=True, q_valid=q_valid, k_valid=k_valid)
+
+    def run(implementation):
+        return _value_and_grads(
+            lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v, implementation=implementation, **kw),
+            q, k, v,
+        )  # fmt: skip
+
+    _assert_same(run("auto"), run("xla"), atol=0)
+    monkeypatch.setattr(attention_module, "AUTO_CHUNKED_BYTES", 1000)  # 2 x 4 x 9 x 9 x 4 > 1000
+    assert _choose(q.shape, k.shape) == "chunked"
+    _assert_same(run("auto"), run("chunked"), atol=0)
+
+
+def test_auto_picks_cudnn_only_where_cudnn_takes_the_call(monkeypatch):
+    """The cuDNN branch through its support check, on any machine: a pretend H100."""
+
+    class Device:
+        device_kind = "NVIDIA H100 80GB HBM3"
+
+    monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention_module.jax, "devices", lambda: [Device()])
+    bf16 = jnp.bfloat16
+    assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16) == "cudnn"
+    assert _choose((4, 256, 12, 64), (4, 256, 4, 64), bf16) == "cudnn"  # grouped-query
+    assert _choose((4, 256, 12, 64), (4, 256, 12, 64)) == "xla"  # float32
+    assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16, dropout_rate=0.1) == "xla"
+    assert _choose((4, 256, 12, 20), (4, 256, 12, 20), bf16) == "xla"  # head dim 20
+    assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16, Dv=32) == "xla"  # D != Dv
+    assert _choose((4, 255, 12, 64), (4, 255, 12, 64), bf16) == "xla"  # odd T, masked
+    assert _choose((4, 255, 12, 64), (4, 255, 12, 64), bf16, masked=False) == "cudnn"
+    assert _choose((1, 16384, 8, 64), (1, 16384, 8, 64)) == "chunked"  # float32, long
+
+
+def test_auto_logs_its_choice_once_per_shape(caplog):
+    caplog.set_level("INFO", logger="jaxformer.attention")
+    q = jnp.zeros((1, 5, 2, 8))
+    for _ in range(3):
+        F.scaled_dot_product_attention(q, q, q, causal=True, implementation="auto")
+    lines = [r.getMessage() for r in caplog.records if "(1, 5, 2, 8)" in r.getMessage()]
+    assert len(lines) <= 1  # one per process: another test may have logged this shape
+    F.scaled_dot_product_attention(q[:, :3], q[:, :3], q[:, :3], implementation="auto")
+    assert any(
+        "(1, 3, 2, 8)" in r.getMessage() and ": xla (" in r.getMessage() for r in caplog.records
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
+def test_auto_runs_cudnn_on_a_gpu():
+    _, q, k, v, q_valid, k_valid = _inputs((2, 64, 64, 8, 2, 64, 64), seed=12)
+    bf = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
+    assert F.choose_implementation(*bf, masked=True, dropout_rate=0.0) == "cudnn"
+    kw = dict(causal=True, q_valid=q_valid, k_valid=k_valid)
+    auto = F.scaled_dot_product_attention(*bf, implementation="auto", **kw)
+    np.testing.assert_array_equal(
+        auto, F.scaled_dot_product_attention(*bf, implementation="cudnn", **kw)
+    )
