@@ -325,7 +325,10 @@ class _Profiler:
 
     def before(self, step: int) -> None:
         if self.steps and step == self.steps[0] and self.folder.is_main:
-            jax.profiler.start_trace(self.folder.path / "profile", create_perfetto_trace=True)
+            options = jax.profiler.ProfileOptions()
+            options.python_tracer_level = 0  # Python calls would fill the trace's event cap
+            path = self.folder.path / "profile"
+            jax.profiler.start_trace(path, create_perfetto_trace=True, profiler_options=options)
             self.on = True
 
     def after(self, done: int, state) -> None:
