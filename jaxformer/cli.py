@@ -96,6 +96,14 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     g.add_argument("--batch-size", type=int, default=32, metavar="B", help="inputs (default: 32)")
     for command in (t, g):
         command.add_argument(
+            "--variants",
+            action="append",
+            default=[],
+            metavar="FILE.py",
+            help="a Python file (or module) that registers your own activations, norms or "
+            "attention kernels (jaxformer.functional.ACTIVATIONS.register, ...); repeatable",
+        )
+        command.add_argument(
             "--no-compile-cache",
             action="store_true",
             help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
@@ -325,6 +333,22 @@ def _tune_glibc_malloc() -> None:
         mallopt(param, value)
 
 
+def _import_variants(sources: list[str]) -> None:
+    """Run each --variants file (or import each module), which registers its variants."""
+    import importlib
+    import importlib.util
+
+    for source in sources:
+        path = pathlib.Path(source)
+        if path.suffix != ".py":
+            importlib.import_module(source)
+            continue
+        if not path.is_file():
+            raise FileNotFoundError(f"--variants {source}: no such file")
+        spec = importlib.util.spec_from_file_location(f"jaxformer_variants_{path.stem}", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
 def _use_compilation_cache(enabled: bool) -> None:
     """Keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache by default; JAX's
     own JAX_COMPILATION_CACHE_DIR takes precedence), so a second run or a resume skips
@@ -349,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         _unrecognized(commands[args.command], extras)
     _use_compilation_cache(not args.no_compile_cache)
     try:
+        _import_variants(args.variants)
         if args.command == "train":
             return _train(args)
         return _generate(args)

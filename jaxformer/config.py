@@ -17,8 +17,7 @@ from jaxformer.checks import (
     check_number,
 )
 from jaxformer.data.tasks import TASKS
-from jaxformer.functional.attention import IMPLEMENTATIONS
-from jaxformer.functional.layers import ACTIVATIONS, NORM_PLACEMENTS, NORMS, BlockOptions
+from jaxformer.functional.layers import NORM_PLACEMENTS, BlockOptions
 
 # Sinusoids (the paper's columns interleaved; Marian's in [sin | cos] halves), a learned
 # table, rotary embeddings, or none.
@@ -96,12 +95,14 @@ class TransformerConfig:
     label_smoothing: float = option(0.1, "label smoothing eps_ls of the training loss")
     max_len: int = option(512, "longest sequence (rows of the position table)")
     position_embedding: str = option("sinusoidal", "positions", POSITION_EMBEDDINGS)
-    norm: str = option("layer", "LayerNorm or RMSNorm", NORMS)
+    norm: str = option("layer", "layer (LayerNorm), rms (RMSNorm), or a registered norm")
     norm_placement: str = option("post", "post-LN (the paper) or pre-LN", NORM_PLACEMENTS)
     norm_eps: float = option(1e-6, "epsilon of the norms")
     norm_bias: bool = option(True, "LayerNorm with a bias (beta)")
     final_norm: bool | None = option(None, "a norm after each stack; default with pre-LN")
-    activation: str = option("relu", "feed-forward activation", ACTIVATIONS)
+    activation: str = option(
+        "relu", "relu, gelu, gelu_tanh, silu, swiglu, or a registered activation"
+    )
     share_embeddings: bool = option(
         True, "one matrix embeds source and target and makes the logits"
     )
@@ -113,7 +114,7 @@ class TransformerConfig:
     dtype: str = option("float32", "compute dtype (parameters stay float32)", tuple(DTYPES))
     param_dtype: str = option("float32", "parameter dtype", tuple(DTYPES))
     attention_impl: str = option(
-        "auto", "attention kernel; auto: cuDNN, chunked or xla by device and size", IMPLEMENTATIONS
+        "auto", "attention kernel: auto (cudnn, chunked or xla by device and size), or registered"
     )
     remat: str = option("none", "recompute layers in the backward pass", REMAT)
     scan_layers: bool = option(False, "stacked layers in one scan (faster compile)")

@@ -2,7 +2,6 @@
 
 from jaxformer.functional.attention import (
     AUTO_CHUNKED_BYTES,
-    IMPLEMENTATIONS,
     AttentionOutput,
     AttentionParams,
     KVCache,
@@ -38,3 +37,4 @@ from jaxformer.functional.layers import (
 )
 from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, segment_mask
 from jaxformer.functional.positions import apply_rope, sinusoidal_positions
+from jaxformer.functional.registry import ACTIVATIONS, ATTENTION, NORMS, Registry, Variant

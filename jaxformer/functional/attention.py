@@ -10,6 +10,7 @@ query head h reads key/value head h // G.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import NamedTuple
@@ -20,7 +21,6 @@ import jax.numpy as jnp
 from jaxformer.checks import (
     check_bool_array,
     check_broadcastable,
-    check_choice,
     check_divisible,
     check_float_array,
     check_number,
@@ -31,8 +31,8 @@ from jaxformer.functional.chunked_attention import chunked_attention
 from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, split_heads
 from jaxformer.functional.matmul import einsum_f32
 from jaxformer.functional.positions import apply_rope
+from jaxformer.functional.registry import ATTENTION
 
-IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn")
 # "auto" runs "chunked" instead of "xla" when the float32 logits [B, H, T, S] of the plain
 # implementation would take more than this many bytes (the weights take as much again).
 AUTO_CHUNKED_BYTES = 1 << 30
@@ -68,7 +68,8 @@ def scaled_dot_product_attention(
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
       q_valid, k_valid: bool [B, T] and [B, S], True = real token: the same as
         `padding_mask(q_valid, k_valid)` in `mask`, but never formed at [T, S] by "chunked".
-      implementation: one of IMPLEMENTATIONS, all computing the same function:
+      implementation: "auto" or a kernel registered in ATTENTION (functional/registry.py),
+        all computing the same function; the built-ins:
         "auto": one of the others, chosen from shapes, dtypes and the device when traced
           (see `choose_implementation`; the choice is logged once per shape);
         "xla": the logits and weights materialised, [B, H, T, S] float32 (memory O(T S));
@@ -85,21 +86,26 @@ def scaled_dot_product_attention(
     check_number("dropout_rate", dropout_rate, "[0, 1)")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
-    check_choice("implementation", implementation, IMPLEMENTATIONS)
+    ATTENTION.check(implementation, also=("auto",))
     if implementation == "auto":
         masked = mask is not None or bias is not None or causal or q_valid is not None
         masked = masked or k_valid is not None
         implementation = choose_implementation(q, k, v, masked=masked, dropout_rate=dropout_rate)
-    if implementation == "chunked":
-        return chunked_attention(
-            q, k, v, mask=mask, bias=bias, q_valid=q_valid, k_valid=k_valid, causal=causal,
-            scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-        )  # fmt: skip
-    mask = _full_mask(q, k, mask, q_valid, k_valid, causal and implementation == "xla")
-    if implementation == "cudnn":
-        return _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate)
+    kernel = ATTENTION[implementation]
+    kw = dict(bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    if kernel.options.get("raw_masks"):
+        return kernel.fn(q, k, v, mask=mask, q_valid=q_valid, k_valid=k_valid, causal=causal, **kw)
+    return kernel.fn(q, k, v, mask=_full_mask(q, k, mask, q_valid, k_valid, causal), **kw)
+
+
+@functools.partial(ATTENTION.register, "xla")
+def _plain_attention(q, k, v, *, mask, bias, scale, dropout_rate, dropout_rng):
+    """The logits and weights materialised: [B, H, T, S] float32."""
     weights_BKGTS = _weights(q, k, mask, bias, scale)
     return _weighted_values(weights_BKGTS, v, q.dtype, dropout_rate, dropout_rng)
+
+
+ATTENTION.register("chunked", chunked_attention, raw_masks=True)
 
 
 def attention_weights(
@@ -205,8 +211,13 @@ def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, st
     return None
 
 
-def _cudnn_attention(q, k, v, mask, bias, causal, scale, dropout_rate):
-    """`jax.nn.dot_product_attention` with cuDNN's fused kernel; rows with no key give 0."""
+@functools.partial(ATTENTION.register, "cudnn", raw_masks=True)
+def _cudnn_attention(q, k, v, *, mask, q_valid, k_valid, causal, bias, scale, dropout_rate,
+                     dropout_rng):  # fmt: skip
+    """`jax.nn.dot_product_attention` with cuDNN's fused kernel (causal masking inside it);
+    rows with no key give 0."""
+    del dropout_rng  # no dropout: refused below
+    mask = _full_mask(q, k, mask, q_valid, k_valid, False)
     problem = _cudnn_problem(q, k, v, mask is not None or bias is not None or causal, dropout_rate)
     if problem is not None:
         error, reason = problem

@@ -29,44 +29,42 @@ from jaxformer.checks import (
     check_shape,
 )
 from jaxformer.functional.attention import (
-    IMPLEMENTATIONS,
     AttentionParams,
     KVCache,
     multi_head_attention,
     project_kv,
 )
 from jaxformer.functional.matmul import einsum_f32
+from jaxformer.functional.registry import ACTIVATIONS, ATTENTION, NORMS
 
-NORMS = ("layer", "rms")
 NORM_PLACEMENTS = ("post", "pre")
-# The feed-forward activations: gelu is exact (erf); gelu_tanh is its tanh approximation
-# (GPT-2's "gelu_new"); silu is x * sigmoid(x) ("swish", Marian); swiglu is gated.
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
-_UNGATED = {
-    "relu": jax.nn.relu,
-    "gelu": partial(jax.nn.gelu, approximate=False),
-    "gelu_tanh": partial(jax.nn.gelu, approximate=True),
-    "silu": jax.nn.silu,
-}
+# The built-in feed-forward activations: gelu is exact (erf); gelu_tanh is its tanh
+# approximation (GPT-2's "gelu_new"); silu is x * sigmoid(x) ("swish", Marian); swiglu is
+# gated (Shazeer, 2020). More can be registered (see registry.py).
+ACTIVATIONS.register("relu", jax.nn.relu)
+ACTIVATIONS.register("gelu", partial(jax.nn.gelu, approximate=False))
+ACTIVATIONS.register("gelu_tanh", partial(jax.nn.gelu, approximate=True))
+ACTIVATIONS.register("silu", jax.nn.silu)
+ACTIVATIONS.register("swiglu", lambda h, gate: jax.nn.silu(gate) * h, gated=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockOptions:
     """Static choices of a layer (hashable, so usable as a `jit` static argument)."""
 
-    norm: str = "layer"  # "layer" (the paper) | "rms"
+    norm: str = "layer"  # a registered norm: "layer" (the paper), "rms", ...
     norm_placement: str = "post"  # "post" (the paper) | "pre"
     norm_eps: float = 1e-6
-    activation: str = "relu"  # one of ACTIVATIONS; relu is the paper's
+    activation: str = "relu"  # a registered activation; relu is the paper's
     dropout_rate: float = 0.0  # residual dropout, P_drop
     attention_dropout_rate: float = 0.0
-    attention_impl: str = "auto"  # one of IMPLEMENTATIONS: see scaled_dot_product_attention
+    attention_impl: str = "auto"  # "auto" or a registered kernel: see scaled_dot_product_attention
 
     def __post_init__(self):
-        check_choice("attention_impl", self.attention_impl, IMPLEMENTATIONS)
-        check_choice("norm", self.norm, NORMS)
+        ATTENTION.check(self.attention_impl, what="attention_impl", also=("auto",))
+        NORMS.check(self.norm)
         check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
-        check_choice("activation", self.activation, ACTIVATIONS)
+        ACTIVATIONS.check(self.activation)
         check_number("dropout_rate", self.dropout_rate, "[0, 1)")
         check_number("attention_dropout_rate", self.attention_dropout_rate, "[0, 1)")
         check_number("norm_eps", self.norm_eps, "(0, inf)")
@@ -161,13 +159,16 @@ def _check_norm_args(x, scale, bias) -> None:
 
 
 def normalize(x: jax.Array, params: NormParams, *, kind: str = "layer", eps: float = 1e-6):
-    """LayerNorm (kind "layer") or RMSNorm (kind "rms", which has no bias) with `params`."""
-    check_choice("norm", kind, NORMS)
-    if kind == "layer":
-        return layer_norm(x, params.scale, params.bias, eps=eps)
-    if params.bias is not None:
-        raise ValueError("RMSNorm has no bias, but NormParams.bias is given")
-    return rms_norm(x, params.scale, eps=eps)
+    """The registered norm `kind` with `params`: LayerNorm ("layer"), RMSNorm ("rms",
+    which has no bias), or one of your own (NORMS.register)."""
+    variant = NORMS[kind]
+    if params.bias is not None and not variant.options["bias"]:
+        raise ValueError(f"norm {kind!r} has no bias, but NormParams.bias is given")
+    return variant.fn(x, params, eps)
+
+
+NORMS.register("layer", lambda x, p, eps: layer_norm(x, p.scale, p.bias, eps=eps), bias=True)
+NORMS.register("rms", lambda x, p, eps: rms_norm(x, p.scale, eps=eps), bias=False)
 
 
 def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "relu"):
@@ -176,12 +177,12 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
     The products accumulate in float32 (`einsum_f32`); activations are in x's dtype.
     """
     check_float_array("x", x)
-    check_choice("activation", activation, ACTIVATIONS)
-    if (activation == "swiglu") != (params.w_gate is not None):
-        raise ValueError(
-            "activation 'swiglu' needs FeedForwardParams.w_gate, and only it uses one; got "
-            f"activation {activation!r} with w_gate {'given' if params.w_gate is not None else 'None'}"
-        )
+    variant = ACTIVATIONS[activation]
+    gated = variant.options.get("gated", False)
+    if gated and params.w_gate is None:
+        raise ValueError(f"activation {activation!r} needs FeedForwardParams.w_gate (it is gated)")
+    if not gated and params.w_gate is not None:
+        raise ValueError(f"activation {activation!r} is not gated, but w_gate is given")
     check_rank("params.w1", params.w1, 2, "[E, F]")
     E, F = params.w1.shape
     if x.shape[-1] != E:
@@ -189,10 +190,10 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
     check_shape("params.w2", params.w2, (F, E), "[F, E]")
     x_NE = x.reshape(-1, E)
     h = einsum_f32("ne,ef->nf", x_NE, params.w1, params.b1)
-    if activation == "swiglu":
-        h = jax.nn.silu(einsum_f32("ne,ef->nf", x_NE, params.w_gate)) * h
+    if gated:
+        h = variant.fn(h, einsum_f32("ne,ef->nf", x_NE, params.w_gate))
     else:
-        h = _UNGATED[activation](h)
+        h = variant.fn(h)
     return einsum_f32("nf,fe->ne", h, params.w2, params.b2).reshape(x.shape)
 
 

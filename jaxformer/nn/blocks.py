@@ -56,7 +56,7 @@ class FeedForward(nnx.Module):
         return F.FeedForwardParams(**{n: getattr(self, n)[...].astype(self.dtype) for n in names})
 
     def __call__(self, x: jax.Array, *, activation: str = "relu") -> jax.Array:
-        """x [..., E] -> [..., E]; activation "swiglu" needs a gated module."""
+        """x [..., E] -> [..., E]; a gated activation (swiglu) needs a gated module."""
         return F.feed_forward(x, self.params(), activation=activation)
 
 
@@ -100,7 +100,7 @@ def _ffn(config: TransformerConfig, rngs: nnx.Rngs) -> FeedForward:
     return FeedForward(
         config.d_model,
         config.d_ff,
-        gated=config.activation == "swiglu",
+        gated=F.ACTIVATIONS[config.activation].options.get("gated", False),
         use_bias=config.ffn_bias,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
@@ -109,8 +109,9 @@ def _ffn(config: TransformerConfig, rngs: nnx.Rngs) -> FeedForward:
 
 
 def make_norm(config: TransformerConfig, rngs: nnx.Rngs) -> Norm:
-    """The Norm a config's layers use (no bias for RMSNorm or with norm_bias False)."""
-    use_bias = config.norm == "layer" and config.norm_bias
+    """The Norm a config's layers use (no bias for a norm without one, as RMSNorm, or
+    with norm_bias False)."""
+    use_bias = F.NORMS[config.norm].options["bias"] and config.norm_bias
     return Norm(config.d_model, use_bias=use_bias, param_dtype=config.param_dtype, rngs=rngs)
 
 

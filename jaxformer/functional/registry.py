@@ -1,0 +1,98 @@
+"""Named variants of the parts a researcher swaps, each a pure function: feed-forward
+activations, norms and attention kernels. The built-ins are registered here like any
+other, and the config, the layers and the command look names up in these registries only.
+
+    import jax, jax.numpy as jnp
+    from jaxformer import functional as F
+
+    @F.ACTIVATIONS.register("squared_relu")          # So et al. (2021), Primer
+    def squared_relu(h):
+        return jnp.square(jax.nn.relu(h))
+
+    config = TransformerConfig.tiny(259, activation="squared_relu")
+
+A variant lives in the user's own file; importing it registers it (the `jaxformer`
+command takes `--variants FILE.py`). Configs and checkpoints hold the names, so restoring
+a model whose variant is not registered is an error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+
+class Variant(NamedTuple):
+    fn: Callable
+    options: dict[str, Any]  # what the layers need to know, e.g. {"gated": True}
+
+
+class Registry:
+    """Variants of one kind by name. `register(name, fn, **options)` (also a decorator)
+    adds one; `[name]` returns its Variant; `check(name)` names the registered ones."""
+
+    def __init__(self, kind: str, where: str, contract: str):
+        self.kind, self.where, self.contract = kind, where, contract
+        self._variants: dict[str, Variant] = {}
+
+    def register(self, name: str, fn: Callable | None = None, **options):
+        if fn is None:
+            return lambda fn: self.register(name, fn, **options)
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"a {self.kind} name must be a Python identifier, got {name!r}")
+        if not callable(fn):
+            raise TypeError(f"{self.kind} {name!r} must be a function, got {type(fn).__name__}")
+        known = self._variants.get(name)
+        if known is not None and not _same_definition(known.fn, fn):
+            raise ValueError(f"{self.kind} {name!r} is already registered; choose another name")
+        self._variants[name] = Variant(fn, options)
+        return fn
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._variants)
+
+    def check(self, name, *, what: str | None = None, also: tuple[str, ...] = ()) -> None:
+        """Raise unless `name` is registered (or one of `also`), listing what is; `what`
+        is the argument's name in the error (default the registry's kind)."""
+        what = what or self.kind
+        if not isinstance(name, str):
+            raise TypeError(f"{what} must be a string, got {name!r}")
+        if name not in self._variants and name not in also:
+            raise ValueError(
+                f"{what} must be one of {also + self.names}, got {name!r} (a variant of "
+                f"your own: {self.where}.register({name!r}, fn) in a module imported before "
+                "the model is built or restored; the jaxformer command: --variants FILE.py)"
+            )
+
+    def __getitem__(self, name: str) -> Variant:
+        self.check(name)
+        return self._variants[name]
+
+
+def _same_definition(a: Callable, b: Callable) -> bool:
+    """The same function, or the same source lines run again (a file imported twice)."""
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if a is b or code_a is None or code_b is None:
+        return a is b
+    where = lambda c: (c.co_filename, c.co_firstlineno, c.co_name)  # noqa: E731
+    return where(code_a) == where(code_b)
+
+
+ACTIVATIONS = Registry(
+    "activation",
+    "jaxformer.functional.ACTIVATIONS",
+    "fn(h [..., F]) -> [..., F], elementwise; with gated=True, fn(h, gate) where gate = x W_gate",
+)
+NORMS = Registry(
+    "norm",
+    "jaxformer.functional.NORMS",
+    "fn(x [..., E], params: NormParams, eps) -> [..., E]; bias=False: params.bias is None",
+)
+ATTENTION = Registry(
+    "implementation",
+    "jaxformer.functional.ATTENTION",
+    "fn(q [B,T,H,D], k [B,S,K,D], v [B,S,K,Dv], *, mask (bool, True = may attend, or None), "
+    "bias, scale, dropout_rate, dropout_rng) -> [B,T,H,Dv]; with raw_masks=True it also gets "
+    "q_valid, k_valid and causal, not folded into mask",
+)
