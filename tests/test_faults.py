@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.train.test_loop import KILLER, cli_env, config_file, losses
 
 STEPS = 120
@@ -22,6 +24,7 @@ def _logged_step(out) -> int:
     return max((r["step"] for r in lines), default=0)
 
 
+@pytest.mark.slow  # five killed processes: about a minute; test_loop's kill-during-write test covers one kill in make test
 def test_five_sigkills_then_the_same_final_loss(tmp_path):
     args = [
         "train", "--task", "copy", "--steps", str(STEPS), "--checkpoint-every", "7",

@@ -22,6 +22,7 @@ RANKS = {
     "nn": 3,
     "models": 4,
     "decode": 5,
+    "capture": 5,
     "parallel": 5,
     "interop": 5,
     "train": 6,

@@ -59,6 +59,7 @@ def test_worked_examples_script(tmp_path):
     assert (tmp_path / "worked_examples.md").exists()
 
 
+@pytest.mark.slow  # runs the whole Table 3 script (about 30 s); the rows themselves are checked in test_config
 def test_paper_table3_script(tmp_path):
     run = subprocess.run(
         [sys.executable, "experiments/paper_table3.py", "--out", str(tmp_path)],

@@ -1,5 +1,6 @@
 """Pure functions of arrays for every part of the Transformer. No Flax, no optax, no I/O."""
 
+from jaxformer.functional import sites
 from jaxformer.functional.attention import (
     AUTO_CHUNKED_BYTES,
     AttentionOutput,

@@ -27,6 +27,7 @@ from jaxformer.checks import (
     check_rank,
     check_shape,
 )
+from jaxformer.functional import sites
 from jaxformer.functional.chunked_attention import chunked_attention
 from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, split_heads
 from jaxformer.functional.matmul import einsum_f32
@@ -367,17 +368,23 @@ def multi_head_attention(
         kv = kv_cache = write_kv(kv_cache, kv, cache_positions)
     dropout_rate = dropout_rate if rng is not None else 0.0
     weights = None
-    if return_weights:
+    at_site = sites.wanted("weights")
+    if return_weights or at_site:
         _check_attention(q, kv.k, kv.v, mask, None, None, None)
-        weights = _weights(q, kv.k, mask, None, None)
-        heads = _weighted_values(weights, kv.v, q.dtype, dropout_rate, rng)
-        weights = weights.reshape(q.shape[0], q.shape[2], q.shape[1], kv.k.shape[1])
+        weights_BKGTS = _weights(q, kv.k, mask, None, None)
+        weights = weights_BKGTS.reshape(q.shape[0], q.shape[2], q.shape[1], kv.k.shape[1])
+        if at_site:
+            weights = sites.site("weights", weights)
+            weights_BKGTS = weights.reshape(weights_BKGTS.shape)
+        heads = _weighted_values(weights_BKGTS, kv.v, q.dtype, dropout_rate, rng)
     else:
         heads = scaled_dot_product_attention(
             q, kv.k, kv.v, mask, dropout_rate=dropout_rate, dropout_rng=rng,
             implementation=implementation,
         )  # fmt: skip
-    return AttentionOutput(merge_heads(heads, params.wo, params.bo), weights, kv_cache)
+    heads = sites.site("heads", heads)
+    out = merge_heads(heads, params.wo, params.bo)
+    return AttentionOutput(out, weights if return_weights else None, kv_cache)
 
 
 def _check_inputs(x_q, x_kv, params, kv_cache, cache_positions) -> None:

@@ -28,6 +28,7 @@ from jaxformer.checks import (
     check_rank,
     check_shape,
 )
+from jaxformer.functional import sites
 from jaxformer.functional.attention import (
     AttentionParams,
     KVCache,
@@ -36,6 +37,7 @@ from jaxformer.functional.attention import (
 )
 from jaxformer.functional.matmul import einsum_f32
 from jaxformer.functional.registry import ACTIVATIONS, ATTENTION, NORMS
+from jaxformer.functional.sites import scope, site
 
 NORM_PLACEMENTS = ("post", "pre")
 # The built-in feed-forward activations: gelu is exact (erf); gelu_tanh is its tanh
@@ -194,6 +196,8 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
         h = variant.fn(h, einsum_f32("ne,ef->nf", x_NE, params.w_gate))
     else:
         h = variant.fn(h)
+    if sites.wanted("hidden"):  # the activations [..., F] as a site (functional/sites.py)
+        h = site("hidden", h.reshape(*x.shape[:-1], F)).reshape(-1, F)
     return einsum_f32("nf,fe->ne", h, params.w2, params.b2).reshape(x.shape)
 
 
@@ -219,6 +223,15 @@ def residual(
     """One residual sub-layer with the norm placed as `opts.norm_placement` says:
     post: norm(x + dropout(sublayer(x))); pre: x + dropout(sublayer(norm(x)))."""
     return _residual_out(x, sublayer(_residual_in(x, norm, opts)), norm, opts, rng)
+
+
+def _sublayer(name: str, x, sublayer, norm: NormParams, opts: BlockOptions, rng) -> jax.Array:
+    """`residual` with the sites `<name>/in` and `<name>/out` (and the sub-layer's own
+    sites under `<name>/`; see functional/sites.py)."""
+    with scope(name):
+        x = site("in", x)
+        out = site("out", sublayer(_residual_in(x, norm, opts)))
+    return _residual_out(x, out, norm, opts, rng)
 
 
 def _residual_in(x: jax.Array, norm: NormParams, opts: BlockOptions) -> jax.Array:
@@ -278,10 +291,9 @@ def encoder_layer(
             rope_positions=rope, implementation=opts.attention_impl,
         ).out  # fmt: skip
 
-    x = residual(x, self_attention, params.norm1, opts, k_res1)
-    return residual(
-        x, partial(_feed_forward, params=params.ffn, opts=opts), params.norm2, opts, k_res2
-    )
+    x = _sublayer("self_attention", x, self_attention, params.norm1, opts, k_res1)
+    ffn = partial(_feed_forward, params=params.ffn, opts=opts)
+    return site("out", _sublayer("ffn", x, ffn, params.norm2, opts, k_res2))
 
 
 class DecoderOutput(NamedTuple):
@@ -323,28 +335,33 @@ def decoder_layer(
     k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
     attend = partial(multi_head_attention, dropout_rate=opts.attention_dropout_rate)
-    h = _residual_in(y, params.norm1, opts)
-    self_attn = attend(
-        h, h, params.self_attn, self_mask, rng=k_self, rope_positions=rope,
-        implementation=opts.attention_impl, kv_cache=None if cache is None else cache.self_attn,
-        cache_positions=cache_positions,
-    )  # fmt: skip
-    y = _residual_out(y, self_attn.out, params.norm1, opts, k_res1)
-    cross_weights = None
-    if has_memory:
-        h = _residual_in(y, params.norm2, opts)
-        cross = attend(
+    outputs = {}
+
+    def self_attention(h):
+        outputs["self"] = attend(
+            h, h, params.self_attn, self_mask, rng=k_self, rope_positions=rope,
+            implementation=opts.attention_impl, cache_positions=cache_positions,
+            kv_cache=None if cache is None else cache.self_attn,
+        )  # fmt: skip
+        return outputs["self"].out
+
+    def cross_attention(h):
+        outputs["cross"] = attend(
             h, memory, params.cross_attn, cross_mask, rng=k_cross,
             return_weights=return_cross_attention,
             # The weights exist only in the materialised implementation.
             implementation="xla" if return_cross_attention else opts.attention_impl,
             kv_cache=None if cache is None else cache.cross_attn,
         )  # fmt: skip
-        y, cross_weights = _residual_out(y, cross.out, params.norm2, opts, k_res2), cross.weights
-    y = residual(
-        y, partial(_feed_forward, params=params.ffn, opts=opts), params.norm3, opts, k_res3
-    )
-    new_cache = None if cache is None else cache._replace(self_attn=self_attn.kv_cache)
+        return outputs["cross"].out
+
+    y = _sublayer("self_attention", y, self_attention, params.norm1, opts, k_res1)
+    if has_memory:
+        y = _sublayer("cross_attention", y, cross_attention, params.norm2, opts, k_res2)
+    ffn = partial(_feed_forward, params=params.ffn, opts=opts)
+    y = site("out", _sublayer("ffn", y, ffn, params.norm3, opts, k_res3))
+    cross_weights = outputs["cross"].weights if has_memory else None
+    new_cache = None if cache is None else cache._replace(self_attn=outputs["self"].kv_cache)
     return DecoderOutput(y, cross_weights, new_cache)
 
 

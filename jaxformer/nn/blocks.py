@@ -238,6 +238,8 @@ class _Stack(nnx.Module):
 class EncoderStack(_Stack):
     """`num_encoder_layers` encoder layers, then the final norm if any."""
 
+    site_name = "encoder"  # its layers' sites are encoder/<i>/... (functional/sites.py)
+
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         check_instance("config", config, TransformerConfig)
         layers = [EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)]
@@ -256,6 +258,8 @@ class EncoderStack(_Stack):
 class DecoderStack(_Stack):
     """`num_decoder_layers` decoder layers (with or without cross-attention), then the
     final norm if any."""
+
+    site_name = "decoder"
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
         check_instance("config", config, TransformerConfig)
@@ -364,6 +368,10 @@ def _run_layers(stack: _Stack, call, x, rng, *, cache=None) -> F.DecoderOutput:
         step = _rematerialised(step, REMAT_POLICIES[stack.remat])
     keys = None if rng is None else jax.random.split(rng, stack.num_layers)
     if stack.scan and cache is None:
+        if F.sites.active():
+            raise ValueError(
+                "sites are named per layer: capture and intervene with scan_layers=False"
+            )
         graphdef, stacked = nnx.split(stack.layers)
 
         def body(x, layer_and_key):
@@ -374,8 +382,11 @@ def _run_layers(stack: _Stack, call, x, rng, *, cache=None) -> F.DecoderOutput:
     keys = [None] * stack.num_layers if keys is None else list(keys)
     caches = [None] * stack.num_layers if cache is None else list(cache)
     outs = []
-    for layer, key, layer_cache in zip(_layer_modules(stack), keys, caches, strict=True):
-        outs.append(step(layer, x, key, layer_cache))
+    for i, (layer, key, layer_cache) in enumerate(
+        zip(_layer_modules(stack), keys, caches, strict=True)
+    ):
+        with F.sites.scope(f"{stack.site_name}/{i}"):
+            outs.append(step(layer, x, key, layer_cache))
         x = outs[-1].y
     weights = [o.cross_weights for o in outs if o.cross_weights is not None]
     return F.DecoderOutput(
