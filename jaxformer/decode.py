@@ -29,6 +29,7 @@ reference (the decoding benchmark does) with the same logic.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,7 @@ from jaxformer.checks import (
     is_int,
 )
 from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from jaxformer.functional import sites
 from jaxformer.models import DecoderLM, Transformer
 
 Step = Callable[[Any, jax.Array], tuple[jax.Array, Any]]
@@ -64,12 +66,19 @@ def greedy(
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
     pad_id: int = PAD_ID,
+    interventions: dict[str, Callable] | None = None,
 ) -> jax.Array:
-    """The argmax token at every step: src [B, S] (or prompts) -> tokens [B, max_new_tokens]."""
+    """The argmax token at every step: src [B, S] (or prompts) -> tokens [B, max_new_tokens].
+
+    interventions: {site: function of its value}, applied in every forward pass of the
+    search (prefill and each step), e.g. a head ablated while decoding (see
+    jaxformer.capture); the same for `sample` and `beam_search`.
+    """
     n = _check_common(model, src_tokens, src_valid, max_new_tokens)
     graphdef, state = nnx.split(model)
     ids = _ids(bos_id, eos_id, pad_id, model.config.vocab_size)
-    return _sample_jit(graphdef, state, src_tokens, src_valid, ids, None, n)
+    changes = _static(interventions)
+    return _sample_jit(graphdef, state, src_tokens, src_valid, ids, None, n, changes)
 
 
 def sample(
@@ -85,6 +94,7 @@ def sample(
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
     pad_id: int = PAD_ID,
+    interventions: dict[str, Callable] | None = None,
 ) -> jax.Array:
     """Ancestral sampling: src [B, S] (or prompts) -> tokens [B, max_new_tokens].
 
@@ -104,7 +114,9 @@ def sample(
     )
     graphdef, state = nnx.split(model)
     ids = _ids(bos_id, eos_id, pad_id, model.config.vocab_size)
-    return _sample_jit(graphdef, state, src_tokens, src_valid, ids, (key, filters), n)
+    sampling = (key, filters)
+    changes = _static(interventions)
+    return _sample_jit(graphdef, state, src_tokens, src_valid, ids, sampling, n, changes)
 
 
 def beam_search(
@@ -118,6 +130,7 @@ def beam_search(
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
     pad_id: int = PAD_ID,
+    interventions: dict[str, Callable] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Beam search with the GNMT length penalty, the paper's beam 4 and alpha 0.6.
 
@@ -154,6 +167,7 @@ def beam_search(
         _ids(bos_id, eos_id, pad_id, model.config.vocab_size),
         n,
         beam_size,
+        _static(interventions),
     )
 
 
@@ -330,12 +344,29 @@ def _ids(bos_id: int, eos_id: int | None, pad_id: int, vocab_size: int) -> tuple
     return jnp.int32(bos_id), jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(pad_id)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6))
-def _sample_jit(graphdef, state, src, src_valid, ids, sampling, n):
+def _static(interventions) -> tuple:
+    """Interventions as a static argument of the compiled searches: (site, fn) pairs, so a
+    search with other interventions (or none) is traced anew, never taken from the cache."""
+    check_instance("interventions", interventions or {}, dict)
+    return tuple(sorted((interventions or {}).items(), key=lambda item: item[0]))
+
+
+@contextlib.contextmanager
+def _intervening(changes: tuple):
+    """Trace within a recording that applies `changes`; the unknown sites are named."""
+    if not changes:
+        yield
+        return
+    with sites.recording((), dict(changes)) as rec:
+        yield
+    rec.check()
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7))
+def _sample_jit(graphdef, state, src, src_valid, ids, sampling, n, changes):
     """Greedy when `sampling` is None, else sampling = (key, (temperature, top_k, top_p))."""
     model = nnx.merge(graphdef, state)
     bos_id, eos_id, pad_id = ids
-    logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
     if sampling is None:
         key, choose = jax.random.PRNGKey(0), lambda logits, _: jnp.argmax(logits, axis=-1)
     else:
@@ -345,35 +376,25 @@ def _sample_jit(graphdef, state, src, src_valid, ids, sampling, n):
             filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
             return jax.random.categorical(key, filtered, axis=-1)
 
-    return run_sampling(
-        _cached_step(model),
-        cache,
-        logits,
-        max_new_tokens=n,
-        eos_id=eos_id,
-        choose=choose,
-        rng=key,
-        pad_id=pad_id,
-    )
+    with _intervening(changes):
+        logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
+        return run_sampling(
+            _cached_step(model), cache, logits, max_new_tokens=n, eos_id=eos_id, choose=choose,
+            rng=key, pad_id=pad_id,
+        )  # fmt: skip
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7, 8))
-def _beam_jit(graphdef, state, src, src_valid, row_max, alpha, ids, n, beam_size):
+@functools.partial(jax.jit, static_argnums=(0, 7, 8, 9))
+def _beam_jit(graphdef, state, src, src_valid, row_max, alpha, ids, n, beam_size, changes):
     model = nnx.merge(graphdef, state)
     bos_id, eos_id, pad_id = ids
-    logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
-    cache, logits = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), (cache, logits))
-    return run_beam_search(
-        _cached_step(model),
-        cache,
-        logits,
-        beam_size=beam_size,
-        alpha=alpha,
-        row_max_len=row_max,
-        max_new_tokens=n,
-        eos_id=eos_id,
-        pad_id=pad_id,
-    )
+    with _intervening(changes):
+        logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
+        cache, logits = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), (cache, logits))
+        return run_beam_search(
+            _cached_step(model), cache, logits, beam_size=beam_size, alpha=alpha,
+            row_max_len=row_max, max_new_tokens=n, eos_id=eos_id, pad_id=pad_id,
+        )  # fmt: skip
 
 
 # --- argument checks ------------------------------------------------------------------------

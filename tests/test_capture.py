@@ -136,3 +136,45 @@ def test_unknown_sites_and_heads_are_named(model):
     scanned = jf.DecoderLM(jf.TransformerConfig.tiny(V, scan_layers=True), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="capture and intervene with scan_layers=False"):
         capture.run(scanned, tgt, capture=["decoder/0/out"])
+
+
+def _greedy_without_cache(model, src, valid, n, interventions):
+    """Greedy decoding by full forward passes (capture.run), each with the interventions."""
+    out = jnp.full((src.shape[0], 1), 1, jnp.int32)  # BOS
+    for _ in range(n):
+        logits, _ = capture.run(model, src, out, valid, interventions=interventions)
+        out = jnp.concatenate([out, jnp.argmax(logits[:, -1], -1)[:, None].astype(jnp.int32)], 1)
+    return np.asarray(out[:, 1:])
+
+
+def test_interventions_hold_in_every_step_of_cached_decoding(model):
+    from jaxformer import decode
+
+    src, _, valid = inputs()
+    site = {"decoder/0/self_attention/heads": capture.ablate_heads([1, 2])}
+    plain = np.asarray(decode.greedy(model, src, valid, max_new_tokens=6, eos_id=None))
+    ablated = np.asarray(
+        decode.greedy(model, src, valid, max_new_tokens=6, eos_id=None, interventions=site)
+    )
+    np.testing.assert_array_equal(ablated, _greedy_without_cache(model, src, valid, 6, site))
+    assert not np.array_equal(ablated, plain)  # the ablation changes what is decoded
+    same = {"decoder/1/cross_attention/heads": lambda x: x}
+    np.testing.assert_array_equal(
+        decode.greedy(model, src, valid, max_new_tokens=6, eos_id=None, interventions=same), plain
+    )
+    # A later search without interventions is traced anew, not taken from the cache.
+    np.testing.assert_array_equal(
+        decode.greedy(model, src, valid, max_new_tokens=6, eos_id=None), plain
+    )
+    tokens, _ = decode.beam_search(
+        model, src, valid, beam_size=1, max_new_tokens=6, eos_id=None, interventions=site
+    )
+    np.testing.assert_array_equal(tokens[:, 0], ablated)  # beam 1 is greedy
+    with pytest.raises(ValueError, match="no site 'decoder/0/ffn/heads'"):
+        decode.greedy(
+            model,
+            src,
+            valid,
+            max_new_tokens=2,
+            interventions={"decoder/0/ffn/heads": jnp.zeros_like},
+        )
