@@ -51,6 +51,7 @@ print("HITS", len(hits), "CODE", code)
 """
 
 
+@pytest.mark.slow  # two fresh processes compiling from an empty cache: ~1 min on 2 cores
 def test_the_command_reuses_compiled_programs_from_an_earlier_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env |= dict(
