@@ -27,7 +27,8 @@ def run(
     interventions: dict[str, Callable] | None = None,
     **kwargs,
 ) -> tuple[Any, dict[str, jax.Array]]:
-    """`model(*args, **kwargs)` compiled once, returning (its output, {site: value}) for the
+    """`model(*args, **kwargs)` compiled once (the positional arguments traced, keyword
+    arguments such as `deterministic` passed as given), returning (its output, {site: value}) for the
     sites matching the `capture` patterns (glob: `*` matches one path piece or more), with
     each site in `interventions` replaced by f(value). A pattern or intervention that
     matches no site is a ValueError listing the model's sites. Models built with
@@ -37,13 +38,13 @@ def run(
     interventions = dict(interventions or {})
     graphdef, state = nnx.split(model)
 
-    def forward(state, args, kwargs):
+    def forward(state, args):  # keyword arguments stay Python values (deterministic=...)
         with sites.recording(capture, interventions) as rec:
             out = nnx.merge(graphdef, state)(*args, **kwargs)
         rec.check()
         return out, rec.values
 
-    return jax.jit(forward)(state, args, kwargs)
+    return jax.jit(forward)(state, args)
 
 
 def ablate_heads(heads: Sequence[int]) -> Callable[[jax.Array], jax.Array]:

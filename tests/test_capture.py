@@ -35,6 +35,8 @@ def test_capturing_nothing_changes_nothing(model):
     logits, values = capture.run(model, src, tgt, valid)
     assert values == {}
     np.testing.assert_array_equal(logits, plain(state, src, tgt, valid))
+    flagged, _ = capture.run(model, src, tgt, src_valid=valid, deterministic=True)
+    np.testing.assert_array_equal(flagged, logits)
 
     def lowered():  # the forward pass's program
         return plain.lower(state, src, tgt, valid).as_text()

@@ -54,9 +54,8 @@ class Recording:
         ]
         unknown += [p for p in self.interventions if p not in self.seen]
         if unknown:
-            raise ValueError(
-                f"no site {unknown[0]!r} in this forward pass; the sites are {self.seen}"
-            )
+            sites = list(dict.fromkeys(self.seen))  # in order, once each
+            raise ValueError(f"no site {unknown[0]!r} in this forward pass; the sites are {sites}")
 
 
 def _active() -> Recording | None:
