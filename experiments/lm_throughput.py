@@ -53,7 +53,11 @@ def parse_args(argv=None):
     p.add_argument("--scan", action="store_true", help="scan over layers")
     p.add_argument("--xla-flags", default=None, help="XLA_FLAGS for this run")
     p.add_argument("--out", default="results")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("batch", "steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
 
 
 def peak_tflops(device_kind: str) -> float | None:

@@ -35,3 +35,10 @@ def test_quick_run_reports_throughput(tmp_path):
     assert result["params"] == 544_256 and result["mfu"] is None  # no peak known for a CPU
     expected = lm_throughput.flops_per_token(544_256, 2, 128, 128) * 8 * 128
     assert result["tflops"] == pytest.approx(expected / (result["step_ms"] / 1e3) / 1e12, rel=0.02)
+
+
+@pytest.mark.parametrize("flag", ["--batch", "--steps"])
+def test_sizes_below_one_are_refused(flag, capsys):
+    with pytest.raises(SystemExit):
+        lm_throughput.parse_args([flag, "0"])
+    assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
