@@ -38,7 +38,7 @@ test-all: $(DEV)
 # kernels and "auto", layers, models, decoding, training steps, interop), on the GPU, with
 # float32 products pinned to full precision (tests/conftest.py). `make test` runs on the CPU.
 test-gpu:
-	JAX_PLATFORMS=cuda PYTHONPATH=. $(PYTHON) -m pytest -q -m "not slow" tests/functional tests/nn \
+	JAX_PLATFORMS=cuda,cpu PYTHONPATH=. $(PYTHON) -m pytest -q -m "not slow" tests/functional tests/nn \
 		tests/test_models.py tests/test_decode.py tests/train/test_steps.py tests/interop
 
 # Benchmarks run with tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) preloaded

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 from typing import NamedTuple
 
 import jax
@@ -166,7 +167,9 @@ def choose_implementation(q, k, v, *, masked: bool, dropout_rate: float) -> str:
 
     - "cudnn" on an NVIDIA GPU when cuDNN's fused kernel takes the call (see
       `_cudnn_problem`: bfloat16/float16, head dim <= 128 and a multiple of 8, D = Dv, no
-      attention dropout, even lengths when masked);
+      attention dropout, even lengths when masked), unless XLA runs with
+      --xla_gpu_deterministic_ops=true: in that mode XLA (jax 0.11.2, H100) fails to compile
+      a train step holding cuDNN attention (IndexError in raw_hash_map::at);
     - else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES;
     - else "xla". TPUs and CPUs run XLA's code: "xla" or "chunked", no custom kernels.
 
@@ -177,6 +180,8 @@ def choose_implementation(q, k, v, *, masked: bool, dropout_rate: float) -> str:
     S = k.shape[1]
     logits_mib = 4 * B * H * T * S / 2**20
     problem = _cudnn_problem(q, k, v, masked, dropout_rate)
+    if problem is None and "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", ""):
+        problem = ValueError, "XLA_FLAGS asks for deterministic ops"
     if problem is None:
         choice, reason = "cudnn", "cuDNN's fused kernel takes this call"
     elif logits_mib * 2**20 > AUTO_CHUNKED_BYTES:
@@ -223,12 +228,13 @@ def _cudnn_attention(q, k, v, *, mask, q_valid, k_valid, causal, bias, scale, dr
     if problem is not None:
         error, reason = problem
         raise error(f"implementation='cudnn' {reason}; use implementation='xla' or 'chunked'")
+    T, S = q.shape[1], k.shape[1]
     out = jax.nn.dot_product_attention(
         q,
         k,
         v,
-        bias=None if bias is None else bias.astype(q.dtype),
-        mask=mask,
+        bias=None if bias is None else _full_lengths(bias.astype(q.dtype), T, S),
+        mask=None if mask is None else _full_lengths(mask, T, S),
         scale=scale,
         is_causal=causal,
         implementation="cudnn",
@@ -239,6 +245,13 @@ def _cudnn_attention(q, k, v, *, mask, q_valid, k_valid, causal, bias, scale, dr
     any_key = jnp.any(full, axis=-1, keepdims=True)  # [.., H | 1, T | 1, 1]
     any_key = any_key.reshape((1,) * (4 - any_key.ndim) + any_key.shape)  # [B|1, H|1, T|1, 1]
     return jnp.where(jnp.swapaxes(any_key, 1, 2), out, jnp.zeros_like(out))
+
+
+def _full_lengths(x, T: int, S: int):
+    """A mask or bias [.., H | 1, T | 1, S | 1] as [B | 1, H | 1, T, S]: cuDNN takes a bias
+    with both lengths whole (jax turns a mask into such a bias)."""
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    return jnp.broadcast_to(x, x.shape[:2] + (T, S))
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) -> jax.Array:

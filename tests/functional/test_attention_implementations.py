@@ -275,22 +275,36 @@ def test_implementation_errors_are_named():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
-@pytest.mark.parametrize("masking", ["none", "causal+valid"])
+@pytest.mark.parametrize("masking", ["none", "causal+valid", "keys"])
 def test_cudnn_matches_plain(masking):
+    """cuDNN in bfloat16 is as close to the float32 result as XLA in bfloat16 is: relative
+    L2 error below 1e-2 (XLA's is 2-4e-3) for the output and each gradient. Element-wise
+    bounds do not suit bfloat16 kernels: one element in ten thousand may round differently."""
     shape = (2, 64, 48, 8, 2, 64, 64)
     _, q, k, v, q_valid, k_valid = _inputs(shape, seed=9)
-    kw = dict(causal=True, q_valid=q_valid, k_valid=k_valid) if masking != "none" else {}
+    kw = {
+        "none": {},
+        "causal+valid": dict(causal=True, q_valid=q_valid, k_valid=k_valid),
+        "keys": dict(k_valid=k_valid),  # a padding mask [B, 1, 1, S], as training makes
+    }[masking]
     bf = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
 
-    def run(implementation):
+    def run(implementation, dtype):
         return _value_and_grads(
             lambda q, k, v, b: F.scaled_dot_product_attention(
                 q, k, v, implementation=implementation, **kw
             ).astype(jnp.float32),
-            *bf,
+            *(a.astype(dtype) for a in bf),
         )
 
-    _assert_same(run("cudnn"), run("xla"), atol=3e-2)
+    exact = run("xla", jnp.float32)
+    for implementation in ("cudnn", "xla"):
+        out, grads = run(implementation, jnp.bfloat16)
+        for got, want in zip((out, *grads), (exact[0], *exact[1]), strict=True):
+            got = jnp.asarray(got, jnp.float32)
+            assert bool(jnp.isfinite(got).all()), implementation
+            error = jnp.linalg.norm((got - want).ravel()) / jnp.linalg.norm(want.ravel())
+            assert float(error) < 1e-2, (implementation, float(error))
 
 
 @pytest.mark.parametrize("self_attention", [True, False], ids=["self", "cross"])
@@ -384,6 +398,7 @@ def test_auto_picks_cudnn_only_where_cudnn_takes_the_call(monkeypatch):
 
     monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(attention_module.jax, "devices", lambda: [Device()])
+    monkeypatch.setenv("XLA_FLAGS", "")
     bf16 = jnp.bfloat16
     assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16) == "cudnn"
     assert _choose((4, 256, 12, 64), (4, 256, 4, 64), bf16) == "cudnn"  # grouped-query
@@ -394,6 +409,8 @@ def test_auto_picks_cudnn_only_where_cudnn_takes_the_call(monkeypatch):
     assert _choose((4, 255, 12, 64), (4, 255, 12, 64), bf16) == "xla"  # odd T, masked
     assert _choose((4, 255, 12, 64), (4, 255, 12, 64), bf16, masked=False) == "cudnn"
     assert _choose((1, 16384, 8, 64), (1, 16384, 8, 64)) == "chunked"  # float32, long
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")  # XLA fails cuDNN then
+    assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16) == "xla"
 
 
 def test_auto_logs_its_choice_once_per_shape(caplog):
@@ -411,7 +428,8 @@ def test_auto_logs_its_choice_once_per_shape(caplog):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
-def test_auto_runs_cudnn_on_a_gpu():
+def test_auto_runs_cudnn_on_a_gpu(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")  # conftest's deterministic mode steers "auto" off cuDNN
     _, q, k, v, q_valid, k_valid = _inputs((2, 64, 64, 8, 2, 64, 64), seed=12)
     bf = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
     assert F.choose_implementation(*bf, masked=True, dropout_rate=0.0) == "cudnn"

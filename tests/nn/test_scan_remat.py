@@ -100,6 +100,7 @@ def test_remat_keeps_less_for_the_backward_pass():
     assert temps["full"] < temps["dots"] < temps["none"], temps
 
 
+@pytest.mark.devices(8)
 def test_scanned_model_on_a_mesh_and_in_a_checkpoint(tmp_path):
     """scan_layers on a 2x2x2 mesh trains like the plain model on one device."""
     cfg = config(scan_layers=True)

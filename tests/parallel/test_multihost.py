@@ -84,6 +84,7 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
     assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["5"]
 
 
+@pytest.mark.devices(8)
 def test_cli_pmap_run_with_scan_layers_and_remat(tmp_path):
     """The loop end to end on the pmap layout, with a scanned, rematerialised model
     (checkpoint, evaluation by greedy decoding, attention plot of stacked layers)."""
@@ -103,6 +104,7 @@ def test_cli_pmap_run_with_scan_layers_and_remat(tmp_path):
     assert (tmp_path / "run" / "attention.png").stat().st_size > 0
 
 
+@pytest.mark.devices(8)
 def test_bad_multihost_arguments_are_clear_errors(tmp_path, capsys):
     base = ["train", "--task", "copy", "--steps", "10", "--out", str(tmp_path)]
     cases = [

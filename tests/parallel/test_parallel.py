@@ -75,6 +75,7 @@ def test_one_device_placement_is_plain_jit():
     assert int(state.step) == 5
 
 
+@pytest.mark.devices(8)
 def test_make_mesh_fills_and_checks():
     assert dict(parallel.make_mesh().shape) == {"data": 8, "fsdp": 1, "tensor": 1}
     assert dict(parallel.make_mesh(fsdp=2, tensor=2).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
@@ -127,6 +128,7 @@ def check_layout(state, mesh):
     assert all(n % 3 == 0 for n in checked.values())  # parameter, mu, nu
 
 
+@pytest.mark.devices(8)
 @pytest.mark.parametrize(
     "shape,accum",
     [
@@ -149,6 +151,7 @@ def test_sharded_steps_match_one_device(shape, accum):
     assert int(state.step) == 5
 
 
+@pytest.mark.devices(8)
 def test_fsdp_divides_parameter_and_optimizer_bytes_by_its_size():
     config = small(ffn_bias=False)  # every parameter then has a d_model axis
     graphdef, state, *_ = setup(config)
@@ -164,6 +167,7 @@ def test_fsdp_divides_parameter_and_optimizer_bytes_by_its_size():
         assert per_device == pytest.approx((total - sum(counts)) / fsdp + sum(counts))
 
 
+@pytest.mark.devices(8)
 def test_layouts_that_do_not_divide_are_clear_errors():
     graphdef, state, *_ = setup(small(num_heads=4, num_kv_heads=2))
     with pytest.raises(
@@ -180,6 +184,7 @@ def test_layouts_that_do_not_divide_are_clear_errors():
         parallel.state_shardings(state, mesh, parallel.DEFAULT_RULES | {"mlp": "model"})
 
 
+@pytest.mark.devices(8)
 def test_pmap_step_equals_the_single_device_step():
     config = small()
     expected = single_device_losses(config)
@@ -194,6 +199,7 @@ def test_pmap_step_equals_the_single_device_step():
         parallel.split_batch({"src": BATCHES[0]["src"][:12]})
 
 
+@pytest.mark.devices(8)
 def test_sharded_checkpoint_restores_onto_another_mesh_and_one_device(tmp_path):
     """Orbax writes the pieces; restoring takes the target's layout, whatever the saved one."""
     graphdef, state, *_ = setup(small())
@@ -215,6 +221,7 @@ def test_sharded_checkpoint_restores_onto_another_mesh_and_one_device(tmp_path):
     np.testing.assert_array_equal(table, state.params["src_inputs"]["embed"]["table"][...])
 
 
+@pytest.mark.devices(8)
 @pytest.mark.parametrize("layout", ["data=2,fsdp=2,tensor=2", "pmap"])
 def test_eval_step_sums_agree_across_placements(layout):
     """The eval step's loss sums over a placement equal one device's (pmap adds the

@@ -42,7 +42,10 @@ def losses(out):
 
 
 def cli_env():
-    return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    """The test process's platform, precision and XLA flags (conftest: CPU, or the GPU with
+    deterministic reductions), but one device: runs are compared to the bit."""
+    flags = [f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f]
+    return dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=" ".join(flags))
 
 
 def config_file(tmp_path, **overrides):
