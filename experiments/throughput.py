@@ -6,7 +6,9 @@ the output projection, sinusoidal positions, label smoothing 0.1, Adam(0.9, 0.98
 batch 32 with source and target length 64. One round times a few jaxformer float32 steps,
 a few torch (eager, float32) steps, a few jaxformer bfloat16-compute steps, and a large
 float32 matrix multiply (the machine's GEMM peak); rounds alternate, so a busy machine
-slows all of them alike and the ratios stay meaningful. Medians over rounds.
+slows all of them alike and the ratios stay meaningful. Medians over rounds. On an NVIDIA
+GPU both run there, float32 products in TF32 on both sides (JAX's default precision there;
+torch's "high").
 
 Model FLOPs per step are counted analytically (2 per multiply-add of every matrix product
 in the forward pass, times 3 for forward + backward) and read from XLA's `cost_analysis`
@@ -105,6 +107,10 @@ def torch_setup(seed: int = 0):
 
     torch.manual_seed(seed)
     s = SIZES
+    # The device JAX runs on: an NVIDIA GPU, with TF32 float32 products as JAX's default
+    # precision there uses, or the CPU.
+    device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+    torch.set_float32_matmul_precision("high" if device == "cuda" else "highest")
 
     class TorchTransformer(nn.Module):
         def __init__(self):
@@ -123,18 +129,18 @@ def torch_setup(seed: int = 0):
             return self.dropout(x)
 
         def forward(self, src, tgt):
-            causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+            causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=device)
             h = self.core(self.inputs(src), self.inputs(tgt), tgt_mask=causal, tgt_is_causal=True)
             return h @ self.embed.weight.T  # tied output projection
 
-    model = TorchTransformer()
+    model = TorchTransformer().to(device)
     optimizer = torch.optim.Adam(model.parameters(), LR, betas=(0.9, 0.98), eps=1e-9)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
 
     def step(batch):
-        src = torch.from_numpy(batch["src"]).long()
-        tgt_in = torch.from_numpy(batch["tgt_in"]).long()
-        tgt_out = torch.from_numpy(batch["tgt_out"]).long()
+        src, tgt_in, tgt_out = (
+            torch.from_numpy(batch[k]).long().to(device) for k in ("src", "tgt_in", "tgt_out")
+        )
         optimizer.zero_grad(set_to_none=True)
         logits = model(src, tgt_in)
         loss = loss_fn(logits.reshape(-1, s["V"]), tgt_out.reshape(-1))
