@@ -8,6 +8,7 @@
     jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
     jaxformer generate --checkpoint gpt2-folder/ --input "Once upon a time"
+    jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict
 
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...) is reported in one line
@@ -20,13 +21,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import json
 import os
 import pathlib
 import sys
 import typing
-
-PRESETS = ("tiny", "paper_base", "paper_big")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    from jaxformer.config import RunConfig, TransformerConfig
+    from jaxformer.config import PRESETS, RunConfig, TransformerConfig
 
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,7 +106,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             action="store_true",
             help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
         )
-    return parser, {"train": t, "generate": g}
+    w = sub.add_parser(
+        "sweep",
+        help="train variants x seeds and compare them",
+        description="Run every (variant, seed) of a sweep spec as a `jaxformer train` run in "
+        "its own folder (finished runs are kept, others resume), then write results.md, "
+        "results.json and curves.png: mean and 95%% CI over seeds, and paired bootstrap "
+        "p-values against the baseline. See jaxformer.sweep for the spec.",
+    )
+    w.add_argument("spec", metavar="SPEC", help="YAML or JSON: base, variants, seeds, ...")
+    w.add_argument("--out", metavar="DIR", help="the sweep's folder (default: the spec's out)")
+    w.add_argument(
+        "--jobs", type=int, metavar="N", help="runs at once (default: one per GPU, or 1)"
+    )
+    return parser, {"train": t, "generate": g, "sweep": w}
 
 
 def _add_fields(group, cls, *, keep_defaults: bool) -> None:
@@ -153,34 +164,6 @@ def _value_parser(kind: type, optional: bool):
     return parse
 
 
-def load_config_file(path: str) -> dict:
-    """Config fields from a JSON or YAML file (a mapping)."""
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{path}: no such config file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if p.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            fields = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML ({e})") from None
-    else:
-        try:
-            fields = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(fields, dict):
-        raise ValueError(
-            f"{path}: expected a mapping of config fields, got {type(fields).__name__}"
-        )
-    return fields
-
-
 def _train(args) -> int:
     from jaxformer.config import RunConfig
     from jaxformer.train.loop import TrainingDiverged, train
@@ -209,7 +192,7 @@ def _train(args) -> int:
 
 def _model_config(args):
     """The --preset, with the --config file's fields, then the model options given."""
-    from jaxformer.config import TransformerConfig
+    from jaxformer.config import TransformerConfig, load_config_file
     from jaxformer.data.tokenizers import ByteTokenizer
 
     # The byte vocabulary; training raises it to the tokenizer's when that is larger.
@@ -333,22 +316,6 @@ def _tune_glibc_malloc() -> None:
         mallopt(param, value)
 
 
-def _import_variants(sources: list[str]) -> None:
-    """Run each --variants file (or import each module), which registers its variants."""
-    import importlib
-    import importlib.util
-
-    for source in sources:
-        path = pathlib.Path(source)
-        if path.suffix != ".py":
-            importlib.import_module(source)
-            continue
-        if not path.is_file():
-            raise FileNotFoundError(f"--variants {source}: no such file")
-        spec = importlib.util.spec_from_file_location(f"jaxformer_variants_{path.stem}", path)
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
-
-
 def _use_compilation_cache(enabled: bool) -> None:
     """Keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache by default; JAX's
     own JAX_COMPILATION_CACHE_DIR takes precedence), so a second run or a resume skips
@@ -371,9 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:
         _unrecognized(commands[args.command], extras)
-    _use_compilation_cache(not args.no_compile_cache)
     try:
-        _import_variants(args.variants)
+        if args.command == "sweep":
+            return _sweep(args)
+        _use_compilation_cache(not args.no_compile_cache)
+        from jaxformer.functional.registry import import_variants
+
+        import_variants(args.variants)
         if args.command == "train":
             return _train(args)
         return _generate(args)
@@ -382,6 +353,22 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"jaxformer {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _sweep(args) -> int:
+    from jaxformer import sweep
+
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    spec = sweep.Spec.load(args.spec, out=args.out)
+    try:
+        sweep.run(spec, jobs=args.jobs)
+    except KeyboardInterrupt:
+        print("jaxformer sweep: interrupted; run the same command to continue", file=sys.stderr)
+        return 130
+    print((spec.out / "results.md").read_text())
+    print(f"results in {spec.out}/: results.md results.json curves.png")
+    return 0
 
 
 def _unrecognized(command: argparse.ArgumentParser, extras: list[str]) -> None:

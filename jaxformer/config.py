@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 from typing import Any
 
@@ -23,6 +24,7 @@ from jaxformer.functional.layers import NORM_PLACEMENTS, BlockOptions
 # table, rotary embeddings, or none.
 POSITION_EMBEDDINGS = ("sinusoidal", "sinusoidal_halves", "learned", "rope", "none")
 SINUSOIDS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves"}  # -> table layout
+PRESETS = ("tiny", "paper_base", "paper_big")  # TransformerConfig's constructors
 SCHEDULES = ("paper", "cosine", "constant")
 OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("byte", "bpe")
@@ -353,3 +355,31 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def load_config_file(path: str) -> dict:
+    """Config fields from a JSON or YAML file (a mapping)."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{path}: no such config file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            fields = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML ({e})") from None
+    else:
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise ValueError(
+            f"{path}: expected a mapping of config fields, got {type(fields).__name__}"
+        )
+    return fields

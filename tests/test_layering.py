@@ -1,7 +1,7 @@
 """Imports flow one way through the package, read from the source with `ast`:
 
     checks <- data, functional <- config <- nn <- models <- decode, parallel, interop
-           <- train <- cli
+           <- train <- sweep <- cli
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
 room below it, never one above or beside it. `functional/` (and the checks) import no
@@ -26,8 +26,9 @@ RANKS = {
     "parallel": 5,
     "interop": 5,
     "train": 6,
-    "cli": 7,
-    "__main__": 8,
+    "sweep": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 FORBIDDEN_LIBRARIES = {
     "checks": {"flax", "optax", "orbax"},

@@ -18,6 +18,9 @@ a model whose variant is not registered is an error naming it.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import pathlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -96,3 +99,17 @@ ATTENTION = Registry(
     "bias, scale, dropout_rate, dropout_rng) -> [B,T,H,Dv]; with raw_masks=True it also gets "
     "q_valid, k_valid and causal, not folded into mask",
 )
+
+
+def import_variants(sources: list[str]) -> None:
+    """Run each file (FILE.py) or import each module that registers variants: the
+    command's --variants, a sweep's variant_files."""
+    for source in sources:
+        path = pathlib.Path(source)
+        if path.suffix != ".py":
+            importlib.import_module(source)
+            continue
+        if not path.is_file():
+            raise FileNotFoundError(f"--variants {source}: no such file")
+        spec = importlib.util.spec_from_file_location(f"jaxformer_variants_{path.stem}", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -96,6 +96,8 @@ def train(
     finally:
         shown.close()
         profiler.close()
+    if not last_eval:  # resumed after the last step (e.g. killed before the summary)
+        last_eval = job.evaluate(state.params)
     summary = meter.summary(last_eval, job.data.metrics) | job.description()
     job.finish(folder, summary, host_copy(job.placement.one_copy(state.params)))
     return summary

@@ -265,7 +265,7 @@ def test_cli_trains_a_language_model_on_text(tmp_path):
 
 
 def test_yaml_config_file(tmp_path):
-    from jaxformer.cli import load_config_file
+    from jaxformer.config import load_config_file
 
     path = tmp_path / "model.yaml"
     path.write_text("d_model: 48\nnum_heads: 4\nnorm_placement: pre\n")
