@@ -19,11 +19,13 @@ from jaxformer.checks import (
 )
 from jaxformer.data.tasks import TASKS
 from jaxformer.functional.layers import NORM_PLACEMENTS, BlockOptions
+from jaxformer.functional.registry import POSITIONS
 
 # Sinusoids (the paper's columns interleaved; Marian's in [sin | cos] halves), a learned
 # table, rotary embeddings, or none.
-POSITION_EMBEDDINGS = ("sinusoidal", "sinusoidal_halves", "learned", "rope", "none")
-SINUSOIDS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves"}  # -> table layout
+# Positions built into the model; fixed tables (the sinusoids, or your own) are the
+# registered functional.POSITIONS.
+MODEL_POSITIONS = ("learned", "rope", "none")
 PRESETS = ("tiny", "paper_base", "paper_big")  # TransformerConfig's constructors
 SCHEDULES = ("paper", "cosine", "constant")
 OPTIMIZERS = ("adam", "adamw")
@@ -96,7 +98,9 @@ class TransformerConfig:
     attention_dropout_rate: float = option(0.0, "dropout on the attention weights")
     label_smoothing: float = option(0.1, "label smoothing eps_ls of the training loss")
     max_len: int = option(512, "longest sequence (rows of the position table)")
-    position_embedding: str = option("sinusoidal", "positions", POSITION_EMBEDDINGS)
+    position_embedding: str = option(
+        "sinusoidal", "sinusoidal, sinusoidal_halves, learned, rope, none, or a registered table"
+    )
     norm: str = option("layer", "layer (LayerNorm), rms (RMSNorm), or a registered norm")
     norm_placement: str = option("post", "post-LN (the paper) or pre-LN", NORM_PLACEMENTS)
     norm_eps: float = option(1e-6, "epsilon of the norms")
@@ -134,11 +138,11 @@ class TransformerConfig:
         check_divisible("num_heads", self.num_heads, "num_kv_heads", self.kv_heads)
         check_number("label_smoothing", self.label_smoothing, "[0, 1)")
         self.block_options()  # checks norm, activation, dropout rates, attention_impl
-        check_choice("position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
+        POSITIONS.check(self.position_embedding, also=MODEL_POSITIONS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("param_dtype", self.param_dtype, DTYPES)
         check_choice("remat", self.remat, REMAT)
-        if self.position_embedding in SINUSOIDS:
+        if self.position_embedding in ("sinusoidal", "sinusoidal_halves"):
             check_even("d_model", self.d_model, "sinusoidal positions")
         if self.position_embedding == "rope":
             check_even("key head dim d_k", self.key_dim, "rotary embeddings")
@@ -164,7 +168,7 @@ class TransformerConfig:
     @property
     def position_table(self) -> bool:
         """Positions come from a table of max_len rows, so sequences are at most max_len."""
-        return self.position_embedding in (*SINUSOIDS, "learned")
+        return self.position_embedding == "learned" or self.position_embedding in POSITIONS.names
 
     @property
     def use_final_norm(self) -> bool:

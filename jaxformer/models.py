@@ -24,7 +24,7 @@ from jaxformer.checks import (
     check_rank,
     check_shape,
 )
-from jaxformer.config import SINUSOIDS, TransformerConfig
+from jaxformer.config import TransformerConfig
 from jaxformer.nn import DecoderStack, Embed, EncoderStack, LearnedPositions, make_norm
 from jaxformer.nn.parameters import dropout_rng, dtype_of, param
 from jaxformer.nn.sharding import constrain_batch
@@ -50,16 +50,24 @@ class _Inputs(nnx.Module):
         """tokens [B, T], positions [B, T] -> [B, T, E]."""
         c = self.config
         x = self.embed(tokens)
-        if c.position_embedding in SINUSOIDS:
-            table = F.sinusoidal_positions(
-                c.max_len, c.d_model, layout=SINUSOIDS[c.position_embedding]
-            )
-            x = x + table[positions].astype(x.dtype)
+        if c.position_embedding in F.POSITIONS.names:
+            x = x + _position_table(c)[positions].astype(x.dtype)
         elif c.position_embedding == "learned":
             x = x + self.positions(positions).astype(x.dtype)
         if self.norm is not None:
             x = self.norm(x, kind=c.norm, eps=c.norm_eps)
         return constrain_batch(F.dropout(x, c.dropout_rate, rng))
+
+
+def _position_table(c: TransformerConfig) -> jax.Array:
+    """The registered table [max_len, d_model] of `c.position_embedding`, checked."""
+    table = jnp.asarray(F.POSITIONS[c.position_embedding].fn(c.max_len, c.d_model))
+    if table.shape != (c.max_len, c.d_model) or not jnp.issubdtype(table.dtype, jnp.floating):
+        raise ValueError(
+            f"position_embedding {c.position_embedding!r} gave a {table.dtype} table of shape "
+            f"{table.shape}; it must be a float [max_len, d_model] = [{c.max_len}, {c.d_model}]"
+        )
+    return table
 
 
 class DecodeCache(NamedTuple):

@@ -38,4 +38,11 @@ from jaxformer.functional.layers import (
 )
 from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, segment_mask
 from jaxformer.functional.positions import apply_rope, sinusoidal_positions
-from jaxformer.functional.registry import ACTIVATIONS, ATTENTION, NORMS, Registry, Variant
+from jaxformer.functional.registry import (
+    ACTIVATIONS,
+    ATTENTION,
+    NORMS,
+    POSITIONS,
+    Registry,
+    Variant,
+)

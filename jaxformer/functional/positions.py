@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ from jaxformer.checks import (
     check_int_array,
     check_rank,
 )
+from jaxformer.functional.registry import POSITIONS
 
 SINUSOID_LAYOUTS = ("interleaved", "halves")
 
@@ -68,3 +71,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0) -> 
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
+
+
+# The paper's sinusoids and Marian's [sin | cos] halves, as registered position tables.
+POSITIONS.register("sinusoidal", functools.partial(sinusoidal_positions, layout="interleaved"))
+POSITIONS.register("sinusoidal_halves", functools.partial(sinusoidal_positions, layout="halves"))

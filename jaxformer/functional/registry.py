@@ -1,5 +1,5 @@
 """Named variants of the parts a researcher swaps, each a pure function: feed-forward
-activations, norms and attention kernels. The built-ins are registered here like any
+activations, norms, attention kernels and fixed position tables. The built-ins are registered here like any
 other, and the config, the layers and the command look names up in these registries only.
 
     import jax, jax.numpy as jnp
@@ -91,6 +91,12 @@ NORMS = Registry(
     "norm",
     "jaxformer.functional.NORMS",
     "fn(x [..., E], params: NormParams, eps) -> [..., E]; bias=False: params.bias is None",
+)
+POSITIONS = Registry(
+    "position_embedding",
+    "jaxformer.functional.POSITIONS",
+    "fn(length, d_model) -> [length, d_model] float32 table, added to the embeddings (a "
+    "compile-time constant); 'learned', 'rope' and 'none' are built into the model instead",
 )
 ATTENTION = Registry(
     "implementation",

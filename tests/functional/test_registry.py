@@ -29,6 +29,35 @@ def test_the_built_ins_are_registered_variants():
     assert F.ACTIVATIONS["swiglu"].options == {"gated": True}
     assert {"layer", "rms"} <= set(F.NORMS.names) and not F.NORMS["rms"].options["bias"]
     assert {"xla", "chunked", "cudnn"} <= set(F.ATTENTION.names)
+    assert {"sinusoidal", "sinusoidal_halves"} <= set(F.POSITIONS.names)
+
+
+@pytest.fixture
+def own_tables():
+    yield
+    for name in ("paper_copy", "too_short"):
+        F.POSITIONS._variants.pop(name, None)
+
+
+def test_a_registered_position_table_is_used_by_name(own_tables):
+    """A table of your own replaces the sinusoids: the same model with the paper's table
+    written out by hand under a new name gives the same logits; a wrong shape is refused."""
+    F.POSITIONS.register("paper_copy", lambda n, d: F.sinusoidal_positions(n, d))
+    F.POSITIONS.register("too_short", lambda n, d: jnp.zeros((n - 1, d)))
+    tokens = jnp.asarray([[3, 4, 5, 6]])
+    logits = {}
+    for name in ("sinusoidal", "paper_copy"):
+        config = jf.TransformerConfig.tiny(30, position_embedding=name)
+        logits[name] = jf.DecoderLM(config, rngs=nnx.Rngs(0))(tokens)
+    np.testing.assert_array_equal(logits["sinusoidal"], logits["paper_copy"])
+    config = jf.TransformerConfig.tiny(30, position_embedding="too_short")
+    assert config.position_table  # a table: sequences are at most max_len
+    with pytest.raises(ValueError, match=r"'too_short' gave a float32 table of shape \(255, 128\)"):
+        jf.DecoderLM(config, rngs=nnx.Rngs(0))(tokens)
+    with pytest.raises(
+        ValueError, match="position_embedding must be one of .*'paper_copy'.*got 'alibi'"
+    ):
+        jf.TransformerConfig.tiny(30, position_embedding="alibi")
 
 
 def test_a_registered_activation_is_used_by_name():
