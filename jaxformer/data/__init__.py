@@ -1,5 +1,6 @@
 """Tokenizers, synthetic tasks and file datasets."""
 
+from jaxformer.data import bible
 from jaxformer.data.datasets import (
     DocumentData,
     PairData,

@@ -225,7 +225,13 @@ class DocumentData:
     metrics = ()
 
     def __init__(
-        self, train: list[str], test: list[str], tokenizer: Tokenizer, *, seq_len: int, seed: int = 0
+        self,
+        train: list[str],
+        test: list[str],
+        tokenizer: Tokenizer,
+        *,
+        seq_len: int,
+        seed: int = 0,
     ):
         check_int("seq_len", seq_len)
         self.tokenizer, self.seed, self.seq_len = tokenizer, seed, seq_len
