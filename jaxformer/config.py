@@ -17,6 +17,7 @@ from jaxformer.checks import (
     check_int,
     check_number,
 )
+from jaxformer.data.bible import parse_dataset
 from jaxformer.data.tasks import TASKS
 from jaxformer.functional.layers import NORM_PLACEMENTS, BlockOptions
 from jaxformer.functional.registry import POSITIONS
@@ -239,7 +240,17 @@ class RunConfig:
     )
     data_tsv: str | None = option(None, "a file of source<TAB>target lines (translation)")
     data_text: str | None = option(None, "plain text for a decoder-only language model")
-    tokenizer: str = option("byte", "bytes, or BPE trained on the data file", TOKENIZERS)
+    dataset: str | None = option(
+        None,
+        "a Bible dataset (pip install 'jaxformer[data]'): SRC-TGT translation between two "
+        "versions (wyc-web, kjv-bbe) or VER-lm, a decoder-only LM (web-lm)",
+    )
+    tokenizer: str | None = option(
+        None,
+        "bytes, or BPE trained on the data file or the dataset's training books "
+        "(default: bpe with --dataset, else byte)",
+        TOKENIZERS,
+    )
     init_from: str | None = option(
         None, "fine-tune a Hugging Face model folder: its architecture, weights and tokenizer"
     )
@@ -270,21 +281,27 @@ class RunConfig:
     pmap: bool = option(False, "data parallel with jax.pmap over this process's devices")
 
     def __post_init__(self):
-        sources = [x for x in (self.task, self.data_tsv, self.data_text) if x is not None]
+        given = (self.task, self.data_tsv, self.data_text, self.dataset)
+        sources = [x for x in given if x is not None]
         if len(sources) > 1:
-            raise ValueError("give one of task, data_tsv and data_text, not several")
+            raise ValueError("give one of task, data_tsv, data_text and dataset, not several")
         if not sources:
             object.__setattr__(self, "task", "dates")
         if self.task is not None:
             check_choice("task", self.task, TASKS)
-        check_choice("tokenizer", self.tokenizer, TOKENIZERS)
-        if self.init_from is not None and self.tokenizer != "byte":
+        if self.dataset is not None:
+            parse_dataset(self.dataset)
+        if self.init_from is not None and self.tokenizer is not None:
             raise ValueError(
                 "a model given by init_from brings its tokenizer; leave tokenizer unset"
             )
+        if self.tokenizer is None:  # verses in bytes are long: BPE for a dataset
+            bpe = self.dataset is not None and self.init_from is None
+            object.__setattr__(self, "tokenizer", "bpe" if bpe else "byte")
+        check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "bpe" and self.task:
             raise ValueError(
-                "the BPE tokenizer is trained on a data file; use it with data_tsv or data_text"
+                "the BPE tokenizer is trained on data; use it with data_tsv, data_text or dataset"
             )
         for name in ("seq_len", "steps", "batch_size", "accum_steps", "eval_every", "log_every",
                      "checkpoint_every", "keep_checkpoints", "eval_examples"):  # fmt: skip
@@ -306,7 +323,7 @@ class RunConfig:
         if self.mesh is not None and self.pmap:
             raise ValueError("give a mesh or pmap, not both")
         if self.out is None:
-            name = self.task or pathlib.Path(self.data_tsv or self.data_text).stem
+            name = self.task or self.dataset or pathlib.Path(self.data_tsv or self.data_text).stem
             object.__setattr__(self, "out", f"runs/{name}")
 
     @property
@@ -349,7 +366,7 @@ class RunConfig:
         on the total number of steps.
         """
         keep = (
-            "task", "data_tsv", "data_text", "tokenizer", "init_from", "bpe_vocab_size", "seq_len",
+            "task", "data_tsv", "data_text", "dataset", "tokenizer", "init_from", "bpe_vocab_size", "seq_len",
             "batch_size", "accum_steps", "schedule", "lr", "warmup_steps", "optimizer",
             "weight_decay", "clip_norm", "seed",
         )  # fmt: skip

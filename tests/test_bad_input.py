@@ -447,7 +447,10 @@ CLI = [
     ("bad mesh", ["--mesh", "data=3"], f"mesh data=3,fsdp=1,tensor=1 needs 3 devices, but there are {jax.device_count()}"),
     ("pmap and mesh", ["--mesh", "data=1", "--pmap"], "give a mesh or pmap, not both"),
     ("model flag", ["--d-model", "10", "--num-heads", "4"], "d_model=10 is not divisible by num_heads=4"),
-    ("bpe with a task", ["--tokenizer", "bpe"], "the BPE tokenizer is trained on a data file"),
+    ("bpe with a task", ["--tokenizer", "bpe"], "the BPE tokenizer is trained on data"),
+    ("unknown Bible version", ["--dataset", "xyz-web"], "dataset 'xyz-web': unknown Bible version 'xyz'; installed versions are .*web, wyc"),
+    ("bad dataset name", ["--dataset", "web"], "dataset 'web' must be SRC-TGT or VER-lm with versions"),
+    ("dataset and a file", ["--dataset", "wyc-web", "--data-tsv", "pairs.tsv"], "give one of task, data_tsv, data_text and dataset, not several"),
     ("out is a file", ["--out", "pairs.tsv"], "pairs.tsv exists and is not a folder"),
 ]  # fmt: skip
 

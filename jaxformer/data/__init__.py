@@ -1,6 +1,15 @@
 """Tokenizers, synthetic tasks and file datasets."""
 
-from jaxformer.data.datasets import TaskData, TextData, TsvData, encode_pairs, pad_rows
+from jaxformer.data import bible
+from jaxformer.data.datasets import (
+    DocumentData,
+    PairData,
+    TaskData,
+    TextData,
+    TsvData,
+    encode_pairs,
+    pad_rows,
+)
 from jaxformer.data.tasks import DATE_FORMATS, TASKS, get_task
 from jaxformer.data.tokenizers import (
     BPETokenizer,

@@ -3,8 +3,10 @@
 continues with exactly the batches it would have seen.
 
     TaskData   a synthetic task (jaxformer.data.tasks), sequence to sequence
-    TsvData    a file of `source<TAB>target` lines (translation), with length bucketing
-    TextData   plain text for language modelling, packed into rows of fixed length
+    PairData   translation pairs, with length bucketing; TsvData: from a file of
+               `source<TAB>target` lines (bible.BibleTranslation: from two Bibles)
+    DocumentData  documents for language modelling, packed into rows of fixed length;
+               TextData: from a text file (bible.BibleLM: a Bible's chapters)
 
 Each says what it trains and how it is judged (the protocol the training loop reads):
 `model_kind` names the model class ("Transformer" or "DecoderLM"), `metrics` the
@@ -92,62 +94,29 @@ class TaskData:
             )
 
 
-class TsvData:
-    """`source<TAB>target` lines. One pair in ten (by a hash of the source) is held out.
-
-    Batches come from epoch-wise shuffles of the training pairs; within a pool of 50
+class PairData:
+    """Translation pairs: epoch-wise shuffles of the training pairs; within a pool of 50
     batches, pairs of similar length are batched together and padded to a multiple of 16.
-    """
+    `train` and `test` hold (source, target, (source ids, target ids)); the first
+    `test_size` test pairs are held out for evaluation."""
 
     model_kind = "Transformer"
     metrics = ("exact_match",)
 
     def __init__(
         self,
-        path: str | pathlib.Path,
+        train: list[tuple[str, str, tuple[list[int], list[int]]]],
+        test: list[tuple[str, str, tuple[list[int], list[int]]]],
         tokenizer: Tokenizer,
         *,
         max_len: int,
         seed: int = 0,
         test_size: int = 1000,
-        vocab_size: int | None = None,
     ):
-        check_int("max_len", max_len)
-        _check_vocab(tokenizer, vocab_size)
-        lines = read_text_lines(path)
         self.tokenizer = tokenizer
         self.seed = seed
         self.max_len = max_len
         self.src_len = self.tgt_len = max_len  # for decoding held-out sources
-        train, test, too_long = [], [], []
-        for number, line in lines:
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
-                raise ValueError(
-                    f"{path}:{number}: expected 'source<TAB>target' with both non-empty, "
-                    f"got {len(fields)} field(s): {line[:60]!r}"
-                )
-            src, tgt = fields
-            ids = (
-                _token_ids(tokenizer, src, f"{path}:{number} source"),
-                _token_ids(tokenizer, tgt, f"{path}:{number} target"),
-            )
-            if len(ids[0]) + 1 > max_len or len(ids[1]) + 1 > max_len:
-                too_long.append(number)
-                continue
-            split = "test" if zlib.crc32(src.encode()) % 10 == 0 else "train"
-            (test if split == "test" else train).append((src, tgt, ids))
-        if too_long:
-            shown = ", ".join(map(str, too_long[:10])) + (" ..." if len(too_long) > 10 else "")
-            print(
-                f"{path}: skipped {len(too_long)} pair(s) longer than max_len={max_len}: lines {shown}"
-            )
-        if not train:
-            raise ValueError(f"{path}: no training pairs (need non-empty source<TAB>target lines)")
-        if not test:  # a tiny file: hold out its last pair
-            test.append(train.pop())
         self._train = train
         self.test_pairs = [(s, t) for s, t, _ in test[:test_size]]
         self._test_ids = [ids for _, _, ids in test[:test_size]]
@@ -188,41 +157,85 @@ class TsvData:
         return _pack_ids(ids, self.tokenizer, src_len, tgt_len)
 
 
-class TextData:
-    """Plain text for a `DecoderLM`. Documents are separated by blank lines (paragraphs);
-    a text without blank lines has one document per line. Each document ends with EOS. The token stream is cut into rows of seq_len + 1 tokens; rows carry
-    segment ids (documents never attend to each other) and per-document positions, and
-    no loss is taken on a prediction that crosses a document boundary. One document in
-    ten (by hash) is held out."""
+def pair_ids(
+    tokenizer: Tokenizer, src: str, tgt: str, where: str, max_len: int
+) -> tuple[list[int], list[int]] | None:
+    """The (source, target) ids of a pair, or None when either with its EOS is longer
+    than max_len. `where` names the pair in errors."""
+    ids = (
+        _token_ids(tokenizer, src, f"{where} source"),
+        _token_ids(tokenizer, tgt, f"{where} target"),
+    )
+    return None if max(len(ids[0]), len(ids[1])) + 1 > max_len else ids
 
-    model_kind = "DecoderLM"
-    metrics = ()
+
+class TsvData(PairData):
+    """`source<TAB>target` lines. One pair in ten (by a hash of the source) is held out;
+    pairs longer than max_len tokens are skipped (and reported)."""
 
     def __init__(
         self,
         path: str | pathlib.Path,
         tokenizer: Tokenizer,
         *,
-        seq_len: int,
+        max_len: int,
         seed: int = 0,
+        test_size: int = 1000,
         vocab_size: int | None = None,
     ):
-        check_int("seq_len", seq_len)
+        check_int("max_len", max_len)
         _check_vocab(tokenizer, vocab_size)
-        docs = _documents([line for _, line in read_text_lines(path)])
-        if len(docs) < 2:
-            raise ValueError(
-                f"{path}: needs at least two documents (separated by blank lines, or one per "
-                "line in a text without blank lines), to hold one out"
+        lines = read_text_lines(path)
+        train, test, too_long = [], [], []
+        for number, line in lines:
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+                raise ValueError(
+                    f"{path}:{number}: expected 'source<TAB>target' with both non-empty, "
+                    f"got {len(fields)} field(s): {line[:60]!r}"
+                )
+            src, tgt = fields
+            ids = pair_ids(tokenizer, src, tgt, f"{path}:{number}", max_len)
+            if ids is None:
+                too_long.append(number)
+                continue
+            split = "test" if zlib.crc32(src.encode()) % 10 == 0 else "train"
+            (test if split == "test" else train).append((src, tgt, ids))
+        if too_long:
+            shown = ", ".join(map(str, too_long[:10])) + (" ..." if len(too_long) > 10 else "")
+            print(
+                f"{path}: skipped {len(too_long)} pair(s) longer than max_len={max_len}: lines {shown}"
             )
+        if not train:
+            raise ValueError(f"{path}: no training pairs (need non-empty source<TAB>target lines)")
+        if not test:  # a tiny file: hold out its last pair
+            test.append(train.pop())
+        super().__init__(train, test, tokenizer, max_len=max_len, seed=seed, test_size=test_size)
+
+
+class DocumentData:
+    """Documents for a `DecoderLM`, each ending with EOS. The token stream is cut into rows
+    of seq_len + 1 tokens; rows carry segment ids (documents never attend to each other)
+    and per-document positions, and no loss is taken on a prediction that crosses a
+    document boundary. `train` and `test` are lists of documents (strings)."""
+
+    model_kind = "DecoderLM"
+    metrics = ()
+
+    def __init__(
+        self,
+        train: list[str],
+        test: list[str],
+        tokenizer: Tokenizer,
+        *,
+        seq_len: int,
+        seed: int = 0,
+    ):
+        check_int("seq_len", seq_len)
         self.tokenizer, self.seed, self.seq_len = tokenizer, seed, seq_len
         self.max_len = seq_len
-        train = [d for d in docs if zlib.crc32(d.encode()) % 10]
-        test = [d for d in docs if not zlib.crc32(d.encode()) % 10]
-        if not test:
-            test.append(train.pop())
-        if not train:
-            train.append(test.pop())
         self._train_rows = self._rows(train)
         self._test_rows = self._rows(test)
         self.test_pairs: list[tuple[str, str]] = []  # no exact-match evaluation for an LM
@@ -265,6 +278,37 @@ class TextData:
                 np.zeros(self.seq_len + 1, np.int32),
             )
             yield _lm_batch(rows + [empty] * (batch_size - len(rows)))
+
+
+class TextData(DocumentData):
+    """Plain text for a `DecoderLM`. Documents are separated by blank lines (paragraphs);
+    a text without blank lines has one document per line. One document in ten (by hash)
+    is held out."""
+
+    def __init__(
+        self,
+        path: str | pathlib.Path,
+        tokenizer: Tokenizer,
+        *,
+        seq_len: int,
+        seed: int = 0,
+        vocab_size: int | None = None,
+    ):
+        check_int("seq_len", seq_len)
+        _check_vocab(tokenizer, vocab_size)
+        docs = _documents([line for _, line in read_text_lines(path)])
+        if len(docs) < 2:
+            raise ValueError(
+                f"{path}: needs at least two documents (separated by blank lines, or one per "
+                "line in a text without blank lines), to hold one out"
+            )
+        train = [d for d in docs if zlib.crc32(d.encode()) % 10]
+        test = [d for d in docs if not zlib.crc32(d.encode()) % 10]
+        if not test:
+            test.append(train.pop())
+        if not train:
+            train.append(test.pop())
+        super().__init__(train, test, tokenizer, seq_len=seq_len, seed=seed)
 
 
 def _documents(lines: list[str]) -> list[str]:

@@ -24,7 +24,7 @@ import jax
 from flax import nnx
 
 from jaxformer.config import RunConfig, TransformerConfig
-from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData
+from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData, bible
 from jaxformer.data.datasets import read_text_lines
 from jaxformer.interop import hf
 from jaxformer.models import MODEL_KINDS, count_params
@@ -165,6 +165,8 @@ class _Job:
         asked = self.requested_vocab
         note = "" if asked == self.config.vocab_size else f"; the model config said {asked}"
         vocab = f"vocabulary of {self.config.vocab_size} ids (the tokenizer's{note})"
+        if hasattr(self.data, "description"):  # what a dataset kept and dropped
+            folder.say(self.data.description)
         folder.say(f"training on {self.placement.description}, {vocab}")
         return state, int(self.placement.one_copy(state.step))
 
@@ -183,6 +185,7 @@ class _Job:
             "model_kind": self.data.model_kind,
             "model_config": self.config.to_dict(),
             "run": self.run.to_dict(),
+            **({"data_counts": self.data.counts} if hasattr(self.data, "counts") else {}),
         }
 
     def finish(self, folder: RunFolder, summary: dict[str, Any], params) -> None:
@@ -205,8 +208,20 @@ class _Job:
 
 
 def build_data(run: RunConfig, tokenizer=None):
-    """The tokenizer (`tokenizer`, else the one the run asks for) and the dataset of a run."""
-    tokenizer = tokenizer or _tokenizer(run)
+    """The tokenizer (`tokenizer`, else the one the run asks for) and the dataset of a run.
+    A BPE tokenizer learns from the data file, or from a dataset's training books only."""
+    if run.dataset:
+        corpus = bible.load(run.dataset)
+        tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
+        data = corpus.data(
+            tokenizer, max_len=run.seq_len, seed=run.seed, test_size=run.eval_examples
+        )
+        return tokenizer, data
+
+    def lines():
+        return [line for _, line in read_text_lines(run.data_tsv or run.data_text)]
+
+    tokenizer = tokenizer or _tokenizer(run, lines)
     if run.task:
         return tokenizer, TaskData(run.task, tokenizer, seed=run.seed, test_size=run.eval_examples)
     if run.data_tsv:
@@ -217,10 +232,10 @@ def build_data(run: RunConfig, tokenizer=None):
     return tokenizer, TextData(run.data_text, tokenizer, seq_len=run.seq_len, seed=run.seed)
 
 
-def _tokenizer(run: RunConfig):
+def _tokenizer(run: RunConfig, texts: Callable[[], list[str]]):
+    """The run's tokenizer; BPE learns from `texts()`."""
     if run.tokenizer == "bpe":
-        lines = [line for _, line in read_text_lines(run.data_tsv or run.data_text)]
-        return BPETokenizer.train(lines, run.bpe_vocab_size)
+        return BPETokenizer.train(texts(), run.bpe_vocab_size)
     return ByteTokenizer()
 
 
@@ -230,7 +245,10 @@ def _pretrained(run: RunConfig):
     _, data = build_data(run, tokenizer)
     kind = type(model).__name__
     if kind != data.model_kind:
-        needs = {"DecoderLM": "text (data_text)", "Transformer": "pairs (a task or data_tsv)"}
+        needs = {
+            "DecoderLM": "text (data_text, or a dataset VER-lm)",
+            "Transformer": "pairs (a task, data_tsv, or a dataset SRC-TGT)",
+        }
         raise ValueError(f"{run.init_from} holds a {kind}, which trains on {needs[kind]}")
     if model.config.max_len < data.max_len:
         raise ValueError(

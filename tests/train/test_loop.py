@@ -227,7 +227,10 @@ def test_ctrl_c_saves_and_exits_130(tmp_path):
         (["--config", "BADKEY"], r"unknown config key\(s\) \['d_modle'\]; valid keys are"),
         (["--config", "BADJSON"], "not valid JSON"),
         (["--data-tsv", "MALFORMED"], r"pairs.tsv:2: expected 'source<TAB>target'"),
-        (["--task", "copy", "--data-tsv", "x.tsv"], "give one of task, data_tsv and data_text"),
+        (
+            ["--task", "copy", "--data-tsv", "x.tsv"],
+            "give one of task, data_tsv, data_text and dataset",
+        ),
         (["--accum-steps", "3"], "batch_size=64 is not divisible by accum_steps=3"),
     ],
 )
