@@ -4,6 +4,7 @@ that one."""
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -22,8 +23,17 @@ BASE = dict(
 )  # fmt: skip
 
 
+VARIANT = pathlib.Path(__file__).resolve().parents[1] / "experiments/variants/squared_relu.py"
+
+
 def write_spec(tmp_path, **fields):
-    spec = dict(base=BASE, variants={"baseline": {}, "gelu": {"activation": "gelu"}}, seeds=2)
+    """Baseline and a registered variant of our own (squared ReLU), two seeds."""
+    spec = dict(
+        base=BASE,
+        variants={"baseline": {}, "sq": {"activation": "squared_relu"}},
+        seeds=2,
+        variant_files=[str(VARIANT)],
+    )
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec | {"out": str(tmp_path / "sweep")} | fields))
     return path
@@ -80,12 +90,13 @@ def test_bad_specs_are_one_clear_error(tmp_path, capsys, fields, message):
 
 def test_each_run_is_an_ordinary_train_command(tmp_path):
     spec = sweep.Spec.load(write_spec(tmp_path))
-    args = sweep.train_command(spec, "gelu", 1)
+    args = sweep.train_command(spec, "sq", 1)
     assert args[:2] == ["train", "--config"] and "--resume" in args
     assert args[args.index("--seed") + 1] == "1"
-    assert args[args.index("--out") + 1] == str(tmp_path / "sweep" / "gelu" / "seed1")
-    model = json.loads((tmp_path / "sweep" / "gelu" / "seed1" / "model.json").read_text())
-    assert model["activation"] == "gelu" and model["d_model"] == 16
+    assert args[args.index("--out") + 1] == str(tmp_path / "sweep" / "sq" / "seed1")
+    assert args[-2:] == ["--variants", str(VARIANT)]
+    model = json.loads((tmp_path / "sweep" / "sq" / "seed1" / "model.json").read_text())
+    assert model["activation"] == "squared_relu" and model["d_model"] == 16
 
 
 def test_sweep_writes_its_table_and_reruns_only_what_is_missing(tmp_path, monkeypatch):
@@ -94,24 +105,24 @@ def test_sweep_writes_its_table_and_reruns_only_what_is_missing(tmp_path, monkey
     lines = []
     results = sweep.run(spec, jobs=2, say=lines.append)
     assert lines[0].endswith("4 runs, 0 already ended") and len(lines) == 5
-    for name in ("baseline", "gelu"):
+    for name in ("baseline", "sq"):
         r = results["variants"][name]
         assert r["runs"] == {0: "done", 1: "done"}
         assert len(r["figures"]["eval_perplexity"]["values"]) == 2
     table = (spec.out / "results.md").read_text()
-    assert "| baseline | 2/2 |" in table and "| gelu | 2/2 |" in table
+    assert "| baseline | 2/2 |" in table and "| sq | 2/2 |" in table
     assert (spec.out / "curves.png").stat().st_size > 0
     assert json.loads((spec.out / "results.json").read_text()) == json.loads(json.dumps(results))
 
     # A run that did not finish (its summary gone, its checkpoints kept) is the only one rerun.
     kept = {p: p.stat().st_mtime_ns for p in spec.out.glob("*/seed*/summary.json")}
-    lost = spec.folder("gelu", 1) / "summary.json"
+    lost = spec.folder("sq", 1) / "summary.json"
     lost.unlink()
     lines = []
     sweep.run(spec, say=lines.append)
     assert lines[0].endswith("4 runs, 3 already ended") and len(lines) == 2
-    assert "gelu seed 1: done" in lines[1]
-    assert "resumed from step 4" in (spec.folder("gelu", 1) / "train.log").read_text()
+    assert "sq seed 1: done" in lines[1]
+    assert "resumed from step 4" in (spec.folder("sq", 1) / "train.log").read_text()
     for path, mtime in kept.items():
         assert path.stat().st_mtime_ns == mtime or path == lost
 
