@@ -42,6 +42,7 @@ def losses(out: pathlib.Path) -> list[float]:
     return [r["loss"] for r in records if "loss" in r]
 
 
+@pytest.mark.slow  # two processes compiling from scratch: 80 s on 2 cores
 def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
     config = tmp_path / "model.json"
     fields = dict(num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
