@@ -100,7 +100,7 @@ class TsvData:
     """
 
     model_kind = "Transformer"
-    metrics = ("exact_match",)
+    metrics = ("exact_match", "bleu", "chrf")
 
     def __init__(
         self,
