@@ -8,6 +8,7 @@ checkpoints intact; the unfinished folder is ignored and cleaned up on the next 
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from typing import Any
 
@@ -94,13 +95,12 @@ class Checkpointer:
                 f"average_checkpoints={count} but {self.directory} holds {len(steps)} "
                 f"checkpoint(s) (steps {steps})"
             )
-        total = None
+        total = params = None
         for step in steps:
             args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
-            params = jax.tree.map(lambda x: x.astype(jnp.float32), self._restore(step, args).params)
-            total = params if total is None else jax.tree.map(jnp.add, total, params)
-        mean = jax.tree.map(lambda t, a: (t / count).astype(a.dtype), total, abstract_params)
-        return mean, steps
+            params = self._restore(step, args).params
+            total = _as_float32(params) if total is None else _add_float32(total, params)
+        return _mean(total, params, count), steps
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         step = self.latest_step() if step is None else step
@@ -129,6 +129,22 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+@jax.jit
+def _as_float32(params):
+    return jax.tree.map(lambda p: p.astype(jnp.float32), params)
+
+
+@jax.jit
+def _add_float32(total, params):
+    return jax.tree.map(lambda t, p: t + p.astype(jnp.float32), total, params)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _mean(total, like, count: int):
+    """total / count in the dtypes of `like`."""
+    return jax.tree.map(lambda t, p: (t / count).astype(p.dtype), total, like)
 
 
 def check_compatible(saved: dict, expected: dict, where) -> None:
