@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 from typing import Any
 
@@ -322,9 +323,7 @@ class RunConfig:
                 f"average_checkpoints={k} needs keep_checkpoints >= {k}, "
                 f"got keep_checkpoints={self.keep_checkpoints}"
             )
-        saved = -(
-            -self.steps // self.checkpoint_every
-        )  # every checkpoint_every steps, and the last
+        saved = math.ceil(self.steps / self.checkpoint_every)  # every checkpoint_every, the last
         if k > saved:
             raise ValueError(
                 f"average_checkpoints={k} but steps={self.steps} with checkpoint_every="
