@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 from typing import Any
 
@@ -272,6 +273,13 @@ class RunConfig:
     checkpoint_every: int = option(500, "steps between checkpoints")
     keep_checkpoints: int = option(3, "checkpoints kept")
     eval_examples: int = option(1000, "held-out examples for evaluation")
+    eval_beam: int | None = option(
+        None, "beam of held-out decoding, 1 = greedy; default 4 (the paper) for BLEU data, else 1"
+    )
+    eval_alpha: float = option(0.6, "length penalty of that beam search (the paper: 0.6)")
+    average_checkpoints: int = option(
+        1, "at the end, also evaluate the mean parameters of the last K checkpoints; 1 = off"
+    )
     seed: int = option(0, "initialisation, dropout and data order")
     out: str | None = option(None, "run folder; default runs/<task or data file name>")
     profile: str | None = option(
@@ -304,8 +312,13 @@ class RunConfig:
                 "the BPE tokenizer is trained on data; use it with data_tsv, data_text or dataset"
             )
         for name in ("seq_len", "steps", "batch_size", "accum_steps", "eval_every", "log_every",
-                     "checkpoint_every", "keep_checkpoints", "eval_examples"):  # fmt: skip
+                     "checkpoint_every", "keep_checkpoints", "eval_examples",
+                     "average_checkpoints"):  # fmt: skip
             check_int(name, getattr(self, name))
+        if self.eval_beam is not None:
+            check_int("eval_beam", self.eval_beam)
+        check_number("eval_alpha", self.eval_alpha, "[0, inf)")
+        self._check_averaging()
         check_int("seed", self.seed, minimum=None)
         if self.bpe_vocab_size is not None:
             check_int("bpe_vocab_size", self.bpe_vocab_size, minimum=300)
@@ -325,6 +338,20 @@ class RunConfig:
         if self.out is None:
             name = self.task or self.dataset or pathlib.Path(self.data_tsv or self.data_text).stem
             object.__setattr__(self, "out", f"runs/{name}")
+
+    def _check_averaging(self) -> None:
+        k = self.average_checkpoints
+        if k > self.keep_checkpoints:
+            raise ValueError(
+                f"average_checkpoints={k} needs keep_checkpoints >= {k}, "
+                f"got keep_checkpoints={self.keep_checkpoints}"
+            )
+        saved = math.ceil(self.steps / self.checkpoint_every)  # every checkpoint_every, the last
+        if k > saved:
+            raise ValueError(
+                f"average_checkpoints={k} but steps={self.steps} with checkpoint_every="
+                f"{self.checkpoint_every} saves {saved} checkpoint(s)"
+            )
 
     @property
     def profile_steps(self) -> tuple[int, int] | None:

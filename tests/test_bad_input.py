@@ -10,6 +10,7 @@ import gc
 import json
 import re
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -452,6 +453,10 @@ CLI = [
     ("bad dataset name", ["--dataset", "web"], "dataset 'web' must be SRC-TGT or VER-lm with versions"),
     ("dataset and a file", ["--dataset", "wyc-web", "--data-tsv", "pairs.tsv"], "give one of task, data_tsv, data_text and dataset, not several"),
     ("out is a file", ["--out", "pairs.tsv"], "pairs.tsv exists and is not a folder"),
+    ("averaging more than kept", ["--average-checkpoints", "5"], "average_checkpoints=5 needs keep_checkpoints >= 5, got keep_checkpoints=3"),
+    ("averaging more than saved", ["--average-checkpoints", "3", "--steps", "20", "--checkpoint-every", "10"], r"average_checkpoints=3 but steps=20 with checkpoint_every=10 saves 2 checkpoint\(s\)"),
+    ("eval beam 0", ["--eval-beam", "0"], "eval_beam must be >= 1, got 0"),
+    ("negative eval alpha", ["--eval-alpha", "-1"], "eval_alpha must be >= 0, got -1.0"),
 ]  # fmt: skip
 
 
@@ -465,6 +470,16 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, match):
     code, err = _cli(capsys, *argv, *out)
     _assert_one_line_error(code, err, match)
     assert not (tmp_path / "run").exists()  # a failed start leaves no run folder behind
+
+
+def test_bleu_without_sacrebleu_is_one_line_before_training(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sacrebleu", None)  # import sacrebleu fails
+    (tmp_path / "pairs.tsv").write_text("a b\tb a\nc d\td c\n")
+    code, err = _cli(capsys, "--data-tsv", tmp_path / "pairs.tsv", "--out", tmp_path / "run")
+    _assert_one_line_error(
+        code, err, r"BLEU and chrF need sacrebleu: pip install 'jaxformer\[data\]'"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def _assert_one_line_error(code, err, match):

@@ -101,7 +101,7 @@ class PairData:
     `test_size` test pairs are held out for evaluation."""
 
     model_kind = "Transformer"
-    metrics = ("exact_match",)
+    metrics = ("exact_match", "bleu", "chrf")
 
     def __init__(
         self,

@@ -1,17 +1,19 @@
 """Checkpoints with orbax: parameters, optimizer state, step, RNG and the data position.
 
 A run folder (`jaxformer train --out DIR`) holds `checkpoints/<step>/` and
-`tokenizer.json`. Orbax writes each checkpoint into a temporary folder and renames it
+`tokenizer.json`, and `averaged/` (parameters only) when the run averaged checkpoints. Orbax writes each checkpoint into a temporary folder and renames it
 when complete, so a process killed mid-write (even with SIGKILL) leaves the previous
 checkpoints intact; the unfinished folder is ignored and cleaned up on the next start.
 """
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -23,6 +25,7 @@ from jaxformer.models import MODEL_KINDS
 from jaxformer.train.steps import TrainState
 
 CHECKPOINTS = "checkpoints"
+AVERAGED = "averaged"  # the parameters averaged over the last checkpoints, if the run did
 
 
 class Checkpointer:
@@ -83,6 +86,22 @@ class Checkpointer:
         )
         return state, meta
 
+    def average_params(self, abstract_params, count: int) -> tuple[Any, list[int]]:
+        """The mean parameters of the last `count` checkpoints (summed in float32, cast
+        back to each parameter's dtype, laid out as `abstract_params`) and their steps."""
+        steps = sorted(self.manager.all_steps())[-count:]
+        if len(steps) < count:
+            raise ValueError(
+                f"average_checkpoints={count} but {self.directory} holds {len(steps)} "
+                f"checkpoint(s) (steps {steps})"
+            )
+        total = params = None
+        for step in steps:
+            args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
+            params = self._restore(step, args).params
+            total = _as_float32(params) if total is None else _add_float32(total, params)
+        return _mean(total, params, count), steps
+
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         step = self.latest_step() if step is None else step
         if step is None:
@@ -112,6 +131,22 @@ class Checkpointer:
         self.manager.close()
 
 
+@jax.jit
+def _as_float32(params):
+    return jax.tree.map(lambda p: p.astype(jnp.float32), params)
+
+
+@jax.jit
+def _add_float32(total, params):
+    return jax.tree.map(lambda t, p: t + p.astype(jnp.float32), total, params)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _mean(total, like, count: int):
+    """total / count in the dtypes of `like`."""
+    return jax.tree.map(lambda t, p: (t / count).astype(p.dtype), total, like)
+
+
 def check_compatible(saved: dict, expected: dict, where) -> None:
     """Raise if a checkpoint's model or run settings differ from this run's."""
     problems = []
@@ -131,9 +166,19 @@ def check_compatible(saved: dict, expected: dict, where) -> None:
         )
 
 
+def save_averaged(run_dir: str | pathlib.Path, params) -> None:
+    """Write averaged parameters to run_dir/averaged, replacing any there (every process
+    calls this)."""
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(pathlib.Path(run_dir).resolve() / AVERAGED, params, force=True)
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+
+
 def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
-    """The trained model (latest checkpoint, parameters only) and tokenizer of a run
-    folder, or those of a Hugging Face model folder (see `interop.hf.load`)."""
+    """The trained model and tokenizer of a run folder (its averaged parameters if the
+    run averaged checkpoints, else the latest checkpoint's), or those of a Hugging Face
+    model folder (see `interop.hf.load`)."""
     run_dir = pathlib.Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
@@ -155,12 +200,16 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     abstract_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params
     )
-    restored = checkpointer._restore(
-        checkpointer.latest_step(),
-        ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
-    )
+    if (run_dir / AVERAGED).is_dir():
+        with ocp.StandardCheckpointer() as reader:
+            params = reader.restore((run_dir / AVERAGED).resolve(), abstract_params)
+    else:
+        params = checkpointer._restore(
+            checkpointer.latest_step(),
+            ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
+        ).params
     checkpointer.close()
-    return nnx.merge(graphdef, restored.params), tokenizer
+    return nnx.merge(graphdef, params), tokenizer
 
 
 def abstract_train_state(state: TrainState) -> TrainState:

@@ -1,8 +1,13 @@
 """Held-out evaluation: loss sums over the eval batches, and the metrics the data names
-(`data.metrics`), computed on predictions of its `test_pairs`."""
+(`data.metrics`), computed on predictions of its `test_pairs`.
+
+BLEU and chrF are sacrebleu's corpus scores (0-100, BLEU with its default 13a
+tokenization), imported only when a data source names them (`pip install 'jaxformer[data]'`).
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -19,44 +24,94 @@ def exact_match(predictions: list[str], targets: list[str]) -> float:
     return float(np.mean([p == t for p, t in zip(predictions, targets, strict=True)]))
 
 
+def bleu(predictions: list[str], targets: list[str]) -> float:
+    """sacrebleu's corpus BLEU (0-100, 13a tokenization) against one reference each."""
+    return _sacrebleu().corpus_bleu(predictions, [targets]).score
+
+
+def chrf(predictions: list[str], targets: list[str]) -> float:
+    """sacrebleu's corpus chrF (0-100) against one reference each."""
+    return _sacrebleu().corpus_chrf(predictions, [targets]).score
+
+
 # Metric name (as data sources give them) -> metric(predictions, targets).
-METRICS: dict[str, Callable[[list[str], list[str]], float]] = {"exact_match": exact_match}
+METRICS: dict[str, Callable[[list[str], list[str]], float]] = {
+    "exact_match": exact_match,
+    "bleu": bleu,
+    "chrf": chrf,
+}
+_NEEDS_SACREBLEU = ("bleu", "chrf")
+
+
+def check_metrics(names: tuple[str, ...]) -> None:
+    """Raise before training if a metric is unknown or its library is missing."""
+    unknown = sorted(set(names) - set(METRICS))
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; known: {sorted(METRICS)}")
+    if any(name in _NEEDS_SACREBLEU for name in names):
+        _sacrebleu()
+
+
+def _sacrebleu():
+    try:
+        return importlib.import_module("sacrebleu")
+    except ImportError:
+        raise ImportError("BLEU and chrF need sacrebleu: pip install 'jaxformer[data]'") from None
 
 
 def evaluate(
     eval_step: Callable, params, data, predict_fn: Callable[[list[str]], list[str]], batch_size: int
-) -> dict[str, float]:
+) -> tuple[dict[str, float], list[str]]:
     """eval_loss (label-smoothed), eval_nll, eval_perplexity and eval_token_accuracy over
     `data.eval_batches`, and each of `data.metrics` on `predict_fn(sources)` of the test
-    pairs."""
+    pairs; with those predictions (none when the data names no metrics)."""
     sums = None
     for batch in data.eval_batches(batch_size):
         s = eval_step(params, batch)
         sums = s if sums is None else LossSums(*(a + b for a, b in zip(sums, s, strict=True)))
     out = {f"eval_{k}": float(v) for k, v in sums.means().items() if k != "tokens"}
+    predictions = []
     if data.metrics:
         predictions = predict_fn([src for src, _ in data.test_pairs])
         targets = [tgt for _, tgt in data.test_pairs]
         out |= {name: METRICS[name](predictions, targets) for name in data.metrics}
-    return out
+    return out, predictions
 
 
-def predict(model: nnx.Module, tokenizer, data, sources: list[str], batch_size: int) -> list[str]:
-    """Greedy translations of `sources` (padded to fixed batches: one compilation), decoded
-    with the tokenizer's special ids."""
+def predict(
+    model: nnx.Module,
+    tokenizer,
+    data,
+    sources: list[str],
+    batch_size: int,
+    *,
+    beam: int = 1,
+    alpha: float = 0.6,
+) -> list[str]:
+    """Translations of `sources`: greedy (beam 1) or the best hypothesis of a beam search
+    with length penalty `alpha`, at most `data.tgt_len` tokens. Batches are padded to
+    [batch_size, data.src_len] (one compilation) and decoded with the tokenizer's ids."""
     out = []
     for i in range(0, len(sources), batch_size):
         chunk = sources[i : i + batch_size]
         pairs = [(s, "") for s in chunk] + [None] * (batch_size - len(chunk))
         batch = encode_pairs(pairs, tokenizer, data.src_len, data.tgt_len)
-        tokens = decode.greedy(
-            model,
-            jnp.asarray(batch["src"]),
-            jnp.asarray(batch["src_valid"]),
-            max_new_tokens=data.tgt_len,
-            bos_id=tokenizer.bos_id,
-            eos_id=tokenizer.eos_id,
-            pad_id=tokenizer.pad_id,
-        )
+        src, valid = jnp.asarray(batch["src"]), jnp.asarray(batch["src_valid"])
+        ids = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+        if beam == 1:
+            tokens = decode.greedy(model, src, valid, max_new_tokens=data.tgt_len, **ids)
+        else:
+            hypotheses, _ = decode.beam_search(
+                model, src, valid, beam_size=beam, alpha=alpha, max_new_tokens=data.tgt_len, **ids
+            )
+            tokens = hypotheses[:, 0]  # [B, N], the best of each row
         out += [tokenizer.decode(row) for row in np.asarray(tokens)[: len(chunk)]]
     return out
+
+
+def eval_beam(run, data) -> int:
+    """The run's eval_beam, else the paper's beam 4 for data scored by BLEU, greedy (1)
+    for the rest."""
+    if run.eval_beam is not None:
+        return run.eval_beam
+    return 4 if "bleu" in data.metrics else 1

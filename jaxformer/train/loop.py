@@ -30,8 +30,8 @@ from jaxformer.interop import hf
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, host_copy, make_placement
 from jaxformer.train import report
-from jaxformer.train.checkpoint import abstract_train_state
-from jaxformer.train.evaluate import evaluate, predict
+from jaxformer.train.checkpoint import abstract_train_state, save_averaged
+from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, predict
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.steps import (
@@ -62,7 +62,7 @@ def train(
     folder = RunFolder(run.out, keep_checkpoints=run.keep_checkpoints)
     state, first = job.start(folder, resume=resume)
     shown = report.Progress(progress and folder.is_main, first, run.steps)
-    meter, last_eval = _Meter(first, started), {}
+    meter, last_eval, predictions = _Meter(first, started), {}, []
     profiler = _Profiler(run.profile_steps, folder)
     try:
         for step in range(first, run.steps):
@@ -77,7 +77,7 @@ def train(
                 shown.show(record)
                 meter.restart_window()
             if _due(done, run.eval_every, run.steps):
-                last_eval = job.evaluate(state.params)
+                last_eval, predictions = job.evaluate(state.params)
                 folder.log({"step": done, **last_eval})
                 if folder.is_main:
                     shown.write(report.eval_line(done, last_eval))
@@ -96,10 +96,22 @@ def train(
     finally:
         shown.close()
         profiler.close()
-    if not last_eval:  # resumed after the last step (e.g. killed before the summary)
-        last_eval = job.evaluate(state.params)
-    summary = meter.summary(last_eval, job.data.metrics) | job.description()
-    job.finish(folder, summary, host_copy(job.placement.one_copy(state.params)))
+    if not last_eval:  # resumed at the last step: no step ran
+        last_eval, predictions = job.evaluate(state.params)
+    params, averaged, steps = state.params, None, None
+    if run.average_checkpoints > 1:
+        params, steps = job.average(folder, state)
+        averaged, predictions = job.evaluate(params)
+        folder.log({"step": meter.step, "averaged_steps": steps, **averaged})
+        folder.say(report.eval_line(meter.step, averaged, averaged_steps=steps))
+    summary = meter.summary(averaged or last_eval, job.data.metrics) | {
+        "eval_beam": eval_beam(run, job.data),
+        "final_eval": last_eval,
+        "averaged_eval": averaged,
+        "averaged_steps": steps,
+    }
+    summary |= job.description()
+    job.finish(folder, summary, host_copy(job.placement.one_copy(params)), predictions)
     return summary
 
 
@@ -128,6 +140,7 @@ class _Job:
         else:
             model, tokenizer, data = _pretrained(run)
             config = model_config = model.config
+        check_metrics(data.metrics)
         graphdef, state, train_fn, eval_fn = _steps(model, config, run)
         placement = make_placement(run.mesh, pmap=run.pmap)
         placement.check_rows(
@@ -170,12 +183,24 @@ class _Job:
         folder.say(f"training on {self.placement.description}, {vocab}")
         return state, int(self.placement.one_copy(state.step))
 
-    def evaluate(self, params) -> dict[str, float]:
+    def evaluate(self, params) -> tuple[dict[str, float], list[str]]:
+        """The held-out metrics of laid-out `params`, and its test-pair predictions."""
+
         def predictions(sources):
             model = nnx.merge(self.graphdef, self.placement.one_copy(params))
-            return predict(model, self.tokenizer, self.data, sources, self.run.batch_size)
+            beam, alpha = eval_beam(self.run, self.data), self.run.eval_alpha
+            batch = self.run.batch_size
+            return predict(model, self.tokenizer, self.data, sources, batch, beam=beam, alpha=alpha)
 
         return evaluate(self.eval_step, params, self.data, predictions, self.run.batch_size)
+
+    def average(self, folder: RunFolder, state: TrainState) -> tuple[Any, list[int]]:
+        """The laid-out mean parameters of the last `average_checkpoints` checkpoints (also
+        saved in <out>/averaged), and their steps."""
+        abstract = abstract_train_state(self.placement.one_copy(state)).params
+        mean, steps = folder.checkpoints.average_params(abstract, self.run.average_checkpoints)
+        save_averaged(folder.path, mean)
+        return self.placement.put(mean), steps
 
     def description(self) -> dict[str, Any]:
         return {
@@ -188,19 +213,22 @@ class _Job:
             **({"data_counts": self.data.counts} if hasattr(self.data, "counts") else {}),
         }
 
-    def finish(self, folder: RunFolder, summary: dict[str, Any], params) -> None:
-        """summary.json, the plots and the console report (process 0 only)."""
+    def finish(
+        self, folder: RunFolder, summary: dict[str, Any], params, predictions: list[str]
+    ) -> None:
+        """summary.json, predictions.tsv (of the test pairs), the plots and the console
+        report (process 0 only); `params` (one host copy) and `predictions` are the final
+        model's: the averaged one when the run averages checkpoints."""
         folder.close()
         if not folder.is_main:
             return
         folder.write_json("summary.json", summary)
         report.loss_curves(folder.metrics_path, folder.path / "loss.png")
-        model, data, examples = nnx.merge(self.graphdef, params), self.data, []
-        if data.metrics:
-            pairs = data.test_pairs[:8]
-            sources = [s for s, _ in pairs]
-            predictions = predict(model, self.tokenizer, data, sources, self.run.batch_size)
-            examples = [(s, p, t) for p, (s, t) in zip(predictions, pairs, strict=True)]
+        model, data = nnx.merge(self.graphdef, params), self.data
+        pairs = data.test_pairs[: len(predictions)]
+        if predictions:
+            report.write_predictions(pairs, predictions, folder.path / "predictions.tsv")
+        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=True)]
         if hasattr(model, "cross_attention_weights") and data.test_pairs:
             plot = folder.path / "attention.png"
             report.cross_attention(model, self.tokenizer, data.test_pairs[0], plot)

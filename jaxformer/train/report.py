@@ -1,11 +1,12 @@
 """What a run shows a person: progress while it trains, a line per evaluation, a table of
-held-out examples and the totals at the end, and two plots (loss.png, attention.png).
-matplotlib is imported only when a plot is drawn."""
+held-out examples and the totals at the end, two plots (loss.png, attention.png), and the
+test pairs' predictions (predictions.tsv). matplotlib is imported only when a plot is drawn."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 from typing import Any
 
@@ -57,10 +58,10 @@ class Progress:
             self.bar.close()
 
 
-def eval_line(step: int, m: dict[str, float]) -> str:
-    return f"step {step}: " + _held_out(
-        m["eval_nll"], m["eval_perplexity"], m["eval_token_accuracy"], m.get("exact_match")
-    )
+def eval_line(step: int, m: dict[str, float], averaged_steps: list[int] | None = None) -> str:
+    """One evaluation's results; `averaged_steps`: of the mean of those checkpoints."""
+    what = f"step {step}" if averaged_steps is None else _averaged(averaged_steps)
+    return f"{what}: " + _held_out(m["eval_nll"], m["eval_perplexity"], m["eval_token_accuracy"], m)
 
 
 def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]], out) -> None:
@@ -79,24 +80,55 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
         f"({summary['train_tokens_per_second']:,.0f} target tokens/s), "
         f"{summary['params']:,} parameters"
     )
-    keys = ("eval_nll", "eval_perplexity", "token_accuracy")
-    print(_held_out(*(summary[k] for k in keys), summary.get("exact_match")))
+    if summary.get("averaged_eval"):
+        final = summary["final_eval"]
+        keys = ("eval_nll", "eval_perplexity", "eval_token_accuracy")
+        print("last checkpoint: " + _held_out(*(final[k] for k in keys), final))
+        print(eval_line(summary["steps"], summary["averaged_eval"], summary["averaged_steps"]))
+    else:
+        keys = ("eval_nll", "eval_perplexity", "token_accuracy")
+        print(_held_out(*(summary[k] for k in keys), summary))
     plots = " ".join(p.name for p in sorted(pathlib.Path(out).glob("*.png")))
     print(f"results in {out}/: summary.json metrics.jsonl {plots}")
 
 
-def _held_out(nll: float, perplexity: float, accuracy: float, exact_match: float | None) -> str:
+def _held_out(nll: float, perplexity: float, accuracy: float, scores: dict) -> str:
+    """The losses, then whichever of exact match, BLEU and chrF `scores` holds."""
     text = f"held-out NLL {nll:.4f} (perplexity {perplexity:.3f}), token accuracy {accuracy:.2%}"
-    return text if exact_match is None else f"{text}, exact match {exact_match:.2%}"
+    if scores.get("exact_match") is not None:
+        text += f", exact match {scores['exact_match']:.2%}"
+    for key, name in (("bleu", "BLEU"), ("chrf", "chrF")):
+        if scores.get(key) is not None:
+            text += f", {name} {scores[key]:.2f}"
+    return text
+
+
+def _averaged(steps: list[int]) -> str:
+    return f"mean of the checkpoints of steps {', '.join(map(str, steps))}"
+
+
+def write_predictions(
+    pairs: list[tuple[str, str]], predictions: list[str], path: pathlib.Path
+) -> None:
+    """source<TAB>reference<TAB>prediction, one line per test pair; a tab or line break
+    inside a field becomes a space (which changes neither BLEU's 13a tokens nor chrF)."""
+    rows = [(s, t, p) for (s, t), p in zip(pairs, predictions, strict=True)]
+    text = "".join("\t".join(re.sub(r"[\t\r\n]", " ", f) for f in row) + "\n" for row in rows)
+    path.write_text(text)
 
 
 def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
-    """Train and held-out loss against steps; held-out token accuracy and exact match."""
+    """Train and held-out loss against steps; held-out token accuracy and exact match; and
+    BLEU and chrF in a third panel when the evaluations have them (the mean of the last
+    checkpoints as a star)."""
     plt = _pyplot()
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     train = [r for r in records if "loss" in r]
-    evals = [r for r in records if "eval_loss" in r]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    evals = [r for r in records if "eval_loss" in r and "averaged_steps" not in r]
+    averaged = [r for r in records if "averaged_steps" in r]
+    scored = bool(evals) and "bleu" in evals[0]
+    fig, axes = plt.subplots(1, 3 if scored else 2, figsize=(16 if scored else 11, 4))
+    ax_loss, ax_acc = axes[:2]
     steps = [r["step"] for r in train]
     ax_loss.plot(steps, [r["loss"] for r in train], label="train (label-smoothed)")
     ax_loss.plot(steps, [r["nll"] for r in train], label="train NLL", alpha=0.7)
@@ -108,6 +140,14 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
             ax_acc.plot(steps, [r["exact_match"] for r in evals], "s-", label="exact match")
         ax_acc.set(xlabel="step", ylim=(0, 1.02), title="held-out accuracy")
         ax_acc.legend()
+    if scored:
+        for key, name in (("bleu", "BLEU"), ("chrf", "chrF")):
+            (line,) = axes[2].plot(steps, [r[key] for r in evals], "o-", label=name)
+            for r in averaged:
+                label = f"{name}, mean of {len(r['averaged_steps'])} checkpoints"
+                axes[2].plot([r["step"]], [r[key]], "*", ms=12, color=line.get_color(), label=label)
+        axes[2].set(xlabel="step", ylabel="0-100", title="held-out BLEU and chrF (sacrebleu)")
+        axes[2].legend()
     ax_loss.set(xlabel="step", ylabel="nats per token", yscale="log", title="loss")
     ax_loss.legend()
     _save(fig, out_png)

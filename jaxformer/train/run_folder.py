@@ -4,6 +4,8 @@
     metrics.jsonl    one JSON object per logged step and per evaluation
     summary.json     final metrics, timings, parameter count, the configs
     checkpoints/     orbax checkpoints (the last `keep` of them)
+    averaged/        the mean parameters of the last checkpoints (with average_checkpoints > 1)
+    predictions.tsv  source<TAB>reference<TAB>prediction of each test pair, by the final model
     tokenizer.json   the tokenizer, for `jaxformer generate`
     loss.png, attention.png   plots (`jaxformer.train.report`)
 
@@ -15,10 +17,11 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 from typing import Any
 
 from jaxformer.parallel import is_main_process
-from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.checkpoint import AVERAGED, Checkpointer
 from jaxformer.train.steps import TrainState
 
 
@@ -35,13 +38,16 @@ class RunFolder:
 
     def start(self, *, resume: bool) -> bool:
         """Whether to resume from the latest checkpoint. A fresh start empties the metrics;
-        checkpoints without `resume` are refused (the run would overwrite them)."""
+        checkpoints without `resume` are refused (the run would overwrite them). Averaged
+        parameters of an earlier end are removed (the run's end writes them again)."""
         latest = self.checkpoints.latest_step()
         if latest is not None and not resume:
             raise ValueError(
                 f"{self.path} already holds checkpoints (latest step {latest}); "
                 "pass --resume to continue that run, or choose another --out"
             )
+        if self.is_main:
+            shutil.rmtree(self.path / AVERAGED, ignore_errors=True)
         if latest is None:
             if resume:
                 self.say(f"no checkpoint in {self.checkpoints.directory} yet: starting from step 0")
