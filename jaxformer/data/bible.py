@@ -221,9 +221,6 @@ class BibleTranslation(PairData):
     the dev books. Pairs longer than max_len tokens are dropped from every split and
     counted in `counts` ("too long <split>")."""
 
-    # The held-out metrics, computed on `test_pairs` (names of train.evaluate.METRICS).
-    metrics = ("exact_match",)
-
     def __init__(
         self,
         corpus: BibleCorpus,

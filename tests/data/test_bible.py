@@ -107,7 +107,7 @@ def test_no_book_is_misaligned(name, wyc_web):
 
 def test_translation_data_drops_long_pairs_and_counts_them(wyc_web):
     d = wyc_web.data(TOK, max_len=128, seed=0, test_size=8)
-    assert d.metrics == ("exact_match",) and d.model_kind == "Transformer"
+    assert d.metrics == ("exact_match", "bleu", "chrf") and d.model_kind == "Transformer"
     assert len(d._train) + d.counts["too long train"] == wyc_web.counts["train pairs"]
     assert len(d.test_pairs) == 8 and d.test_pairs[0][0].startswith("And Elymelech")
     batch = d.train_batch(0, 4)
