@@ -196,7 +196,10 @@ def _loss_sums_only(graphdef, params, batch, rng, label_smoothing):
 def _loss_sums_and_activations(graphdef, params, batch, rng, label_smoothing):
     """The loss sums and the `activation_sums` of the internals' sites in the same pass."""
     model = nnx.merge(graphdef, params)
-    with sites.recording(site_patterns(model.config, batch)) as rec:
+    patterns = site_patterns(model.config, batch)
+    if not patterns:  # no per-layer sites (scan_layers, remat): the norms alone
+        return _loss_sums_only(graphdef, params, batch, rng, label_smoothing)
+    with sites.recording(patterns) as rec:
         logits = model_logits(model, batch, rng=rng)
     sums = cross_entropy(
         logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
