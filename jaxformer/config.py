@@ -287,6 +287,9 @@ class RunConfig:
     )
     mesh: str | None = option(None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)")
     pmap: bool = option(False, "data parallel with jax.pmap over this process's devices")
+    log_internals: int | None = option(
+        None, "every N steps log gradient/parameter/update norms, attention entropy, activation RMS"
+    )
 
     def __post_init__(self):
         given = (self.task, self.data_tsv, self.data_text, self.dataset)
@@ -322,6 +325,8 @@ class RunConfig:
         check_int("seed", self.seed, minimum=None)
         if self.bpe_vocab_size is not None:
             check_int("bpe_vocab_size", self.bpe_vocab_size, minimum=300)
+        if self.log_internals is not None:
+            check_int("log_internals", self.log_internals)
         if self.warmup_steps is not None:
             check_int("warmup_steps", self.warmup_steps, minimum=0)
         check_divisible("batch_size", self.batch_size, "accum_steps", self.accum_steps)

@@ -443,6 +443,7 @@ CLI = [
     ("bad lr", ["--lr", "-1"], "lr must be > 0, got -1.0"),
     ("lr not a number", ["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
     ("bad seq-len", ["--seq-len", "0"], "seq_len must be >= 1, got 0"),
+    ("log-internals 0", ["--log-internals", "0"], "log_internals must be >= 1, got 0"),
     ("misspelt flag", ["--stepz", "5"], "unrecognized arguments: --stepz 5; did you mean --steps"),
     ("bad choice", ["--schedule", "linear"], "argument --schedule: invalid choice: 'linear'"),
     ("bad mesh", ["--mesh", "data=3"], f"mesh data=3,fsdp=1,tensor=1 needs 3 devices, but there are {jax.device_count()}"),

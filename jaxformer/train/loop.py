@@ -67,10 +67,13 @@ def train(
     try:
         for step in range(first, run.steps):
             profiler.before(step)
+            step_fn = job.step_for(step + 1)
             with _interrupts_held():
-                state, metrics = job.train_step(state, job.data.train_batch(step, run.batch_size))
+                state, metrics = step_fn(state, job.data.train_batch(step, run.batch_size))
             done = step + 1
             profiler.after(done, state)
+            if "internals" in metrics:
+                folder.log(report.internals_record(done, metrics.pop("internals")))
             record = meter.record(done, metrics, folder)
             if _due(done, run.log_every, run.steps):
                 folder.log(record)
@@ -130,6 +133,7 @@ class _Job:
     train_step: Callable
     eval_step: Callable
     requested_vocab: int
+    internals_step: Callable | None = None  # train_step that also returns metrics["internals"]
 
     @classmethod
     def prepare(cls, model_config: TransformerConfig, run: RunConfig) -> _Job:
@@ -141,7 +145,7 @@ class _Job:
             model, tokenizer, data = _pretrained(run)
             config = model_config = model.config
         check_metrics(data.metrics)
-        graphdef, state, train_fn, eval_fn = _steps(model, config, run)
+        graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
         placement = make_placement(run.mesh, pmap=run.pmap)
         placement.check_rows(
             run.batch_size // run.accum_steps,
@@ -149,10 +153,20 @@ class _Job:
         )
         train_step = placement.compile(train_fn, state, donate_state=True)
         eval_step = placement.compile(eval_fn, state.params)
+        internals_step = internals_fn and placement.compile(internals_fn, state, donate_state=True)
         return cls(
             run, tokenizer, data, config, graphdef, state, count_params(model), placement,
             train_step, eval_step, requested_vocab=model_config.vocab_size,
+            internals_step=internals_step,
         )  # fmt: skip
+
+    def step_for(self, done: int) -> Callable:
+        """The step that makes step `done`: with log_internals N the internals variant on
+        step 1 and every Nth (compiled on first use), else the plain one."""
+        n = self.run.log_internals
+        if n is not None and (done == 1 or done % n == 0):
+            return self.internals_step
+        return self.train_step
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -224,6 +238,8 @@ class _Job:
             return
         folder.write_json("summary.json", summary)
         report.loss_curves(folder.metrics_path, folder.path / "loss.png")
+        if self.run.log_internals is not None:
+            report.internals(folder.metrics_path, folder.path / "internals.png")
         model, data = nnx.merge(self.graphdef, params), self.data
         pairs = data.test_pairs[: len(predictions)]
         if predictions:
@@ -296,7 +312,8 @@ def _fit_config(config: TransformerConfig, tokenizer, data) -> TransformerConfig
 
 
 def _steps(model, config: TransformerConfig, run: RunConfig):
-    """(graphdef, fresh TrainState, pure train step, pure eval step) of a run."""
+    """(graphdef, fresh TrainState, pure train step, pure eval step, pure train step with
+    internals or None) of a run."""
     schedule = make_schedule(
         run.schedule,
         lr=run.peak_lr,
@@ -309,10 +326,18 @@ def _steps(model, config: TransformerConfig, run: RunConfig):
     )
     graphdef, state = create_train_state(model, optimizer, run.seed)
     smoothing = config.label_smoothing
-    train_fn = make_train_step(
-        graphdef, optimizer, schedule, label_smoothing=smoothing, accum_steps=run.accum_steps
+    kw = dict(label_smoothing=smoothing, accum_steps=run.accum_steps)
+    train_fn = make_train_step(graphdef, optimizer, schedule, **kw)
+    internals_fn = None
+    if run.log_internals is not None:
+        internals_fn = make_train_step(graphdef, optimizer, schedule, **kw, internals=True)
+    return (
+        graphdef,
+        state,
+        train_fn,
+        make_eval_step(graphdef, label_smoothing=smoothing),
+        internals_fn,
     )
-    return graphdef, state, train_fn, make_eval_step(graphdef, label_smoothing=smoothing)
 
 
 class _Meter:

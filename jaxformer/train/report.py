@@ -1,6 +1,7 @@
 """What a run shows a person: progress while it trains, a line per evaluation, a table of
-held-out examples and the totals at the end, two plots (loss.png, attention.png), and the
-test pairs' predictions (predictions.tsv). matplotlib is imported only when a plot is drawn."""
+held-out examples and the totals at the end, the plots (loss.png, attention.png, and
+internals.png with --log-internals) and the test pairs' predictions (predictions.tsv).
+matplotlib is imported only when a plot is drawn."""
 
 from __future__ import annotations
 
@@ -151,6 +152,69 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     ax_loss.set(xlabel="step", ylabel="nats per token", yscale="log", title="loss")
     ax_loss.legend()
     _save(fig, out_png)
+
+
+def internals_record(step: int, internals: dict) -> dict[str, float]:
+    """A metrics.jsonl record of the train step's internals: flat `internals/<key>` keys."""
+    return {"step": step, **{f"internals/{k}": float(v) for k, v in internals.items()}}
+
+
+def internals(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
+    """The internals records over steps: gradient, parameter and update norm per module,
+    attention entropy per head (a heatmap), activation RMS per layer, the global norms."""
+    plt = _pyplot()
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    records = [r for r in records if "internals/grad_norm" in r]
+    steps = [r["step"] for r in records]
+    series = {
+        k.removeprefix("internals/"): [r.get(k, np.nan) for r in records] for k in records[-1]
+    }
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
+    modules = [k.removeprefix("grad_norm/") for k in series if k.startswith("grad_norm/")]
+    colours = plt.get_cmap("tab20")(np.arange(len(modules)) % 20)
+    for ax, kind in zip(axes[0], ("grad_norm", "param_norm", "update_norm"), strict=True):
+        for module, colour in zip(modules, colours, strict=True):
+            ax.plot(steps, series[f"{kind}/{module}"], color=colour, label=module, lw=1)
+        ax.set(xlabel="step", yscale="log", title=kind.replace("_", " ") + " per module")
+    axes[0, 2].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _entropy_map(fig, axes[1, 0], steps, series)
+    ax = axes[1, 1]
+    for key in (k for k in series if k.startswith("activation_rms/")):
+        ax.plot(steps, series[key], label=key.removeprefix("activation_rms/"), marker=".")
+    ax.set(xlabel="step", title="residual stream RMS after each layer")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    else:
+        ax.set_title("no activation sites (scan_layers or remat)")
+    ax = axes[1, 2]
+    for kind in ("grad_norm", "update_norm", "param_norm"):
+        ax.plot(steps, series[kind], label=kind.replace("_", " "), marker=".")
+    ax.set(xlabel="step", yscale="log", title="global norms")
+    ax.legend(fontsize=7)
+    _save(fig, out_png)
+
+
+def _entropy_map(fig, ax, steps: list[int], series: dict[str, list[float]]) -> None:
+    """Attention entropy (nats) per head: a row per (layer, attention, head), a column per step."""
+    keys = [k for k in series if k.startswith("attention_entropy/")]
+    if not keys:
+        ax.set_title("no attention weights (scan/remat, or not the xla kernel)")
+        return
+    image = ax.imshow(
+        np.array([series[k] for k in keys]), aspect="auto", cmap="viridis", interpolation="nearest"
+    )
+    short = {
+        "encoder": "enc",
+        "decoder": "dec",
+        "self_attention": "self",
+        "cross_attention": "cross",
+    }
+    labels = [" ".join(short.get(p, p) for p in k.split("/")[1:]) for k in keys]
+    ax.set_yticks(range(len(keys)), labels, fontsize=max(4, min(7, 300 // len(keys))))
+    ticks = np.linspace(0, len(steps) - 1, min(len(steps), 6)).astype(int)
+    ax.set_xticks(ticks, [steps[i] for i in ticks])
+    ax.set(xlabel="step", title="attention entropy per head (nats)")
+    fig.colorbar(image, ax=ax)
 
 
 @nnx.jit

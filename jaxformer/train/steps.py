@@ -20,9 +20,11 @@ import optax
 from flax import nnx, struct
 
 from jaxformer.checks import check_instance, check_int, check_number
+from jaxformer.functional import sites
 from jaxformer.models import DecoderLM, Transformer
 from jaxformer.nn.sharding import constrain_batch
 from jaxformer.parallel import per_replica_key, sum_over_replicas
+from jaxformer.train.internals import activation_sums, dynamics, site_patterns
 from jaxformer.train.losses import LossSums, cross_entropy
 
 Batch = dict[str, jax.Array]
@@ -105,6 +107,7 @@ def make_train_step(
     *,
     label_smoothing: float,
     accum_steps: int = 1,
+    internals: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """The pure step `(state, batch) -> (state, metrics)`: compile it with
     `jax.jit(step, donate_argnums=0)` or a placement's `compile(..., donate_state=True)`.
@@ -113,22 +116,29 @@ def make_train_step(
     gradients are summed in float32 before one update: the same update as the whole batch.
     Loss sums and gradients are summed over pmap replicas (`sum_over_replicas`) before
     the update; on one device or a mesh that is the identity.
+
+    With `internals`, metrics["internals"] also holds the training dynamics of
+    `jaxformer.train.internals` (norms per module, attention entropy per head, activation
+    RMS per layer), the activations read at named sites of the forward pass that computes
+    the loss (no second pass). It is a second program: the loop runs it on the logged
+    steps only, so the other steps run the step without, whose program is unchanged.
     """
     check_int("accum_steps", accum_steps)
     check_number("label_smoothing", label_smoothing, "[0, 1)")
+    forward = _loss_sums_and_activations if internals else _loss_sums_only
 
     def sums_and_grads(params, batch, rng):
         def loss_sum(params):
-            sums = _loss_sums(graphdef, params, batch, rng, label_smoothing)
-            return sums.loss, sums
+            sums, activations = forward(graphdef, params, batch, rng, label_smoothing)
+            return sums.loss, (sums, activations)
 
-        (_, sums), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
-        return sums, grads
+        (_, aux), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+        return aux, grads
 
     def step(state: TrainState, batch: Batch):
         step_rng = per_replica_key(jax.random.fold_in(state.rng, state.step))
         if accum_steps == 1:
-            sums, grads = sums_and_grads(state.params, batch, step_rng)
+            (sums, activations), grads = sums_and_grads(state.params, batch, step_rng)
         else:
             micro = jax.tree.map(_split_leading(accum_steps), batch)
             micro = jax.tree.map(lambda x: constrain_batch(x, batch_axis=1), micro)
@@ -142,8 +152,10 @@ def make_train_step(
             zeros = jax.tree.map(
                 jnp.zeros_like, jax.eval_shape(sums_and_grads, state.params, first, step_rng)
             )
-            (sums, grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accum_steps), micro))
-        sums, grads = sum_over_replicas((sums, grads))
+            ((sums, activations), grads), _ = jax.lax.scan(
+                add, zeros, (jnp.arange(accum_steps), micro)
+            )
+        sums, activations, grads = sum_over_replicas((sums, activations, grads))
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums.tokens, 1.0), grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -151,6 +163,8 @@ def make_train_step(
             "lr": schedule(state.step),
             "grad_norm": optax.tree.norm(grads),
         }
+        if internals:
+            metrics["internals"] = dynamics(grads, state.params, params, activations)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
 
@@ -173,6 +187,24 @@ def _loss_sums(graphdef, params, batch, rng, label_smoothing) -> LossSums:
     return cross_entropy(
         logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
     )
+
+
+def _loss_sums_only(graphdef, params, batch, rng, label_smoothing):
+    return _loss_sums(graphdef, params, batch, rng, label_smoothing), {}
+
+
+def _loss_sums_and_activations(graphdef, params, batch, rng, label_smoothing):
+    """The loss sums and the `activation_sums` of the internals' sites in the same pass."""
+    model = nnx.merge(graphdef, params)
+    patterns = site_patterns(model.config, batch)
+    if not patterns:  # no per-layer sites (scan_layers, remat): the norms alone
+        return _loss_sums_only(graphdef, params, batch, rng, label_smoothing)
+    with sites.recording(patterns) as rec:
+        logits = model_logits(model, batch, rng=rng)
+    sums = cross_entropy(
+        logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
+    )
+    return sums, activation_sums(rec.values, batch)
 
 
 def _split_leading(k: int) -> Callable[[Any], Any]:
