@@ -187,7 +187,7 @@ def _band(ax, evals: list[list[dict]], key: str, label: str, color: str) -> None
         return
     steps = sorted(by_step)
     values = [by_step[s] for s in steps]
-    ax.plot(steps, [sum(v) / len(v) for v in values], color=color, label=label)
+    ax.plot(steps, [sum(v) / len(v) for v in values], "o-", color=color, label=label)
     ax.fill_between(
         steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2
     )
