@@ -290,6 +290,9 @@ class RunConfig:
     log_internals: int | None = option(
         None, "every N steps log gradient/parameter/update norms, attention entropy, activation RMS"
     )
+    tensorboard: bool = option(
+        False, "also write the metrics as TensorBoard event files in <out>/tensorboard"
+    )
 
     def __post_init__(self):
         given = (self.task, self.data_tsv, self.data_text, self.dataset)

@@ -33,7 +33,7 @@ from jaxformer.train import report
 from jaxformer.train.checkpoint import abstract_train_state, save_averaged
 from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, predict
 from jaxformer.train.optim import make_optimizer, make_schedule
-from jaxformer.train.run_folder import RunFolder
+from jaxformer.train.run_folder import RunFolder, tensorboard_writer
 from jaxformer.train.steps import (
     TrainState,
     create_train_state,
@@ -61,6 +61,8 @@ def train(
     job = _Job.prepare(model_config, run)  # everything that can fail before the folder exists
     folder = RunFolder(run.out, keep_checkpoints=run.keep_checkpoints)
     state, first = job.start(folder, resume=resume)
+    if run.tensorboard:
+        folder.open_tensorboard(first)
     shown = report.Progress(progress and folder.is_main, first, run.steps)
     meter, last_eval, predictions = _Meter(first, started), {}, []
     profiler = _Profiler(run.profile_steps, folder)
@@ -145,6 +147,8 @@ class _Job:
             model, tokenizer, data = _pretrained(run)
             config = model_config = model.config
         check_metrics(data.metrics)
+        if run.tensorboard:
+            tensorboard_writer()  # installed, before the folder exists
         graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
         placement = make_placement(run.mesh, pmap=run.pmap)
         placement.check_rows(

@@ -8,6 +8,7 @@
     predictions.tsv  source<TAB>reference<TAB>prediction of each test pair, by the final model
     tokenizer.json   the tokenizer, for `jaxformer generate`
     loss.png, attention.png   plots (`jaxformer.train.report`)
+    tensorboard/     with tensorboard=True: every logged number as a TensorBoard scalar
 
 Every process of a multi-process run opens the folder (orbax writes checkpoints with all
 of them); only process 0 writes the other files and prints.
@@ -35,6 +36,7 @@ class RunFolder:
         self.is_main = is_main_process()
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
+        self.tensorboard = None
 
     def start(self, *, resume: bool) -> bool:
         """Whether to resume from the latest checkpoint. A fresh start empties the metrics;
@@ -69,11 +71,26 @@ class RunFolder:
     def save(self, state: TrainState, meta: dict[str, Any]) -> None:
         self.checkpoints.save(state, meta)
 
-    def log(self, record: dict[str, Any]) -> None:
-        """Append one record to metrics.jsonl."""
+    def open_tensorboard(self, first_step: int) -> None:
+        """From now on also write each logged number as a TensorBoard scalar (tensorboardX)
+        in <path>/tensorboard; events past `first_step` of an earlier try are hidden, as
+        metrics.jsonl drops them on resume."""
         if self.is_main:
-            with self.metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            self.tensorboard = tensorboard_writer()(
+                str(self.path / "tensorboard"), purge_step=first_step + 1
+            )
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Append one record to metrics.jsonl (and to TensorBoard when open)."""
+        if not self.is_main:
+            return
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            for name, value in record.items():
+                if name != "step" and isinstance(value, int | float):
+                    self.tensorboard.add_scalar(name, value, record["step"])
+            self.tensorboard.flush()
 
     def write_json(self, name: str, value: Any) -> None:
         self._write(name, json.dumps(value, indent=1))
@@ -84,7 +101,20 @@ class RunFolder:
 
     def close(self) -> None:
         self.checkpoints.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
     def _write(self, name: str, text: str) -> None:
         if self.is_main:
             (self.path / name).write_text(text)
+
+
+def tensorboard_writer():
+    """tensorboardX's SummaryWriter, or an error saying how to install it."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        raise ImportError(
+            "tensorboard=True writes event files with tensorboardX: pip install 'jaxformer[tensorboard]'"
+        ) from None
+    return SummaryWriter
