@@ -110,7 +110,10 @@ def test_a_converted_marian_fine_tunes_on_a_task_and_generates(tmp_path, capsys)
 def test_init_from_refuses_a_mismatch_with_the_data(tmp_path):
     folder, _ = _folder(tmp_path, "gpt2")
     run = jf.RunConfig(task="dates", init_from=str(folder), steps=2, out=str(tmp_path / "r"), **RUN)
-    with pytest.raises(ValueError, match="holds a DecoderLM, which trains on text \\(data_text, or a dataset VER-lm\\)"):
+    with pytest.raises(
+        ValueError,
+        match="holds a DecoderLM, which trains on text \\(data_text, or a dataset VER-lm\\)",
+    ):
         loop.train(jf.TransformerConfig.tiny(1), run, progress=False)
     with pytest.raises(ValueError, match="init_from brings its tokenizer"):
         jf.RunConfig(data_text="x.txt", init_from=str(folder), tokenizer="bpe")
