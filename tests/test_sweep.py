@@ -88,6 +88,17 @@ def test_bad_specs_are_one_clear_error(tmp_path, capsys, fields, message):
     assert not (tmp_path / "sweep").exists()  # nothing ran
 
 
+def test_predictions_with_any_character_pair_up(tmp_path):
+    """A prediction may hold characters that str.splitlines() splits at ("\x1c", "\x85")."""
+    from jaxformer.train.report import write_predictions
+
+    (tmp_path / "summary.json").write_text("{}")
+    pairs = [("abc", "abc"), ("de", "ed")]
+    write_predictions(pairs, ["a\x1cb\x85", "e\td"], tmp_path / "predictions.tsv")
+    rows = sweep.report._predictions(tmp_path)
+    assert rows == [("abc", "abc", "a\x1cb\x85"), ("de", "ed", "e d")]
+
+
 def test_each_run_is_an_ordinary_train_command(tmp_path):
     spec = sweep.Spec.load(write_spec(tmp_path))
     args = sweep.train_command(spec, "sq", 1)

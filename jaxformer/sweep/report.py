@@ -91,8 +91,10 @@ def _predictions(folder: pathlib.Path) -> list[tuple[str, str, str]] | None:
     path = folder / "predictions.tsv"
     if not (folder / "summary.json").exists() or not path.exists():
         return None
-    rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()]
-    return [tuple(row) for row in rows]
+    # Lines end in "\n" alone: an untrained model's prediction may hold "\x1c" or "\x85",
+    # where splitlines() would split too.
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    return [tuple(line.split("\t")) for line in lines]
 
 
 def markdown(results: dict) -> str:

@@ -115,7 +115,7 @@ def write_predictions(
     inside a field becomes a space (which changes neither BLEU's 13a tokens nor chrF)."""
     rows = [(s, t, p) for (s, t), p in zip(pairs, predictions, strict=True)]
     text = "".join("\t".join(re.sub(r"[\t\r\n]", " ", f) for f in row) + "\n" for row in rows)
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
 
 
 def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
