@@ -136,16 +136,20 @@ def _seeds(value, path) -> tuple[int, ...]:
 
 
 def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
-    """`jaxformer train ...` for one run: the model as a JSON file in the run folder, every
-    run field as an option, and --resume (a fresh folder starts at step 0)."""
+    """`jaxformer train ...` for one run: the model as a JSON file in the run folder, each
+    run field that differs from its default as an option, and --resume (a fresh folder
+    starts at step 0)."""
     model, run = spec.configs(variant, seed)
     folder = spec.folder(variant, seed)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.json").write_text(json.dumps(model.to_dict(), indent=2))
     args = ["train", "--config", str(folder / "model.json"), "--resume", "--no-progress"]
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
     for name in RUN_FIELDS:
         value = getattr(run, name)
         flag = "--" + name.replace("_", "-")
+        if value == defaults[name] and name not in SWEEP_OWNS:
+            continue  # the command's default (config.json records every field)
         if isinstance(value, bool):
             args.append(flag if value else "--no-" + flag[2:])
         else:
