@@ -110,6 +110,7 @@ def test_each_run_is_an_ordinary_train_command(tmp_path):
     assert model["activation"] == "squared_relu" and model["d_model"] == 16
 
 
+@pytest.mark.slow  # five CLI runs: 70 s of a cold quick suite
 def test_sweep_writes_its_table_and_reruns_only_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")  # the runs: one CPU device, not conftest's eight
     spec = sweep.Spec.load(write_spec(tmp_path))
