@@ -20,6 +20,8 @@ FIGURES = (
     ("wall_seconds", "wall s", "{:.0f}"),
 )
 
+TITLES = {key: title for key, title, _ in FIGURES}
+
 
 def write(spec) -> dict:
     """Collect every run of `spec` (a `sweep.Spec`), write the three files, return the results."""
@@ -105,7 +107,9 @@ def markdown(results: dict) -> str:
         (k for k in ("bleu", "exact_match") if any(k in r.get("p_value", {}) for r in rows)), None
     )
     head = (
-        ["variant", "runs"] + [title for _, title, _ in shown] + ([f"p ({main})"] if main else [])
+        ["variant", "runs"]
+        + [title for _, title, _ in shown]
+        + ([f"p ({TITLES[main]})"] if main else [])
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in results["variants"].items():

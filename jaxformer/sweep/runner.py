@@ -174,7 +174,9 @@ def run(spec: Spec, *, jobs: int | None = None, say=print) -> dict:
     todo = [(v, s) for v in spec.variants for s in spec.seeds]
     pending = [(v, s) for v, s in todo if status(spec.folder(v, s)) == "pending"]
     say(f"sweep {spec.out}: {len(todo)} runs, {len(todo) - len(pending)} already ended")
-    slots = list(range(jobs or max(1, _gpu_count())))
+    gpus = _gpu_count()
+    slots = list(range(jobs or max(1, gpus)))
+    pin = len(slots) > 1 and gpus >= len(slots)  # each slot runs on its own GPU
     running: dict[int, tuple] = {}
     done = len(todo) - len(pending)
     while pending or running:
@@ -184,7 +186,7 @@ def run(spec: Spec, *, jobs: int | None = None, say=print) -> dict:
             running[slot] = (
                 variant,
                 seed,
-                _launch(spec, variant, seed, slot, len(slots)),
+                _launch(spec, variant, seed, gpu=slot if pin else None),
                 time.time(),
             )
         time.sleep(0.2)
@@ -205,14 +207,14 @@ def _gpu_count() -> int:
     return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
-def _launch(spec: Spec, variant: str, seed: int, slot: int, slots: int) -> subprocess.Popen:
+def _launch(spec: Spec, variant: str, seed: int, *, gpu: int | None) -> subprocess.Popen:
     args = train_command(spec, variant, seed)
     folder = spec.folder(variant, seed)
     command = [sys.executable, "-m", "jaxformer", *args]
     (folder / "command.txt").write_text("jaxformer " + " ".join(args) + "\n")
     env = dict(os.environ)
-    if slots > 1 and _gpu_count() >= slots:
-        env["CUDA_VISIBLE_DEVICES"] = str(slot)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     with open(folder / "train.log", "a") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
