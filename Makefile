@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 RUN    := $(VENV)/.installed-run
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: train test test-all test-gpu lint bench clean
+.PHONY: train test test-all test-gpu lint bench bench-xla clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
 # torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk,
@@ -51,10 +51,14 @@ BENCH_ENV := $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC),$(GLIBC_TUNED))
 
 # The torch baseline uses the torch==2.13.0 that $(DEV) installs.
 bench: $(DEV)
-	$(BENCH_ENV) $(PY) experiments/xla_vs_eager.py --quick
+	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick
 	$(BENCH_ENV) $(PY) experiments/attention_bench.py --quick
 	$(BENCH_ENV) $(PY) experiments/throughput.py --quick
 	$(PY) experiments/update_readme.py
+
+# The XLA-vs-eager lab at full size: results/xla_vs_eager/report.md, report.json, PNGs.
+bench-xla: $(DEV)
+	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager
 
 lint: $(DEV)
 	$(PY) -m ruff check jaxformer experiments tests

@@ -1,7 +1,6 @@
 """Rewrite the README's Performance tables from the latest benchmark results.
 
-Reads results/{throughput,attention_bench,xla_vs_eager}.json (written by the three
-benchmarks) and replaces the text between `<!-- bench:start -->` and `<!-- bench:end -->`
+Reads results/{throughput,attention_bench}.json (written by the two benchmarks) and replaces the text between `<!-- bench:start -->` and `<!-- bench:end -->`
 in README.md. Run by `make bench` after the benchmarks.
 
     python experiments/update_readme.py [--results results] [--readme README.md]
@@ -85,38 +84,6 @@ def attention_table(r: dict) -> list[str]:
     return lines
 
 
-def xla_vs_eager_table(r: dict) -> list[str]:
-    lines = [
-        "**XLA vs eager** (`python experiments/xla_vs_eager.py --quick`; every row in "
-        "`results/xla_vs_eager.md`, plot in `results/xla_vs_eager.png`): per workload, the "
-        "range over sizes and batch sizes of the `jax.jit` speed-up over eager op-by-op calls "
-        "and of the calls needed before compiling pays off.",
-        "",
-        "| workload | eager ms | jit ms | speed-up | trace + lower + compile s | break-even calls |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    workloads = dict.fromkeys(row["workload"] for row in r["rows"])
-    for name in workloads:
-        rows = [row for row in r["rows"] if row["workload"] == name]
-
-        def span(key, fmt, rows=rows):
-            values = [row[key] for row in rows]
-            return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
-
-        build = [row["trace_s"] + row["lower_s"] + row["compile_s"] for row in rows]
-        calls = [row["break_even_calls"] for row in rows]
-        calls_text = (
-            f"{min(c for c in calls if c is not None)}-{max(c for c in calls if c is not None)}"
-        )
-        if any(c is None for c in calls):
-            calls_text += " (or never)"
-        lines.append(
-            f"| {name} | {span('eager_ms', '{:.1f}')} | {span('jit_ms', '{:.2f}')} | "
-            f"{span('speedup', '{:.1f}')}x | {min(build):.1f}-{max(build):.1f} | {calls_text} |"
-        )
-    return lines
-
-
 def render(results: pathlib.Path) -> str:
     parts = []
     tp_path = results / "throughput.json"
@@ -125,7 +92,6 @@ def render(results: pathlib.Path) -> str:
     for name, table in (
         ("throughput.json", throughput_table),
         ("attention_bench.json", attention_table),
-        ("xla_vs_eager.json", xla_vs_eager_table),
     ):
         path = results / name
         if path.exists():

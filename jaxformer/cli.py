@@ -119,7 +119,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     w.add_argument(
         "--jobs", type=int, metavar="N", help="runs at once (default: one per GPU, or 1)"
     )
-    return parser, {"train": t, "generate": g, "sweep": w}
+    b = sub.add_parser(
+        "bench",
+        help="benchmarks: xla-vs-eager",
+        description="Benchmarks that write a report. xla-vs-eager: when jax.jit pays off "
+        "against eager execution, why, and how it compares with torch eager and "
+        "torch.compile (see jaxformer.bench.xla_vs_eager).",
+    )
+    b.add_argument("benchmark", choices=["xla-vs-eager"])
+    from jaxformer.bench import xla_vs_eager
+
+    xla_vs_eager.add_arguments(b)
+    return parser, {"train": t, "generate": g, "sweep": w, "bench": b}
 
 
 def _add_fields(group, cls, *, keep_defaults: bool) -> None:
@@ -341,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "bench":
+            from jaxformer.bench import xla_vs_eager
+
+            xla_vs_eager.run(args)
+            return 0
         _use_compilation_cache(not args.no_compile_cache)
         from jaxformer.functional.registry import import_variants
 

@@ -1,7 +1,7 @@
 """Imports flow one way through the package, read from the source with `ast`:
 
     checks <- data, functional <- config <- nn <- models <- decode, parallel, interop
-           <- train <- sweep <- cli
+           <- train <- sweep, bench <- cli
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
 room below it, never one above or beside it. `functional/` (and the checks) import no
@@ -27,6 +27,7 @@ RANKS = {
     "interop": 5,
     "train": 6,
     "sweep": 7,
+    "bench": 7,
     "cli": 8,
     "__main__": 9,
 }

@@ -35,8 +35,8 @@ def test_quick_run_reports_throughput(tmp_path):
     assert result["params"] == 544_256
     peak = lm_throughput.peak_tflops(result["device"])  # None on a CPU: no MFU then
     assert result["mfu"] == (
-        None if peak is None else pytest.approx(result["tflops"] / peak, rel=0.02)
-    )
+        None if peak is None else pytest.approx(result["tflops"] / peak, rel=0.02, abs=5e-5)
+    )  # MFU is rounded to 4 places (on an H100 this run's is 0.0011 for 0.00106)
     expected = lm_throughput.flops_per_token(544_256, 2, 128, 128) * 8 * 128
     measured = expected / (result["step_ms"] / 1e3) / 1e12
     assert result["tflops"] == pytest.approx(measured, rel=0.02, abs=5e-4)  # rounded to 3 places
