@@ -166,13 +166,23 @@ class BibleCorpus:
         return [text for _, src, tgt in self.splits["train"] for text in (src, tgt)]
 
     def data(
-        self, tokenizer: Tokenizer, *, max_len: int, seed: int = 0, test_size: int = 1000
+        self,
+        tokenizer: Tokenizer,
+        *,
+        max_len: int,
+        seed: int = 0,
+        test_size: int = 1000,
+        pad_multiple: int = 16,
     ) -> BibleTranslation | BibleLM:
         """The dataset with `tokenizer`: pairs longer than max_len tokens (with EOS) are
-        dropped and counted; an LM packs rows of max_len tokens."""
+        dropped and counted, batches padded to a multiple of pad_multiple tokens; an LM
+        packs rows of max_len tokens."""
         if self.lm:
             return BibleLM(self, tokenizer, seq_len=max_len, seed=seed)
-        return BibleTranslation(self, tokenizer, max_len=max_len, seed=seed, test_size=test_size)
+        return BibleTranslation(
+            self, tokenizer, max_len=max_len, seed=seed, test_size=test_size,
+            pad_multiple=pad_multiple,
+        )  # fmt: skip
 
     def description(self) -> str:
         """One line for the run log: what was kept and dropped."""
@@ -229,6 +239,7 @@ class BibleTranslation(PairData):
         max_len: int,
         seed: int = 0,
         test_size: int = 1000,
+        pad_multiple: int = 16,
     ):
         self.counts = dict(corpus.counts)
         kept = {}
@@ -244,8 +255,9 @@ class BibleTranslation(PairData):
             f"train {self.counts['too long train']:,}, dev {self.counts['too long dev']:,}"
         )
         super().__init__(
-            kept["train"], kept["dev"], tokenizer, max_len=max_len, seed=seed, test_size=test_size
-        )
+            kept["train"], kept["dev"], tokenizer, max_len=max_len, seed=seed,
+            test_size=test_size, pad_multiple=pad_multiple,
+        )  # fmt: skip
 
 
 class BibleLM(DocumentData):

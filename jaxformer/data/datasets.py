@@ -27,7 +27,6 @@ from jaxformer.data import tasks as tasks_lib
 from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
 Batch = dict[str, np.ndarray]
-_BUCKET = 16  # pad lengths of file data to a multiple of this, to bound recompilation
 
 
 def encode_pairs(
@@ -64,6 +63,7 @@ class TaskData:
         seed: int = 0,
         test_size: int = 1000,
         vocab_size: int | None = None,
+        pad_multiple: int = 16,
     ):
         _check_vocab(tokenizer, vocab_size)
         self.task = tasks_lib.get_task(task)
@@ -96,7 +96,8 @@ class TaskData:
 
 class PairData:
     """Translation pairs: epoch-wise shuffles of the training pairs; within a pool of 50
-    batches, pairs of similar length are batched together and padded to a multiple of 16.
+    batches, pairs of similar length are batched together and padded to a multiple of
+    `pad_multiple` tokens (a bound on the shapes XLA compiles for).
     `train` and `test` hold (source, target, (source ids, target ids)); the first
     `test_size` test pairs are held out for evaluation."""
 
@@ -112,7 +113,10 @@ class PairData:
         max_len: int,
         seed: int = 0,
         test_size: int = 1000,
+        pad_multiple: int = 16,
     ):
+        check_int("pad_multiple", pad_multiple)
+        self.pad_multiple = pad_multiple
         self.tokenizer = tokenizer
         self.seed = seed
         self.max_len = max_len
@@ -152,8 +156,8 @@ class PairData:
 
     def _encode(self, ids: list[tuple[list[int], list[int]]]) -> Batch:
         real = [p for p in ids if p is not None]
-        src_len = min(_round_up(max(len(s) + 1 for s, _ in real), _BUCKET), self.max_len)
-        tgt_len = min(_round_up(max(len(t) + 1 for _, t in real), _BUCKET), self.max_len)
+        src_len = min(_round_up(max(len(s) + 1 for s, _ in real), self.pad_multiple), self.max_len)
+        tgt_len = min(_round_up(max(len(t) + 1 for _, t in real), self.pad_multiple), self.max_len)
         return _pack_ids(ids, self.tokenizer, src_len, tgt_len)
 
 
@@ -182,6 +186,7 @@ class TsvData(PairData):
         seed: int = 0,
         test_size: int = 1000,
         vocab_size: int | None = None,
+        pad_multiple: int = 16,
     ):
         check_int("max_len", max_len)
         _check_vocab(tokenizer, vocab_size)
@@ -212,7 +217,10 @@ class TsvData(PairData):
             raise ValueError(f"{path}: no training pairs (need non-empty source<TAB>target lines)")
         if not test:  # a tiny file: hold out its last pair
             test.append(train.pop())
-        super().__init__(train, test, tokenizer, max_len=max_len, seed=seed, test_size=test_size)
+        super().__init__(
+            train, test, tokenizer, max_len=max_len, seed=seed, test_size=test_size,
+            pad_multiple=pad_multiple,
+        )  # fmt: skip
 
 
 class DocumentData:

@@ -262,8 +262,9 @@ def build_data(run: RunConfig, tokenizer=None):
         corpus = bible.load(run.dataset)
         tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
         data = corpus.data(
-            tokenizer, max_len=run.seq_len, seed=run.seed, test_size=run.eval_examples
-        )
+            tokenizer, max_len=run.seq_len, seed=run.seed, test_size=run.eval_examples,
+            pad_multiple=run.pad_multiple,
+        )  # fmt: skip
         return tokenizer, data
 
     def lines():
@@ -274,8 +275,9 @@ def build_data(run: RunConfig, tokenizer=None):
         return tokenizer, TaskData(run.task, tokenizer, seed=run.seed, test_size=run.eval_examples)
     if run.data_tsv:
         data = TsvData(
-            run.data_tsv, tokenizer, max_len=run.seq_len, seed=run.seed, test_size=run.eval_examples
-        )
+            run.data_tsv, tokenizer, max_len=run.seq_len, seed=run.seed,
+            test_size=run.eval_examples, pad_multiple=run.pad_multiple,
+        )  # fmt: skip
         return tokenizer, data
     return tokenizer, TextData(run.data_text, tokenizer, seq_len=run.seq_len, seed=run.seed)
 

@@ -89,6 +89,25 @@ def test_tsv_data(tmp_path):
     assert 0 < len(d.test_pairs) < 200
 
 
+def test_pad_multiple_sets_the_padded_lengths(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"source {i}\ttarget {'x' * (i % 40)}\n" for i in range(200)))
+    wide = data.TsvData(path, TOK, max_len=96, seed=0, pad_multiple=64)
+    fine = data.TsvData(path, TOK, max_len=96, seed=0, pad_multiple=8)
+    lengths = {wide.train_batch(i, 8)["tgt_in"].shape[1] for i in range(20)}
+    assert lengths <= {64, 96}  # multiples of 64, capped at max_len
+    b_wide, b_fine = wide.train_batch(0, 8), fine.train_batch(0, 8)
+    assert (
+        b_fine["tgt_in"].shape[1] % 8 == 0
+        and b_fine["tgt_in"].shape[1] <= b_wide["tgt_in"].shape[1]
+    )
+    n = b_fine["tgt_in"].shape[1]  # the same pairs: only the padding differs
+    np.testing.assert_array_equal(b_wide["tgt_in"][:, :n], b_fine["tgt_in"])
+    assert not b_wide["tgt_valid"][:, n:].any()
+    with pytest.raises(ValueError, match="pad_multiple must be >= 1"):
+        data.TsvData(path, TOK, max_len=96, pad_multiple=0)
+
+
 @pytest.mark.parametrize(
     "content,match",
     [
