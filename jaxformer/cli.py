@@ -127,9 +127,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "torch.compile (see jaxformer.bench.xla_vs_eager).",
     )
     b.add_argument("benchmark", choices=["xla-vs-eager"])
-    from jaxformer.bench import xla_vs_eager
-
-    xla_vs_eager.add_arguments(b)
+    b.add_argument("--quick", action="store_true", help="a small model and scale sweep (CI-sized)")
+    b.add_argument("--out", default="results/xla_vs_eager", help="the report's folder")
+    b.add_argument("--rounds", type=int, default=30, help="timed calls per cell (>= 6)")
+    b.add_argument("--no-torch", action="store_true", help="leave out torch's modes")
+    b.add_argument("--no-scale", action="store_true", help="leave out the scale sweep")
     return parser, {"train": t, "generate": g, "sweep": w, "bench": b}
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pathlib
 
+from jaxformer.bench.stats import faster
+
 
 def _ms(ci: dict | None) -> str:
     if ci is None:
@@ -17,6 +19,11 @@ def _calls(n: int | None) -> str:
 
 def _mib(n: float | None) -> str:
     return "" if n is None else f"{n / 2**20:.1f}"
+
+
+def _speedup(slow: dict, fast: dict) -> str:
+    """slow / fast medians, marked * where the intervals overlap."""
+    return f"{slow['median'] / fast['median']:.1f}x" + ("" if faster(slow, fast) else "*")
 
 
 def markdown(result: dict) -> str:
@@ -41,20 +48,23 @@ def markdown(result: dict) -> str:
         ratio = t["torch"]["median"] / t["jit"]["median"] if "torch" in t else None
         lines.append(
             f"| {r['workload']} | " + " | ".join(_ms(t[mode]) for mode in modes)
-            + f" | {t['eager']['median'] / t['jit']['median']:.1f}x | "
+            + f" | {_speedup(t['eager'], t['jit'])} | "
             + ("" if ratio is None else f"{ratio:.2f}") + " |"
         )  # fmt: skip
+    checked = rows + (result.get("scale") or [])
     flagged = [
-        f"{r['workload']}/{mode} ({a['max_abs_diff']:.2g})"
-        for r in rows
+        f"{r['workload']} {r.get('axis', '')} {r.get('value', '')} {mode} ({a['max_abs_diff']:.2g})"
+        for r in checked
         for mode, a in r["agreement"].items()
         if not a["agrees"]
     ]
-    worst = max(a["max_abs_diff"] for r in rows for a in r["agreement"].values())
+    worst = max(a["max_abs_diff"] for r in checked for a in r["agreement"].values())
     lines += [
         "",
-        f"Outputs: every mode agrees with jit within {result['tolerance']:g} of the largest "
-        f"output (largest difference {worst:.2g})."
+        "A speed-up marked * is within the noise: the two intervals overlap.",
+        "",
+        f"Outputs, here and in the scale sweep: every mode agrees with jit within "
+        f"{result['tolerance']:g} of the largest output (largest difference {worst:.2g})."
         if not flagged
         else f"**Outputs that disagree with jit** (max abs difference): {', '.join(flagged)}.",
         "",
@@ -102,11 +112,14 @@ def _why(result: dict) -> list[str]:
         planned = (
             None if plan is None else plan["arguments"] + plan["outputs"] + plan["temporaries"]
         )
-        peak = {k: None if v is None else v["peak_rise_bytes"] for k, v in mem.items()}
+        peak = {
+            k: f"failed: {v['error']}" if "error" in v else _mib(v["peak_rise_bytes"])
+            for k, v in mem.items()
+        }
         lines.append(
             f"| {r['workload']} | {c['jaxpr_equations']:,} | {c['hlo_ops_before']:,} | "
             f"{c['hlo_ops_after']:,} | {c['fusions']:,} | {per_eq:.1f} | {_mib(planned)} | "
-            f"{_mib(peak['eager'])} | {_mib(peak['jit'])} |"
+            f"{peak['eager']} | {peak['jit']} |"
         )
     profiled = [r for r in result["workloads"] if r.get("gpu_profile")]
     if profiled:
@@ -162,7 +175,7 @@ def _scale(rows: list[dict]) -> list[str]:
         lines.append(
             f"| {r['axis']} | {r['value']} | {_ms(t['eager'])} | {_ms(t['jit'])} | "
             f"{_ms(t.get('torch'))} | {_ms(t.get('torch.compile'))} | "
-            f"{t['eager']['median'] / t['jit']['median']:.1f}x | {_calls(b['jit'])} | "
+            f"{_speedup(t['eager'], t['jit'])} | {_calls(b['jit'])} | "
             f"{_calls(b['torch.compile']) if 'torch.compile' in b else ''} |"
         )
     return lines

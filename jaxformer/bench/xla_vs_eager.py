@@ -309,7 +309,10 @@ def memory(w_args: dict) -> dict:
             [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
         )
         lines = result.stdout.strip().splitlines()
-        out[mode] = json.loads(lines[-1]) if result.returncode == 0 and lines else None
+        if result.returncode == 0 and lines:
+            out[mode] = json.loads(lines[-1])
+        else:  # reported, not dropped
+            out[mode] = {"error": (result.stderr.strip().splitlines() or ["no output"])[-1]}
     return out
 
 
@@ -365,23 +368,16 @@ def _say(label: str, row: dict) -> None:
           + f"  (eager's first call {first:.1f} s)", flush=True)  # fmt: skip
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--quick", action="store_true", help="a small model and scale sweep (CI-sized)"
-    )
-    parser.add_argument("--out", default="results/xla_vs_eager", help="the report's folder")
-    parser.add_argument("--rounds", type=int, default=30, help="timed calls per cell (>= 6)")
-    parser.add_argument("--no-torch", action="store_true", help="leave out torch's modes")
-    parser.add_argument("--no-scale", action="store_true", help="leave out the scale sweep")
-
-
 def run(args) -> dict:
-    """The whole lab: every workload in every mode, dispatch costs, memory, the scale sweep;
-    writes <out>/report.md, report.json, modes.png, scale.png; returns the headline."""
+    """The whole lab (`jaxformer bench xla-vs-eager` options in args): every workload in
+    every mode, dispatch costs, memory, the scale sweep; writes <out>/report.md,
+    report.json, modes.png, scale.png; returns the headline."""
     if args.rounds < 6:
         raise ValueError(
             f"--rounds must be >= 6 for a 95% interval of the median, got {args.rounds}"
         )
+    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file; the report needs a folder")
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     cache = tempfile.TemporaryDirectory()  # a fresh persistent cache: cold, then warm
     jax.config.update("jax_compilation_cache_dir", cache.name)

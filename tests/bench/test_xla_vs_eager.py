@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxformer.bench import programs, stats, workloads
+from jaxformer.bench import programs, report, stats, workloads
 from jaxformer.bench import xla_vs_eager as lab
 
 
@@ -121,6 +121,36 @@ def test_agreement_flags_a_mode_that_disagrees():
     assert agree["torch"] == {"max_abs_diff": 0.5, "agrees": False}
 
 
+def _row(eager_ms, jit_ms, agrees=True, **extra):
+    ci = lambda ms, w: {"median": ms / 1e3, "low": (ms - w) / 1e3, "high": (ms + w) / 1e3}  # noqa: E731
+    return {
+        "workload": "forward", "timing": {"eager": ci(eager_ms, 1), "jit": ci(jit_ms, 1)},
+        "agreement": {"eager": {"max_abs_diff": 0.0 if agrees else 0.5, "agrees": agrees},
+                      "jit": {"max_abs_diff": 0.0, "agrees": True}},
+        "break_even": {"jit": None, "jit_warm_cache": None}, "first_call_s": {"eager": 1.0},
+        "costs": {"cold": {"trace_s": 0.1, "lower_s": 0.1, "compile_s": 1.0},
+                  "warm": {"total_s": 0.1}, "jaxpr_equations": 10, "hlo_ops_before": 20,
+                  "hlo_ops_after": 5, "fusions": 3, "memory_plan": None},
+        "memory": {"eager": {"peak_rise_bytes": 2**20}, "jit": {"error": "MemoryError"}},
+    } | extra  # fmt: skip
+
+
+def test_report_flags_disagreement_in_the_scale_sweep_and_noise_in_speedups():
+    result = {
+        "command": "jaxformer bench xla-vs-eager", "model": "tiny", "rounds": 30,
+        "tolerance": 1e-4, "memory_measure": "resident peak", "wall_s": 1.0,
+        "machine": {"device": "cpu", "jax": "x", "flax": "y", "cpu_count": 2,
+                    "load_before": 0.0, "load_after": 0.0},
+        "workloads": [_row(10.0, 2.0)], "dispatch_us": {},
+        "scale": [_row(3.0, 2.5, agrees=False, axis="batch", value=8)],
+    }  # fmt: skip
+    text = report.markdown(result)
+    assert "**Outputs that disagree with jit**" in text and "forward batch 8 eager (0.5)" in text
+    assert "| 5.0x |" in text  # intervals apart: no mark
+    assert "| 1.2x* |" in text  # 3 +- 1 against 2.5 +- 1: within the noise
+    assert "failed: MemoryError" in text
+
+
 def test_bad_workloads_and_sizes_are_named():
     with pytest.raises(ValueError, match="unknown workload 'decoder'"):
         workloads.build("decoder", workloads.bench_config(), 2, 8)
@@ -163,7 +193,7 @@ def test_quick_report_is_complete(tmp_path):
         assert row["timing"]["jit"]["high"] < row["timing"]["eager"]["low"]  # jit is faster
         assert headline[row["workload"]]["jit_break_even_calls"] == row["break_even"]["jit"]
         assert row["costs"]["warm"]["compile_s"] < row["costs"]["cold"]["compile_s"]
-        assert row["memory"]["eager"] is not None and row["memory"]["jit"] is not None
+        assert all("peak_rise_bytes" in row["memory"][mode] for mode in ("eager", "jit"))
     assert {r["axis"] for r in report["scale"]} == {"d_model", "batch", "length"}
     text = (tmp_path / "report.md").read_text()
     assert "## Scale" in text and "every mode agrees with jit" in text
