@@ -77,7 +77,8 @@ def table(results: dict, spec: sweep.Spec) -> str:
     """Table 3's columns (our scaled sizes), the paper's figures, and ours over seeds."""
     head = (
         "| row | N | d_model | d_ff | h | d_k | d_v | P_drop | eps_ls | pos | "
-        "paper PPL | paper BLEU | paper params (M) | BLEU | chrF | dev PPL | params (M) | p (BLEU) | runs |"
+        "paper PPL | paper BLEU | paper params (M) | BLEU | chrF | dev PPL | test BLEU | params (M) | "
+        "p (test BLEU) | runs |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row, r in results["variants"].items():
@@ -95,6 +96,7 @@ def table(results: dict, spec: sweep.Spec) -> str:
             row, m["num_encoder_layers"], m["d_model"], m["d_ff"], m["num_heads"], m["d_k"],
             m["d_v"], m["dropout_rate"], m["label_smoothing"], m["position_embedding"],
             ppl, bleu, params or "", cell("bleu"), cell("chrf"), cell("eval_perplexity"),
+            cell("test_bleu"),
             f"{fig['params']['mean'] / 1e6:.2f}" if "params" in fig else "",
             "" if p is None else f"{p:.3f}", sum(s == "done" for s in r["runs"].values()),
         ]  # fmt: skip

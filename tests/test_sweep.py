@@ -99,6 +99,25 @@ def test_predictions_with_any_character_pair_up(tmp_path):
     assert rows == [("abc", "abc", "a\x1cb\x85"), ("de", "ed", "e d")]
 
 
+def test_p_values_compare_the_sentences_both_runs_translated(tmp_path):
+    """A variant with another tokenizer may drop other overlong sources: the paired test
+    then runs on the (source, reference) rows both runs hold, a repeated row as often as
+    both hold it, and says how many."""
+    from jaxformer.train.report import write_predictions
+
+    refs = [(f"src {i}", f"the {i} cat sat") for i in range(40)] + [("same", "again")] * 2
+    spec = write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=1)
+    spec = sweep.Spec.load(spec)
+    for name, rows in (("base", refs), ("other", refs[3:-1])):
+        folder = spec.folder(name, 0)
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"bleu": 1.0}))
+        write_predictions(rows, [t for _, t in rows], folder / "predictions.tsv")
+    p = sweep.report.p_values(spec, "other")
+    assert p["sentences"] == 40 - 3 + 1 and p["bleu"] == 1.0 and p["exact_match"] == 1.0
+    assert sweep.report._common([("a", "r", "x")], [("b", "r", "y")]) == []
+
+
 def test_each_run_is_an_ordinary_train_command(tmp_path):
     spec = sweep.Spec.load(write_spec(tmp_path))
     args = sweep.train_command(spec, "sq", 1)

@@ -228,8 +228,9 @@ def _lm_corpus(name: str, verses: Verses) -> BibleCorpus:
 
 class BibleTranslation(PairData):
     """Verse pairs of two Bibles (see `load`): trains on the training books, evaluates on
-    the dev books. Pairs longer than max_len tokens are dropped from every split and
-    counted in `counts` ("too long <split>")."""
+    the dev books, and scores the final model on the test books. Pairs longer than max_len
+    tokens are dropped from train and dev, test pairs whose source is, and each is counted
+    in `counts` ("too long <split>")."""
 
     def __init__(
         self,
@@ -250,13 +251,18 @@ class BibleTranslation(PairData):
                 if ids is not None:
                     kept[split].append((src, tgt, ids))
             self.counts[f"too long {split}"] = len(corpus.splits[split]) - len(kept[split])
+        test = [
+            (src, tgt) for _, src, tgt in corpus.splits["test"]
+            if len(tokenizer.encode(src)) + 1 <= max_len
+        ]  # fmt: skip
+        self.counts["too long test"] = len(corpus.splits["test"]) - len(test)
         self.description = corpus.description() + (
             f"; longer than max_len={max_len} tokens, dropped: "
-            f"train {self.counts['too long train']:,}, dev {self.counts['too long dev']:,}"
+            + ", ".join(f"{k} {self.counts[f'too long {k}']:,}" for k in ("train", "dev", "test"))
         )
         super().__init__(
             kept["train"], kept["dev"], tokenizer, max_len=max_len, seed=seed,
-            test_size=test_size, pad_multiple=pad_multiple,
+            test_size=test_size, pad_multiple=pad_multiple, final_test=test,
         )  # fmt: skip
 
 

@@ -10,8 +10,10 @@ continues with exactly the batches it would have seen.
 
 Each says what it trains and how it is judged (the protocol the training loop reads):
 `model_kind` names the model class ("Transformer" or "DecoderLM"), `metrics` the
-held-out metrics beyond the loss, computed on `test_pairs` (e.g. "exact_match"), and
-`max_len` the longest sequence a batch holds.
+held-out metrics beyond the loss, computed on `test_pairs` (e.g. "exact_match") at every
+evaluation, `final_test_pairs` the pairs the final model alone is scored on (a Bible's
+test books; empty where the held-out pairs are the test set), and `max_len` the longest
+sequence a batch holds.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class TaskData:
         self.src_len = _round_up(self.task.max_source_chars + 1, 8)
         self.tgt_len = _round_up(self.task.max_target_chars + 1, 8)
         self.test_pairs = tasks_lib.test_examples(self.task, seed, test_size)
+        self.final_test_pairs: list[tuple[str, str]] = []
 
     @property
     def max_len(self) -> int:
@@ -99,7 +102,8 @@ class PairData:
     batches, pairs of similar length are batched together and padded to a multiple of
     `pad_multiple` tokens (a bound on the shapes XLA compiles for).
     `train` and `test` hold (source, target, (source ids, target ids)); the first
-    `test_size` test pairs are held out for evaluation."""
+    `test_size` test pairs are held out for evaluation, and as many `final_test` (source,
+    target) pairs are scored by the final model alone."""
 
     model_kind = "Transformer"
     metrics = ("exact_match", "bleu", "chrf")
@@ -114,6 +118,7 @@ class PairData:
         seed: int = 0,
         test_size: int = 1000,
         pad_multiple: int = 16,
+        final_test: list[tuple[str, str]] | None = None,
     ):
         check_int("pad_multiple", pad_multiple)
         self.pad_multiple = pad_multiple
@@ -124,6 +129,7 @@ class PairData:
         self._train = train
         self.test_pairs = [(s, t) for s, t, _ in test[:test_size]]
         self._test_ids = [ids for _, _, ids in test[:test_size]]
+        self.final_test_pairs = list(final_test or [])[:test_size]
         self._epoch_cache: tuple[int, int, list[list[int]]] | None = None
 
     def batches_per_epoch(self, batch_size: int) -> int:
@@ -247,6 +253,7 @@ class DocumentData:
         self._train_rows = self._rows(train)
         self._test_rows = self._rows(test)
         self.test_pairs: list[tuple[str, str]] = []  # no exact-match evaluation for an LM
+        self.final_test_pairs: list[tuple[str, str]] = []
 
     def _rows(self, docs: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         tokens, segments = [], []

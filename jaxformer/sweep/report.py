@@ -13,6 +13,8 @@ from jaxformer.sweep import stats
 FIGURES = (
     ("bleu", "BLEU", "{:.2f}"),
     ("chrf", "chrF", "{:.2f}"),
+    ("test_bleu", "test BLEU", "{:.2f}"),
+    ("test_chrf", "test chrF", "{:.2f}"),
     ("exact_match", "exact match", "{:.2%}"),
     ("eval_perplexity", "dev perplexity", "{:.3f}"),
     ("params", "parameters", "{:,.0f}"),
@@ -63,20 +65,19 @@ def _summary(folder: pathlib.Path) -> dict:
 def p_values(spec, variant: str) -> dict:
     """Paired bootstrap p-values against the baseline, over the test predictions of the
     seeds both finished, pooled: the test set once per seed, each copy translated by that
-    seed's runs. {} where the runs wrote no predictions.tsv."""
+    seed's runs, and `sentences`, how many were compared. Only the sentences both runs
+    translated are compared (a variant with another tokenizer may drop other overlong
+    sources). {} where the runs wrote no predictions.tsv."""
     base, other, refs = [], [], []
     for seed in spec.seeds:
         a = _predictions(spec.folder(spec.baseline, seed))
         b = _predictions(spec.folder(variant, seed))
         if a is None or b is None:
             continue
-        if [r for _, r, _ in a] != [r for _, r, _ in b]:
-            raise ValueError(
-                f"seed {seed}: {variant} and {spec.baseline} predicted different test sets"
-            )
-        base += [p for *_, p in a]
-        other += [p for *_, p in b]
-        refs += [r for _, r, _ in a]
+        for ref, pa, pb in _common(a, b):
+            refs.append(ref)
+            base.append(pa)
+            other.append(pb)
     if not refs:
         return {}
     out = {"exact_match": stats.paired_exact_match(
@@ -85,6 +86,19 @@ def p_values(spec, variant: str) -> dict:
     )}  # fmt: skip
     if "bleu" in _summary(spec.folder(variant, next(iter(spec.seeds)))):
         out |= stats.paired_bleu_chrf(base, other, refs)
+    return out | {"sentences": len(refs)}
+
+
+def _common(a: list[tuple[str, str, str]], b: list[tuple[str, str, str]]) -> list:
+    """(reference, prediction in a, prediction in b) of the (source, reference) rows both
+    hold, in a's order; a row that repeats is paired as often as both hold it."""
+    in_b: dict[tuple[str, str], list[str]] = {}
+    for src, ref, pred in b:
+        in_b.setdefault((src, ref), []).append(pred)
+    out = []
+    for src, ref, pred in a:
+        if in_b.get((src, ref)):
+            out.append((ref, pred, in_b[(src, ref)].pop(0)))
     return out
 
 
@@ -120,10 +134,13 @@ def markdown(results: dict) -> str:
             p = r.get("p_value", {}).get(main)
             cells.append("" if p is None else f"{p:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
+    compared = sorted({r["p_value"]["sentences"] for r in rows if r.get("p_value")})
+    counted = f" ({' or '.join(map(str, compared))} sentences)" if compared else ""
     note = (
         f"\nMean ± half-width of the 95% t-interval over seeds {results['seeds']}; "
-        "p: paired bootstrap resampling against the baseline (1000 resamples), the test "
-        "sentences of all seeds pooled.\n"
+        "p: paired bootstrap resampling against the baseline (1000 resamples) on the "
+        "predictions.tsv of the final models (a Bible dataset's test books, else the held-out "
+        f"pairs), the sentences of all seeds pooled{counted}.\n"
     )
     return "\n".join(lines) + "\n" + note
 

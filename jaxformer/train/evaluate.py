@@ -1,5 +1,6 @@
 """Held-out evaluation: loss sums over the eval batches, and the metrics the data names
-(`data.metrics`), computed on predictions of its `test_pairs`.
+(`data.metrics`), computed on predictions of its `test_pairs` (`evaluate`, at every
+evaluation) or of its `final_test_pairs` (`score`, once, by the final model).
 
 BLEU and chrF are sacrebleu's corpus scores (0-100, BLEU with its default 13a
 tokenization), imported only when a data source names them (`pip install 'jaxformer[data]'`).
@@ -72,10 +73,19 @@ def evaluate(
     out = {f"eval_{k}": float(v) for k, v in sums.means().items() if k != "tokens"}
     predictions = []
     if data.metrics:
-        predictions = predict_fn([src for src, _ in data.test_pairs])
-        targets = [tgt for _, tgt in data.test_pairs]
-        out |= {name: METRICS[name](predictions, targets) for name in data.metrics}
+        scores, predictions = score(predict_fn, data.test_pairs, data.metrics)
+        out |= scores
     return out, predictions
+
+
+def score(
+    predict_fn: Callable[[list[str]], list[str]], pairs: list[tuple[str, str]], metrics
+) -> tuple[dict[str, float], list[str]]:
+    """Each of `metrics` (names in METRICS) of the predictions of (source, target) `pairs`,
+    and those predictions."""
+    predictions = predict_fn([src for src, _ in pairs])
+    targets = [tgt for _, tgt in pairs]
+    return {name: METRICS[name](predictions, targets) for name in metrics}, predictions
 
 
 def predict(

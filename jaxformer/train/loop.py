@@ -31,7 +31,7 @@ from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, host_copy, make_placement
 from jaxformer.train import report
 from jaxformer.train.checkpoint import abstract_train_state, save_averaged
-from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, predict
+from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, predict, score
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.run_folder import RunFolder, tensorboard_writer
 from jaxformer.train.steps import (
@@ -116,7 +116,13 @@ def train(
         "averaged_steps": steps,
     }
     summary |= job.description()
-    job.finish(folder, summary, host_copy(job.placement.one_copy(params)), predictions)
+    pairs = job.data.test_pairs
+    if job.data.final_test_pairs:
+        pairs = job.data.final_test_pairs
+        tested, predictions = job.test(params)
+        folder.log({"step": meter.step, **tested})
+        summary |= tested
+    job.finish(folder, summary, host_copy(job.placement.one_copy(params)), pairs, predictions)
     return summary
 
 
@@ -203,6 +209,18 @@ class _Job:
 
     def evaluate(self, params) -> tuple[dict[str, float], list[str]]:
         """The held-out metrics of laid-out `params`, and its test-pair predictions."""
+        predictor = self._predictor(params)
+        return evaluate(self.eval_step, params, self.data, predictor, self.run.batch_size)
+
+    def test(self, params) -> tuple[dict[str, float], list[str]]:
+        """The data's metrics of laid-out `params` on its final test pairs ("test_bleu",
+        ..., and their number, "test_pairs"), and the predictions."""
+        pairs = self.data.final_test_pairs
+        scores, predictions = score(self._predictor(params), pairs, self.data.metrics)
+        return {f"test_{k}": v for k, v in scores.items()} | {"test_pairs": len(pairs)}, predictions
+
+    def _predictor(self, params) -> Callable[[list[str]], list[str]]:
+        """Translations of sources by laid-out `params`, decoded as the run evaluates."""
 
         def predictions(sources):
             model = nnx.merge(self.graphdef, self.placement.one_copy(params))
@@ -210,7 +228,7 @@ class _Job:
             batch = self.run.batch_size
             return predict(model, self.tokenizer, self.data, sources, batch, beam=beam, alpha=alpha)
 
-        return evaluate(self.eval_step, params, self.data, predictions, self.run.batch_size)
+        return predictions
 
     def average(self, folder: RunFolder, state: TrainState) -> tuple[Any, list[int]]:
         """The laid-out mean parameters of the last `average_checkpoints` checkpoints (also
@@ -232,9 +250,14 @@ class _Job:
         }
 
     def finish(
-        self, folder: RunFolder, summary: dict[str, Any], params, predictions: list[str]
+        self,
+        folder: RunFolder,
+        summary: dict[str, Any],
+        params,
+        pairs: list[tuple[str, str]],
+        predictions: list[str],
     ) -> None:
-        """summary.json, predictions.tsv (of the test pairs), the plots and the console
+        """summary.json, predictions.tsv (of the test `pairs`), the plots and the console
         report (process 0 only); `params` (one host copy) and `predictions` are the final
         model's: the averaged one when the run averages checkpoints."""
         folder.close()
@@ -245,7 +268,7 @@ class _Job:
         if self.run.log_internals is not None:
             report.internals(folder.metrics_path, folder.path / "internals.png")
         model, data = nnx.merge(self.graphdef, params), self.data
-        pairs = data.test_pairs[: len(predictions)]
+        pairs = pairs[: len(predictions)]
         if predictions:
             report.write_predictions(pairs, predictions, folder.path / "predictions.tsv")
         examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=True)]

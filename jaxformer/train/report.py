@@ -89,19 +89,31 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
     else:
         keys = ("eval_nll", "eval_perplexity", "token_accuracy")
         print(_held_out(*(summary[k] for k in keys), summary))
+    if summary.get("test_pairs"):
+        scores = ", ".join(_scores(summary, "test_"))
+        print(f"test ({summary['test_pairs']:,} pairs, final model): {scores}")
     plots = " ".join(p.name for p in sorted(pathlib.Path(out).glob("*.png")))
     print(f"results in {out}/: summary.json metrics.jsonl {plots}")
 
 
 def _held_out(nll: float, perplexity: float, accuracy: float, scores: dict) -> str:
     """The losses, then whichever of exact match, BLEU and chrF `scores` holds."""
-    text = f"held-out NLL {nll:.4f} (perplexity {perplexity:.3f}), token accuracy {accuracy:.2%}"
-    if scores.get("exact_match") is not None:
-        text += f", exact match {scores['exact_match']:.2%}"
+    losses = [
+        f"held-out NLL {nll:.4f} (perplexity {perplexity:.3f})",
+        f"token accuracy {accuracy:.2%}",
+    ]
+    return ", ".join(losses + _scores(scores))
+
+
+def _scores(scores: dict, prefix: str = "") -> list[str]:
+    """Whichever of exact match, BLEU and chrF `scores` holds under names with `prefix`."""
+    shown = []
+    if scores.get(prefix + "exact_match") is not None:
+        shown.append(f"exact match {scores[prefix + 'exact_match']:.2%}")
     for key, name in (("bleu", "BLEU"), ("chrf", "chrF")):
-        if scores.get(key) is not None:
-            text += f", {name} {scores[key]:.2f}"
-    return text
+        if scores.get(prefix + key) is not None:
+            shown.append(f"{name} {scores[prefix + key]:.2f}")
+    return shown
 
 
 def _averaged(steps: list[int]) -> str:
@@ -121,12 +133,13 @@ def write_predictions(
 def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     """Train and held-out loss against steps; held-out token accuracy and exact match; and
     BLEU and chrF in a third panel when the evaluations have them (the mean of the last
-    checkpoints as a star)."""
+    checkpoints as a star, the final model's on the test books as a triangle)."""
     plt = _pyplot()
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval_loss" in r and "averaged_steps" not in r]
     averaged = [r for r in records if "averaged_steps" in r]
+    tested = [r for r in records if "test_pairs" in r]
     scored = bool(evals) and "bleu" in evals[0]
     fig, axes = plt.subplots(1, 3 if scored else 2, figsize=(16 if scored else 11, 4))
     ax_loss, ax_acc = axes[:2]
@@ -147,6 +160,11 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
             for r in averaged:
                 label = f"{name}, mean of {len(r['averaged_steps'])} checkpoints"
                 axes[2].plot([r["step"]], [r[key]], "*", ms=12, color=line.get_color(), label=label)
+            for r in tested:
+                label = f"test {name}, final model"
+                axes[2].plot(
+                    [r["step"]], [r["test_" + key]], "^", ms=9, color=line.get_color(), label=label
+                )
         axes[2].set(xlabel="step", ylabel="0-100", title="held-out BLEU and chrF (sacrebleu)")
         axes[2].legend()
     ax_loss.set(xlabel="step", ylabel="nats per token", yscale="log", title="loss")

@@ -110,6 +110,13 @@ def test_translation_data_drops_long_pairs_and_counts_them(wyc_web):
     assert d.metrics == ("exact_match", "bleu", "chrf") and d.model_kind == "Transformer"
     assert len(d._train) + d.counts["too long train"] == wyc_web.counts["train pairs"]
     assert len(d.test_pairs) == 8 and d.test_pairs[0][0].startswith("And Elymelech")
+    # The test books, scored once by the final model: every source that fits max_len.
+    fits = [(s, t) for _, s, t in wyc_web.splits["test"] if len(TOK.encode(s)) + 1 <= 128]
+    assert d.final_test_pairs == fits[:8]
+    assert bible.split_of(wyc_web.splits["test"][0][0]) == "test"  # Ecclesiastes 1:1
+    full = wyc_web.data(TOK, max_len=128, seed=0, test_size=10_000)
+    assert len(full.final_test_pairs) + full.counts["too long test"] == len(wyc_web.splits["test"])
+    assert full.counts["too long test"] > 0  # bytes: some verses are longer than 127
     batch = d.train_batch(0, 4)
     assert batch["src"].shape[0] == 4 and batch["src"].shape[1] <= 128
     assert "longer than max_len=128 tokens, dropped: train" in d.description
@@ -180,6 +187,9 @@ def test_train_and_generate_on_wyc_web(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["run"]["tokenizer"] == "bpe"
     assert summary["data_counts"]["train pairs"] == 27339
+    assert summary["test_pairs"] == 8 and 0 <= summary["test_bleu"] <= 100  # the test books
+    rows = (out / "predictions.tsv").read_text().splitlines()
+    assert len(rows) == 8 and rows[0].startswith("The wordis of Ecclesiastes")
     assert "dataset wyc-web: pairs 28,532" in capsys.readouterr().out
     argv = ["generate", "--checkpoint", str(out), "--input", "In the bigynnyng God made"]
     assert main([*argv, "--max-new-tokens", "5"]) == 0
