@@ -9,9 +9,11 @@ N / 2, heads, dropout, label smoothing and positions as the paper; so base is N=
 d_model 128, d_ff 512, h 8, d_k = d_v 16, and row C3 (N=8) has 4 layers. Every row trains
 for the same steps with the same schedule (warm-up cosine, Adam as the paper), batch 64,
 batches padded to multiples of 32 tokens (9 compiled shapes), and is evaluated four times
-on the dev books with beam 4, alpha 0.6 (BLEU, chrF, perplexity). --quick trains 400 steps
-at batch 32, one seed, rows base, A1, B1, C1 and E, and evaluates once, at the end, on
-200 dev pairs: a check of the pipeline and of its time, too short to rank the rows. Runs
+on the dev books with beam 4, alpha 0.6 (BLEU, chrF, perplexity); the final model is
+scored on the test books (test BLEU, and the p-value against base). --quick trains 400
+steps at batch 32, one seed, rows base, A1, B1, C1 and E, and evaluates once, at the end,
+on 200 dev and 200 test pairs: a check of the pipeline and of its time, too short to rank
+the rows. Runs
 resume if interrupted (finished ones are kept). Writes <out>/table3.md and table3.json (and the sweep's
 results.md, curves.png); prints a final JSON line.
 """
