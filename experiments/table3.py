@@ -13,9 +13,8 @@ on the dev books with beam 4, alpha 0.6 (BLEU, chrF, perplexity); the final mode
 scored on the test books (test BLEU, and the p-value against base). --quick trains 400
 steps at batch 32, one seed, rows base, A1, B1, C1 and E, and evaluates once, at the end,
 on 200 dev and 200 test pairs: a check of the pipeline and of its time, too short to rank
-the rows. Runs
-resume if interrupted (finished ones are kept). Writes <out>/table3.md and table3.json (and the sweep's
-results.md, curves.png); prints a final JSON line.
+the rows. Runs resume if interrupted (finished ones are kept). Writes <out>/table3.md and
+table3.json (and the sweep's results.md, curves.png); prints a final JSON line.
 """
 
 from __future__ import annotations

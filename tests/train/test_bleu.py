@@ -98,6 +98,37 @@ def test_a_tsv_run_reports_bleu_and_writes_predictions(tsv_run):
     assert METRICS["chrf"](predictions, references) == pytest.approx(saved["chrf"])
 
 
+def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkeypatch):
+    """Pairs the data holds back for the final model (a Bible dataset's test books; here
+    attached to the TSV run's data) are scored once, at the end: test_* in summary.json
+    and the last metrics record, their translations in predictions.tsv."""
+    out, _ = tsv_run
+    final = [("the cat", "cat the"), ("a big red dog", "dog red big a"), ("ran", "ran")]
+    build = loop.build_data
+
+    def with_final_test(run, tokenizer=None):
+        tok, d = build(run, tokenizer)
+        d.final_test_pairs = final
+        return tok, d
+
+    monkeypatch.setattr(loop, "build_data", with_final_test)
+    config = json.loads((out / "config.json").read_text())
+    run = jf.RunConfig(
+        **(config["run"] | {"steps": 2, "average_checkpoints": 1, "out": str(out.parent / "final")})
+    )
+    summary = loop.train(jf.TransformerConfig.from_dict(config["model"]), run, progress=False)
+    rows = [
+        line.split("\t") for line in (out.parent / "final/predictions.tsv").read_text().splitlines()
+    ]
+    assert [(s, t) for s, t, _ in rows] == final and summary["test_pairs"] == 3
+    predictions = [p for *_, p in rows]
+    for key in ("bleu", "chrf", "exact_match"):
+        assert summary["test_" + key] == METRICS[key](predictions, [t for _, t in final])
+    last = json.loads((out.parent / "final/metrics.jsonl").read_text().splitlines()[-1])
+    assert last["test_bleu"] == summary["test_bleu"] and "eval_loss" not in last
+    assert summary["bleu"] == summary["final_eval"]["bleu"]  # held-out figures unchanged
+
+
 def test_averaged_parameters_are_the_mean_of_the_last_checkpoints(tsv_run):
     out, _ = tsv_run
     model, _ = checkpoint.restore_model(out)  # run folders with averaged/ give the average
