@@ -55,7 +55,7 @@ bench: $(DEV)
 	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick
 	$(BENCH_ENV) $(PY) experiments/attention_bench.py --quick
 	$(BENCH_ENV) $(PY) experiments/throughput.py --quick
-	$(PY) experiments/update_readme.py
+	$(PY) experiments/update_docs.py --results results
 
 # The XLA-vs-eager lab at full size: results/xla_vs_eager/report.md, report.json, PNGs.
 bench-xla: $(DEV)
