@@ -7,12 +7,13 @@ PY     := $(VENV)/bin/python
 RUN    := $(VENV)/.installed-run
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: train test test-all test-gpu lint bench bench-xla clean
+.PHONY: train test test-all test-gpu lint docs bench bench-xla clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
 # torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk,
 # while another version or an open range would pull gigabytes of CUDA packages), and
-# transformers and safetensors pinned for the Hugging Face parity tests.
+# transformers and safetensors pinned for the Hugging Face parity tests, and the docs extra
+# (mkdocs, pinned) for `make docs`.
 $(RUN): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxformer needs Python >= 3.11, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +22,7 @@ $(RUN): pyproject.toml
 	@touch $(RUN)
 
 $(DEV): $(RUN)
-	$(PY) -m pip install --quiet -e '.[dev]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
+	$(PY) -m pip install --quiet -e '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
 	@touch $(DEV)
 
 train: $(RUN)
@@ -44,7 +45,7 @@ test-gpu:
 # Benchmarks run with tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) preloaded
 # when it is installed, else with glibc tuned as the jaxformer command tunes it: XLA's CPU
 # runtime allocates its temporary buffers on every call, and glibc's per-thread arenas
-# would page-fault them in anew each time (see README, Performance).
+# would page-fault them in anew each time (see docs/performance.md).
 TCMALLOC ?= $(firstword $(wildcard /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib/libtcmalloc_minimal.so.4))
 GLIBC_TUNED := MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824
 BENCH_ENV := $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC),$(GLIBC_TUNED))
@@ -54,15 +55,20 @@ bench: $(DEV)
 	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick
 	$(BENCH_ENV) $(PY) experiments/attention_bench.py --quick
 	$(BENCH_ENV) $(PY) experiments/throughput.py --quick
-	$(PY) experiments/update_readme.py
+	$(PY) experiments/update_docs.py --results results
 
 # The XLA-vs-eager lab at full size: results/xla_vs_eager/report.md, report.json, PNGs.
 bench-xla: $(DEV)
 	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager
+
+# The documentation site into site/; --strict makes every warning (a broken link or anchor,
+# an unresolved cross-reference, a page left out of the navigation) an error.
+docs: $(DEV)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 lint: $(DEV)
 	$(PY) -m ruff check jaxformer experiments tests
 	$(PY) -m ruff format --check jaxformer experiments tests
 
 clean:
-	rm -rf $(VENV) results runs
+	rm -rf $(VENV) results runs site

@@ -1,11 +1,7 @@
 """Decoding: the KV cache against full forward passes, and greedy, sampling and beam search
 against references computed from full forward passes (teacher forcing) or by brute force."""
 
-import contextlib
-import io
 import itertools
-import pathlib
-import re
 
 import jax
 import jax.numpy as jnp
@@ -431,13 +427,3 @@ def test_lm_prompts_must_be_right_padded_and_non_empty():
         decode.greedy(m, src, jnp.array([[True, False, False], [False] * 3]), max_new_tokens=2)
     with pytest.raises(ValueError, match="does not fit"):  # prompt 3 + 30 new > max_len 32
         decode.greedy(m, src, max_new_tokens=31)
-
-
-def test_readme_decoding_example_runs_as_written():
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.search(r"## Decoding\n\n```python\n(.*?)```", text, re.S).group(1)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(block, "README.md", "exec"), {})
-    promised = re.search(r"print\(.*\)\s+# (.*)", block).group(1).strip()
-    assert printed.getvalue().strip() == promised

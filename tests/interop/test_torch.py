@@ -448,18 +448,3 @@ def test_bfloat16_weights_convert_exactly():
     for name, tensor in m.state_dict().items():
         assert back.state_dict()[name].dtype == torch.bfloat16
         assert torch.equal(back.state_dict()[name], tensor), name
-
-
-def test_readme_example_runs_as_written():
-    import contextlib
-    import io
-    import pathlib
-    import re
-
-    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-    section = readme.read_text().split("## Interop with PyTorch", 1)[1]
-    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(block, "README.md", "exec"), {})
-    assert printed.getvalue().strip() == "True"

@@ -1,0 +1,145 @@
+"""The documentation runs as written: every Python block of the README and of the docs
+pages (docs/**/*.md) runs in a fresh folder, and where a `print(...)` line carries a
+comment, the comment is what it prints. A block that needs 8 devices says `# 8 devices`,
+one too slow for the quick suite `# slow`. The results pages equal what their committed
+result files render to."""
+
+import contextlib
+import importlib.util
+import io
+import json
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _blocks() -> dict[str, str]:
+    """Each distinct Python block, named by its first page and position there (the README
+    repeats some of the pages' blocks; each runs once)."""
+    blocks = {}
+    for page in PAGES:
+        found = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+        for i, block in enumerate(found, 1):
+            blocks.setdefault(block, f"{page.relative_to(ROOT)}:{i}")
+    return blocks
+
+
+BLOCKS = _blocks()
+
+
+def _param(block: str, name: str):
+    marks = [pytest.mark.devices(8)] if "# 8 devices" in block else []
+    marks += [pytest.mark.slow] if re.search(r"^# slow\b", block, re.M) else []
+    return pytest.param(block, name, marks=marks, id=name)
+
+
+def test_the_pages_have_python_blocks():
+    assert len(BLOCKS) >= 8
+    assert any(name.startswith("README.md") for name in BLOCKS.values())
+
+
+@pytest.mark.parametrize("block, name", [_param(b, n) for b, n in BLOCKS.items()])
+def test_python_block_runs_as_written(block, name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block, name, "exec"), {"__name__": "__docs__"})
+    promised = [m.strip() for m in re.findall(r"^print\(.*\)\s+# (.*)$", block, re.M)]
+    prints = re.findall(r"^print\(", block, re.M)
+    if promised and len(promised) == len(prints):
+        assert printed.getvalue().strip().splitlines()[-len(promised) :] == promised
+
+
+def _update_docs():
+    spec = importlib.util.spec_from_file_location(
+        "update_docs", ROOT / "experiments/update_docs.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_pages_equal_what_their_result_files_render_to():
+    update_docs = _update_docs()
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text()
+        assert update_docs.render_page(text, ROOT / "docs/results") == text, (
+            f"{page.relative_to(ROOT)} differs from its result files: run "
+            "`python experiments/update_docs.py`"
+        )
+
+
+def test_every_result_file_is_shown_and_names_where_it_comes_from():
+    shown = set()
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        shown |= set(re.findall(r"^<!-- results:([\w-]+):start -->$", page.read_text(), re.M))
+    files = sorted((ROOT / "docs/results").glob("*.json"))
+    assert files and {f.stem for f in files} == shown
+    for f in files:
+        result = json.loads(f.read_text())
+        for key in ("command", "device", "date", "source", "tables"):
+            assert result.get(key), f"{f.name} has no {key}"
+
+
+def test_a_result_renders_as_a_table_with_its_provenance():
+    update_docs = _update_docs()
+    result = {
+        "command": "python experiments/x.py",
+        "device": "a CPU",
+        "versions": {"jax": "0.10.2"},
+        "date": "2026-11-23",
+        "source": "a test",
+        "tables": [{"columns": ["a", "b"], "align": "lr", "rows": [["x", "1"]]}],
+    }
+    text = update_docs.render_result(result)
+    assert text.splitlines()[:3] == ["| a | b |", "| --- | ---: |", "| x | 1 |"]
+    assert "`python experiments/x.py`" in text and "jax 0.10.2" in text and "2026-11-23" in text
+    bad = dict(result, tables=[{"columns": ["a", "b"], "align": "l", "rows": []}])
+    with pytest.raises(ValueError, match="2 columns"):
+        update_docs.render_result(bad)
+
+
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_block_markers_become_pytest_marks():
+    names = {m.name for m in _param("# slow\nx = 1  # 8 devices\n", "page.md:1").marks}
+    assert names == {"slow", "devices"}
+    assert not _param("x = 1  # not slow\n", "page.md:2").marks
+
+
+def test_make_bench_output_becomes_result_files(tmp_path):
+    """update_docs --results turns the benchmarks' JSON into result files that render."""
+    update_docs = _update_docs()
+    machine = {"processor": "a CPU", "cpu_count": 2, "backend": "cpu", "jax": "0.10.2"}
+    machine |= {"torch": "2.13.0+cpu", "load_average": [0.5, 0.5, 0.5], "ld_preload": ""}
+    run = {"ms_per_step": 200.0, "tokens_per_s": 10240.0, "mfu": 0.5}
+    throughput = {
+        "machine": machine,
+        "runs": {
+            "jax_float32": run,
+            "jax_bfloat16": run,
+            "torch_float32": dict(run, ms_per_step=400.0),
+        },
+        "analytic_flops_per_step": 5.07e10,
+        "xla": {"float32": {"xla_flops": 5.16e10}},
+        "gemm_peak_gflops_median": 381.0,
+        "gemm_peak_gflops_best": 437.0,
+    }
+    row = {"T": 256, "implementation": "xla", "ms": 5.4, "ran": True, "temp_bytes": 11 * 2**20}
+    attention = {"machine": machine, "rows": [row], "headline": {}}
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    results.mkdir(), (docs / "results").mkdir(parents=True)
+    (results / "throughput.json").write_text(json.dumps(throughput))
+    (results / "attention_bench.json").write_text(json.dumps(attention))
+    update_docs.import_bench(results, docs)
+    step = json.loads((docs / "results/cpu_train_step.json").read_text())
+    assert step["tables"][0]["rows"][0] == ["jaxformer, float32", "200", "10,240", "50%", "2.00x"]
+    assert step["versions"] == {"jax": "0.10.2", "torch": "2.13.0+cpu"}
+    text = update_docs.render_result(json.loads((docs / "results/cpu_attention.json").read_text()))
+    assert "| 256 | xla | 5.4 | 11 MiB |  |" in text and "attention_bench.py --quick" in text
