@@ -360,6 +360,16 @@ def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
     ]
 
 
+def test_a_run_without_a_config_hash_is_not_reused(tmp_path):
+    spec = sweep.Spec.load(write_spec(tmp_path, seeds=1))
+    finished(spec.folder("sq", 0), {"exact_match": 0.5})
+    with pytest.raises(
+        ValueError, match=r"variant 'sq' seed 0: .* holds no config hash .*--rerun-changed"
+    ):
+        sweep.run(spec, say=lambda line: None)
+    assert not (spec.out / "results.md").exists()
+
+
 @pytest.mark.slow  # five CLI runs: 70 s of a cold quick suite
 def test_sweep_writes_its_table_and_reruns_only_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")  # the runs: one CPU device, not conftest's eight
@@ -409,3 +419,28 @@ def test_killed_sweep_continues_where_it_stopped(tmp_path):
     assert first.stat().st_mtime_ns == finished
     assert "resumed from step" in (second.parent / "train.log").read_text()
     assert (tmp_path / "sweep" / "results.md").exists()
+
+
+@pytest.mark.slow  # two short trainings: about 2 min on a loaded 2-core machine
+def test_a_resumed_run_adds_its_wall_time_to_the_earlier_processes(tmp_path):
+    """Each logged step records the wall time since the run began, summed over processes;
+    a resume continues from the time logged at its checkpoint (here made 1000 s)."""
+    from jaxformer.config import RunConfig, TransformerConfig
+    from jaxformer.train import loop
+
+    model = TransformerConfig.tiny(259).replace(
+        d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1
+    )
+    fields = dict(task="copy", batch_size=8, eval_every=100, log_every=1, schedule="constant")
+    fields |= dict(checkpoint_every=2, eval_examples=8, out=str(tmp_path), lr=1e-3)
+    loop.train(model, RunConfig(steps=2, **fields), progress=False)
+    metrics = tmp_path / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert 0 < records[0]["wall_seconds"] <= records[1]["wall_seconds"]
+    records[1]["wall_seconds"] = 1000.0
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = loop.train(model, RunConfig(steps=4, **fields), resume=True, progress=False)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    walls = [r["wall_seconds"] for r in records if "loss" in r]
+    assert walls[1] == 1000.0 and 1000 < walls[2] <= walls[3] <= summary["wall_seconds"]
+    assert summary["wall_seconds"] < 1000 + 300

@@ -108,11 +108,14 @@ def _changed(spec: Spec, todo: list[tuple[str, int]], rerun_changed: bool) -> li
     ]
     if changed and not rerun_changed:
         (variant, seed), more = changed[0], len(changed) - 1
+        folder, recorded = spec.folder(variant, seed), spec.recorded_hash(variant, seed)
+        what = "was made by another configuration than the spec's"
+        if recorded is None:
+            what = "holds no config hash (an older sweep's run)"
         others = f" (and {more} other run{'s' * (more > 1)})" if more else ""
         raise ValueError(
-            f"variant {variant!r} seed {seed}: {spec.folder(variant, seed)} was made by another "
-            f"configuration than the spec's{others}; pass --rerun-changed to run it again "
-            "(its folder is emptied), or restore the spec, or choose another --out"
+            f"variant {variant!r} seed {seed}: {folder} {what}{others}; pass --rerun-changed "
+            "to run it again (its folder is emptied), or restore the spec, or choose another --out"
         )
     return changed
 
