@@ -111,9 +111,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="train variants x seeds and compare them",
         description="Run every (variant, seed) of a sweep spec as a `jaxformer train` run in "
         "its own folder (finished runs are kept, others resume), then write results.md, "
-        "results.json and curves.png: mean and 95%% CI over seeds, and against the baseline, "
+        "results.json and curves.png: mean and 95% CI over seeds, and against the baseline, "
         "seed by seed, the two-level bootstrap with Holm's correction and a verdict. See "
-        "jaxformer.sweep for the spec.",
+        "jaxformer.sweep.spec for the spec.",
     )
     w.add_argument("spec", metavar="SPEC", help="YAML or JSON: base, variants, seeds, ...")
     w.add_argument("--out", metavar="DIR", help="the sweep's folder (default: the spec's out)")

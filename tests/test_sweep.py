@@ -406,7 +406,7 @@ def test_killed_sweep_continues_where_it_stopped(tmp_path):
     command = [sys.executable, "-m", "jaxformer", "sweep", str(path), "--jobs", "1"]
     env = dict(os.environ, XLA_FLAGS="")
     proc = subprocess.Popen(command, env=env, start_new_session=True)
-    second = tmp_path / "sweep" / "baseline" / "seed1" / "checkpoints"
+    second = tmp_path / "sweep" / "sq" / "seed0" / "checkpoints"  # seed-major: the second run
     deadline = time.time() + 300
     while not (second.is_dir() and any(p.name.isdigit() for p in second.iterdir())):
         assert time.time() < deadline and proc.poll() is None

@@ -122,7 +122,19 @@ def test_the_table_from_hand_made_runs(tmp_path):
 @pytest.mark.slow
 def test_a_two_row_rerun_writes_the_table(tmp_path):
     out = tmp_path / "t3"
-    args = ["--rows", "base", "A1", "--steps", "2", "--seeds", "2", "--eval-examples", "8"]
+    args = [
+        "--rows",
+        "base",
+        "A1",
+        "--steps",
+        "2",
+        "--seeds",
+        "2",
+        "--eval-examples",
+        "8",
+        "--jobs",
+        "2",
+    ]
     headline = table3.main([*args, "--out", str(out), "--set", "eval_beam=1"])
     assert headline["rows"] == 2 and headline["base_bleu"] is not None
     assert sum(headline["verdicts"].values()) == 1
