@@ -121,34 +121,40 @@ def _paired(spec: Spec, name: str, base_summaries: dict[int, dict]) -> dict:
 def _bootstraps(spec: Spec, name: str, seeds: list[int], summaries: dict[int, dict]) -> dict:
     """The two-level and (secondary) sentence-level bootstraps of each corpus metric on the
     compared set's predictions of the paired seeds; empty where no run wrote them."""
-    file = "test_predictions.tsv" if spec.on_test else "predictions.tsv"
-    rows = {}
-    for s in seeds:
-        a, b = (
-            _predictions(spec.folder(spec.baseline, s) / file),
-            _predictions(spec.folder(name, s) / file),
-        )
-        common = _common(a, b) if a is not None and b is not None else []
-        if common:
-            rows[s] = common
+    rows = _paired_rows(spec, name, seeds)
     if not rows:
         return {"bootstrap": {}, "sentence_level": {}}
     bleu_data = any("bleu" in summaries[s] for s in rows)
     two_level, sentence_level = {}, {}
     for metric in ("bleu", "chrf") if bleu_data else ("exact_match",):
-        base = [
-            stats.sentence_stats(metric, [p for _, p, _ in r], [ref for ref, _, _ in r])
-            for r in rows.values()
-        ]
-        other = [
-            stats.sentence_stats(metric, [p for _, _, p in r], [ref for ref, _, _ in r])
-            for r in rows.values()
-        ]
+        base, other = _sentence_stats(metric, rows, 1), _sentence_stats(metric, rows, 2)
         two_level[metric] = stats.bootstrap(metric, base, other)._asdict()
         sentence_level[metric] = stats.bootstrap(
             metric, base, other, resample_seeds=False
         )._asdict()
     return {"bootstrap": two_level, "sentence_level": sentence_level}
+
+
+def _sentence_stats(metric: str, rows: dict[int, list], column: int) -> list:
+    """Per seed, the [N, K] statistics of the predictions in `column` (1 baseline, 2 variant)."""
+    return [
+        stats.sentence_stats(metric, [r[column] for r in seed], [r[0] for r in seed])
+        for seed in rows.values()
+    ]
+
+
+def _paired_rows(spec: Spec, name: str, seeds: list[int]) -> dict[int, list]:
+    """seed -> (reference, baseline's prediction, variant's) of the compared set's
+    sentences both runs translated, for the seeds where both wrote predictions."""
+    file = "test_predictions.tsv" if spec.on_test else "predictions.tsv"
+    rows = {}
+    for s in seeds:
+        a = _predictions(spec.folder(spec.baseline, s) / file)
+        b = _predictions(spec.folder(name, s) / file)
+        common = _common(a, b) if a is not None and b is not None else []
+        if common:
+            rows[s] = common
+    return rows
 
 
 def _adjust(variants: dict) -> None:
