@@ -111,13 +111,30 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="train variants x seeds and compare them",
         description="Run every (variant, seed) of a sweep spec as a `jaxformer train` run in "
         "its own folder (finished runs are kept, others resume), then write results.md, "
-        "results.json and curves.png: mean and 95%% CI over seeds, and paired bootstrap "
-        "p-values against the baseline. See jaxformer.sweep for the spec.",
+        "results.json and curves.png: mean and 95% CI over seeds, and against the baseline, "
+        "seed by seed, the two-level bootstrap with Holm's correction and a verdict. See "
+        "jaxformer.sweep.spec for the spec.",
     )
     w.add_argument("spec", metavar="SPEC", help="YAML or JSON: base, variants, seeds, ...")
     w.add_argument("--out", metavar="DIR", help="the sweep's folder (default: the spec's out)")
     w.add_argument(
         "--jobs", type=int, metavar="N", help="runs at once (default: one per GPU, or 1)"
+    )
+    w.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of the spec's base (a YAML value: 3, 0.1, true); repeatable",
+    )
+    w.add_argument(
+        "--rerun-changed",
+        action="store_true",
+        help="empty and rerun each run whose folder was made by another configuration "
+        "(without it the sweep refuses, naming the run)",
+    )
+    w.add_argument(
+        "--retry-failed", action="store_true", help="empty and rerun failed and diverged runs"
     )
     b = sub.add_parser(
         "bench",
@@ -378,9 +395,11 @@ def _sweep(args) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    spec = sweep.Spec.load(args.spec, out=args.out)
+    spec = sweep.Spec.load(args.spec, out=args.out, overrides=tuple(args.set))
     try:
-        sweep.run(spec, jobs=args.jobs)
+        sweep.run(
+            spec, jobs=args.jobs, rerun_changed=args.rerun_changed, retry_failed=args.retry_failed
+        )
     except KeyboardInterrupt:
         print("jaxformer sweep: interrupted; run the same command to continue", file=sys.stderr)
         return 130

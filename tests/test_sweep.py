@@ -2,6 +2,7 @@
 sweep of a few steps that writes its table and, run again after losing a run, reruns only
 that one."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from jaxformer import sweep
@@ -17,10 +19,20 @@ from jaxformer.cli import main
 from jaxformer.sweep import stats
 
 BASE = dict(
-    task="copy", steps=4, batch_size=8, eval_every=2, log_every=2, checkpoint_every=2,
-    eval_examples=8, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-    num_decoder_layers=1, max_len=48,
-)  # fmt: skip
+    task="copy",
+    steps=4,
+    batch_size=8,
+    eval_every=2,
+    log_every=2,
+    checkpoint_every=2,
+    eval_examples=8,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    max_len=48,
+)
 
 
 VARIANT = pathlib.Path(__file__).resolve().parents[1] / "experiments/variants/squared_relu.py"
@@ -48,18 +60,76 @@ def test_mean_ci_is_the_t_interval():
         stats.mean_ci([])
 
 
-def test_paired_bootstrap_p_values():
-    refs = [f"the {w} sat on the mat near {v}" for w in ("cat", "dog", "cow") for v in range(20)]
-    worse = [r.replace("sat on", "on").replace("near", "by") for r in refs]
-    assert stats.paired_bleu_chrf(refs, list(refs), refs) == {"bleu": 1.0, "chrf": 1.0}
-    assert all(p < 0.01 for p in stats.paired_bleu_chrf(worse, refs, refs).values())
-    one_changed = refs[:-1] + [worse[-1]]
-    assert all(p > 0.2 for p in stats.paired_bleu_chrf(refs, one_changed, refs).values())
-    right = [True] * 30 + [False] * 30
-    assert stats.paired_exact_match(right, list(right)) == 1.0
-    assert stats.paired_exact_match([False] * 60, right) < 0.01
-    one_more = right[:30] + [True] + right[31:]  # one sentence of 60 differs: not significant
-    assert stats.paired_exact_match(right, one_more) > 0.05
+WORDS = "the a cat dog sat on mat near house river over under and then".split()
+REFS = [" ".join(np.random.default_rng(i).choice(WORDS, 12)) for i in range(150)]
+
+
+def system(quality: float, seed: int) -> list[str]:
+    """REFS with each word dropped with probability 1 - quality (seeded)."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(w for w in r.split() if rng.random() < quality) or "x" for r in REFS]
+
+
+def seed_stats(metric, qualities, offset):
+    return [
+        stats.sentence_stats(metric, system(q, offset + i), REFS) for i, q in enumerate(qualities)
+    ]
+
+
+@pytest.mark.parametrize("metric, corpus", [("bleu", "corpus_bleu"), ("chrf", "corpus_chrf")])
+def test_sentence_statistics_reaggregate_to_the_corpus_score(metric, corpus):
+    import sacrebleu
+
+    hyps = system(0.7, 0)
+    total = stats.sentence_stats(metric, hyps, REFS).sum(0)
+    assert stats.scorer(metric)(total) == getattr(sacrebleu, corpus)(hyps, [REFS]).score
+    assert (
+        stats.scorer("exact_match")(
+            stats.sentence_stats("exact_match", REFS[:3] + hyps[3:4], REFS[:4]).sum(0)
+        )
+        == 0.75
+    )
+
+
+def test_identical_systems_give_p_one():
+    same = seed_stats("bleu", [0.6, 0.7, 0.8], 0)
+    result = stats.bootstrap("bleu", same, same, samples=200)
+    assert result.difference == 0 and result.p == 1 and not result.at_floor
+    assert stats.verdict(result, result.p) == "no detectable difference"
+
+
+def test_a_real_shift_is_detected_with_its_interval():
+    base = seed_stats("bleu", [0.6, 0.62, 0.58], 0)
+    better = seed_stats("bleu", [0.8, 0.82, 0.78], 10)
+    result = stats.bootstrap("bleu", base, better, samples=200)
+    assert 10 < result.low < result.difference < result.high and result.at_floor
+    assert result.p == 1 / 201 and stats.format_p(result.p, result.at_floor) == "< 0.005"
+    assert stats.verdict(result, result.p) == "better"
+    worse = stats.bootstrap("bleu", better, base, samples=200)
+    assert worse.high < 0 and stats.verdict(worse, worse.p) == "worse"
+
+
+def test_a_difference_smaller_than_the_seed_spread_gets_no_verdict():
+    """Each seed's two runs differ clearly on its sentences, but in opposite directions
+    from seed to seed: the sentence-level test (seeds fixed) calls it, the two-level one
+    does not."""
+    base = seed_stats("bleu", [0.6, 0.6, 0.6, 0.6], 0)
+    variant = seed_stats("bleu", [0.8, 0.8, 0.45, 0.45], 10)
+    two_level = stats.bootstrap("bleu", base, variant, samples=300)
+    sentence_level = stats.bootstrap("bleu", base, variant, samples=300, resample_seeds=False)
+    assert sentence_level.p < 0.05 and sentence_level.low > 0
+    assert two_level.low < 0 < two_level.high and two_level.p > 0.2
+    assert stats.verdict(two_level, two_level.p) == "no detectable difference"
+    assert stats.verdict(two_level._replace(seeds=1), 0.001) == "no verdict (one seed)"
+
+
+def test_holm_adjusts_step_down_and_keeps_the_floor_a_bound():
+    adjusted = stats.holm([0.01, 0.04, 0.03], [False] * 3)
+    assert [p for p, _ in adjusted] == pytest.approx([0.03, 0.06, 0.06])
+    floor = 1 / 1001
+    adjusted = stats.holm([floor, 0.5], [True, False])
+    assert adjusted == [(pytest.approx(2 * floor), True), (0.5, False)]
+    assert stats.format_p(*adjusted[0]) == "< 0.002" and stats.format_p(0.5, False) == "0.500"
 
 
 @pytest.mark.parametrize(
@@ -76,6 +146,13 @@ def test_paired_bootstrap_p_values():
         ({"seeds": 0}, "seeds must be a count >= 1"),
         ({"seeds": [1, 1]}, "seeds must be a count >= 1 or a list of distinct ints"),
         ({"baseline": "b"}, "baseline 'b' is not one of the variants"),
+        (
+            {"grid": {"num_haeds": [1, 2]}},
+            "grid: unknown field 'num_haeds' .*did you mean 'num_heads'",
+        ),
+        ({"grid": {"num_heads": 4}}, "grid: num_heads must be a non-empty list"),
+        ({"grid": {"num_heads": [1]}, "variants": {"num_heads=1": {}}}, "also a named variant"),
+        ({"variants": {"a": {"final_test": True}}}, "'final_test' is set for the whole sweep"),
     ],
 )
 def test_bad_specs_are_one_clear_error(tmp_path, capsys, fields, message):
@@ -88,6 +165,52 @@ def test_bad_specs_are_one_clear_error(tmp_path, capsys, fields, message):
     assert not (tmp_path / "sweep").exists()  # nothing ran
 
 
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        (
+            "spec.yaml",
+            "base: {task: copy}\nvariants:\n  a: {}\n  b: {num_heads: 1}\n  a: {d_ff: 8}\n",
+        ),
+        ("spec.json", '{"variants": {"a": {}, "a": {"d_ff": 8}}}'),
+    ],
+)
+def test_variants_sharing_a_name_are_one_clear_error(tmp_path, capsys, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "sweep")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'a' is given twice in one mapping" in err and len(err.splitlines()) == 1
+
+
+def test_grid_and_set_make_the_variants(tmp_path, capsys):
+    path = write_spec(tmp_path, variants={"base": {}}, grid={"num_heads": [1, 4], "d_ff": [8, 16]})
+    spec = sweep.Spec.load(path, overrides=("dropout_rate=0.3", "label_smoothing=0"))
+    assert list(spec.variants) == [
+        "base",
+        "num_heads=1,d_ff=8",
+        "num_heads=1,d_ff=16",
+        "num_heads=4,d_ff=8",
+        "num_heads=4,d_ff=16",
+    ]
+    model, run = spec.configs("num_heads=4,d_ff=16", 1)
+    assert (model.num_heads, model.d_ff, model.dropout_rate, model.label_smoothing) == (
+        4,
+        16,
+        0.3,
+        0,
+    )
+    assert spec.config_hash("base", 0) != spec.config_hash("base", 1)
+    assert main(["sweep", str(path), "--set", "d_modle=8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "jaxformer sweep: error: --set: unknown field 'd_modle' (not a TransformerConfig or "
+        "RunConfig field); did you mean 'd_model'?"
+    )
+    assert main(["sweep", str(path), "--set", "d_model"]) == 2
+    assert "--set takes key=value, got 'd_model'" in capsys.readouterr().err
+
+
 def test_predictions_with_any_character_pair_up(tmp_path):
     """A prediction may hold characters that str.splitlines() splits at ("\x1c", "\x85")."""
     from jaxformer.train.report import write_predictions
@@ -95,27 +218,77 @@ def test_predictions_with_any_character_pair_up(tmp_path):
     (tmp_path / "summary.json").write_text("{}")
     pairs = [("abc", "abc"), ("de", "ed")]
     write_predictions(pairs, ["a\x1cb\x85", "e\td"], tmp_path / "predictions.tsv")
-    rows = sweep.report._predictions(tmp_path)
+    rows = sweep.report._predictions(tmp_path / "predictions.tsv")
     assert rows == [("abc", "abc", "a\x1cb\x85"), ("de", "ed", "e d")]
 
 
-def test_p_values_compare_the_sentences_both_runs_translated(tmp_path):
-    """A variant with another tokenizer may drop other overlong sources: the paired test
-    then runs on the (source, reference) rows both runs hold, a repeated row as often as
-    both hold it, and says how many."""
+def finished(folder, summary, predictions=None, file="predictions.tsv"):
+    """A run folder as a finished run leaves it: summary.json and its predictions."""
     from jaxformer.train.report import write_predictions
 
-    refs = [(f"src {i}", f"the {i} cat sat") for i in range(40)] + [("same", "again")] * 2
-    spec = write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=1)
-    spec = sweep.Spec.load(spec)
-    for name, rows in (("base", refs), ("other", refs[3:-1])):
-        folder = spec.folder(name, 0)
-        folder.mkdir(parents=True)
-        (folder / "summary.json").write_text(json.dumps({"bleu": 1.0}))
-        write_predictions(rows, [t for _, t in rows], folder / "predictions.tsv")
-    p = sweep.report.p_values(spec, "other")
-    assert p["sentences"] == 40 - 3 + 1 and p["bleu"] == 1.0 and p["exact_match"] == 1.0
-    assert sweep.report._common([("a", "r", "x")], [("b", "r", "y")]) == []
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    if predictions is not None:
+        pairs = [(f"src {i}", ref) for i, ref in enumerate(REFS)]
+        write_predictions(pairs, predictions, folder / file)
+
+
+def test_the_report_pairs_seeds_and_reports_failed_ones(tmp_path):
+    """Three seeds: `better` clearly beats the baseline on every seed; `same` translates
+    as the baseline; `broken` failed on its first seed (and the others compare)."""
+    spec = sweep.Spec.load(
+        write_spec(tmp_path, variants={"base": {}, "better": {}, "same": {}, "broken": {}}, seeds=3)
+    )
+    for seed in range(3):
+        base = system(0.6, seed)
+        finished(spec.folder("base", seed), {"bleu": 10.0 + seed, "chrf": 30.0}, base)
+        finished(
+            spec.folder("better", seed),
+            {"bleu": 13.0 + seed, "chrf": 33.0},
+            system(0.85, 10 + seed),
+        )
+        finished(spec.folder("same", seed), {"bleu": 10.0 + seed, "chrf": 30.0}, base)
+        if seed == 0:
+            spec.folder("broken", 0).mkdir(parents=True)
+            (spec.folder("broken", 0) / "failed.json").write_text(
+                json.dumps({"returncode": 3, "message": "MemoryError"})
+            )
+        else:
+            finished(
+                spec.folder("broken", seed), {"bleu": 9.0, "chrf": 29.0}, system(0.55, 20 + seed)
+            )
+    results = sweep.report.summarize(spec)
+    v = results["variants"]
+    assert results["set"] == "dev" and v["broken"]["problems"] == {0: "failed: MemoryError"}
+    assert v["broken"]["paired"]["seeds"] == [1, 2]
+    assert v["better"]["paired"]["differences"]["bleu"]["mean"] == pytest.approx(3.0)
+    assert v["better"]["paired"]["differences"]["bleu"]["ci95"] == pytest.approx(0.0)
+    better, same = v["better"]["paired"]["bootstrap"], v["same"]["paired"]["bootstrap"]
+    assert better["bleu"]["verdict"] == "better" and better["bleu"]["at_floor"]
+    assert better["bleu"]["p_holm"] == pytest.approx(3 / 1001) and better["bleu"]["p_holm_bound"]
+    assert same["bleu"]["p"] == 1 and same["bleu"]["verdict"] == "no detectable difference"
+    text = sweep.report.markdown(results)
+    assert "Against base on the dev set" in text and "| Δ dev BLEU [95%] |" in text
+    assert "| better | 3 | 450 |" in text and "< 0.003 | better |" in text
+    assert "- broken seed 0: failed: MemoryError" in text
+    assert "| broken | 2/3, 1 failed |" in text
+
+
+def test_a_sweep_on_the_test_set_says_so(tmp_path):
+    spec = sweep.Spec.load(write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=2))
+    spec = dataclasses.replace(spec, base=spec.base | {"final_test": True})
+    for seed in range(2):
+        for name, quality in (("base", 0.6), ("other", 0.6)):
+            summary = {"bleu": 1.0, "test_bleu": 2.0, "final_test": True}
+            finished(
+                spec.folder(name, seed), summary, system(quality, seed), "test_predictions.tsv"
+            )
+    text = sweep.report.markdown(sweep.report.summarize(spec))
+    assert "on the TEST set" in text and "| Δ test BLEU [95%] |" in text
+    assert (
+        "| other | 2 | 300 | +0.00 [+0.00, +0.00] | 1.000 | 1.000 | no detectable difference |"
+        in text
+    )
 
 
 def test_each_run_is_an_ordinary_train_command(tmp_path):
@@ -127,6 +300,74 @@ def test_each_run_is_an_ordinary_train_command(tmp_path):
     assert args[-2:] == ["--variants", str(VARIANT)]
     model = json.loads((tmp_path / "sweep" / "sq" / "seed1" / "model.json").read_text())
     assert model["activation"] == "squared_relu" and model["d_model"] == 16
+
+
+FAKE_TRAIN = """#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in --out) out="$2";; esac; shift; done
+case "$out" in *"$FAKE_FAIL"*) echo "the fake run failed"; exit 3;; esac
+echo '{"exact_match": 0.5}' > "$out/summary.json"
+"""
+
+
+def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
+    tmp_path, monkeypatch, capsys
+):
+    """With a stand-in for `python -m jaxformer train` that writes a summary (or fails)."""
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_TRAIN)
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setenv("FAKE_FAIL", "/bad/seed1")
+    path = write_spec(tmp_path, variants={"base": {}, "bad": {"d_ff": 16}})
+    spec = sweep.Spec.load(path)
+    lines = []
+    results = sweep.run(spec, jobs=1, say=lines.append)
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "[1/4] base seed 0",
+        "[2/4] bad seed 0",
+        "[3/4] base seed 1",
+        "[4/4] bad seed 1",
+    ]
+    assert lines[-1].startswith("[4/4] bad seed 1: failed: the fake run failed (")
+    assert results["variants"]["bad"]["runs"] == {0: "done", 1: "failed"}
+    assert spec.recorded_hash("bad", 0) == spec.config_hash("bad", 0)
+
+    lines = []
+    sweep.run(spec, retry_failed=True, say=lines.append)  # still failing: reported again
+    assert lines[0] == f"bad seed 1: retrying: emptying {spec.folder('bad', 1)}"
+    monkeypatch.setenv("FAKE_FAIL", "nothing")
+    lines = []
+    assert (
+        sweep.run(spec, retry_failed=True, say=lines.append)["variants"]["bad"]["runs"][1] == "done"
+    )
+    assert lines[-1].startswith("[4/4] bad seed 1: done")
+
+    edited = write_spec(tmp_path, variants={"base": {}, "bad": {"d_ff": 24}})
+    assert main(["sweep", str(edited)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(
+        f"jaxformer sweep: error: variant 'bad' seed 0: {spec.folder('bad', 0)} was made by "
+        "another configuration than the spec's (and 1 other run); pass --rerun-changed"
+    )
+    lines = []
+    sweep.run(sweep.Spec.load(edited), rerun_changed=True, say=lines.append)
+    assert [line.split(":")[0] for line in lines] == [
+        "bad seed 0",
+        "bad seed 1",
+        f"sweep {spec.out}",
+        "[3/4] bad seed 0",
+        "[4/4] bad seed 1",
+    ]
+
+
+def test_a_run_without_a_config_hash_is_not_reused(tmp_path):
+    spec = sweep.Spec.load(write_spec(tmp_path, seeds=1))
+    finished(spec.folder("sq", 0), {"exact_match": 0.5})
+    with pytest.raises(
+        ValueError, match=r"variant 'sq' seed 0: .* holds no config hash .*--rerun-changed"
+    ):
+        sweep.run(spec, say=lambda line: None)
+    assert not (spec.out / "results.md").exists()
 
 
 @pytest.mark.slow  # five CLI runs: 70 s of a cold quick suite
@@ -165,7 +406,7 @@ def test_killed_sweep_continues_where_it_stopped(tmp_path):
     command = [sys.executable, "-m", "jaxformer", "sweep", str(path), "--jobs", "1"]
     env = dict(os.environ, XLA_FLAGS="")
     proc = subprocess.Popen(command, env=env, start_new_session=True)
-    second = tmp_path / "sweep" / "baseline" / "seed1" / "checkpoints"
+    second = tmp_path / "sweep" / "sq" / "seed0" / "checkpoints"  # seed-major: the second run
     deadline = time.time() + 300
     while not (second.is_dir() and any(p.name.isdigit() for p in second.iterdir())):
         assert time.time() < deadline and proc.poll() is None
@@ -178,3 +419,28 @@ def test_killed_sweep_continues_where_it_stopped(tmp_path):
     assert first.stat().st_mtime_ns == finished
     assert "resumed from step" in (second.parent / "train.log").read_text()
     assert (tmp_path / "sweep" / "results.md").exists()
+
+
+@pytest.mark.slow  # two short trainings: about 2 min on a loaded 2-core machine
+def test_a_resumed_run_adds_its_wall_time_to_the_earlier_processes(tmp_path):
+    """Each logged step records the wall time since the run began, summed over processes;
+    a resume continues from the time logged at its checkpoint (here made 1000 s)."""
+    from jaxformer.config import RunConfig, TransformerConfig
+    from jaxformer.train import loop
+
+    model = TransformerConfig.tiny(259).replace(
+        d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1
+    )
+    fields = dict(task="copy", batch_size=8, eval_every=100, log_every=1, schedule="constant")
+    fields |= dict(checkpoint_every=2, eval_examples=8, out=str(tmp_path), lr=1e-3)
+    loop.train(model, RunConfig(steps=2, **fields), progress=False)
+    metrics = tmp_path / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert 0 < records[0]["wall_seconds"] <= records[1]["wall_seconds"]
+    records[1]["wall_seconds"] = 1000.0
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = loop.train(model, RunConfig(steps=4, **fields), resume=True, progress=False)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    walls = [r["wall_seconds"] for r in records if "loss" in r]
+    assert walls[1] == 1000.0 and 1000 < walls[2] <= walls[3] <= summary["wall_seconds"]
+    assert summary["wall_seconds"] < 1000 + 300

@@ -1,6 +1,13 @@
-"""A sweep's verdict: per variant the mean and 95% confidence interval over seeds of each
-figure the runs report, the paired bootstrap p-value against the baseline, and the
-curves. Written to `results.json`, `results.md` and `curves.png` in the sweep's folder."""
+"""A sweep's verdict, written to `results.json`, `results.md` and `curves.png` in its folder.
+
+Per variant: each figure's mean and 95% t-interval over its finished seeds; against the
+baseline, seed by seed (same seed, same data order): the mean difference of each figure
+with its t-interval, and the two-level bootstrap (seeds, then sentences) of the difference
+in corpus BLEU and chrF (or exact match) on the compared set, with its 95% interval,
+p-value, Holm-adjusted p over the sweep's variants and verdict. The compared set is dev
+(each run's predictions.tsv) unless the spec's base sets final_test (test_predictions.tsv).
+A failed, diverged or missing seed is listed and left out of the pairs.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +15,27 @@ import json
 import pathlib
 
 from jaxformer.sweep import stats
+from jaxformer.sweep.spec import Spec, status
 
-# (summary key, column title, format of the mean): the figures compared, when runs report them.
+# (summary key, column title, format of the mean): the figures shown, when runs report them.
 FIGURES = (
-    ("bleu", "BLEU", "{:.2f}"),
-    ("chrf", "chrF", "{:.2f}"),
+    ("bleu", "dev BLEU", "{:.2f}"),
+    ("chrf", "dev chrF", "{:.2f}"),
+    ("exact_match", "dev exact match", "{:.2%}"),
+    ("eval_perplexity", "dev perplexity", "{:.3f}"),
     ("test_bleu", "test BLEU", "{:.2f}"),
     ("test_chrf", "test chrF", "{:.2f}"),
-    ("exact_match", "exact match", "{:.2%}"),
-    ("eval_perplexity", "dev perplexity", "{:.3f}"),
+    ("test_exact_match", "test exact match", "{:.2%}"),
     ("params", "parameters", "{:,.0f}"),
     ("train_tokens_per_second", "tokens/s", "{:,.0f}"),
     ("wall_seconds", "wall s", "{:.0f}"),
 )
+METRIC_TITLES = {"bleu": "BLEU", "chrf": "chrF", "exact_match": "exact match"}
+METRIC_FORMATS = {"bleu": "{:+.2f}", "chrf": "{:+.2f}", "exact_match": "{:+.2%}"}
 
-TITLES = {key: title for key, title, _ in FIGURES}
 
-
-def write(spec) -> dict:
-    """Collect every run of `spec` (a `sweep.Spec`), write the three files, return the results."""
+def write(spec: Spec) -> dict:
+    """Collect every run of `spec`, write the three files, return the results."""
     results = summarize(spec)
     (spec.out / "results.json").write_text(json.dumps(results, indent=2))
     (spec.out / "results.md").write_text(markdown(results))
@@ -34,59 +43,133 @@ def write(spec) -> dict:
     return results
 
 
-def summarize(spec) -> dict:
-    from jaxformer.sweep.runner import status
-
+def summarize(spec: Spec) -> dict:
     variants = {}
     for name in spec.variants:
         runs = {seed: status(spec.folder(name, seed)) for seed in spec.seeds}
-        summaries = [_summary(spec.folder(name, s)) for s, st in runs.items() if st == "done"]
-        figures = {}
-        for key, *_ in FIGURES:
-            values = [s[key] for s in summaries if s.get(key) is not None]
-            if values:
-                mean, ci = stats.mean_ci(values)
-                figures[key] = {"mean": mean, "ci95": ci, "values": values}
-        variants[name] = {"runs": runs, "figures": figures}
+        summaries = {s: _summary(spec.folder(name, s)) for s, st in runs.items() if st == "done"}
+        variants[name] = {
+            "runs": runs,
+            "problems": _problems(spec, name),
+            "figures": _figures(summaries.values()),
+        }
+    base_summaries = {
+        s: _summary(spec.folder(spec.baseline, s)) for s in _done(spec, spec.baseline)
+    }
+    for name in spec.variants:
         if name != spec.baseline:
-            variants[name]["p_value"] = p_values(spec, name)
+            variants[name]["paired"] = _paired(spec, name, base_summaries)
+    _adjust(variants)
     return {
         "out": str(spec.out),
         "baseline": spec.baseline,
         "seeds": list(spec.seeds),
+        "set": "test" if spec.on_test else "dev",
+        "bootstrap_samples": stats.BOOTSTRAP_SAMPLES,
         "variants": variants,
     }
+
+
+def _done(spec: Spec, name: str) -> list[int]:
+    return [s for s in spec.seeds if status(spec.folder(name, s)) == "done"]
 
 
 def _summary(folder: pathlib.Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
 
 
-def p_values(spec, variant: str) -> dict:
-    """Paired bootstrap p-values against the baseline, over the test predictions of the
-    seeds both finished, pooled: the test set once per seed, each copy translated by that
-    seed's runs, and `sentences`, how many were compared. Only the sentences both runs
-    translated are compared (a variant with another tokenizer may drop other overlong
-    sources). {} where the runs wrote no predictions.tsv."""
-    base, other, refs = [], [], []
+def _figures(summaries) -> dict:
+    figures = {}
+    for key, *_ in FIGURES:
+        values = [s[key] for s in summaries if s.get(key) is not None]
+        if values:
+            mean, ci = stats.mean_ci(values)
+            figures[key] = {"mean": mean, "ci95": ci, "values": values}
+    return figures
+
+
+def _problems(spec: Spec, name: str) -> dict[int, str]:
+    """seed -> why it is not compared: "failed: <last line of its log>", "pending", ..."""
+    out = {}
     for seed in spec.seeds:
-        a = _predictions(spec.folder(spec.baseline, seed))
-        b = _predictions(spec.folder(variant, seed))
-        if a is None or b is None:
-            continue
-        for ref, pa, pb in _common(a, b):
-            refs.append(ref)
-            base.append(pa)
-            other.append(pb)
-    if not refs:
-        return {}
-    out = {"exact_match": stats.paired_exact_match(
-        [p == r for p, r in zip(base, refs, strict=True)],
-        [p == r for p, r in zip(other, refs, strict=True)],
-    )}  # fmt: skip
-    if "bleu" in _summary(spec.folder(variant, next(iter(spec.seeds)))):
-        out |= stats.paired_bleu_chrf(base, other, refs)
-    return out | {"sentences": len(refs)}
+        folder, state = spec.folder(name, seed), status(spec.folder(name, seed))
+        if state in ("failed", "diverged"):
+            message = json.loads((folder / f"{state}.json").read_text()).get("message", "")
+            out[seed] = f"{state}: {message}".strip(": ")
+        elif state == "pending":
+            out[seed] = "pending (not run, or interrupted)"
+    return out
+
+
+def _paired(spec: Spec, name: str, base_summaries: dict[int, dict]) -> dict:
+    """The variant against the baseline on the seeds both finished."""
+    seeds = [s for s in _done(spec, name) if s in base_summaries]
+    summaries = {s: _summary(spec.folder(name, s)) for s in seeds}
+    differences = {}
+    for key, *_ in FIGURES:
+        values = [
+            summaries[s][key] - base_summaries[s][key]
+            for s in seeds
+            if summaries[s].get(key) is not None and base_summaries[s].get(key) is not None
+        ]
+        if values:
+            mean, ci = stats.mean_ci(values)
+            differences[key] = {"mean": mean, "ci95": ci, "values": values}
+    return {"seeds": seeds, "differences": differences} | _bootstraps(spec, name, seeds, summaries)
+
+
+def _bootstraps(spec: Spec, name: str, seeds: list[int], summaries: dict[int, dict]) -> dict:
+    """The two-level and (secondary) sentence-level bootstraps of each corpus metric on the
+    compared set's predictions of the paired seeds; empty where no run wrote them."""
+    rows = _paired_rows(spec, name, seeds)
+    if not rows:
+        return {"bootstrap": {}, "sentence_level": {}}
+    bleu_data = any("bleu" in summaries[s] for s in rows)
+    two_level, sentence_level = {}, {}
+    for metric in ("bleu", "chrf") if bleu_data else ("exact_match",):
+        base, other = _sentence_stats(metric, rows, 1), _sentence_stats(metric, rows, 2)
+        two_level[metric] = stats.bootstrap(metric, base, other)._asdict()
+        sentence_level[metric] = stats.bootstrap(
+            metric, base, other, resample_seeds=False
+        )._asdict()
+    return {"bootstrap": two_level, "sentence_level": sentence_level}
+
+
+def _sentence_stats(metric: str, rows: dict[int, list], column: int) -> list:
+    """Per seed, the [N, K] statistics of the predictions in `column` (1 baseline, 2 variant)."""
+    return [
+        stats.sentence_stats(metric, [r[column] for r in seed], [r[0] for r in seed])
+        for seed in rows.values()
+    ]
+
+
+def _paired_rows(spec: Spec, name: str, seeds: list[int]) -> dict[int, list]:
+    """seed -> (reference, baseline's prediction, variant's) of the compared set's
+    sentences both runs translated, for the seeds where both wrote predictions."""
+    file = "test_predictions.tsv" if spec.on_test else "predictions.tsv"
+    rows = {}
+    for s in seeds:
+        a = _predictions(spec.folder(spec.baseline, s) / file)
+        b = _predictions(spec.folder(name, s) / file)
+        common = _common(a, b) if a is not None and b is not None else []
+        if common:
+            rows[s] = common
+    return rows
+
+
+def _adjust(variants: dict) -> None:
+    """Holm's adjustment, per metric, across the variants compared, and each verdict."""
+    compared = [r["paired"] for r in variants.values() if "paired" in r]
+    for metric in stats.METRICS:
+        results = [p["bootstrap"][metric] for p in compared if metric in p["bootstrap"]]
+        adjusted = stats.holm([r["p"] for r in results], [r["at_floor"] for r in results])
+        for r, (p, bound) in zip(results, adjusted, strict=True):
+            r["p_holm"], r["p_holm_bound"] = p, bound
+            r["verdict"] = stats.verdict(stats.Bootstrap(**_fields(r)), p)
+
+
+def _fields(result: dict) -> dict:
+    return {k: result[k] for k in stats.Bootstrap._fields}
 
 
 def _common(a: list[tuple[str, str, str]], b: list[tuple[str, str, str]]) -> list:
@@ -102,10 +185,9 @@ def _common(a: list[tuple[str, str, str]], b: list[tuple[str, str, str]]) -> lis
     return out
 
 
-def _predictions(folder: pathlib.Path) -> list[tuple[str, str, str]] | None:
-    """(source, reference, prediction) rows of a finished run's predictions.tsv."""
-    path = folder / "predictions.tsv"
-    if not (folder / "summary.json").exists() or not path.exists():
+def _predictions(path: pathlib.Path) -> list[tuple[str, str, str]] | None:
+    """(source, reference, prediction) rows of a finished run's predictions file."""
+    if not (path.parent / "summary.json").exists() or not path.exists():
         return None
     # Lines end in "\n" alone: an untrained model's prediction may hold "\x1c" or "\x85",
     # where splitlines() would split too.
@@ -114,35 +196,119 @@ def _predictions(folder: pathlib.Path) -> list[tuple[str, str, str]] | None:
 
 
 def markdown(results: dict) -> str:
-    """The comparison table: mean ± 95% CI over seeds, p-value against the baseline."""
-    rows = results["variants"].values()
-    shown = [f for f in FIGURES if any(f[0] in r["figures"] for r in rows)]
-    main = next(
-        (k for k in ("bleu", "exact_match") if any(k in r.get("p_value", {}) for r in rows)), None
+    """Three tables: the figures per variant; the seed-paired differences; the bootstrap
+    verdicts on the compared set. Then the runs that were left out."""
+    return "\n".join(
+        [
+            _figures_table(results),
+            _differences_table(results),
+            _verdict_table(results),
+            _notes(results),
+        ]
     )
-    head = (
-        ["variant", "runs"]
-        + [title for _, title, _ in shown]
-        + ([f"p ({TITLES[main]})"] if main else [])
-    )
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, r in results["variants"].items():
-        baseline = name == results["baseline"] and name != "baseline"
-        cells = [name + (" (baseline)" if baseline else ""), _runs(r["runs"])]
-        cells += [_cell(r["figures"].get(key), fmt) for key, _, fmt in shown]
-        if main:
-            p = r.get("p_value", {}).get(main)
-            cells.append("" if p is None else f"{p:.3f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    compared = sorted({r["p_value"]["sentences"] for r in rows if r.get("p_value")})
-    counted = f" ({' or '.join(map(str, compared))} sentences)" if compared else ""
-    note = (
-        f"\nMean ± half-width of the 95% t-interval over seeds {results['seeds']}; "
-        "p: paired bootstrap resampling against the baseline (1000 resamples) on the "
-        "predictions.tsv of the final models (a Bible dataset's test books, else the held-out "
-        f"pairs), the sentences of all seeds pooled{counted}.\n"
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def _label(name: str, results: dict) -> str:
+    return name + (" (baseline)" if name == results["baseline"] and name != "baseline" else "")
+
+
+def _figures_table(results: dict) -> str:
+    rows = results["variants"]
+    shown = [f for f in FIGURES if any(f[0] in r["figures"] for r in rows.values())]
+    body = [
+        [_label(name, results), _runs(r["runs"])]
+        + [_cell(r["figures"].get(k), fmt) for k, _, fmt in shown]
+        for name, r in rows.items()
+    ]
+    return (
+        "Each variant: mean ± half-width of the 95% t-interval over its finished seeds "
+        f"{results['seeds']}.\n\n" + _table(["variant", "runs"] + [t for _, t, _ in shown], body)
     )
-    return "\n".join(lines) + "\n" + note
+
+
+def _differences_table(results: dict) -> str:
+    paired = {n: r["paired"] for n, r in results["variants"].items() if "paired" in r}
+    shown = [f for f in FIGURES if any(f[0] in p["differences"] for p in paired.values())]
+    if not paired or not shown:
+        return ""
+    body = [
+        [name, str(len(p["seeds"]))]
+        + [
+            _cell(p["differences"].get(k), fmt.replace("{:", "{:+"), signed=True)
+            for k, _, fmt in shown
+        ]
+        for name, p in paired.items()
+    ]
+    return (
+        f"Variant minus {results['baseline']}, seed by seed (same seed, same data order): the "
+        "mean difference ± half-width of its 95% t-interval over the paired seeds.\n\n"
+        + _table(["variant", "paired seeds"] + [f"Δ {t}" for _, t, _ in shown], body)
+    )
+
+
+def _verdict_table(results: dict) -> str:
+    paired = {n: r["paired"] for n, r in results["variants"].items() if "paired" in r}
+    metrics = [m for m in stats.METRICS if any(m in p["bootstrap"] for p in paired.values())]
+    if not metrics:
+        return ""
+    where = "on the TEST set" if results["set"] == "test" else "on the dev set"
+    head = ["variant", "paired seeds", "sentences"]
+    for m in metrics:
+        title = f"{results['set']} {METRIC_TITLES[m]}"
+        head += [f"Δ {title} [95%]", f"p ({title})", f"Holm p ({title})", f"verdict ({title})"]
+    head += [f"sentence-level p ({results['set']} {METRIC_TITLES[m]})" for m in metrics]
+    body = []
+    for name, p in paired.items():
+        boot = p["bootstrap"]
+        first = next(iter(boot.values()), None)
+        row = [name, str(len(p["seeds"])), str(first["sentences"]) if first else ""]
+        for m in metrics:
+            row += _bootstrap_cells(boot.get(m), METRIC_FORMATS[m])
+        row += [_p(p["sentence_level"][m]) if m in p["sentence_level"] else "" for m in metrics]
+        body.append(row)
+    n = results["bootstrap_samples"]
+    return (
+        f"Against {results['baseline']} {where}: two-level paired bootstrap ({n} resamples: "
+        "the seeds both finished, then the sentences within each seed) of the mean over seeds "
+        "of the corpus-score difference; its 95% interval, p-value, Holm's adjustment over "
+        f"the {len(paired)} variant(s), and the verdict (better/worse when the Holm p < "
+        f"{stats.ALPHA} and the interval excludes 0). Secondary, not a verdict: the "
+        "sentence-level paired bootstrap (seeds fixed, so training variance is ignored; "
+        f"so it understates the uncertainty when seeds disagree). A p of < {1 / (n + 1):.2g} is at the "
+        "bootstrap's floor.\n\n" + _table(head, body)
+    )
+
+
+def _bootstrap_cells(result: dict | None, fmt: str) -> list[str]:
+    if result is None:
+        return ["", "", "", ""]
+    interval = f"{fmt.format(result['difference'])} [{fmt.format(result['low'])}, {fmt.format(result['high'])}]"
+    holm = stats.format_p(result["p_holm"], result["p_holm_bound"])
+    return [interval, _p(result), holm, result["verdict"]]
+
+
+def _p(result: dict) -> str:
+    return stats.format_p(result["p"], result["at_floor"])
+
+
+def _notes(results: dict) -> str:
+    lines = [
+        f"- {name} seed {seed}: {why}"
+        for name, r in results["variants"].items()
+        for seed, why in r["problems"].items()
+    ]
+    if not lines:
+        return ""
+    return (
+        "Runs not compared (each comparison uses the seeds both runs finished):\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def _runs(runs: dict[int, str]) -> str:
@@ -151,16 +317,16 @@ def _runs(runs: dict[int, str]) -> str:
     return ", ".join([f"{done}/{len(runs)}"] + [o for o in other if not o.startswith("0 ")])
 
 
-def _cell(figure: dict | None, fmt: str) -> str:
+def _cell(figure: dict | None, fmt: str, signed: bool = False) -> str:
     if figure is None:
         return ""
     mean, ci = figure["mean"], figure["ci95"]
-    if ci is None or ci == 0:  # one seed, or every seed the same (e.g. parameters)
+    if ci is None or (ci == 0 and not signed):  # one seed, or every seed the same (parameters)
         return fmt.format(mean)
-    return f"{fmt.format(mean)} ± {fmt.format(ci)}"
+    return f"{fmt.format(mean)} ± {fmt.format(ci).lstrip('+')}"
 
 
-def curves(spec, out_png: pathlib.Path) -> None:
+def curves(spec: Spec, out_png: pathlib.Path) -> None:
     """Dev loss, and BLEU (or exact match), against steps: each variant's mean over its
     seeds, with a band from the lowest to the highest seed."""
     import matplotlib
@@ -173,8 +339,8 @@ def curves(spec, out_png: pathlib.Path) -> None:
     keys = ("eval_loss", "bleu" if any("bleu" in r for r in logged) else "exact_match")
     titles = {
         "eval_loss": "dev loss (label-smoothed)",
-        "bleu": "BLEU",
-        "exact_match": "exact match",
+        "bleu": "dev BLEU",
+        "exact_match": "dev exact match",
     }
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for i, (name, runs) in enumerate(evals.items()):
@@ -182,7 +348,8 @@ def curves(spec, out_png: pathlib.Path) -> None:
             _band(ax, runs, key, name, f"C{i}")
     for ax, key in zip(axes, keys, strict=True):
         ax.set(xlabel="step", title=titles[key])
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # some run logged an evaluation
+            ax.legend(fontsize=8)
     fig.suptitle(
         f"sweep {spec.out.name}: {len(spec.seeds)} seed(s) per variant (line: mean; band: min to max)"
     )

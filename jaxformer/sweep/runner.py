@@ -1,138 +1,31 @@
-"""Seeded sweeps: the spec and the runner.
-
-A spec (YAML or JSON) names a base configuration, variants (each a set of overrides of
-RunConfig and TransformerConfig fields) and seeds:
-
-    base: {task: dates, steps: 600, preset: tiny}   # any fields, and `preset`
-    variants:
-      baseline: {}
-      squared_relu: {activation: squared_relu}
-    seeds: 3                       # or a list: [0, 1, 2]
-    baseline: baseline             # default: the first variant
-    variant_files: [experiments/variants/squared_relu.py]  # registrations, if any
-    out: runs/sweeps/activations   # default: runs/sweeps/<the spec's file name>
+"""Seeded sweeps: the runner (see `spec` for the spec).
 
 Every (variant, seed) is an ordinary `jaxformer train` run in `<out>/<variant>/seed<k>`
-(its command in `command.txt`, its output in `train.log`). A run with a summary.json is
-finished and never rerun; any other resumes from its last checkpoint, so a killed sweep
-continues where it stopped. A run whose loss diverges is recorded as diverged. Then
-`results.json`, `results.md` and `curves.png` compare the variants (see `report`).
+(its command in `command.txt`, its output in `train.log`, the hash of its resolved
+configuration in `config_hash.json`). Runs go seed-major: seed 0 of every variant, then
+seed 1, ..., so a drift of the machine's speed does not fall on one variant.
+
+A run with a summary.json is finished and never rerun; any other resumes from its last
+checkpoint, so a killed sweep continues where it stopped. A folder whose recorded hash is
+not its configuration's (the variant or the base was edited) makes the sweep refuse,
+naming it, unless `rerun_changed` (then it is emptied and run again); `retry_failed`
+empties and reruns failed and diverged runs. Then `results.json`, `results.md` and
+`curves.png` compare the variants (see `report`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
-import pathlib
 import shutil
 import subprocess
 import sys
 import time
 
-from jaxformer.config import PRESETS, RunConfig, TransformerConfig, load_config_file
-from jaxformer.data.tokenizers import ByteTokenizer
-from jaxformer.functional.registry import import_variants
+from jaxformer.config import RunConfig
 from jaxformer.sweep import report
-
-SPEC_KEYS = ("base", "variants", "seeds", "baseline", "variant_files", "out")
-MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(TransformerConfig))
-RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
-SWEEP_OWNS = ("seed", "out")  # set by the sweep for each run
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """A checked sweep spec; `Spec.load(path)` reads one."""
-
-    base: dict
-    variants: dict[str, dict]
-    seeds: tuple[int, ...]
-    baseline: str
-    variant_files: tuple[str, ...]
-    out: pathlib.Path
-
-    @classmethod
-    def load(cls, path: str | pathlib.Path, out: str | None = None) -> Spec:
-        fields = load_config_file(str(path))
-        unknown = [k for k in fields if k not in SPEC_KEYS]
-        if unknown:
-            raise ValueError(
-                f"{path}: unknown key {unknown[0]!r}; a spec has {', '.join(SPEC_KEYS)}"
-            )
-        variants = fields.get("variants")
-        if not isinstance(variants, dict) or not variants:
-            raise ValueError(f"{path}: variants must be a non-empty mapping: name -> overrides")
-        spec = cls(
-            base=_mapping(fields.get("base", {}), f"{path}: base"),
-            variants={str(k): _mapping(v or {}, f"{path}: variant {k!r}") for k, v in variants.items()},
-            seeds=_seeds(fields.get("seeds", 1), path),
-            baseline=str(fields.get("baseline", next(iter(variants)))),
-            variant_files=tuple(fields.get("variant_files", ())),
-            out=pathlib.Path(out or fields.get("out") or pathlib.Path("runs/sweeps") / pathlib.Path(path).stem),
-        )  # fmt: skip
-        if spec.baseline not in spec.variants:
-            raise ValueError(
-                f"{path}: baseline {spec.baseline!r} is not one of the variants {list(spec.variants)}"
-            )
-        import_variants(list(spec.variant_files))
-        for name in spec.variants:  # every configuration is checked before any run starts
-            spec.configs(name, spec.seeds[0])
-        return spec
-
-    def folder(self, variant: str, seed: int) -> pathlib.Path:
-        return self.out / variant / f"seed{seed}"
-
-    def configs(self, variant: str, seed: int) -> tuple[TransformerConfig, RunConfig]:
-        """The model and run configuration of one run (errors name the variant)."""
-        fields = self.base | self.variants[variant]
-        where = f"variant {variant!r}"
-        for key in fields:
-            if key in SWEEP_OWNS:
-                raise ValueError(f"{where}: {key!r} is set by the sweep (seeds, out)")
-            if key not in MODEL_FIELDS + RUN_FIELDS + ("preset",):
-                close = difflib.get_close_matches(key, MODEL_FIELDS + RUN_FIELDS, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(
-                    f"{where}: unknown field {key!r} (not a TransformerConfig or RunConfig field){hint}"
-                )
-        preset = fields.get("preset", "tiny")
-        if preset not in PRESETS:
-            raise ValueError(f"{where}: preset must be one of {PRESETS}, got {preset!r}")
-        try:
-            model = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(
-                **{k: v for k, v in fields.items() if k in MODEL_FIELDS}
-            )
-            run = RunConfig(
-                **{k: v for k, v in fields.items() if k in RUN_FIELDS},
-                seed=seed,
-                out=str(self.folder(variant, seed)),
-            )
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{where}: {e}") from None
-        return model, run
-
-
-def _mapping(value, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a mapping of config fields, got {value!r}")
-    return dict(value)
-
-
-def _seeds(value, path) -> tuple[int, ...]:
-    """`seeds: N` (0 .. N-1) or a list of distinct ints."""
-    seeds = list(range(value)) if isinstance(value, int) and not isinstance(value, bool) else value
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-        or len(set(seeds)) != len(seeds)
-    ):
-        raise ValueError(
-            f"{path}: seeds must be a count >= 1 or a list of distinct ints, got {value!r}"
-        )
-    return tuple(seeds)
+from jaxformer.sweep.spec import HASH_FILE, RUN_FIELDS, SWEEP_OWNS, Spec, status
 
 
 def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
@@ -159,19 +52,24 @@ def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
     return args
 
 
-def status(folder: pathlib.Path) -> str:
-    """ "done", "diverged", "failed" (see its train.log) or "pending"."""
-    for name in ("done", "diverged", "failed"):
-        if (folder / ("summary.json" if name == "done" else f"{name}.json")).exists():
-            return name
-    return "pending"
-
-
-def run(spec: Spec, *, jobs: int | None = None, say=print) -> dict:
-    """Run every pending (variant, seed), `jobs` at a time (default: one per NVIDIA GPU
-    present, each pinned to its GPU, else 1), then write the report; returns results."""
+def run(
+    spec: Spec,
+    *,
+    jobs: int | None = None,
+    rerun_changed: bool = False,
+    retry_failed: bool = False,
+    say=print,
+) -> dict:
+    """Run every pending (variant, seed), seed-major, `jobs` at a time (default: one per
+    NVIDIA GPU present, each pinned to its GPU, else 1), then write the report; returns
+    the results. Raises ValueError, before any run starts, for a folder made by another
+    configuration (unless `rerun_changed`)."""
+    todo = [(v, s) for s in spec.seeds for v in spec.variants]
+    _clear(spec, _changed(spec, todo, rerun_changed), "its configuration changed", say)
+    if retry_failed:
+        again = [(v, s) for v, s in todo if status(spec.folder(v, s)) in ("failed", "diverged")]
+        _clear(spec, again, "retrying", say)
     spec.out.mkdir(parents=True, exist_ok=True)
-    todo = [(v, s) for v in spec.variants for s in spec.seeds]
     pending = [(v, s) for v, s in todo if status(spec.folder(v, s)) == "pending"]
     say(f"sweep {spec.out}: {len(todo)} runs, {len(todo) - len(pending)} already ended")
     gpus = _gpu_count()
@@ -200,6 +98,35 @@ def run(spec: Spec, *, jobs: int | None = None, say=print) -> dict:
     return report.write(spec)
 
 
+def _changed(spec: Spec, todo: list[tuple[str, int]], rerun_changed: bool) -> list[tuple[str, int]]:
+    """The runs whose folder was made by another configuration (or records none); unless
+    `rerun_changed`, the first of them is an error."""
+    changed = [
+        (v, s)
+        for v, s in todo
+        if spec.folder(v, s).exists() and spec.recorded_hash(v, s) != spec.config_hash(v, s)
+    ]
+    if changed and not rerun_changed:
+        (variant, seed), more = changed[0], len(changed) - 1
+        folder, recorded = spec.folder(variant, seed), spec.recorded_hash(variant, seed)
+        what = "was made by another configuration than the spec's"
+        if recorded is None:
+            what = "holds no config hash (an older sweep's run)"
+        others = f" (and {more} other run{'s' * (more > 1)})" if more else ""
+        raise ValueError(
+            f"variant {variant!r} seed {seed}: {folder} {what}{others}; pass --rerun-changed "
+            "to run it again (its folder is emptied), or restore the spec, or choose another --out"
+        )
+    return changed
+
+
+def _clear(spec: Spec, runs: list[tuple[str, int]], why: str, say) -> None:
+    """Empty the folders of `runs`, so they start again from step 0."""
+    for variant, seed in runs:
+        say(f"{variant} seed {seed}: {why}: emptying {spec.folder(variant, seed)}")
+        shutil.rmtree(spec.folder(variant, seed))
+
+
 def _gpu_count() -> int:
     if shutil.which("nvidia-smi") is None:
         return 0
@@ -210,6 +137,7 @@ def _gpu_count() -> int:
 def _launch(spec: Spec, variant: str, seed: int, *, gpu: int | None) -> subprocess.Popen:
     args = train_command(spec, variant, seed)
     folder = spec.folder(variant, seed)
+    (folder / HASH_FILE).write_text(json.dumps({"config_hash": spec.config_hash(variant, seed)}))
     command = [sys.executable, "-m", "jaxformer", *args]
     (folder / "command.txt").write_text("jaxformer " + " ".join(args) + "\n")
     env = dict(os.environ)
@@ -219,7 +147,7 @@ def _launch(spec: Spec, variant: str, seed: int, *, gpu: int | None) -> subproce
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def _finish(folder: pathlib.Path, returncode: int) -> str:
+def _finish(folder, returncode: int) -> str:
     """Record how a run ended; returns a line for the progress output. The command exits
     1 when the loss diverged, 2 on bad input (the spec was checked, so a bug), 130 when
     interrupted (the run resumes next time)."""

@@ -64,7 +64,7 @@ def train(
     if run.tensorboard:
         folder.open_tensorboard(first)
     shown = report.Progress(progress and folder.is_main, first, run.steps)
-    meter, last_eval, predictions = _Meter(first, started), {}, []
+    meter, last_eval, predictions = _Meter(first, started, folder.resumed_wall_seconds), {}, []
     profiler = _Profiler(run.profile_steps, folder)
     try:
         for step in range(first, run.steps):
@@ -370,10 +370,13 @@ def _steps(model, config: TransformerConfig, run: RunConfig):
 
 
 class _Meter:
-    """Counts steps and target tokens, times them, and stops the run on a NaN loss."""
+    """Counts steps and target tokens, times them, and stops the run on a NaN loss. Wall
+    time adds `earlier`, the seconds earlier processes of a resumed run took to reach its
+    checkpoint; tokens/s is this process's."""
 
-    def __init__(self, first: int, started: float):
+    def __init__(self, first: int, started: float, earlier: float = 0.0):
         self.first = self.step = first
+        self.earlier = earlier
         self.tokens = self.window_tokens = 0
         self.start = self.window_start = time.perf_counter()
         self.started, self.to_first_step = started, None
@@ -394,6 +397,7 @@ class _Meter:
             self.to_first_step = now - self.started
         record = {"step": step, **{k: float(v) for k, v in metrics.items() if k != "tokens"}}
         record["tokens_per_second"] = self.window_tokens / max(now - self.window_start, 1e-9)
+        record["wall_seconds"] = round(self.earlier + now - self.start, 2)
         return record
 
     def restart_window(self) -> None:
@@ -405,7 +409,7 @@ class _Meter:
         return {
             "steps": self.step,
             "steps_run": self.step - self.first,
-            "wall_seconds": round(wall, 2),
+            "wall_seconds": round(self.earlier + wall, 2),
             "seconds_to_first_step": None
             if self.to_first_step is None
             else round(self.to_first_step, 2),

@@ -37,6 +37,7 @@ class RunFolder:
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
         self.tensorboard = None
+        self.resumed_wall_seconds = 0.0  # set by restore: the wall time of the steps kept
 
     def start(self, *, resume: bool) -> bool:
         """Whether to resume from the latest checkpoint. A fresh start empties the metrics;
@@ -65,6 +66,8 @@ class RunFolder:
             lines = self.metrics_path.read_text().splitlines()
             kept = [line for line in lines if line and json.loads(line)["step"] <= step]
             self._write("metrics.jsonl", "".join(line + "\n" for line in kept))
+            walls = [json.loads(line).get("wall_seconds") for line in kept]
+            self.resumed_wall_seconds = max((w for w in walls if w is not None), default=0.0)
         self.say(f"resumed from step {step} in {self.checkpoints.directory}")
         return state
 

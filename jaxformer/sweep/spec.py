@@ -1,0 +1,256 @@
+"""A sweep's spec, the folder of each of its runs, and what a run folder says about it.
+
+A spec (YAML or JSON) names a base configuration, variants (each a set of overrides of
+RunConfig and TransformerConfig fields), an optional grid, and seeds:
+
+    base: {task: dates, steps: 600, preset: tiny}   # any fields, and `preset`
+    variants:
+      baseline: {}
+      squared_relu: {activation: squared_relu}
+    grid:                          # every combination becomes a variant, named
+      num_heads: [1, 4]            #   "num_heads=1,dropout_rate=0.0", ...
+      dropout_rate: [0.0, 0.3]
+    seeds: 3                       # or a list: [0, 1, 2]
+    baseline: baseline             # default: the first variant
+    variant_files: [experiments/variants/squared_relu.py]  # registrations, if any
+    out: runs/sweeps/activations   # default: runs/sweeps/<the spec's file name>
+
+`final_test: true` in `base` has every run score its final model on the test set too,
+and the sweep then compares the variants on the test set (dev otherwise); it is set for
+the whole sweep, never per variant. Each run of `<out>/<variant>/seed<k>` records the
+hash of its resolved configuration in `config_hash.json` when it is launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import itertools
+import json
+import pathlib
+
+import yaml
+
+from jaxformer.config import PRESETS, RunConfig, TransformerConfig, load_config_file
+from jaxformer.data.tokenizers import ByteTokenizer
+from jaxformer.functional.registry import import_variants
+
+SPEC_KEYS = ("base", "variants", "grid", "seeds", "baseline", "variant_files", "out")
+MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(TransformerConfig))
+RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+SWEEP_OWNS = ("seed", "out")  # set by the sweep for each run
+SWEEP_WIDE = ("final_test",)  # set in base only: every variant is compared on one set
+HASH_FILE = "config_hash.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A checked sweep spec; `Spec.load(path)` reads one."""
+
+    base: dict
+    variants: dict[str, dict]
+    seeds: tuple[int, ...]
+    baseline: str
+    variant_files: tuple[str, ...]
+    out: pathlib.Path
+
+    @classmethod
+    def load(
+        cls, path: str | pathlib.Path, out: str | None = None, overrides: tuple[str, ...] = ()
+    ) -> Spec:
+        """The spec in `path`, its base changed by `overrides` ("key=value", a YAML value)."""
+        fields = _read(path)
+        unknown = [k for k in fields if k not in SPEC_KEYS]
+        if unknown:
+            raise ValueError(
+                f"{path}: unknown key {unknown[0]!r}; a spec has {', '.join(SPEC_KEYS)}"
+            )
+        variants = _variants(fields, path)
+        spec = cls(
+            base=_mapping(fields.get("base", {}), f"{path}: base") | _overrides(overrides),
+            variants=variants,
+            seeds=_seeds(fields.get("seeds", 1), path),
+            baseline=str(fields.get("baseline", next(iter(variants)))),
+            variant_files=tuple(fields.get("variant_files", ())),
+            out=pathlib.Path(
+                out or fields.get("out") or pathlib.Path("runs/sweeps") / pathlib.Path(path).stem
+            ),
+        )
+        if spec.baseline not in spec.variants:
+            raise ValueError(
+                f"{path}: baseline {spec.baseline!r} is not one of the variants {list(spec.variants)}"
+            )
+        import_variants(list(spec.variant_files))
+        for name in spec.variants:  # every configuration is checked before any run starts
+            spec.configs(name, spec.seeds[0])
+        return spec
+
+    @property
+    def on_test(self) -> bool:
+        """Whether the variants are compared on the test set (base sets final_test)."""
+        return bool(self.base.get("final_test", False))
+
+    def folder(self, variant: str, seed: int) -> pathlib.Path:
+        return self.out / variant / f"seed{seed}"
+
+    def configs(self, variant: str, seed: int) -> tuple[TransformerConfig, RunConfig]:
+        """The model and run configuration of one run (errors name the variant)."""
+        where = f"variant {variant!r}"
+        for key in self.variants[variant]:
+            if key in SWEEP_WIDE:
+                raise ValueError(f"{where}: {key!r} is set for the whole sweep, in base")
+        fields = self.base | self.variants[variant]
+        for key in fields:
+            if key in SWEEP_OWNS:
+                raise ValueError(f"{where}: {key!r} is set by the sweep (seeds, out)")
+            _check_field(key, where)
+        preset = fields.get("preset", "tiny")
+        if preset not in PRESETS:
+            raise ValueError(f"{where}: preset must be one of {PRESETS}, got {preset!r}")
+        try:
+            model = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(
+                **{k: v for k, v in fields.items() if k in MODEL_FIELDS}
+            )
+            run = RunConfig(
+                **{k: v for k, v in fields.items() if k in RUN_FIELDS},
+                seed=seed,
+                out=str(self.folder(variant, seed)),
+            )
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{where}: {e}") from None
+        return model, run
+
+    def config_hash(self, variant: str, seed: int) -> str:
+        """A hash of the run's resolved model and run configuration (its folder aside) and
+        of the variant files it registers."""
+        model, run = self.configs(variant, seed)
+        resolved = {
+            "model": model.to_dict(),
+            "run": run.to_dict() | {"out": None},
+            "variant_files": list(self.variant_files),
+        }
+        text = json.dumps(resolved, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def recorded_hash(self, variant: str, seed: int) -> str | None:
+        """The hash its folder recorded at launch; None if it holds none."""
+        path = self.folder(variant, seed) / HASH_FILE
+        return json.loads(path.read_text())["config_hash"] if path.exists() else None
+
+
+def status(folder: pathlib.Path) -> str:
+    """ "done", "diverged", "failed" (see its train.log) or "pending"."""
+    for name in ("done", "diverged", "failed"):
+        if (folder / ("summary.json" if name == "done" else f"{name}.json")).exists():
+            return name
+    return "pending"
+
+
+def _check_field(key: str, where: str) -> None:
+    if key not in MODEL_FIELDS + RUN_FIELDS + ("preset",):
+        close = difflib.get_close_matches(key, MODEL_FIELDS + RUN_FIELDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"{where}: unknown field {key!r} (not a TransformerConfig or RunConfig field){hint}"
+        )
+
+
+def _variants(fields: dict, path) -> dict[str, dict]:
+    """The named variants, then the grid's, each name once."""
+    named = fields.get("variants", {})
+    if not isinstance(named, dict) or not (named or fields.get("grid")):
+        raise ValueError(
+            f"{path}: variants must be a non-empty mapping: name -> overrides (or give a grid)"
+        )
+    variants = {str(k): _mapping(v or {}, f"{path}: variant {k!r}") for k, v in named.items()}
+    for name, overrides in _grid(fields.get("grid", {}), path):
+        if name in variants:
+            raise ValueError(f"{path}: the grid's variant {name!r} is also a named variant")
+        variants[name] = overrides
+    return variants
+
+
+def _grid(grid, path) -> list[tuple[str, dict]]:
+    """Every combination of a {field: [values]} mapping, as (name, overrides)."""
+    grid = _mapping(grid, f"{path}: grid")
+    for key, values in grid.items():
+        _check_field(key, f"{path}: grid")
+        if key in SWEEP_OWNS + SWEEP_WIDE:
+            raise ValueError(f"{path}: grid: {key!r} cannot vary between variants")
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{path}: grid: {key} must be a non-empty list, got {values!r}")
+    combos = itertools.product(*grid.values())
+    return [
+        (
+            ",".join(f"{k}={v}" for k, v in zip(grid, combo, strict=True)),
+            dict(zip(grid, combo, strict=True)),
+        )
+        for combo in (combos if grid else [])
+    ]
+
+
+def _overrides(pairs: tuple[str, ...]) -> dict:
+    """{key: value} of --set key=value options; the value is read as YAML (3, 0.1, true)."""
+    fields = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set takes key=value, got {pair!r}")
+        _check_field(key, "--set")
+        if key in SWEEP_OWNS:
+            raise ValueError(f"--set: {key!r} is set by the sweep (seeds, out)")
+        fields[key] = yaml.safe_load(value)
+    return fields
+
+
+def _read(path) -> dict:
+    """The spec's mapping; a key given twice in one mapping (two variants of one name) is
+    an error, where YAML and JSON readers keep the last silently."""
+    fields = load_config_file(str(path))
+    text = pathlib.Path(path).read_text(encoding="utf-8")
+    try:
+        if pathlib.Path(path).suffix in (".yaml", ".yml"):
+            yaml.load(text, Loader=_UniqueKeyLoader)
+        else:
+            json.loads(text, object_pairs_hook=_unique)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return fields
+
+
+def _unique(pairs: list[tuple]) -> dict:
+    keys = [k for k, _ in pairs]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice is not None:
+        raise ValueError(f"{twice!r} is given twice in one mapping (variant names must differ)")
+    return dict(pairs)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        _unique([(self.construct_object(k, deep=deep), None) for k, _ in node.value])
+        return super().construct_mapping(node, deep=deep)
+
+
+def _mapping(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a mapping of config fields, got {value!r}")
+    return dict(value)
+
+
+def _seeds(value, path) -> tuple[int, ...]:
+    """`seeds: N` (0 .. N-1) or a list of distinct ints."""
+    seeds = list(range(value)) if isinstance(value, int) and not isinstance(value, bool) else value
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
+        raise ValueError(
+            f"{path}: seeds must be a count >= 1 or a list of distinct ints, got {value!r}"
+        )
+    return tuple(seeds)
