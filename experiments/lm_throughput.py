@@ -85,6 +85,41 @@ def main(argv=None) -> dict:
     if args.xla_flags is not None:
         os.environ["XLA_FLAGS"] = args.xla_flags
     import jax
+
+    s = sizes(args)
+    step, state, batch, n_params = setup(s, args)
+    t0 = time.perf_counter()
+    compiled = step.lower(state, batch).compile()
+    compile_s = time.perf_counter() - t0
+    memory = compiled.memory_analysis()
+    device = jax.devices()[0].device_kind
+    result = dict(
+        device=device, jax=jax.__version__, params=n_params, **{k: s[k] for k in s},
+        remat=args.remat, scan=args.scan, attention=args.attention, lm_head=args.lm_head,
+        xla_flags=os.environ.get("XLA_FLAGS", ""), compile_seconds=round(compile_s, 2),
+        temp_bytes=None if memory is None else int(memory.temp_size_in_bytes),
+    )  # fmt: skip
+    if not args.memory_only:
+        result |= _timed(compiled, state, batch, args.steps, n_params, s, device)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lm_throughput.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return result
+
+
+def sizes(args) -> dict:
+    """The model and batch sizes of `args`: FULL or QUICK with --batch, --layers, --context."""
+    s = dict(QUICK if args.quick else FULL)
+    for name in ("batch", "layers", "context"):
+        s[name] = getattr(args, name) or s[name]
+    return s
+
+
+def setup(s: dict, args):
+    """(jitted step with donated state, state, batch, parameter count) of the model of sizes
+    `s` (FULL or QUICK with overrides) and the options in `args` (parse_args)."""
+    import jax
     import numpy as np
     import optax
     from flax import nnx
@@ -93,9 +128,6 @@ def main(argv=None) -> dict:
     import jaxformer as jf
     from jaxformer import train
 
-    s = dict(QUICK if args.quick else FULL)
-    for name in ("batch", "layers", "context"):
-        s[name] = getattr(args, name) or s[name]
     config = jf.TransformerConfig(
         vocab_size=s["vocab"], num_encoder_layers=0, num_decoder_layers=s["layers"],
         d_model=s["d_model"], d_ff=s["d_ff"], num_heads=s["heads"], max_len=s["context"],
@@ -117,24 +149,7 @@ def main(argv=None) -> dict:
     batch = jax.device_put(
         {"tgt_in": tokens[:, :-1], "tgt_out": tokens[:, 1:], "tgt_valid": np.ones((B, T), bool)}
     )
-    t0 = time.perf_counter()
-    compiled = step.lower(state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    memory = compiled.memory_analysis()
-    device = jax.devices()[0].device_kind
-    result = dict(
-        device=device, jax=jax.__version__, params=n_params, **{k: s[k] for k in s},
-        remat=args.remat, scan=args.scan, attention=args.attention, lm_head=args.lm_head,
-        xla_flags=os.environ.get("XLA_FLAGS", ""), compile_seconds=round(compile_s, 2),
-        temp_bytes=None if memory is None else int(memory.temp_size_in_bytes),
-    )  # fmt: skip
-    if not args.memory_only:
-        result |= _timed(compiled, state, batch, args.steps, n_params, s, device)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lm_throughput.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
-    return result
+    return step, state, batch, n_params
 
 
 def _timed(compiled, state, batch, steps: int, n_params: int, s: dict, device: str) -> dict:

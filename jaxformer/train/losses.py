@@ -71,6 +71,11 @@ def cross_entropy(
             f"got targets {targets.shape}, weights {weights.shape}"
         )
     check_number("label_smoothing", label_smoothing, "[0, 1)")
+    with jax.named_scope("loss"):  # named in profiles (experiments/profile_step.py)
+        return _dense_sums(logits, targets, weights, label_smoothing)
+
+
+def _dense_sums(logits, targets, weights, label_smoothing) -> LossSums:
     logits = logits.astype(jnp.float32)
     w = weights.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits, axis=-1)
@@ -131,6 +136,12 @@ def chunked_cross_entropy(
         )
     if bias is not None and bias.shape != (V,):
         raise ValueError(f"bias {bias.shape} must be [V] = {(V,)}")
+    with jax.named_scope("loss"):
+        return _chunked_sums(hidden, table, bias, targets, weights, label_smoothing, chunk_size)
+
+
+def _chunked_sums(hidden, table, bias, targets, weights, label_smoothing, chunk_size) -> LossSums:
+    (B, T, E), V = hidden.shape, table.shape[0]
     n, C = _vocab_chunks(V, chunk_size)
     table_c = jnp.pad(table, ((0, n * C - V), (0, 0))).reshape(n, C, E)
     bias = jnp.zeros((V,), jnp.float32) if bias is None else bias.astype(jnp.float32)

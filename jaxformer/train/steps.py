@@ -188,8 +188,9 @@ def make_train_step(
             )
         sums, activations, grads = sum_over_replicas((sums, activations, grads))
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums.tokens, 1.0), grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        with jax.named_scope("optimizer"):  # named in profiles (experiments/profile_step.py)
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         metrics = sums.means() | {
             "lr": schedule(state.step),
             "grad_norm": optax.tree.norm(grads),

@@ -134,9 +134,16 @@ def test_bad_input_to_the_chunked_head():
 
 def _model_and_batch(kind, lm_head, dtype="float32"):
     config = jf.TransformerConfig.tiny(
-        TOK.vocab_size, d_model=32, num_heads=2, d_ff=64, max_len=64, dropout_rate=0.1,
-        lm_head=lm_head, dtype=dtype, logits_bias=kind == "lm",
-    )  # fmt: skip
+        TOK.vocab_size,
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        max_len=64,
+        dropout_rate=0.1,
+        lm_head=lm_head,
+        dtype=dtype,
+        logits_bias=kind == "lm",
+    )
     if kind == "transformer":
         batch = data.TaskData("copy", TOK, seed=0, test_size=4).train_batch(0, 4)
         return jf.Transformer(config, rngs=nnx.Rngs(0)), batch
