@@ -74,8 +74,8 @@ def train(
                 state, metrics = step_fn(state, job.data.train_batch(step, run.batch_size))
             done = step + 1
             profiler.after(done, state)
-            _read_metrics(meter, folder, shown, run)  # step done - 1's, while step done runs
             meter.hold(done, metrics)
+            _read_metrics(meter, folder, shown, run, keep=1)  # step done - 1's, as done runs
             evaluating = _due(done, run.eval_every, run.steps)
             saving = _due(done, run.checkpoint_every, run.steps)
             if evaluating or saving:  # a NaN stops the run before it is saved or evaluated
@@ -375,7 +375,9 @@ class _Meter:
 
     It reads a step's metrics one step late: `hold` keeps them on the device, and `read`
     (called after the next step is dispatched, or before an evaluation or checkpoint)
-    brings them to the host, so the host never waits for the step it has just dispatched.
+    brings the oldest to the host, so the host never waits for the step it has just
+    dispatched. Metrics stay held until read without a NaN, even if an interrupt cuts
+    the read short.
     """
 
     def __init__(self, first: int, started: float):
@@ -383,18 +385,16 @@ class _Meter:
         self.tokens = self.window_tokens = 0
         self.start = self.window_start = time.perf_counter()
         self.started, self.to_first_step = started, None
-        self.held: tuple[int, dict] | None = None
+        self.held: list[tuple[int, dict]] = []  # (step, metrics on the device), oldest first
 
     def hold(self, step: int, metrics) -> None:
-        """Keep step `step`'s metrics (device arrays) until the next `read`."""
-        self.held = (step, metrics)
+        """Keep step `step`'s metrics (device arrays) until `read`."""
+        self.held.append((step, metrics))
 
-    def read(self, folder: RunFolder) -> tuple[int, dict[str, float], Any] | None:
+    def read(self, folder: RunFolder) -> tuple[int, dict[str, float], Any]:
         """(step, log record with tokens/s since the window began, internals or None) of the
-        held metrics, or None when none are held. Raises TrainingDiverged on a NaN loss."""
-        if self.held is None:
-            return None
-        (step, metrics), self.held = self.held, None
+        oldest held metrics, which it then lets go. Raises TrainingDiverged on a NaN loss."""
+        step, metrics = self.held[0]
         metrics = dict(metrics)
         internals = metrics.pop("internals", None)
         loss = float(metrics["loss"])
@@ -403,6 +403,7 @@ class _Meter:
                 f"the training loss became {loss} at step {step}; the last good checkpoint "
                 f"(step {folder.checkpoints.latest_step()}) is intact in {folder.checkpoints.directory}"
             )
+        del self.held[0]
         self.step = step
         n = int(metrics["tokens"])
         self.tokens, self.window_tokens = self.tokens + n, self.window_tokens + n
@@ -464,19 +465,17 @@ class _Profiler:
             self.on = False
 
 
-def _read_metrics(meter: _Meter, folder: RunFolder, shown, run: RunConfig) -> None:
-    """Read the meter's held metrics (stopping the run on a NaN loss) and log them: the
-    internals always, the step's record when a log is due."""
-    read = meter.read(folder)
-    if read is None:
-        return
-    done, record, internals = read
-    if internals is not None:
-        folder.log(report.internals_record(done, internals))
-    if _due(done, run.log_every, run.steps):
-        folder.log(record)
-        shown.show(record)
-        meter.restart_window()
+def _read_metrics(meter: _Meter, folder: RunFolder, shown, run: RunConfig, keep: int = 0) -> None:
+    """Read the meter's held metrics but the newest `keep` (stopping the run on a NaN loss)
+    and log them: the internals always, a step's record when its log is due."""
+    while len(meter.held) > keep:
+        done, record, internals = meter.read(folder)
+        if internals is not None:
+            folder.log(report.internals_record(done, internals))
+        if _due(done, run.log_every, run.steps):
+            folder.log(record)
+            shown.show(record)
+            meter.restart_window()
 
 
 def _due(done: int, every: int, total: int) -> bool:

@@ -93,8 +93,8 @@ def _dense_sums(logits, targets, weights, label_smoothing) -> LossSums:
 
 
 def lm_head_choice(lm_head: str, tokens: int, vocab_size: int) -> str:
-    """ "dense" or "chunked": the head `lm_head` names, or what "auto" picks for `tokens`
-    (B * T) rows of `vocab_size` logits."""
+    """The head a step uses, "dense" or "chunked": the one `lm_head` names, or what "auto"
+    picks for `tokens` (B * T) rows of `vocab_size` logits."""
     check_choice("lm_head", lm_head, LM_HEADS)
     if lm_head != "auto":
         return lm_head

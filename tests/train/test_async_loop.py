@@ -63,8 +63,7 @@ def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched(tmp_path, mo
         return dispatch
 
     def logged_read(self, folder):
-        if self.held is not None:
-            events.append(f"read {self.held[0]}")
+        events.append(f"read {self.held[0][0]}")
         return read(self, folder)
 
     monkeypatch.setattr(loop._Job, "step_for", logged_step_for)
@@ -98,3 +97,29 @@ def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp
         loop.train(*_configs(tmp_path, steps=8, checkpoint_every=2), progress=False)
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
     assert sorted(_logged_losses(tmp_path)) == list(range(1, bad_step))
+
+
+def test_ctrl_c_saves_no_checkpoint_of_a_diverged_step(tmp_path, monkeypatch):
+    """An interrupt right after step 3 (NaN) is dispatched: its held metrics are read before
+    the interrupted run's checkpoint, so there is none."""
+    real, hold = loop.make_train_step, loop._Meter.hold
+
+    def poisoned(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def wrapped(state, batch):
+            new_state, m = step(state, batch)
+            return new_state, m | {"loss": jnp.where(new_state.step >= 3, jnp.nan, m["loss"])}
+
+        return wrapped
+
+    def hold_then_interrupt(self, step, metrics):
+        hold(self, step, metrics)
+        if step == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "make_train_step", poisoned)
+    monkeypatch.setattr(loop._Meter, "hold", hold_then_interrupt)
+    with pytest.raises(loop.TrainingDiverged, match="became nan at step 3"):
+        loop.train(*_configs(tmp_path, steps=8), progress=False)
+    assert checkpoint.Checkpointer(tmp_path).latest_step() is None
