@@ -116,6 +116,8 @@ def test_auto_is_dense_for_small_heads_and_chunked_for_large():
     assert lm_head_choice("chunked", 1, 2) == "chunked"
     with pytest.raises(ValueError, match="lm_head must be one of"):
         lm_head_choice("fused", 1, 2)
+    with pytest.raises(ValueError, match="lm_head must be one of"):
+        jf.TransformerConfig.tiny(100, lm_head="fused")
 
 
 def test_bad_input_to_the_chunked_head():
