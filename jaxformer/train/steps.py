@@ -72,6 +72,7 @@ def model_loss_sums(
     """The teacher-forced `LossSums` of `batch`, through the output head that the model's
     `config.lm_head` picks for this batch (`lm_head_choice`): the dense logits and
     `cross_entropy`, or the last hidden states and `chunked_cross_entropy`."""
+    check_batch(model, batch)
     targets, weights = batch["tgt_out"], batch["tgt_valid"]
     head = lm_head_choice(model.config.lm_head, targets.size, model.config.vocab_size)
     if head == "dense":
