@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 RUN    := $(VENV)/.installed-run
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: train test test-all test-gpu lint docs bench bench-xla clean
+.PHONY: train test test-all test-gpu gpu-report lint docs bench bench-xla clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
 # torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk,
@@ -40,7 +40,15 @@ test-all: $(DEV)
 # float32 products pinned to full precision (tests/conftest.py). `make test` runs on the CPU.
 test-gpu:
 	JAX_PLATFORMS=cuda,cpu PYTHONPATH=. $(PYTHON) -m pytest -q -m "not slow" tests/functional tests/nn \
-		tests/test_models.py tests/test_decode.py tests/train/test_steps.py tests/interop
+		tests/test_models.py tests/test_decode.py tests/train/test_steps.py tests/train/test_lm_head.py \
+		tests/interop
+
+# Every GPU table in one command (about 20 minutes on one H100/H200), on the GPU machine as
+# test-gpu (a CUDA build of JAX already installed; tokamax from the wheels: see the docstring
+# of experiments/gpu_report.py): results/gpu_report/{summary.json,gpu_tables.md} and each
+# step's files. `python experiments/gpu_report.py --dry-run` checks on a CPU that every step starts.
+gpu-report:
+	PYTHONPATH=.:$$PWD/.site $(PYTHON) experiments/gpu_report.py --out results/gpu_report
 
 # Benchmarks run with tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) preloaded
 # when it is installed, else with glibc tuned as the jaxformer command tunes it: XLA's CPU

@@ -2,6 +2,8 @@
 
     python experiments/lm_throughput.py [--quick] [--batch 16] [--remat none|dots|full]
                                         [--scan] [--xla-flags "..."] [--steps 20]
+                                        [--attention auto] [--lm-head auto|dense|chunked]
+                                        [--layers 12] [--context 1024] [--memory-only]
 
 The model: 12 layers, d_model 768, 12 heads, d_ff 3072, context 1024, vocabulary 50304,
 pre-LN, learned positions, tied output (124M parameters); bfloat16 compute with float32
@@ -14,7 +16,11 @@ projection's matrix; the position table's lookups, counted in N, are free) plus 
 needs only the lower triangle: 6 L T d_model. MFU = FLOPs per step / step time / the
 device's dense bf16 peak (PEAK_TFLOPS by device kind; on a CPU, or an unknown device, the
 MFU is null and only TFLOP/s are given). --xla-flags sets XLA_FLAGS before JAX starts, to
-compare flags side by side. Prints a final JSON line; writes results/lm_throughput.json.
+compare flags side by side. --attention and --lm-head set the config's attention_impl and
+lm_head; --layers and --context shrink the model. Every run reports XLA's
+`memory_analysis()` of the compiled step (temp_bytes: the step's temporaries);
+--memory-only compiles and reports that alone, without running a step (for CPUs: no
+timing). Prints a final JSON line; writes results/lm_throughput.json.
 """
 
 from __future__ import annotations
@@ -52,9 +58,14 @@ def parse_args(argv=None):
     p.add_argument("--remat", choices=("none", "dots", "full"), default="none")
     p.add_argument("--scan", action="store_true", help="scan over layers")
     p.add_argument("--xla-flags", default=None, help="XLA_FLAGS for this run")
+    p.add_argument("--attention", default="auto", help="attention_impl (default auto)")
+    p.add_argument("--lm-head", default="auto", choices=("auto", "dense", "chunked"))
+    p.add_argument("--layers", type=int, help="decoder layers (default 12; quick 2)")
+    p.add_argument("--context", type=int, help="tokens per sequence (default 1024; quick 128)")
+    p.add_argument("--memory-only", action="store_true", help="compile, report memory, no steps")
     p.add_argument("--out", default="results")
     args = p.parse_args(argv)
-    for name in ("batch", "steps"):
+    for name in ("batch", "steps", "layers", "context"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     return args
@@ -74,6 +85,41 @@ def main(argv=None) -> dict:
     if args.xla_flags is not None:
         os.environ["XLA_FLAGS"] = args.xla_flags
     import jax
+
+    s = sizes(args)
+    step, state, batch, n_params = setup(s, args)
+    t0 = time.perf_counter()
+    compiled = step.lower(state, batch).compile()
+    compile_s = time.perf_counter() - t0
+    memory = compiled.memory_analysis()
+    device = jax.devices()[0].device_kind
+    result = dict(
+        device=device, jax=jax.__version__, params=n_params, **{k: s[k] for k in s},
+        remat=args.remat, scan=args.scan, attention=args.attention, lm_head=args.lm_head,
+        xla_flags=os.environ.get("XLA_FLAGS", ""), compile_seconds=round(compile_s, 2),
+        temp_bytes=None if memory is None else int(memory.temp_size_in_bytes),
+    )  # fmt: skip
+    if not args.memory_only:
+        result |= _timed(compiled, state, batch, args.steps, n_params, s, device)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lm_throughput.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return result
+
+
+def sizes(args) -> dict:
+    """The model and batch sizes of `args`: FULL or QUICK with --batch, --layers, --context."""
+    s = dict(QUICK if args.quick else FULL)
+    for name in ("batch", "layers", "context"):
+        s[name] = getattr(args, name) or s[name]
+    return s
+
+
+def setup(s: dict, args):
+    """(jitted step with donated state, state, batch, parameter count) of the model of sizes
+    `s` (FULL or QUICK with overrides) and the options in `args` (parse_args)."""
+    import jax
     import numpy as np
     import optax
     from flax import nnx
@@ -82,14 +128,13 @@ def main(argv=None) -> dict:
     import jaxformer as jf
     from jaxformer import train
 
-    s = dict(QUICK if args.quick else FULL)
-    s["batch"] = args.batch or s["batch"]
     config = jf.TransformerConfig(
         vocab_size=s["vocab"], num_encoder_layers=0, num_decoder_layers=s["layers"],
         d_model=s["d_model"], d_ff=s["d_ff"], num_heads=s["heads"], max_len=s["context"],
         position_embedding="learned", norm_placement="pre", activation="gelu_tanh",
         embed_scale=False, attention_bias=True, dropout_rate=0.0, label_smoothing=0.0, dtype="bfloat16",
-        remat=args.remat, scan_layers=args.scan,
+        remat=args.remat, scan_layers=args.scan, attention_impl=args.attention,
+        lm_head=args.lm_head,
     )  # fmt: skip
     model = jf.DecoderLM(config, rngs=nnx.Rngs(0))
     n_params = jf.count_params(model)
@@ -104,33 +149,31 @@ def main(argv=None) -> dict:
     batch = jax.device_put(
         {"tgt_in": tokens[:, :-1], "tgt_out": tokens[:, 1:], "tgt_valid": np.ones((B, T), bool)}
     )
-    t0 = time.perf_counter()
-    state, metrics = step(state, batch)
+    return step, state, batch, n_params
+
+
+def _timed(compiled, state, batch, steps: int, n_params: int, s: dict, device: str) -> dict:
+    """The median step time of `steps` steps after a first one, and what follows from it."""
+    import jax
+
+    state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
-    compile_s = time.perf_counter() - t0
     times = []
-    for _ in range(args.steps):
+    for _ in range(steps):
         t0 = time.perf_counter()
-        state, metrics = step(state, batch)
+        state, metrics = compiled(state, batch)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
+    B, T = s["batch"], s["context"]
     flops = flops_per_token(n_params, s["layers"], T, s["d_model"]) * B * T
-    device = jax.devices()[0].device_kind
     peak = peak_tflops(device)
-    result = dict(
-        device=device, jax=jax.__version__, params=n_params, **{k: s[k] for k in s},
-        remat=args.remat, scan=args.scan, xla_flags=os.environ.get("XLA_FLAGS", ""),
-        compile_seconds=round(compile_s, 2), step_ms=round(step_s * 1e3, 2),
-        tokens_per_second=round(B * T / step_s, 1), tflops=round(flops / step_s / 1e12, 3),
-        peak_tflops=peak, mfu=None if peak is None else round(flops / step_s / 1e12 / peak, 4),
+    return dict(
+        step_ms=round(step_s * 1e3, 2), tokens_per_second=round(B * T / step_s, 1),
+        tflops=round(flops / step_s / 1e12, 3), peak_tflops=peak,
+        mfu=None if peak is None else round(flops / step_s / 1e12 / peak, 4),
         loss=float(metrics["loss"]),
     )  # fmt: skip
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lm_throughput.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
-    return result
 
 
 if __name__ == "__main__":

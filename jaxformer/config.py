@@ -36,6 +36,9 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Rematerialisation of each layer in the backward pass: keep nothing ("full"), or keep the
 # outputs of matmuls with weights ("dots": projections and feed-forward) and recompute the rest.
 REMAT = ("none", "full", "dots")
+# The output projection + loss in training: the [B*T, V] float32 logits at once ("dense"),
+# vocabulary chunks that never hold them all ("chunked"), or chunked when B*T*V is large.
+LM_HEADS = ("auto", "dense", "chunked")
 
 
 def option(default, help: str, choices: tuple[str, ...] | None = None):
@@ -82,7 +85,8 @@ class TransformerConfig:
     `remat` trades compute for memory in training (see REMAT); `scan_layers` keeps each
     layer stack's parameters stacked [N, ...] and runs it as one scan, so compile time
     does not grow with depth (checkpoints then hold the stacked layout). Neither changes
-    the numbers.
+    the numbers. `lm_head` chooses how training computes the output projection and its loss
+    (see LM_HEADS); the chunked head equals the dense one up to float rounding.
     """
 
     vocab_size: int = option(
@@ -125,6 +129,9 @@ class TransformerConfig:
         "auto", "attention kernel: auto (cudnn, chunked or xla by device and size), or registered"
     )
     remat: str = option("none", "recompute layers in the backward pass", REMAT)
+    lm_head: str = option(
+        "auto", "training's output head + loss: auto (chunked if B*T*V is large)", LM_HEADS
+    )
     scan_layers: bool = option(False, "stacked layers in one scan (faster compile)")
 
     def __post_init__(self):
@@ -144,6 +151,7 @@ class TransformerConfig:
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("param_dtype", self.param_dtype, DTYPES)
         check_choice("remat", self.remat, REMAT)
+        check_choice("lm_head", self.lm_head, LM_HEADS)
         if self.position_embedding in ("sinusoidal", "sinusoidal_halves"):
             check_even("d_model", self.d_model, "sinusoidal positions")
         if self.position_embedding == "rope":

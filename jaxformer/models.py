@@ -172,6 +172,23 @@ class Transformer(nnx.Module):
         rng: jax.Array | None = None,
     ) -> jax.Array:
         """src_tokens [B, S], tgt_tokens [B, T] -> logits [B, T, V] (float32)."""
+        y = self.hidden(
+            src_tokens, tgt_tokens, src_valid, tgt_valid, deterministic=deterministic, rng=rng
+        )
+        return _logits(self, self.tgt_inputs, y)
+
+    def hidden(
+        self,
+        src_tokens: jax.Array,
+        tgt_tokens: jax.Array,
+        src_valid: jax.Array | None = None,
+        tgt_valid: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """The decoder's last outputs [B, T, E], before the output projection (`output_head`):
+        what `__call__` turns into logits."""
         _check_tokens(self.config, "src_tokens", src_tokens, src_valid, "src_valid")
         _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
         if src_tokens.shape[:1] != tgt_tokens.shape[:1]:
@@ -181,9 +198,13 @@ class Transformer(nnx.Module):
         rng = dropout_rng(deterministic, rng)
         k_enc, k_dec = _split2(rng)
         memory = self.encode(src_tokens, src_valid, deterministic=deterministic, rng=k_enc)
-        return self.decode(
-            tgt_tokens, memory, src_valid, tgt_valid, deterministic=deterministic, rng=k_dec
-        )
+        k_dec = dropout_rng(deterministic, k_dec)
+        return self._decoder(tgt_tokens, memory, src_valid, tgt_valid, k_dec, False).y
+
+    def output_head(self) -> tuple[jax.Array, jax.Array | None]:
+        """The output projection: (table [V, E] in the compute dtype, bias [V] float32 or
+        None); logits = y @ table^T + bias."""
+        return _head(self, self.tgt_inputs)
 
     def init_cache(
         self, src_tokens: jax.Array, src_valid: jax.Array | None = None, *, max_len: int
@@ -234,6 +255,22 @@ class DecoderLM(nnx.Module):
         For packed rows, pass `segment_ids` [B, T] (1, 2, ... per document, 0 = padding)
         and `positions` [B, T] restarting at 0 in each document.
         """
+        kw = dict(positions=positions, segment_ids=segment_ids, deterministic=deterministic)
+        y = self.hidden(tokens, valid, **kw, rng=rng)
+        return _logits(self, self.inputs, y)
+
+    def hidden(
+        self,
+        tokens: jax.Array,
+        valid: jax.Array | None = None,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        deterministic: bool = True,
+        rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """The last layer's outputs [B, T, E], before the output projection (`output_head`):
+        what `__call__` turns into logits."""
         _check_tokens(self.config, "tokens", tokens, valid, "valid")
         for name, ids in (("positions", positions), ("segment_ids", segment_ids)):
             if ids is not None:
@@ -250,8 +287,12 @@ class DecoderLM(nnx.Module):
             None if valid is None else F.padding_mask(None, valid),
             None if segment_ids is None else F.segment_mask(segment_ids, segment_ids),
         )
-        y = self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions)).y
-        return _logits(self, self.inputs, y)
+        return self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions)).y
+
+    def output_head(self) -> tuple[jax.Array, jax.Array | None]:
+        """The output projection: (table [V, E] in the compute dtype, bias [V] float32 or
+        None); logits = y @ table^T + bias."""
+        return _head(self, self.inputs)
 
     def init_cache(self, batch_size: int, *, max_len: int) -> DecodeCache:
         """Empty caches for `batch_size` rows of up to `max_len` tokens (prompt included)."""
@@ -360,6 +401,14 @@ def _logits(model, inputs: _Inputs, y: jax.Array) -> jax.Array:
     if model.logits_bias is not None:
         logits = logits + model.logits_bias[...].astype(jnp.float32)
     return logits
+
+
+def _head(model, inputs: _Inputs) -> tuple[jax.Array, jax.Array | None]:
+    """(table [V, E] in the compute dtype, bias [V] float32 or None): the matrix and bias
+    `_logits` applies, for a loss that applies them itself."""
+    embed = model.output_embed or inputs.embed
+    bias = None if model.logits_bias is None else model.logits_bias[...].astype(jnp.float32)
+    return embed.table[...].astype(embed.dtype), bias
 
 
 def _logits_bias(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Param | None:

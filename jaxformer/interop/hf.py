@@ -338,7 +338,14 @@ def _model_type_of(model) -> str:
 
 
 # Fields that do not change the weights or the function they compute.
-_NOT_ARCHITECTURE = ("label_smoothing", "dtype", "param_dtype", "attention_impl", "remat")
+_NOT_ARCHITECTURE = (
+    "label_smoothing",
+    "dtype",
+    "param_dtype",
+    "attention_impl",
+    "remat",
+    "lm_head",
+)
 
 
 def _differences(have: TransformerConfig, can: TransformerConfig) -> str:

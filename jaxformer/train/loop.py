@@ -74,23 +74,24 @@ def train(
                 state, metrics = step_fn(state, job.data.train_batch(step, run.batch_size))
             done = step + 1
             profiler.after(done, state)
-            if "internals" in metrics:
-                folder.log(report.internals_record(done, metrics.pop("internals")))
-            record = meter.record(done, metrics, folder)
-            if _due(done, run.log_every, run.steps):
-                folder.log(record)
-                shown.show(record)
-                meter.restart_window()
-            if _due(done, run.eval_every, run.steps):
+            meter.hold(done, metrics)
+            _read_metrics(meter, folder, shown, run, keep=1)  # step done - 1's, as done runs
+            evaluating = _due(done, run.eval_every, run.steps)
+            saving = _due(done, run.checkpoint_every, run.steps)
+            if evaluating or saving:  # a NaN stops the run before it is saved or evaluated
+                _read_metrics(meter, folder, shown, run)
+            if evaluating:
                 last_eval, predictions = job.evaluate(state.params)
                 folder.log({"step": done, **last_eval})
                 if folder.is_main:
                     shown.write(report.eval_line(done, last_eval))
                 meter.restart_window()
-            if _due(done, run.checkpoint_every, run.steps):
+            if saving:
                 folder.save(job.placement.one_copy(state), job.meta)
             shown.advance()
+        _read_metrics(meter, folder, shown, run)
     except KeyboardInterrupt:
+        _read_metrics(meter, folder, shown, run)  # no checkpoint of a diverged state
         shown.close()
         done = int(job.placement.one_copy(state.step))
         if done > (folder.checkpoints.latest_step() or 0):
@@ -372,7 +373,14 @@ def _steps(model, config: TransformerConfig, run: RunConfig):
 class _Meter:
     """Counts steps and target tokens, times them, and stops the run on a NaN loss. Wall
     time adds `earlier`, the seconds earlier processes of a resumed run took to reach its
-    checkpoint; tokens/s is this process's."""
+    checkpoint; tokens/s is this process's.
+
+    It reads a step's metrics one step late: `hold` keeps them on the device, and `read`
+    (called after the next step is dispatched, or before an evaluation or checkpoint)
+    brings the oldest to the host, so the host never waits for the step it has just
+    dispatched. Metrics stay held until read without a NaN, even if an interrupt cuts
+    the read short.
+    """
 
     def __init__(self, first: int, started: float, earlier: float = 0.0):
         self.first = self.step = first
@@ -380,15 +388,25 @@ class _Meter:
         self.tokens = self.window_tokens = 0
         self.start = self.window_start = time.perf_counter()
         self.started, self.to_first_step = started, None
+        self.held: list[tuple[int, dict]] = []  # (step, metrics on the device), oldest first
 
-    def record(self, step: int, metrics, folder: RunFolder) -> dict[str, float]:
-        """The step's metrics as a log record (with tokens/s since the last record)."""
+    def hold(self, step: int, metrics) -> None:
+        """Keep step `step`'s metrics (device arrays) until `read`."""
+        self.held.append((step, metrics))
+
+    def read(self, folder: RunFolder) -> tuple[int, dict[str, float], Any]:
+        """(step, log record with tokens/s since the window began, internals or None) of the
+        oldest held metrics, which it then lets go. Raises TrainingDiverged on a NaN loss."""
+        step, metrics = self.held[0]
+        metrics = dict(metrics)
+        internals = metrics.pop("internals", None)
         loss = float(metrics["loss"])
         if not math.isfinite(loss):
             raise TrainingDiverged(
                 f"the training loss became {loss} at step {step}; the last good checkpoint "
                 f"(step {folder.checkpoints.latest_step()}) is intact in {folder.checkpoints.directory}"
             )
+        del self.held[0]
         self.step = step
         n = int(metrics["tokens"])
         self.tokens, self.window_tokens = self.tokens + n, self.window_tokens + n
@@ -398,7 +416,7 @@ class _Meter:
         record = {"step": step, **{k: float(v) for k, v in metrics.items() if k != "tokens"}}
         record["tokens_per_second"] = self.window_tokens / max(now - self.window_start, 1e-9)
         record["wall_seconds"] = round(self.earlier + now - self.start, 2)
-        return record
+        return step, record, internals
 
     def restart_window(self) -> None:
         """Start a new tokens/s window (after a log record, and after an evaluation)."""
@@ -449,6 +467,19 @@ class _Profiler:
         if self.on:
             jax.profiler.stop_trace()
             self.on = False
+
+
+def _read_metrics(meter: _Meter, folder: RunFolder, shown, run: RunConfig, keep: int = 0) -> None:
+    """Read the meter's held metrics but the newest `keep` (stopping the run on a NaN loss)
+    and log them: the internals always, a step's record when its log is due."""
+    while len(meter.held) > keep:
+        done, record, internals = meter.read(folder)
+        if internals is not None:
+            folder.log(report.internals_record(done, internals))
+        if _due(done, run.log_every, run.steps):
+            folder.log(record)
+            shown.show(record)
+            meter.restart_window()
 
 
 def _due(done: int, every: int, total: int) -> bool:

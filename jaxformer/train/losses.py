@@ -7,16 +7,35 @@ as in Szegedy et al., 2016). Its cross-entropy with p = softmax(logits) is
 
 computed in float32 without materialising q. NLL, perplexity and accuracy are reported
 without smoothing.
+
+`chunked_cross_entropy` computes the same sums from the last hidden states and the output
+projection without the [B, T, V] float32 logits: it walks the vocabulary in chunks with an
+online logsumexp, and its backward pass recomputes each chunk's logits. `lm_head_choice`
+says which of the two a training step uses (the config's `lm_head`).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxformer.checks import check_float_array, check_int_array, check_number
+from jaxformer.checks import (
+    check_choice,
+    check_float_array,
+    check_int,
+    check_int_array,
+    check_number,
+    check_rank,
+)
+from jaxformer.config import LM_HEADS
+
+# "auto" takes the chunked head from this many logits B*T*V up (256 MiB in float32, e.g. a
+# batch of 2 x 640 tokens over GPT-2's 50,304 ids); smaller heads keep the dense path.
+AUTO_CHUNKED_LOGITS = 2**26
 
 
 class LossSums(NamedTuple):
@@ -52,6 +71,11 @@ def cross_entropy(
             f"got targets {targets.shape}, weights {weights.shape}"
         )
     check_number("label_smoothing", label_smoothing, "[0, 1)")
+    with jax.named_scope("loss"):  # named in profiles (experiments/profile_step.py)
+        return _dense_sums(logits, targets, weights, label_smoothing)
+
+
+def _dense_sums(logits, targets, weights, label_smoothing) -> LossSums:
     logits = logits.astype(jnp.float32)
     w = weights.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits, axis=-1)
@@ -66,3 +90,149 @@ def cross_entropy(
         correct=jnp.sum(correct * w),
         tokens=jnp.sum(w),
     )
+
+
+def lm_head_choice(lm_head: str, tokens: int, vocab_size: int) -> str:
+    """The head a step uses, "dense" or "chunked": the one `lm_head` names, or what "auto"
+    picks for `tokens` (B * T) rows of `vocab_size` logits."""
+    check_choice("lm_head", lm_head, LM_HEADS)
+    if lm_head != "auto":
+        return lm_head
+    return "chunked" if tokens * vocab_size >= AUTO_CHUNKED_LOGITS else "dense"
+
+
+def chunked_cross_entropy(
+    hidden: jax.Array,
+    table: jax.Array,
+    bias: jax.Array | None,
+    targets: jax.Array,
+    weights: jax.Array,
+    *,
+    label_smoothing: float = 0.0,
+    chunk_size: int = 4096,
+) -> LossSums:
+    """`cross_entropy` of the logits hidden @ table^T (+ bias), in float32, holding at most
+    [B * T, chunk_size] of them at a time (forward and backward).
+
+    hidden [B, T, E], table [V, E] (the output projection, in hidden's dtype), bias [V] or
+    None, targets [B, T] int, weights [B, T] (bool or 0/1: False = padding).
+    """
+    check_rank("hidden", hidden, 3, "[B, T, E]")
+    check_float_array("hidden", hidden)
+    check_rank("table", table, 2, "[V, E]")
+    check_int_array("targets", targets)
+    check_number("label_smoothing", label_smoothing, "[0, 1)")
+    check_int("chunk_size", chunk_size)
+    B, T, E = hidden.shape
+    V = table.shape[0]
+    if table.shape[1] != E or table.dtype != hidden.dtype:
+        raise ValueError(
+            f"table {table.dtype}{list(table.shape)} must be [V, E={E}] in hidden's dtype "
+            f"{hidden.dtype}"
+        )
+    if targets.shape != (B, T) or weights.shape != (B, T):
+        raise ValueError(
+            f"targets {targets.shape} and weights {weights.shape} must be [B, T] = {(B, T)}"
+        )
+    if bias is not None and bias.shape != (V,):
+        raise ValueError(f"bias {bias.shape} must be [V] = {(V,)}")
+    with jax.named_scope("loss"):
+        return _chunked_sums(hidden, table, bias, targets, weights, label_smoothing, chunk_size)
+
+
+def _chunked_sums(hidden, table, bias, targets, weights, label_smoothing, chunk_size) -> LossSums:
+    (B, T, E), V = hidden.shape, table.shape[0]
+    n, C = _vocab_chunks(V, chunk_size)
+    table_c = jnp.pad(table, ((0, n * C - V), (0, 0))).reshape(n, C, E)
+    bias = jnp.zeros((V,), jnp.float32) if bias is None else bias.astype(jnp.float32)
+    bias_c = jnp.pad(bias, (0, n * C - V)).reshape(n, C)
+    loss, nll, correct = _chunked_head(
+        hidden.reshape(B * T, E), table_c, bias_c, targets.reshape(-1), label_smoothing, V
+    )
+    w = weights.astype(jnp.float32).reshape(-1)
+    return LossSums(
+        loss=jnp.sum(loss * w),
+        nll=jnp.sum(nll * w),
+        correct=jnp.sum(correct * w),
+        tokens=jnp.sum(w),
+    )
+
+
+def _vocab_chunks(V: int, chunk_size: int) -> tuple[int, int]:
+    """(chunks n, chunk width C <= max(chunk_size, 128)) covering V ids with n * C >= V and
+    little padding; C is a multiple of 128 when above it (matrix-unit tiles)."""
+    n = math.ceil(V / chunk_size)
+    C = math.ceil(V / n)
+    if C > 128:
+        C = 128 * math.ceil(C / 128)
+    return math.ceil(V / C), C
+
+
+def _chunk_logits(h, table_c, bias_c, c, V):
+    """Chunk c's logits [N, C] float32 (-inf past the vocabulary) and their ids [C]."""
+    C = table_c.shape[0]
+    ids = c * C + jnp.arange(C)
+    logits = jnp.einsum("ne,ce->nc", h, table_c, preferred_element_type=jnp.float32) + bias_c
+    return jnp.where(ids < V, logits, -jnp.inf), ids
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _chunked_head(h, table_c, bias_c, y, eps, V):
+    """Per-token (loss, nll, correct) [N] of h [N, E] against chunks table_c [n, C, E],
+    bias_c [n, C] float32 and targets y [N]."""
+    return _chunked_head_fwd(h, table_c, bias_c, y, eps, V)[0]
+
+
+def _chunked_head_fwd(h, table_c, bias_c, y, eps, V):
+    def add_chunk(carry, xs):
+        m, s, total, target, best = carry  # running max, sum of exp(l - m), ..., argmax
+        logits, ids = _chunk_logits(h, xs[1], xs[2], xs[0], V)
+        m_c = jnp.max(logits, axis=1)
+        m_new = jnp.maximum(m, m_c)
+        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(logits - m_new[:, None]), axis=1)
+        total = total + jnp.sum(jnp.where(ids < V, logits, 0.0), axis=1)
+        target = target + jnp.sum(jnp.where(ids == y[:, None], logits, 0.0), axis=1)
+        best = jnp.where(m_c > m, ids[0] + jnp.argmax(logits, axis=1), best)  # first max
+        return (m_new, s, total, target, best), None
+
+    N = h.shape[0]
+    zeros = jnp.zeros((N,), jnp.float32)
+    init = (jnp.full((N,), -jnp.inf), zeros, zeros, zeros, jnp.zeros((N,), jnp.int32))
+    chunks = (jnp.arange(table_c.shape[0]), table_c, bias_c)
+    (m, s, total, target, best), _ = jax.lax.scan(add_chunk, init, chunks)
+    log_z = m + jnp.log(s)
+    nll = log_z - target
+    loss = (1.0 - eps) * nll + eps * (log_z - total / V)
+    correct = (best == y).astype(jnp.float32)
+    return (loss, nll, correct), (h, table_c, bias_c, y, log_z)
+
+
+def _chunked_head_bwd(eps, V, residuals, cotangents):
+    """d(loss)/d(logits) = p - (1 - eps) one_hot(y) - eps / V and d(nll)/d(logits) =
+    p - one_hot(y), chunk by chunk, times the per-token cotangents."""
+    h, table_c, bias_c, y, log_z = residuals
+    g_loss, g_nll, _ = cotangents  # `correct` has no gradient
+    p_coef = (g_loss + g_nll)[:, None]
+    target_coef = ((1.0 - eps) * g_loss + g_nll)[:, None]
+    uniform_coef = (eps / V * g_loss)[:, None]
+
+    def chunk_grads(dh, xs):
+        c, t_c, b_c = xs
+        logits, ids = _chunk_logits(h, t_c, b_c, c, V)
+        real = (ids < V).astype(jnp.float32)
+        d = (
+            p_coef * jnp.exp(logits - log_z[:, None])
+            - target_coef * (ids == y[:, None])
+            - uniform_coef * real
+        )
+        dh = dh + jnp.einsum("nc,ce->ne", d, t_c, preferred_element_type=jnp.float32)
+        dt = jnp.einsum("nc,ne->ce", d, h, preferred_element_type=jnp.float32)
+        return dh, (dt.astype(t_c.dtype), jnp.sum(d, axis=0))
+
+    dh = jnp.zeros(h.shape, jnp.float32)
+    chunks = (jnp.arange(table_c.shape[0]), table_c, bias_c)
+    dh, (d_table, d_bias) = jax.lax.scan(chunk_grads, dh, chunks)
+    return dh.astype(h.dtype), d_table, d_bias, None
+
+
+_chunked_head.defvjp(_chunked_head_fwd, _chunked_head_bwd)

@@ -25,7 +25,12 @@ from jaxformer.models import DecoderLM, Transformer
 from jaxformer.nn.sharding import constrain_batch
 from jaxformer.parallel import per_replica_key, sum_over_replicas
 from jaxformer.train.internals import activation_sums, dynamics, site_patterns
-from jaxformer.train.losses import LossSums, cross_entropy
+from jaxformer.train.losses import (
+    LossSums,
+    chunked_cross_entropy,
+    cross_entropy,
+    lm_head_choice,
+)
 
 Batch = dict[str, jax.Array]
 
@@ -58,12 +63,39 @@ def create_train_state(
 
 def model_logits(model: nnx.Module, batch: Batch, *, rng: jax.Array | None) -> jax.Array:
     """Teacher-forced logits [B, T, V] of either model kind; dropout iff rng is given."""
+    return _teacher_forced(model, batch, rng, hidden=False)
+
+
+def model_loss_sums(
+    model: nnx.Module, batch: Batch, *, rng: jax.Array | None, label_smoothing: float
+) -> LossSums:
+    """The teacher-forced `LossSums` of `batch`, through the output head that the model's
+    `config.lm_head` picks for this batch (`lm_head_choice`): the dense logits and
+    `cross_entropy`, or the last hidden states and `chunked_cross_entropy`."""
+    check_batch(model, batch)
+    targets, weights = batch["tgt_out"], batch["tgt_valid"]
+    head = lm_head_choice(model.config.lm_head, targets.size, model.config.vocab_size)
+    if head == "dense":
+        logits = model_logits(model, batch, rng=rng)
+        return cross_entropy(logits, targets, weights, label_smoothing=label_smoothing)
+    hidden = _teacher_forced(model, batch, rng, hidden=True)
+    table, bias = model.output_head()
+    return chunked_cross_entropy(
+        hidden, table, bias, targets, weights, label_smoothing=label_smoothing
+    )
+
+
+def _teacher_forced(model: nnx.Module, batch: Batch, rng, *, hidden: bool) -> jax.Array:
+    """The logits [B, T, V] of either model kind, or with `hidden` its last hidden states
+    [B, T, E]; dropout iff rng is given."""
     check_batch(model, batch)
     kw = dict(deterministic=rng is None, rng=rng)
     if isinstance(model, Transformer):
-        return model(batch["src"], batch["tgt_in"], batch["src_valid"], batch["tgt_valid"], **kw)
+        fn = model.hidden if hidden else model
+        return fn(batch["src"], batch["tgt_in"], batch["src_valid"], batch["tgt_valid"], **kw)
     if isinstance(model, DecoderLM):
-        return model(
+        fn = model.hidden if hidden else model
+        return fn(
             batch["tgt_in"],
             batch["tgt_valid"],
             positions=batch.get("positions"),
@@ -157,8 +189,9 @@ def make_train_step(
             )
         sums, activations, grads = sum_over_replicas((sums, activations, grads))
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums.tokens, 1.0), grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        with jax.named_scope("optimizer"):  # named in profiles (experiments/profile_step.py)
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         metrics = sums.means() | {
             "lr": schedule(state.step),
             "grad_norm": optax.tree.norm(grads),
@@ -183,10 +216,8 @@ def make_eval_step(graphdef: nnx.GraphDef, *, label_smoothing: float):
 
 
 def _loss_sums(graphdef, params, batch, rng, label_smoothing) -> LossSums:
-    logits = model_logits(nnx.merge(graphdef, params), batch, rng=rng)
-    return cross_entropy(
-        logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
-    )
+    model = nnx.merge(graphdef, params)
+    return model_loss_sums(model, batch, rng=rng, label_smoothing=label_smoothing)
 
 
 def _loss_sums_only(graphdef, params, batch, rng, label_smoothing):
@@ -200,10 +231,7 @@ def _loss_sums_and_activations(graphdef, params, batch, rng, label_smoothing):
     if not patterns:  # no per-layer sites (scan_layers, remat): the norms alone
         return _loss_sums_only(graphdef, params, batch, rng, label_smoothing)
     with sites.recording(patterns) as rec:
-        logits = model_logits(model, batch, rng=rng)
-    sums = cross_entropy(
-        logits, batch["tgt_out"], batch["tgt_valid"], label_smoothing=label_smoothing
-    )
+        sums = model_loss_sums(model, batch, rng=rng, label_smoothing=label_smoothing)
     return sums, activation_sums(rec.values, batch)
 
 
