@@ -2,7 +2,11 @@
 agreement with the plain one, for sequence lengths 256 to 16384 (32768 on a GPU).
 
 Causal self-attention, batch 1, 8 heads, head dim 64, float32; on an NVIDIA GPU also
-bfloat16 for "xla", "chunked" and "cudnn" (which needs it). For each length and implementation the jitted
+bfloat16 for "xla", "chunked" and "cudnn" (which needs it), and everywhere tokamax's
+"tokamax_mosaic" and "tokamax_triton" (skipped, with the reason, where they cannot run).
+On a GPU whose tensor-core peak is known (TENSOR_PEAK) each row also gives the forward
+pass alone and its % of that peak (causal FLOPs: half of 4 B H T^2 D), the figure the
+40% target reads. For each length and implementation the jitted
 gradient of sum(out * cotangent) with respect to q, k and v is compiled; XLA's
 `memory_analysis()` of the compiled program gives its temporary buffers (the attention
 memory: inputs and outputs are the same for every implementation and listed apart). A
@@ -37,6 +41,21 @@ from jaxformer import functional as F  # noqa: E402
 
 B, H, D = 1, 8, 64
 GIB = 2**30
+# Dense bfloat16 tensor-core peak (FLOP/s) by device kind, from NVIDIA's data sheets (SXM).
+TENSOR_PEAK = {"H100": 989e12, "H200": 989e12, "B200": 2250e12}
+REFUSED = (NotImplementedError, ValueError, TypeError, ImportError)  # a kernel refuses the call
+
+
+def causal_flops(T: int, backward: bool) -> float:
+    """Matrix-product FLOPs of causal attention [B, T, H, D]: q k^T and p v, half the
+    square; the backward pass has 2.5 times the forward's products."""
+    forward = 2 * 2 * B * H * T * T * D / 2
+    return forward * (3.5 if backward else 1.0)
+
+
+def tensor_peak() -> float | None:
+    kind = jax.devices()[0].device_kind
+    return next((peak for name, peak in TENSOR_PEAK.items() if name in kind), None)
 
 
 def grad_fn(implementation: str):
@@ -53,6 +72,25 @@ def grad_fn(implementation: str):
     return jax.jit(fn)
 
 
+def forward_fn(implementation: str):
+    """(q, k, v) -> out of causal self-attention."""
+    return jax.jit(
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, causal=True, implementation=implementation
+        )
+    )
+
+
+def _median_ms(fn, args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def inputs(T: int, dtype, seed: int = 0):
     rng = np.random.default_rng(seed)
     return [jnp.asarray(rng.standard_normal((B, T, H, D)), dtype) for _ in range(4)]
@@ -66,6 +104,8 @@ def measure(implementation: str, T: int, dtype, repeats: int, max_bytes: int) ->
         compiled = grad_fn(implementation).lower(spec, spec, spec, spec).compile()
     except jax.errors.JaxRuntimeError as e:  # a GPU compiler refuses programs beyond its memory
         return row | {"compile_error": str(e).splitlines()[0][:200]}
+    except REFUSED as e:  # a kernel that cannot run here (tokamax's on a CPU, say)
+        return row | {"skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     mem = compiled.memory_analysis()
     row |= {
         "compile_s": time.perf_counter() - t0,
@@ -82,6 +122,11 @@ def measure(implementation: str, T: int, dtype, repeats: int, max_bytes: int) ->
         outs = jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - t0)
     row |= {"ran": True, "ms": 1e3 * statistics.median(times), "outputs": outs}
+    peak = tensor_peak() if jax.default_backend() == "gpu" else None
+    if peak is not None:  # % of the tensor-core peak, forward alone and forward + backward
+        row["forward_ms"] = _median_ms(forward_fn(implementation), args[:3], repeats)
+        row["forward_pct_of_peak"] = 100 * causal_flops(T, False) / (row["forward_ms"] / 1e3) / peak
+        row["fwd_bwd_pct_of_peak"] = 100 * causal_flops(T, True) / (row["ms"] / 1e3) / peak
     return row
 
 
@@ -130,6 +175,8 @@ def main(argv=None):
     if gpu:
         lengths += [] if args.quick else [32768]
         impls += [("xla", jnp.bfloat16), ("chunked", jnp.bfloat16), ("cudnn", jnp.bfloat16)]
+    # tokamax's kernels (the kernels extra); where a device cannot run one, its row says why.
+    impls += [("tokamax_mosaic", jnp.bfloat16), ("tokamax_triton", jnp.bfloat16)]
     lengths = args.lengths or lengths
     max_bytes = int((args.max_gib or (24.0 if gpu else 4.0)) * GIB)
 
@@ -150,11 +197,19 @@ def main(argv=None):
                     for a, b in zip(outs, ref, strict=True)
                 )
             rows.append(row)
+            if "skipped" in row:
+                print(f"T={T:6d} {impl:14s} skipped: {row['skipped']}", flush=True)
+                continue
             ms = f"{row['ms']:9.2f} ms" if row["ran"] else "  (not run)"
             diff = row.get("max_abs_diff_vs_xla")
             print(
-                f"T={T:6d} {impl:8s} {row['dtype']:8s} {ms}  temp {_temp(row):>16s}"
-                + (f"  max|diff| {diff:.2e}" if diff is not None else ""),
+                f"T={T:6d} {impl:14s} {row['dtype']:8s} {ms}  temp {_temp(row):>16s}"
+                + (f"  max|diff| {diff:.2e}" if diff is not None else "")
+                + (
+                    f"  fwd {row['forward_pct_of_peak']:.1f}% of peak"
+                    if "forward_ms" in row
+                    else ""
+                ),
                 flush=True,
             )
         del plain
@@ -203,6 +258,10 @@ def main(argv=None):
                     headline[f"{name}_over_cudnn_time_{T}_bf16"] = round(
                         other["ms"] / cudnn["ms"], 2
                     )
+    for r in rows:
+        if "forward_pct_of_peak" in r:
+            key = f"{r['implementation']}_{r['T']}_{r['dtype']}_forward_pct_of_peak"
+            headline[key] = round(r["forward_pct_of_peak"], 1)
     if rss:
         headline["chunked_16384_rss_growth_mib"] = round(rss[0]["rss_growth_bytes"] / 2**20, 1)
 
@@ -222,6 +281,8 @@ def _temp(row) -> str:
     """The temporaries in MiB, or why the compiler gave no program."""
     if "compile_error" in row:
         return "compile refused"
+    if "skipped" in row:
+        return "skipped: " + row["skipped"]
     return f"{row['temp_bytes'] / 2**20:.1f} MiB"
 
 

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import functional as F
@@ -147,15 +148,11 @@ class Transformer(nnx.Module):
         k_in, k_layers = _split2(rng)
         positions = _default_positions(tgt_tokens)
         y = self.tgt_inputs(tgt_tokens, positions, k_in)
-        self_mask = F.combine_masks(
-            F.causal_mask(tgt_tokens.shape[1]),
-            None if tgt_valid is None else F.padding_mask(None, tgt_valid),
-        )
         return self.decoder(
             y,
-            self_mask,
+            F.AttentionMask(causal=True, k_lengths=F.padding_lengths(tgt_valid)),
             memory=memory.astype(y.dtype),
-            cross_mask=None if src_valid is None else F.padding_mask(None, src_valid),
+            cross_mask=F.AttentionMask(k_lengths=F.padding_lengths(src_valid)),
             rng=k_layers,
             rope_positions=_rope(self.config, positions),
             return_cross_attention=return_cross_attention,
@@ -282,10 +279,10 @@ class DecoderLM(nnx.Module):
         rng = dropout_rng(deterministic, rng)
         k_in, k_layers = _split2(rng)
         x = self.inputs(tokens, positions, k_in)
-        mask = F.combine_masks(
-            F.causal_mask(tokens.shape[1]),
-            None if valid is None else F.padding_mask(None, valid),
-            None if segment_ids is None else F.segment_mask(segment_ids, segment_ids),
+        mask = F.AttentionMask(
+            causal=True,
+            k_lengths=F.padding_lengths(valid),
+            dense=None if segment_ids is None else F.segment_mask(segment_ids, segment_ids),
         )
         return self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions)).y
 
@@ -343,7 +340,7 @@ def _encode(inputs: _Inputs, encoder: EncoderStack, config, tokens, valid, rng) 
     """The encoder stack over the inputs of tokens [B, S]: [B, S, E]."""
     k_in, k_layers = _split2(rng)
     positions = _default_positions(tokens)
-    mask = None if valid is None else F.padding_mask(None, valid)
+    mask = F.AttentionMask(k_lengths=F.padding_lengths(valid))
     x = inputs(tokens, positions, k_in)
     return encoder(x, mask, rng=k_layers, rope_positions=_rope(config, positions))
 
@@ -362,7 +359,7 @@ def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
     positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
     x = inputs(tokens, positions, None)
     self_mask = F.causal_mask(T, S_max, offset=cache.lengths[:, None, None, None])
-    cross_mask = None if cache.src_valid is None else F.padding_mask(None, cache.src_valid)
+    cross_mask = F.AttentionMask(k_lengths=F.padding_lengths(cache.src_valid))
     out = model.decoder(
         x,
         self_mask,
@@ -444,6 +441,7 @@ def _check_tokens(config, name, tokens, valid, valid_name) -> None:
         if valid.shape != tokens.shape:
             raise ValueError(f"{valid_name} shape {valid.shape} != {name} shape {tokens.shape}")
         check_bool_array(valid_name, valid, "(True = real token)")
+        _check_right_padding(valid_name, valid)
     T = tokens.shape[1]
     if T < 1:
         raise ValueError(f"{name} has length 0; sequences need at least one token")
@@ -451,6 +449,20 @@ def _check_tokens(config, name, tokens, valid, valid_name) -> None:
         raise ValueError(
             f"{name} has length {T} > max_len={config.max_len} of the "
             f"{config.position_embedding} position table; raise max_len in the config"
+        )
+
+
+def _check_right_padding(valid_name, valid) -> None:
+    """valid [B, T] marks a prefix of each row: the models pass padding to attention as
+    lengths (`functional.padding_lengths`). Checked when the values are known (not traced)."""
+    if isinstance(valid, jax.core.Tracer):
+        return
+    valid = np.asarray(valid)
+    lengths = valid.sum(axis=1)
+    if (valid != (np.arange(valid.shape[1]) < lengths[:, None])).any():
+        raise ValueError(
+            f"{valid_name} must mark a prefix of each row (right padding); padding is "
+            "passed to attention as lengths"
         )
 
 

@@ -126,6 +126,16 @@ def test_target_and_lm_padding_do_not_change_real_logits():
     )
 
 
+def test_padding_must_be_right_padding():
+    """The models pass padding to attention as lengths: a valid mask that is not a prefix
+    of each row is refused where its values are known."""
+    left_padded = jnp.array([[False, True, True, True, True], [True] * 5])
+    with pytest.raises(ValueError, match="valid must mark a prefix of each row"):
+        model("lm")(tokens(0, 2, 5), left_padded)
+    with pytest.raises(ValueError, match="src_valid must mark a prefix of each row"):
+        model("transformer")(tokens(0, 2, 5), tokens(1, 2, 5), left_padded)
+
+
 def test_property_encoder_without_positions_is_permutation_equivariant():
     enc = jitted(jf.Encoder(small(position_embedding="none"), rngs=nnx.Rngs(1)))
 

@@ -16,6 +16,7 @@ from jaxformer.functional.attention import (
     scaled_dot_product_attention,
     write_kv,
 )
+from jaxformer.functional.kernels import AUTO_RULES, AutoRule
 from jaxformer.functional.layers import (
     BlockOptions,
     DecoderLayerCache,
@@ -36,7 +37,15 @@ from jaxformer.functional.layers import (
     rms_norm,
     tied_logits,
 )
-from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, segment_mask
+from jaxformer.functional.masks import (
+    AttentionMask,
+    causal_mask,
+    combine_masks,
+    fold_masks,
+    padding_lengths,
+    padding_mask,
+    segment_mask,
+)
 from jaxformer.functional.positions import apply_rope, sinusoidal_positions
 from jaxformer.functional.registry import (
     ACTIVATIONS,

@@ -30,7 +30,13 @@ from jaxformer.checks import (
 )
 from jaxformer.functional import sites
 from jaxformer.functional.chunked_attention import chunked_attention
-from jaxformer.functional.masks import causal_mask, combine_masks, padding_mask, split_heads
+from jaxformer.functional.kernels import (
+    AUTO_RULES,
+    device_families,
+    mosaic_problem,
+    zero_rows_without_keys,
+)
+from jaxformer.functional.masks import AttentionMask, check_lengths, fold_masks, split_heads
 from jaxformer.functional.matmul import einsum_f32
 from jaxformer.functional.positions import apply_rope
 from jaxformer.functional.registry import ATTENTION
@@ -50,6 +56,7 @@ def scaled_dot_product_attention(
     *,
     bias: jax.Array | None = None,
     causal: bool = False,
+    k_lengths: jax.Array | None = None,
     scale: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
@@ -65,7 +72,10 @@ def scaled_dot_product_attention(
       v: [B, S, K, Dv] values.
       mask: boolean, broadcastable to [B, H, T, S]; True = may attend.
       bias: float, broadcastable to [B, H, T, S]; added to the scaled logits.
-      causal: also apply `causal_mask(T, S)` (query t sees keys s <= t).
+      causal: query t sees keys s <= t only: a flag, which kernels apply without a
+        [T, S] mask ("xla" forms `causal_mask(T, S)` inside itself).
+      k_lengths: [B] int, keys s >= k_lengths[b] are padding (right padding as lengths,
+        as kernels take it).
       scale: logit scale; default 1 / sqrt(D).
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
       q_valid, k_valid: bool [B, T] and [B, S], True = real token: the same as
@@ -78,33 +88,56 @@ def scaled_dot_product_attention(
         "chunked": online softmax over tiles of queries and keys, memory O(T + S) in the
           forward and backward passes (see `chunked_attention`; dropout draws differ);
         "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, NVIDIA GPUs
-          with bfloat16/float16 inputs; no dropout.
+          with bfloat16/float16 inputs; no dropout;
+        "tokamax_mosaic", "tokamax_triton", "tokamax_xla": tokamax's kernels (the
+          `kernels` extra; see functional/kernels.py); no dropout.
 
     The softmax runs in float32 with the row maximum subtracted; a query with no key to
     attend to gets all-zero weights and a zero output. `attention_weights` gives the
     weights themselves.
     """
-    _check_attention(q, k, v, mask, bias, q_valid, k_valid)
+    _check_attention(q, k, v, mask, bias, q_valid, k_valid, k_lengths)
     check_number("dropout_rate", dropout_rate, "[0, 1)")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
     ATTENTION.check(implementation, also=("auto",))
     if implementation == "auto":
-        masked = mask is not None or bias is not None or causal or q_valid is not None
-        masked = masked or k_valid is not None
-        implementation = choose_implementation(q, k, v, masked=masked, dropout_rate=dropout_rate)
+        explicit = any(x is not None for x in (mask, bias, q_valid, k_valid))
+        implementation = choose_implementation(
+            q,
+            k,
+            v,
+            masked=explicit or causal or k_lengths is not None,
+            dropout_rate=dropout_rate,
+            padded=k_lengths is not None,
+            explicit=explicit,
+        )
     kernel = ATTENTION[implementation]
     kw = dict(bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    structure = dict(q_valid=q_valid, k_valid=k_valid, k_lengths=k_lengths, causal=causal)
     if kernel.options.get("raw_masks"):
-        return kernel.fn(q, k, v, mask=mask, q_valid=q_valid, k_valid=k_valid, causal=causal, **kw)
-    return kernel.fn(q, k, v, mask=_full_mask(q, k, mask, q_valid, k_valid, causal), **kw)
+        return kernel.fn(q, k, v, mask=mask, **structure, **kw)
+    return kernel.fn(q, k, v, mask=fold_masks(*_bts(q, k), mask, **structure), **kw)
 
 
-@functools.partial(ATTENTION.register, "xla")
-def _plain_attention(q, k, v, *, mask, bias, scale, dropout_rate, dropout_rng):
-    """The logits and weights materialised: [B, H, T, S] float32."""
-    weights_BKGTS = _weights(q, k, mask, bias, scale)
-    return _weighted_values(weights_BKGTS, v, q.dtype, dropout_rate, dropout_rng)
+@functools.partial(ATTENTION.register, "xla", raw_masks=True)
+def _plain_attention(
+    q, k, v, *, mask, q_valid=None, k_valid=None, k_lengths=None, causal=False, **kw
+):
+    """The logits and weights materialised: [B, H, T, S] float32; the mask is formed here,
+    from the flag and the lengths (name scope "xla_attention"). Called with a mask alone,
+    as a kernel of your own may call it, it applies that mask."""
+    with jax.named_scope("xla_attention"):
+        mask = fold_masks(
+            *_bts(q, k),
+            mask,
+            q_valid=q_valid,
+            k_valid=k_valid,
+            k_lengths=k_lengths,
+            causal=causal,
+        )
+        weights_BKGTS = _weights(q, k, mask, kw["bias"], kw["scale"])
+        return _weighted_values(weights_BKGTS, v, q.dtype, kw["dropout_rate"], kw["dropout_rng"])
 
 
 ATTENTION.register("chunked", chunked_attention, raw_masks=True)
@@ -121,19 +154,15 @@ def attention_weights(
 ) -> jax.Array:
     """softmax(q k^T * scale + bias, masked): the attention probabilities [B, H, T, S]
     (float32) of `scaled_dot_product_attention` with the same arguments (before dropout)."""
-    _check_attention(q, k, k, mask, bias, None, None)
+    _check_attention(q, k, k, mask, bias, None, None, None)
     B, T, H, _ = q.shape
-    weights_BKGTS = _weights(q, k, _full_mask(q, k, mask, None, None, causal), bias, scale)
+    weights_BKGTS = _weights(q, k, fold_masks(*_bts(q, k), mask, causal=causal), bias, scale)
     return weights_BKGTS.reshape(B, H, T, k.shape[1])
 
 
-def _full_mask(q, k, mask, q_valid, k_valid, causal):
-    """`mask` combined with the validity vectors and, if asked, the causal mask."""
-    B, T, S = q.shape[0], q.shape[1], k.shape[1]
-    if q_valid is not None or k_valid is not None:
-        k_valid = jnp.ones((B, S), bool) if k_valid is None else k_valid
-        mask = combine_masks(mask, padding_mask(q_valid, k_valid))
-    return combine_masks(mask, causal_mask(T, S)) if causal else mask
+def _bts(q, k) -> tuple[int, int, int]:
+    """B, T, S of q [B, T, H, D] and k [B, S, K, D]."""
+    return q.shape[0], q.shape[1], k.shape[1]
 
 
 def _weights(q, k, mask, bias, scale):
@@ -162,38 +191,64 @@ def _weighted_values(weights_BKGTS, v, dtype, dropout_rate, dropout_rng):
     return out.reshape(B, T, K * G, v.shape[-1]).astype(dtype)
 
 
-def choose_implementation(q, k, v, *, masked: bool, dropout_rate: float) -> str:
-    """The implementation "auto" runs for q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv]:
+def choose_implementation(
+    q, k, v, *, masked: bool, dropout_rate: float, padded: bool = False, explicit: bool = False
+) -> str:
+    """The implementation "auto" runs for q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv]
+    (masked: any masking; padded: key lengths; explicit: a mask, bias or validity vectors):
 
-    - "cudnn" on an NVIDIA GPU when cuDNN's fused kernel takes the call (see
-      `_cudnn_problem`: bfloat16/float16, head dim <= 128 and a multiple of 8, D = Dv, no
-      attention dropout, even lengths when masked), unless XLA runs with
-      --xla_gpu_deterministic_ops=true: in that mode XLA (jax 0.11.2, H100) fails to compile
-      a train step holding cuDNN attention (IndexError in raw_hash_map::at);
+    - the first row of `AUTO_RULES` (functional/kernels.py) for this device whose kernel
+      takes the call: tokamax's Mosaic kernel on TPUs (causal flag only) and on Hopper and
+      Blackwell GPUs (bfloat16/float16), "cudnn" on NVIDIA GPUs (see `_cudnn_problem`:
+      bfloat16/float16, head dim <= 128 and a multiple of 8, D = Dv, no attention
+      dropout, even lengths when masked; not under --xla_gpu_deterministic_ops=true, where
+      XLA (jax 0.11.2, H100) fails to compile a train step holding cuDNN attention);
     - else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES;
-    - else "xla". TPUs and CPUs run XLA's code: "xla" or "chunked", no custom kernels.
+    - else "xla". CPUs (and devices whose kernels refuse the call) run XLA's code.
 
-    Decided from shapes, dtypes and the device alone, so at trace time; the choice and
-    its reason are logged (logger "jaxformer.attention", INFO) once per shape.
+    A missing tokamax is a reason logged, not an error. Decided from shapes, dtypes and
+    the device alone, so at trace time; the choice and its reason are logged (logger
+    "jaxformer.attention", INFO) once per shape.
     """
     B, T, H, _ = q.shape
     S = k.shape[1]
-    logits_mib = 4 * B * H * T * S / 2**20
-    problem = _cudnn_problem(q, k, v, masked, dropout_rate)
-    if problem is None and "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", ""):
-        problem = ValueError, "XLA_FLAGS asks for deterministic ops"
-    if problem is None:
-        choice, reason = "cudnn", "cuDNN's fused kernel takes this call"
-    elif logits_mib * 2**20 > AUTO_CHUNKED_BYTES:
-        budget = AUTO_CHUNKED_BYTES / 2**20
-        choice, reason = "chunked", f"plain logits need {logits_mib:.0f} MiB > {budget:.0f} MiB"
+    families = device_families(jax.default_backend(), jax.devices()[0])
+    refused = []
+    for rule in AUTO_RULES:
+        if rule.family not in families or (rule.max_keys is not None and S > rule.max_keys):
+            continue
+        problem = _problem(rule.implementation, q, k, v, masked, padded, explicit, dropout_rate)
+        if problem is None:
+            choice, reason = rule.implementation, f"{families[0]}: {rule.evidence}"
+            break
+        refused.append(f"no {rule.implementation}: {problem[1]}")
     else:
-        choice, reason = "xla", f"plain logits need {logits_mib:.1f} MiB; no cuDNN: {problem[1]}"
-    key = (q.shape, k.shape, v.shape, str(q.dtype), masked, dropout_rate > 0)
+        logits_mib = 4 * B * H * T * S / 2**20
+        if logits_mib * 2**20 > AUTO_CHUNKED_BYTES:
+            budget = AUTO_CHUNKED_BYTES / 2**20
+            choice, reason = "chunked", f"plain logits need {logits_mib:.0f} MiB > {budget:.0f} MiB"
+        else:
+            choice, reason = "xla", f"plain logits need {logits_mib:.1f} MiB"
+        reason = "; ".join([reason, *refused])
+    key = (q.shape, k.shape, v.shape, str(q.dtype), masked, padded, explicit, dropout_rate > 0)
     if key not in _logged:
         _logged.add(key)
         _log.info("attention q %s k %s %s: %s (%s)", q.shape, k.shape, q.dtype, choice, reason)
     return choice
+
+
+def _problem(implementation, q, k, v, masked, padded, explicit, dropout_rate):
+    """Why `implementation` (a row of AUTO_RULES) cannot take this call, or None."""
+    if implementation == "cudnn":
+        problem = _cudnn_problem(q, k, v, masked, dropout_rate)
+        if problem is None and "--xla_gpu_deterministic_ops=true" in os.environ.get(
+            "XLA_FLAGS", ""
+        ):
+            problem = ValueError, "XLA_FLAGS asks for deterministic ops"
+        return problem
+    if implementation == "tokamax_mosaic":
+        return mosaic_problem(q, k, v, padded=padded, explicit=explicit, dropout_rate=dropout_rate)
+    return None
 
 
 def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, str] | None:
@@ -218,17 +273,19 @@ def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, st
 
 
 @functools.partial(ATTENTION.register, "cudnn", raw_masks=True)
-def _cudnn_attention(q, k, v, *, mask, q_valid, k_valid, causal, bias, scale, dropout_rate,
-                     dropout_rng):  # fmt: skip
-    """`jax.nn.dot_product_attention` with cuDNN's fused kernel (causal masking inside it);
-    rows with no key give 0."""
+def _cudnn_attention(
+    q, k, v, *, mask, q_valid, k_valid, k_lengths, causal, bias, scale, dropout_rate, dropout_rng
+):
+    """`jax.nn.dot_product_attention` with cuDNN's fused kernel: causality as is_causal and
+    key lengths as key_value_seq_lengths inside it; rows with no key give 0."""
     del dropout_rng  # no dropout: refused below
-    mask = _full_mask(q, k, mask, q_valid, k_valid, False)
-    problem = _cudnn_problem(q, k, v, mask is not None or bias is not None or causal, dropout_rate)
+    B, T, S = _bts(q, k)
+    mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid)
+    masked = mask is not None or bias is not None or causal or k_lengths is not None
+    problem = _cudnn_problem(q, k, v, masked, dropout_rate)
     if problem is not None:
         error, reason = problem
         raise error(f"implementation='cudnn' {reason}; use implementation='xla' or 'chunked'")
-    T, S = q.shape[1], k.shape[1]
     out = jax.nn.dot_product_attention(
         q,
         k,
@@ -237,14 +294,10 @@ def _cudnn_attention(q, k, v, *, mask, q_valid, k_valid, causal, bias, scale, dr
         mask=None if mask is None else _full_lengths(mask, T, S),
         scale=scale,
         is_causal=causal,
+        key_value_seq_lengths=k_lengths,
         implementation="cudnn",
     )
-    if mask is None:
-        return out
-    full = combine_masks(mask, causal_mask(q.shape[1], k.shape[1])) if causal else mask
-    any_key = jnp.any(full, axis=-1, keepdims=True)  # [.., H | 1, T | 1, 1]
-    any_key = any_key.reshape((1,) * (4 - any_key.ndim) + any_key.shape)  # [B|1, H|1, T|1, 1]
-    return jnp.where(jnp.swapaxes(any_key, 1, 2), out, jnp.zeros_like(out))
+    return zero_rows_without_keys(out, mask, causal, k_lengths)
 
 
 def _full_lengths(x, T: int, S: int):
@@ -274,9 +327,10 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) ->
     return unnorm / jnp.where(total == 0.0, 1.0, total)
 
 
-def _check_attention(q, k, v, mask, bias, q_valid, k_valid) -> None:
+def _check_attention(q, k, v, mask, bias, q_valid, k_valid, k_lengths) -> None:
     """Ranks, dtypes and matching sizes of q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv],
-    the mask and bias (broadcastable to [B, H, T, S]) and the validity vectors."""
+    the mask and bias (broadcastable to [B, H, T, S]), the validity vectors and the key
+    lengths [B]."""
     check_rank("q", q, 4, "[B, T, H, D]")
     check_rank("k", k, 4, "[B, S, K, D]")
     check_rank("v", v, 4, "[B, S, K, Dv]")
@@ -303,6 +357,8 @@ def _check_attention(q, k, v, mask, bias, q_valid, k_valid) -> None:
         if valid is not None:
             check_bool_array(name, valid, "(True = real token)")
             check_shape(name, valid, (B, n), f"[B, {n}]")
+    if k_lengths is not None:
+        check_lengths("k_lengths", k_lengths, B)
 
 
 class AttentionParams(NamedTuple):
@@ -347,7 +403,9 @@ def multi_head_attention(
     Args:
       x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source.
       params: the projections; H query heads, K key/value heads.
-      mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache).
+      mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache), or
+        an `AttentionMask` (the causal flag and key lengths as structure: what the models
+        pass, so that kernels never see a dense mask a flag or lengths express).
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
         with rotary embeddings; None for none.
@@ -380,21 +438,33 @@ def multi_head_attention(
     if x_kv is not None and kv_cache is not None:
         kv = kv_cache = write_kv(kv_cache, kv, cache_positions)
     dropout_rate = dropout_rate if rng is not None else 0.0
+    structure = mask if isinstance(mask, AttentionMask) else AttentionMask(dense=mask)
     weights = None
     at_site = sites.wanted("weights")
     if return_weights or at_site:
-        _check_attention(q, kv.k, kv.v, mask, None, None, None)
-        weights_BKGTS = _weights(q, kv.k, mask, None, None)
-        weights = weights_BKGTS.reshape(q.shape[0], q.shape[2], q.shape[1], kv.k.shape[1])
+        B, T, S = _bts(q, kv.k)
+        if structure.k_lengths is not None:
+            check_lengths("mask.k_lengths", structure.k_lengths, B)
+        dense = structure.as_array(T, S)
+        _check_attention(q, kv.k, kv.v, dense, None, None, None, None)
+        weights_BKGTS = _weights(q, kv.k, dense, None, None)
+        weights = weights_BKGTS.reshape(B, q.shape[2], T, S)
         if at_site:
             weights = sites.site("weights", weights)
             weights_BKGTS = weights.reshape(weights_BKGTS.shape)
         heads = _weighted_values(weights_BKGTS, kv.v, q.dtype, dropout_rate, rng)
     else:
         heads = scaled_dot_product_attention(
-            q, kv.k, kv.v, mask, dropout_rate=dropout_rate, dropout_rng=rng,
+            q,
+            kv.k,
+            kv.v,
+            structure.dense,
+            causal=structure.causal,
+            k_lengths=structure.k_lengths,
+            dropout_rate=dropout_rate,
+            dropout_rng=rng,
             implementation=implementation,
-        )  # fmt: skip
+        )
     heads = sites.site("heads", heads)
     out = merge_heads(heads, params.wo, params.bo)
     return AttentionOutput(out, weights if return_weights else None, kv_cache)

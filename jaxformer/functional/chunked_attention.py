@@ -12,7 +12,8 @@ ever formed, so activations and temporaries grow as O(T + S), not O(T * S).
 
 Masks are applied per tile, never materialised at [T, S]:
   causal    from the tile's query and key positions (tiles above the diagonal are skipped);
-  q_valid   [B, T], k_valid [B, S] validity vectors (padding);
+  q_valid   [B, T], k_valid [B, S] validity vectors (padding); k_lengths [B] (right
+            padding) becomes such a vector;
   mask      any boolean array broadcastable to [B, H, T, S], sliced per tile. One of
             shape [B, 1, 1, S] or [B, 1, T, 1] is linear in length; one with both a T
             and an S extent (a dense [T, S] mask) is quadratic in memory itself, though
@@ -64,6 +65,7 @@ def chunked_attention(
     bias: jax.Array | None = None,
     q_valid: jax.Array | None = None,
     k_valid: jax.Array | None = None,
+    k_lengths: jax.Array | None = None,
     causal: bool = False,
     scale: float | None = None,
     dropout_rate: float = 0.0,
@@ -83,6 +85,9 @@ def chunked_attention(
         raise ValueError(f"block_q and block_k must be >= 1, got {block_q} and {block_k}")
     B, T, H, D = q.shape
     S, K, Dv = k.shape[1], k.shape[2], v.shape[3]
+    if k_lengths is not None:  # a vector [B, S], applied per tile like k_valid
+        by_length = jnp.arange(S) < k_lengths[:, None]
+        k_valid = by_length if k_valid is None else k_valid & by_length
     bq, bk = min(block_q, T), min(block_k, S)
     Tp, Sp = _round_up(T, bq), _round_up(S, bk)
     if Sp != S and k_valid is None:

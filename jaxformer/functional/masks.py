@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.checks import check_bool_array, check_int, check_int_array, check_rank
+from jaxformer.checks import (
+    check_bool_array,
+    check_int,
+    check_int_array,
+    check_rank,
+    check_shape,
+)
 
 
 def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> jax.Array:
@@ -43,6 +52,50 @@ def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
     return q_valid[:, None, :, None] & mask
 
 
+def length_mask(lengths: jax.Array, S: int) -> jax.Array:
+    """[B, 1, 1, S] mask of the keys s < lengths[b] ([B] int): right padding as a mask."""
+    return (jnp.arange(S) < lengths[:, None])[:, None, None, :]
+
+
+def check_lengths(name: str, lengths, B: int) -> None:
+    """lengths is an integer array [B]."""
+    check_int_array(name, lengths, "of lengths")
+    check_shape(name, lengths, (B,), "[B]")
+
+
+def padding_lengths(valid: jax.Array | None) -> jax.Array | None:
+    """The lengths [B] int32 of right-padded rows, valid [B, S] (a prefix of each row is
+    True); None for None."""
+    return None if valid is None else jnp.sum(valid, axis=1, dtype=jnp.int32)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["k_lengths", "dense"], meta_fields=["causal"]
+)
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+    """Who may attend to whom, as the structure kernels take natively, not as an array:
+
+      causal: query t sees keys s <= t (a flag; never formed at [T, S] by a kernel that
+        takes the flag);
+      k_lengths: [B] int, keys s >= k_lengths[b] are padding (right padding; lengths);
+      dense: boolean, broadcastable to [B, H, T, S], for what neither expresses (packed
+        segments, a cache's offset causal mask); None for none.
+
+    `multi_head_attention` takes one wherever it takes a mask array. A pytree: `causal`
+    is static, the arrays are leaves.
+    """
+
+    causal: bool = False
+    k_lengths: jax.Array | None = None
+    dense: jax.Array | None = None
+
+    def as_array(self, T: int, S: int) -> jax.Array | None:
+        """The same mask as one boolean array broadcastable to [B, H, T, S] (None: none)."""
+        lengths = None if self.k_lengths is None else length_mask(self.k_lengths, S)
+        return combine_masks(self.dense, lengths, causal_mask(T, S) if self.causal else None)
+
+
 def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
     """[B, 1, T, S] mask that keeps packed sequences apart: attend iff segment ids are equal.
 
@@ -60,6 +113,28 @@ def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
         )
     same = q_segments[:, None, :, None] == k_segments[:, None, None, :]
     return same & (k_segments[:, None, None, :] != 0)
+
+
+def fold_masks(
+    B: int,
+    T: int,
+    S: int,
+    mask: jax.Array | None = None,
+    *,
+    q_valid: jax.Array | None = None,
+    k_valid: jax.Array | None = None,
+    k_lengths: jax.Array | None = None,
+    causal: bool = False,
+) -> jax.Array | None:
+    """One boolean mask, broadcastable to [B, H, T, S], from a mask and the structure
+    (validity vectors [B, T] and [B, S], key lengths [B], the causal flag): what an
+    implementation that takes no flags or lengths forms inside itself."""
+    if q_valid is not None or k_valid is not None:
+        k_valid = jnp.ones((B, S), bool) if k_valid is None else k_valid
+        mask = combine_masks(mask, padding_mask(q_valid, k_valid))
+    if k_lengths is not None:
+        mask = combine_masks(mask, length_mask(k_lengths, S))
+    return combine_masks(mask, causal_mask(T, S)) if causal else mask
 
 
 def combine_masks(*masks: jax.Array | None) -> jax.Array | None:

@@ -78,7 +78,8 @@ class MultiHeadAttention(nnx.Module):
         kv_cache: F.KVCache | None = None,
         cache_positions: jax.Array | None = None,
     ) -> F.AttentionOutput:
-        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention), mask -> AttentionOutput
+        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention), mask (a boolean array or
+        an `AttentionMask`) -> AttentionOutput
         (out [B, T, E], weights, cache), as `functional.multi_head_attention` (a
         cross-attention over a cache of projected keys and values: x_kv=None and no
         cache_positions)."""

@@ -140,7 +140,7 @@ class EncoderLayer(nnx.Module):
         rng: jax.Array | None = None,
         rope_positions: jax.Array | None = None,
     ) -> jax.Array:
-        """x [B, T, E], mask broadcastable to [B, H, T, T] -> [B, T, E]."""
+        """x [B, T, E], mask broadcastable to [B, H, T, T] (or an AttentionMask) -> [B, T, E]."""
         return F.encoder_layer(
             x,
             self.params(),
@@ -335,8 +335,10 @@ class EncoderDecoder(nnx.Module):
         """src [B, S, E], tgt [B, T, E] -> [B, T, E]. Dropout is applied when rng is given.
 
         Boolean masks (True = may attend), broadcastable to src_mask [B, H, S, S],
-        tgt_mask [B, H, T, T] and memory_mask [B, H, T, S]. As in torch, nothing is
-        causal unless tgt_mask says so: pass `functional.causal_mask(T)`.
+        tgt_mask [B, H, T, T] and memory_mask [B, H, T, S], or `functional.AttentionMask`s
+        (the causal flag and key lengths, which kernels take without a dense mask). As in
+        torch, nothing is causal unless tgt_mask says so: pass
+        `functional.AttentionMask(causal=True)` (or the dense `functional.causal_mask(T)`).
         """
         k_enc, k_dec = (None, None) if rng is None else tuple(jax.random.split(rng))
         memory = self.encoder(src, src_mask, rng=k_enc)

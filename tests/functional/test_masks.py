@@ -51,3 +51,30 @@ def test_mask_errors():
         F.padding_mask(np.ones((2, 3), bool), np.ones((1, 3), bool))
     with pytest.raises(TypeError, match=r"masks\[1\] must be a boolean"):
         F.combine_masks(np.ones(2, bool), np.ones(2, np.float32))
+
+
+def test_attention_mask_as_array_is_the_combined_dense_mask():
+    lengths = jnp.array([3, 5], jnp.int32)
+    segments = jnp.array([[1, 1, 2, 2, 0], [1, 1, 1, 2, 2]])
+    structure = F.AttentionMask(
+        causal=True, k_lengths=lengths, dense=F.segment_mask(segments, segments)
+    )
+    valid = np.arange(5) < np.asarray(lengths)[:, None]
+    want = F.combine_masks(
+        F.causal_mask(5), F.padding_mask(None, jnp.asarray(valid)), structure.dense
+    )
+    np.testing.assert_array_equal(structure.as_array(5, 5), want)
+    assert F.AttentionMask().as_array(5, 5) is None
+    np.testing.assert_array_equal(F.padding_lengths(jnp.asarray(valid)), lengths)
+
+
+def test_attention_mask_is_a_pytree_with_a_static_flag():
+    structure = F.AttentionMask(causal=True, k_lengths=jnp.array([2, 4], jnp.int32))
+    assert len(jax.tree.leaves(structure)) == 1  # the lengths; causal is static
+
+    @jax.jit
+    def dense(m):
+        assert m.causal is True  # a Python bool under jit, not a tracer
+        return m.as_array(4, 4)
+
+    np.testing.assert_array_equal(dense(structure), structure.as_array(4, 4))

@@ -1,0 +1,179 @@
+"""Accelerator attention kernels from tokamax (openxla's library of Pallas kernels; the
+`kernels` extra: pip install 'jaxformer[kernels]'), and the table "auto" reads.
+
+Registered in ATTENTION, all computing `scaled_dot_product_attention`'s function (rows with
+no key to attend to give zeros, as everywhere in jaxformer), no attention dropout:
+
+  "tokamax_mosaic"  tokamax's Mosaic flash kernel: Hopper (sm90) and Blackwell (sm100)
+                    GPUs, bfloat16/float16; TPU v5 and newer, bfloat16/float32, causal flag
+                    only (no key lengths, masks or bias there)
+  "tokamax_triton"  tokamax's Triton flash kernel (NVIDIA GPUs)
+  "tokamax_xla"     tokamax's XLA reference (any device; what the tests run on a CPU)
+
+Each takes causality as `is_causal` and padding as `key_value_seq_lengths`; only an
+explicit mask or validity vectors reach it as a mask array. tokamax is imported when a
+kernel is first traced, so jaxformer works without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.functional.masks import causal_mask, combine_masks, fold_masks
+from jaxformer.functional.registry import ATTENTION
+
+INSTALL_HINT = "pip install 'jaxformer[kernels]'"
+
+
+class AutoRule(NamedTuple):
+    """One row of "auto"'s table: on devices of `family`, prefer `implementation` (when
+    it takes the call) for calls with at most `max_keys` keys (None: any)."""
+
+    family: str  # "tpu", "gpu_sm90" (Hopper), "gpu_sm100" (Blackwell), "gpu" (any NVIDIA)
+    implementation: str
+    max_keys: int | None
+    evidence: str  # why this row is here: a measurement (file, device, date) or a reason
+
+
+# "auto" walks these rows in order; the first whose family is the device's and whose
+# kernel takes the call wins; without one it runs "chunked" or "xla" (by memory). The GPU
+# report (experiments/attention_bench.py on an H100/H200) is the evidence to reorder them.
+AUTO_RULES: tuple[AutoRule, ...] = (
+    AutoRule("tpu", "tokamax_mosaic", None, "the TPU flash kernel; never run on a TPU here"),
+    AutoRule(
+        "gpu_sm90",
+        "tokamax_mosaic",
+        None,
+        "jax-ml/jax#35114 (H100, causal, 4k tokens, forward): Mosaic 40.6% of peak against "
+        "cuDNN with a dense mask 15.8%; cuDNN with is_causal not yet measured here",
+    ),
+    AutoRule("gpu_sm100", "tokamax_mosaic", None, "as on sm90; not measured here"),
+    AutoRule("gpu", "cudnn", None, "cuDNN's fused kernel wherever it takes the call"),
+)
+
+
+def device_families(backend: str, device) -> tuple[str, ...]:
+    """The families of `AUTO_RULES` a device belongs to, most specific first."""
+    if backend == "tpu":
+        return ("tpu",)
+    if backend == "gpu" and "nvidia" in device.device_kind.lower():
+        capability = getattr(device, "compute_capability", None)
+        major = None if capability is None else int(float(capability))
+        return (f"gpu_sm{major}0", "gpu") if major in (9, 10) else ("gpu",)
+    return (backend,)
+
+
+def tokamax_or_none():
+    """The tokamax module, or None when it is not installed.
+
+    tokamax reads its options from absl flags and, on first use, parses sys.argv for them:
+    a program with options of its own (pytest's, the jaxformer command's) would fail
+    there with UnrecognizedFlagError, so unparsed flags are marked parsed (defaults).
+    """
+    try:
+        tokamax = importlib.import_module("tokamax")
+    except ImportError:
+        return None
+    from absl import flags  # installed with tokamax
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return tokamax
+
+
+def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float):
+    """Why "tokamax_mosaic" cannot take this call on the default device: (error type,
+    reason), or None. explicit: a dense mask, bias or validity vectors; padded: key
+    lengths."""
+    if tokamax_or_none() is None:
+        return ImportError, f"tokamax is not installed ({INSTALL_HINT})"
+    if dropout_rate > 0.0:
+        return ValueError, "has no attention dropout"
+    families = device_families(jax.default_backend(), jax.devices()[0])
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    if families[0] == "tpu":
+        generation = re.search(r"(\d+)", jax.devices()[0].device_kind)
+        if generation is None or int(generation.group(1)) < 5:
+            return ValueError, f"needs TPU v5 or newer, found {jax.devices()[0].device_kind!r}"
+        if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float32):
+            return TypeError, f"on a TPU takes bfloat16 or float32 q, k, v; got {dtypes}"
+        if padded or explicit:
+            return ValueError, "on a TPU takes the causal flag only: no key lengths, masks, bias"
+        return None
+    if families[0] in ("gpu_sm90", "gpu_sm100"):
+        if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
+            return TypeError, f"takes bfloat16 or float16 q, k, v (all one dtype); got {dtypes}"
+        return None
+    return ValueError, f"needs a Hopper or Blackwell GPU or a TPU, found {families[0]!r}"
+
+
+def _tokamax_kernel(name: str):
+    """The ATTENTION kernel running tokamax.dot_product_attention(implementation=name)."""
+
+    def kernel(q, k, v, *, dropout_rng, **structure):
+        del dropout_rng  # no dropout: refused
+        return _tokamax_attention(name, q, k, v, **structure)
+
+    return kernel
+
+
+def _tokamax_attention(
+    name, q, k, v, *, mask, q_valid, k_valid, k_lengths, causal, bias, scale, dropout_rate
+):
+    """tokamax.dot_product_attention(implementation=name): causality as is_causal, key
+    lengths as key_value_seq_lengths; rows with no key give 0."""
+    tokamax = tokamax_or_none()
+    if tokamax is None:
+        raise ImportError(f"implementation='tokamax_{name}' needs tokamax: {INSTALL_HINT}")
+    if name == "mosaic":
+        explicit = any(x is not None for x in (mask, q_valid, k_valid, bias))
+        problem = mosaic_problem(
+            q, k, v, padded=k_lengths is not None, explicit=explicit, dropout_rate=dropout_rate
+        )
+        if problem is not None:
+            error, reason = problem
+            raise error(f"implementation='tokamax_mosaic' {reason}; use 'xla' or 'chunked'")
+    if dropout_rate > 0.0:
+        raise ValueError(f"implementation='tokamax_{name}' has no attention dropout")
+    B, T, S = q.shape[0], q.shape[1], k.shape[1]
+    mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid)
+    out = tokamax.dot_product_attention(
+        q,
+        k,
+        v,
+        bias=None if bias is None else _rank4(bias),
+        mask=None if mask is None else _rank4(mask),
+        scale=scale,
+        is_causal=causal,
+        key_value_seq_lengths=k_lengths,
+        implementation=name,
+    )
+    return zero_rows_without_keys(out, mask, causal, k_lengths)
+
+
+for _name in ("mosaic", "triton", "xla"):
+    ATTENTION.register(f"tokamax_{_name}", _tokamax_kernel(_name), raw_masks=True)
+
+
+def zero_rows_without_keys(out, mask, causal: bool, k_lengths):
+    """out [B, T, H, Dv] with zeros where a query has no key to attend to (kernels that
+    give such rows the mean of the values, or anything else)."""
+    keep = None
+    if mask is not None:
+        T, S = out.shape[1], mask.shape[-1]
+        full = combine_masks(mask, causal_mask(T, S)) if causal else mask
+        any_key = jnp.any(full, axis=-1, keepdims=True)  # [.., H | 1, T | 1, 1]
+        keep = jnp.swapaxes(_rank4(any_key), 1, 2)  # [B | 1, T | 1, H | 1, 1]
+    if k_lengths is not None:
+        keep = combine_masks(keep, (k_lengths > 0)[:, None, None, None])
+    return out if keep is None else jnp.where(keep, out, jnp.zeros_like(out))
+
+
+def _rank4(x):
+    """x broadcastable to [B, H, T, S] as rank 4 (leading axes of size 1)."""
+    return x.reshape((1,) * (4 - x.ndim) + x.shape)

@@ -1,0 +1,277 @@
+"""tokamax's kernels behind ATTENTION, "auto"'s table on pretend devices, and causality and
+padding reaching the kernels as a flag and lengths (checked on the train steps' jaxprs)."""
+
+import dataclasses
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxformer import functional as F
+from jaxformer import train
+from jaxformer.config import TransformerConfig
+from jaxformer.functional import attention as attention_module
+from jaxformer.functional import kernels
+from jaxformer.functional.chunked_attention import chunked_attention
+from jaxformer.models import DecoderLM, Transformer
+
+tokamax = pytest.importorskip(
+    "tokamax", reason="the kernels extra: pip install 'jaxformer[kernels]'"
+)
+
+
+def _qkv(B=2, T=12, S=12, H=4, K=2, D=8, dtype=jnp.float32, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(keys[0], (B, T, H, D), dtype)
+    k = jax.random.normal(keys[1], (B, S, K, D), dtype)
+    v = jax.random.normal(keys[2], (B, S, K, D), dtype)
+    return q, k, v
+
+
+def _value_and_grads(implementation, q, k, v, **kw):
+    def loss(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, implementation=implementation, **kw)
+        return jnp.sum(jnp.sin(out)), out
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    return out, grads
+
+
+@pytest.mark.parametrize("implementation", ["tokamax_xla", "chunked", "xla"])
+def test_flag_and_lengths_equal_the_dense_mask(implementation):
+    """causal=True with k_lengths computes what the dense causal and padding mask does."""
+    q, k, v = _qkv()
+    lengths = jnp.array([7, 0], jnp.int32)  # row 1: no key at all -> zero output
+    dense = F.combine_masks(
+        F.causal_mask(12), F.padding_mask(None, jnp.arange(12) < lengths[:, None])
+    )
+    want_out, want_grads = _value_and_grads("xla", q, k, v, mask=dense)
+    out, grads = _value_and_grads(implementation, q, k, v, causal=True, k_lengths=lengths)
+    np.testing.assert_allclose(out, want_out, atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(out[1], 0.0)
+    for a, b in zip(grads, want_grads, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_tokamax_xla_takes_explicit_masks_bias_and_grouped_heads():
+    q, k, v = _qkv(T=6, S=9, H=6, K=3, seed=1)
+    rng = np.random.default_rng(0)
+    mask = jnp.asarray(rng.random((2, 1, 6, 9)) < 0.6)
+    bias = jnp.asarray(rng.normal(size=(1, 6, 6, 9)), jnp.float32)
+    want = F.scaled_dot_product_attention(q, k, v, mask, bias=bias, implementation="xla")
+    got = F.scaled_dot_product_attention(q, k, v, mask, bias=bias, implementation="tokamax_xla")
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_tokamax_kernels_refuse_dropout():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="tokamax_xla' has no attention dropout"):
+        F.scaled_dot_product_attention(
+            q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0), implementation="tokamax_xla"
+        )
+
+
+def test_without_tokamax_a_forced_name_says_how_to_install_and_auto_falls_back(monkeypatch, caplog):
+    monkeypatch.setattr(kernels, "tokamax_or_none", lambda: None)
+    q, k, v = _qkv(T=10, S=10)
+    with pytest.raises(ImportError, match=r"pip install 'jaxformer\[kernels\]'"):
+        F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_xla")
+    _pretend(monkeypatch, "tpu", "TPU v5 lite")
+    caplog.set_level("INFO", logger="jaxformer.attention")
+    spec = [jax.ShapeDtypeStruct((3, 130, 4, 8), jnp.bfloat16)] * 3
+    assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "xla"
+    assert any("tokamax is not installed" in r.getMessage() for r in caplog.records)
+
+
+# --- "auto" on pretend devices ----------------------------------------------------------
+
+
+def _pretend(monkeypatch, backend, kind, capability=None):
+    device = types.SimpleNamespace(platform=backend, device_kind=kind)
+    if capability is not None:
+        device.compute_capability = capability
+    monkeypatch.setattr(attention_module.jax, "default_backend", lambda: backend)
+    monkeypatch.setattr(attention_module.jax, "devices", lambda *a: [device])
+    monkeypatch.setenv("XLA_FLAGS", "")
+
+
+def _choose(dtype, *, D=64, padded=False, explicit=False, dropout_rate=0.0):
+    spec = [jax.ShapeDtypeStruct((4, 256, 8, D), dtype)] * 3
+    return F.choose_implementation(
+        *spec, masked=True, dropout_rate=dropout_rate, padded=padded, explicit=explicit
+    )
+
+
+def test_device_families_read_the_compute_capability():
+    gpu = lambda cc: types.SimpleNamespace(device_kind="NVIDIA X", compute_capability=cc)  # noqa: E731
+    assert kernels.device_families("gpu", gpu("9.0")) == ("gpu_sm90", "gpu")
+    assert kernels.device_families("gpu", gpu("10.0")) == ("gpu_sm100", "gpu")
+    assert kernels.device_families("gpu", gpu("8.0")) == ("gpu",)
+    assert kernels.device_families("tpu", types.SimpleNamespace(device_kind="TPU v4")) == ("tpu",)
+    assert kernels.device_families("cpu", types.SimpleNamespace(device_kind="cpu")) == ("cpu",)
+
+
+def test_auto_on_a_tpu_runs_mosaic_for_the_causal_flag_only(monkeypatch):
+    _pretend(monkeypatch, "tpu", "TPU v5 lite")
+    assert _choose(jnp.bfloat16) == "tokamax_mosaic"
+    assert _choose(jnp.float32) == "tokamax_mosaic"
+    assert _choose(jnp.bfloat16, padded=True) == "xla"  # no key lengths on TPU in tokamax
+    assert _choose(jnp.bfloat16, explicit=True) == "xla"
+    assert _choose(jnp.bfloat16, dropout_rate=0.1) == "xla"
+    _pretend(monkeypatch, "tpu", "TPU v4")
+    assert _choose(jnp.bfloat16) == "xla"  # tokamax's Mosaic TPU kernel needs v5+
+
+
+def test_auto_on_hopper_runs_mosaic_then_cudnn(monkeypatch):
+    _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0")
+    assert _choose(jnp.bfloat16) == "tokamax_mosaic"
+    assert _choose(jnp.bfloat16, padded=True, explicit=True) == "tokamax_mosaic"
+    assert _choose(jnp.bfloat16, dropout_rate=0.1) == "xla"  # neither takes dropout
+    assert _choose(jnp.float32) == "xla"  # neither takes float32 at default precision
+    monkeypatch.setattr(kernels, "tokamax_or_none", lambda: None)
+    assert _choose(jnp.bfloat16) == "cudnn"
+    _pretend(monkeypatch, "gpu", "NVIDIA A100-SXM4-80GB", "8.0")
+    assert _choose(jnp.bfloat16) == "cudnn"
+
+
+def test_auto_follows_the_table(monkeypatch):
+    """The table is data: a row the GPU report adds (cuDNN first up to 1,024 keys) wins."""
+    _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0")
+    rule = F.AutoRule("gpu_sm90", "cudnn", 1024, "a pretend measurement")
+    monkeypatch.setattr(attention_module, "AUTO_RULES", (rule, *F.AUTO_RULES))
+    assert _choose(jnp.bfloat16) == "cudnn"  # 256 keys
+    spec = [jax.ShapeDtypeStruct((1, 2048, 8, 64), jnp.bfloat16)] * 3
+    assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "tokamax_mosaic"
+
+
+def test_forced_mosaic_off_its_devices_is_a_clear_error():
+    q, k, v = _qkv()
+    with pytest.raises(
+        ValueError, match="tokamax_mosaic' needs a Hopper or Blackwell GPU or a TPU"
+    ):
+        F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_mosaic")
+
+
+def test_tokamax_mosaic_tpu_kernel_in_pallas_interpret_mode(monkeypatch):
+    """tokamax's Mosaic TPU kernel (splash attention), forward and backward, run on the CPU
+    by Pallas's interpreter: the kernel's own code, not its speed or its TPU lowering.
+    Reaches into tokamax's private modules (0.0.12) to allow a CPU and to interpret."""
+    from tokamax._src.ops.attention import base, pallas_mosaic_tpu, pallas_mosaic_tpu_vjp
+    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel
+
+    config = splash_attention_kernel.SplashConfig
+    default = config.get_default()
+    monkeypatch.setattr(
+        config, "get_default", classmethod(lambda cls: dataclasses.replace(default, interpret=True))
+    )
+
+    class OnCpu(pallas_mosaic_tpu.PallasMosaicTpuFlashAttention):
+        def supported_on(self, device):
+            return True
+
+    class VjpOnCpu(pallas_mosaic_tpu_vjp.PallasMosaicTpuFlashAttentionVjp):
+        def supported_on(self, device):
+            return True
+
+    kernel = OnCpu(vjp=VjpOnCpu())
+    q, k, v = _qkv(B=1, T=256, S=256, H=2, K=1, D=64, seed=3)  # 128-row tiles
+    mosaic = lambda q, k, v: kernel(q, k, v, mask=base.Mask(is_causal=True))  # noqa: E731
+    plain = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, causal=True)  # noqa: E731
+    np.testing.assert_allclose(mosaic(q, k, v), plain(q, k, v), atol=1e-5, rtol=1e-5)
+    loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
+    got = jax.grad(loss(mosaic), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+# --- the models pass causality as a flag and padding as lengths ----------------------------
+
+
+@F.ATTENTION.register("chunked_tiles4", raw_masks=True)
+def _chunked_tiles4(q, k, v, **kw):
+    """ "chunked" with 4 x 4 tiles: shorter than the test's sequences, so any [T, S] mask
+    in the program comes from outside the kernel."""
+    return chunked_attention(q, k, v, block_q=4, block_k=4, **kw)
+
+
+T, S = 12, 10  # target and source lengths; no other axis of the programs has these sizes
+QUERY_KEY = ((T, T), (T, S), (S, S))
+
+
+def _step_jaxpr(kind, implementation):
+    """The jaxpr of one train step (forward, backward, update) on a padded batch."""
+    config = TransformerConfig.tiny(
+        32, d_model=16, d_ff=32, num_heads=2, attention_impl=implementation
+    )
+    model = (Transformer if kind == "transformer" else DecoderLM)(config, rngs=nnx.Rngs(0))
+    opt = optax.adam(1e-3)
+    graphdef, state = train.create_train_state(model, opt, 0)
+    step = train.make_train_step(graphdef, opt, optax.constant_schedule(1e-3), label_smoothing=0.1)
+    tgt = jnp.ones((2, T), jnp.int32)
+    batch = dict(tgt_in=tgt, tgt_out=tgt, tgt_valid=jnp.arange(T) < jnp.array([[T], [7]]))
+    if kind == "transformer":
+        batch |= dict(
+            src=jnp.ones((2, S), jnp.int32), src_valid=jnp.arange(S) < jnp.array([[S], [4]])
+        )
+    return jax.make_jaxpr(step)(state, batch)
+
+
+def _masks_built(closed_jaxpr):
+    """(where, shape) of every boolean array the program computes whose last two axes are
+    query x key lengths ([T, T], [T, S], [S, S]), sub-programs included; where: the name
+    stack and the source files of the equation's traceback."""
+    found = []
+
+    def walk(jaxpr, outer):
+        for eqn in jaxpr.eqns:
+            stack = f"{outer}/{eqn.source_info.name_stack}"
+            for var in eqn.outvars:
+                aval = var.aval
+                lengths = tuple(getattr(aval, "shape", ())[-2:])
+                if getattr(aval, "dtype", None) == jnp.bool_ and lengths in QUERY_KEY:
+                    tb = eqn.source_info.traceback
+                    files = [] if tb is None else [f.file_name for f in tb.frames]
+                    found.append((" ".join([stack, *files]), aval.shape))
+            for sub in _sub_jaxprs(eqn.params):
+                walk(sub, stack)
+
+    walk(closed_jaxpr.jaxpr, "")
+    return found
+
+
+def _sub_jaxprs(params):
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, jax.extend.core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jax.extend.core.Jaxpr):
+                yield item
+
+
+@pytest.mark.parametrize("kind", ["decoder_lm", "transformer"])
+def test_a_kernel_that_takes_flags_gets_no_dense_mask(kind):
+    """With "chunked" (4 x 4 tiles) the whole train step, forward and backward, builds no
+    boolean [T, T], [T, S] or [S, S] array: the models pass causality as a flag and
+    padding as lengths, and the kernel applies them per tile."""
+    assert _masks_built(_step_jaxpr(kind, "chunked_tiles4")) == []
+
+
+@pytest.mark.parametrize("kind", ["decoder_lm", "transformer"])
+def test_xla_and_tokamax_xla_form_the_mask_inside_themselves_only(kind):
+    """The plain implementations need the dense mask: "xla" forms it inside its own name
+    scope, tokamax's XLA reference inside tokamax's code; nothing outside them forms one.
+    tokamax records its arguments in its name scope: causality reaches it as is_causal and
+    the target padding as key lengths k_end [B, 1, 1], with no boolean mask."""
+    markers = {"xla": ("xla_attention",), "tokamax_xla": ("tokamax:", "/tokamax/")}
+    for implementation, inside in markers.items():
+        built = _masks_built(_step_jaxpr(kind, implementation))
+        assert built, "the check must see the masks the implementation forms"
+        outside = [(w, shape) for w, shape in built if not any(m in w for m in inside)]
+        assert outside == [], implementation
+    causal_call = '"bool_mask":null,"q_start":null,"q_end":null,"k_start":null,"k_end":"i32[2,1,1]","is_causal":true'
+    assert any(causal_call in where for where, _ in built)
