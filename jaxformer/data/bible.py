@@ -391,7 +391,8 @@ def _lm_corpus(name: str, verses: Verses) -> BibleCorpus:
 
 class BibleTranslation(PairData):
     """Verse pairs of two Bibles (see `load`): trains on the training books, evaluates on
-    the dev books, and scores the final model on the test books. Pairs longer than max_len
+    the dev books (a sample stratified by book), and scores the final model on the test
+    books when a run asks (`RunConfig.final_test`). Pairs longer than max_len
     tokens are dropped from train and dev, test pairs whose source is, and each is counted
     in `counts` ("too long <split>")."""
 
@@ -406,13 +407,15 @@ class BibleTranslation(PairData):
         pad_multiple: int = 16,
     ):
         self.counts = dict(corpus.counts)
-        kept = {}
+        kept, dev_books = {}, []
         for split in ("train", "dev"):
             kept[split] = []
             for v, src, tgt in corpus.splits[split]:
                 ids = pair_ids(tokenizer, src, tgt, f"{corpus.name} {reference(v)}", max_len)
                 if ids is not None:
                     kept[split].append((src, tgt, ids))
+                    if split == "dev":
+                        dev_books.append(book_of(v))
             self.counts[f"too long {split}"] = len(corpus.splits[split]) - len(kept[split])
         test = [
             (src, tgt) for _, src, tgt in corpus.splits["test"]
@@ -426,6 +429,7 @@ class BibleTranslation(PairData):
         super().__init__(
             kept["train"], kept["dev"], tokenizer, max_len=max_len, seed=seed,
             test_size=test_size, pad_multiple=pad_multiple, final_test=test,
+            test_groups=dev_books,
         )  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """Held-out evaluation: loss sums over the eval batches, and the metrics the data names
-(`data.metrics`), computed on predictions of its `test_pairs` (`evaluate`, at every
-evaluation) or of its `final_test_pairs` (`score`, once, by the final model).
+(`data.metrics`), computed on predictions of its `test_pairs` (`evaluate`: a sample
+decoded greedily during training, all of them with the run's beam at the end) or of its
+`final_test_pairs` (`score`, once, by the final model, only with `RunConfig.final_test`).
 
 BLEU and chrF are sacrebleu's corpus scores (0-100, BLEU with its default 13a
 tokenization), imported only when a data source names them (`pip install 'jaxformer[data]'`).
@@ -61,11 +62,17 @@ def _sacrebleu():
 
 
 def evaluate(
-    eval_step: Callable, params, data, predict_fn: Callable[[list[str]], list[str]], batch_size: int
+    eval_step: Callable,
+    params,
+    data,
+    predict_fn: Callable[[list[str]], list[str]],
+    batch_size: int,
+    pairs: list[tuple[str, str]],
 ) -> tuple[dict[str, float], list[str]]:
     """eval_loss (label-smoothed), eval_nll, eval_perplexity and eval_token_accuracy over
-    `data.eval_batches`, and each of `data.metrics` on `predict_fn(sources)` of the test
-    pairs; with those predictions (none when the data names no metrics)."""
+    `data.eval_batches`, and each of `data.metrics` on `predict_fn(sources)` of the
+    held-out `pairs` (all or a sample of `data.test_pairs`); with those predictions (none
+    when the data names no metrics)."""
     sums = None
     for batch in data.eval_batches(batch_size):
         s = eval_step(params, batch)
@@ -73,7 +80,7 @@ def evaluate(
     out = {f"eval_{k}": float(v) for k, v in sums.means().items() if k != "tokens"}
     predictions = []
     if data.metrics:
-        scores, predictions = score(predict_fn, data.test_pairs, data.metrics)
+        scores, predictions = score(predict_fn, pairs, data.metrics)
         out |= scores
     return out, predictions
 

@@ -81,8 +81,8 @@ def train(
                 folder.log(record)
                 shown.show(record)
                 meter.restart_window()
-            if _due(done, run.eval_every, run.steps):
-                last_eval, predictions = job.evaluate(state.params)
+            if _due(done, run.eval_every, run.steps) and done < run.steps:
+                last_eval, _ = job.evaluate(state.params, sample=True)
                 folder.log({"step": done, **last_eval})
                 if folder.is_main:
                     shown.write(report.eval_line(done, last_eval))
@@ -101,8 +101,9 @@ def train(
     finally:
         shown.close()
         profiler.close()
-    if not last_eval:  # resumed at the last step: no step ran
-        last_eval, predictions = job.evaluate(state.params)
+    last_eval, predictions = job.evaluate(state.params)  # every held-out pair, eval_beam
+    folder.log({"step": meter.step, **last_eval})
+    folder.say(report.eval_line(meter.step, last_eval))
     params, averaged, steps = state.params, None, None
     if run.average_checkpoints > 1:
         params, steps = job.average(folder, state)
@@ -116,13 +117,16 @@ def train(
         "averaged_steps": steps,
     }
     summary |= job.description()
-    pairs = job.data.test_pairs
-    if job.data.final_test_pairs:
-        pairs = job.data.final_test_pairs
-        tested, predictions = job.test(params)
-        folder.log({"step": meter.step, **tested})
-        summary |= tested
-    job.finish(folder, summary, host_copy(job.placement.one_copy(params)), pairs, predictions)
+    tested = None
+    if run.final_test and job.data.final_test_pairs:
+        scores, test_predictions = job.test(params)
+        folder.log({"step": meter.step, **scores})
+        summary |= {"final_test": True, **scores}
+        tested = (job.data.final_test_pairs, test_predictions)
+    summary["eval_seconds"] = round(job.eval_seconds, 2)
+    summary["train_seconds"] = round(summary["wall_seconds"] - job.eval_seconds, 2)
+    params = host_copy(job.placement.one_copy(params))
+    job.finish(folder, summary, params, (job.data.test_pairs, predictions), tested)
     return summary
 
 
@@ -142,6 +146,7 @@ class _Job:
     eval_step: Callable
     requested_vocab: int
     internals_step: Callable | None = None  # train_step that also returns metrics["internals"]
+    eval_seconds: float = 0.0  # spent in evaluate and test so far
 
     @classmethod
     def prepare(cls, model_config: TransformerConfig, run: RunConfig) -> _Job:
@@ -207,25 +212,33 @@ class _Job:
         folder.say(f"training on {self.placement.description}, {vocab}")
         return state, int(self.placement.one_copy(state.step))
 
-    def evaluate(self, params) -> tuple[dict[str, float], list[str]]:
-        """The held-out metrics of laid-out `params`, and its test-pair predictions."""
-        predictor = self._predictor(params)
-        return evaluate(self.eval_step, params, self.data, predictor, self.run.batch_size)
+    def evaluate(self, params, *, sample: bool = False) -> tuple[dict[str, float], list[str]]:
+        """The held-out metrics of laid-out `params` and the held-out predictions: of the
+        first `eval_sample` test pairs decoded greedily (`sample`, during training), else
+        of all of them with the run's beam (the final model)."""
+        started = time.perf_counter()
+        pairs = self.data.test_pairs[: self.run.eval_sample] if sample else self.data.test_pairs
+        predictor = self._predictor(params, beam=1 if sample else eval_beam(self.run, self.data))
+        out = evaluate(self.eval_step, params, self.data, predictor, self.run.batch_size, pairs)
+        self.eval_seconds += time.perf_counter() - started
+        return out
 
     def test(self, params) -> tuple[dict[str, float], list[str]]:
         """The data's metrics of laid-out `params` on its final test pairs ("test_bleu",
         ..., and their number, "test_pairs"), and the predictions."""
+        started = time.perf_counter()
         pairs = self.data.final_test_pairs
-        scores, predictions = score(self._predictor(params), pairs, self.data.metrics)
+        predictor = self._predictor(params, beam=eval_beam(self.run, self.data))
+        scores, predictions = score(predictor, pairs, self.data.metrics)
+        self.eval_seconds += time.perf_counter() - started
         return {f"test_{k}": v for k, v in scores.items()} | {"test_pairs": len(pairs)}, predictions
 
-    def _predictor(self, params) -> Callable[[list[str]], list[str]]:
-        """Translations of sources by laid-out `params`, decoded as the run evaluates."""
+    def _predictor(self, params, beam: int) -> Callable[[list[str]], list[str]]:
+        """Translations of sources by laid-out `params` (greedy for beam 1)."""
 
         def predictions(sources):
             model = nnx.merge(self.graphdef, self.placement.one_copy(params))
-            beam, alpha = eval_beam(self.run, self.data), self.run.eval_alpha
-            batch = self.run.batch_size
+            batch, alpha = self.run.batch_size, self.run.eval_alpha
             return predict(model, self.tokenizer, self.data, sources, batch, beam=beam, alpha=alpha)
 
         return predictions
@@ -254,12 +267,13 @@ class _Job:
         folder: RunFolder,
         summary: dict[str, Any],
         params,
-        pairs: list[tuple[str, str]],
-        predictions: list[str],
+        held_out: tuple[list[tuple[str, str]], list[str]],
+        tested: tuple[list[tuple[str, str]], list[str]] | None,
     ) -> None:
-        """summary.json, predictions.tsv (of the test `pairs`), the plots and the console
-        report (process 0 only); `params` (one host copy) and `predictions` are the final
-        model's: the averaged one when the run averages checkpoints."""
+        """summary.json, predictions.tsv (the held-out (dev) pairs and their predictions,
+        `held_out`), test_predictions.tsv (`tested`, with final_test), the plots and the
+        console report (process 0 only); `params` (one host copy) and the predictions are
+        the final model's: the averaged one when the run averages checkpoints."""
         folder.close()
         if not folder.is_main:
             return
@@ -268,10 +282,11 @@ class _Job:
         if self.run.log_internals is not None:
             report.internals(folder.metrics_path, folder.path / "internals.png")
         model, data = nnx.merge(self.graphdef, params), self.data
-        pairs = pairs[: len(predictions)]
-        if predictions:
-            report.write_predictions(pairs, predictions, folder.path / "predictions.tsv")
-        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=True)]
+        for name, written in (("predictions.tsv", held_out), ("test_predictions.tsv", tested)):
+            if written and written[1]:
+                report.write_predictions(*written, folder.path / name)
+        pairs, predictions = held_out
+        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]
         if hasattr(model, "cross_attention_weights") and data.test_pairs:
             plot = folder.path / "attention.png"
             report.cross_attention(model, self.tokenizer, data.test_pairs[0], plot)

@@ -235,10 +235,14 @@ def test_translation_data_drops_long_pairs_and_counts_them(wyc_web):
     d = wyc_web.data(TOK, max_len=128, seed=0, test_size=8)
     assert d.metrics == ("exact_match", "bleu", "chrf") and d.model_kind == "Transformer"
     assert len(d._train) + d.counts["too long train"] == wyc_web.counts["train pairs"]
-    assert len(d.test_pairs) == 8 and d.test_pairs[0][0].startswith("And Elymelech")
-    # The test books, scored once by the final model: every source that fits max_len.
+    # Evaluated: a seeded sample of the dev books, stratified by book, not the first 8.
+    dev = {(s, t): bible.book_of(v) for v, s, t in wyc_web.splits["dev"]}
+    assert len(d.test_pairs) == 8 and {dev[p] for p in d.test_pairs} == set(bible.DEV_BOOKS)
+    assert d.test_pairs == wyc_web.data(TOK, max_len=128, seed=0, test_size=8).test_pairs
+    assert d.test_pairs != wyc_web.data(TOK, max_len=128, seed=1, test_size=8).test_pairs
+    # The test books, scored by the final model (with final_test): every source that fits.
     fits = [(s, t) for _, s, t in wyc_web.splits["test"] if len(TOK.encode(s)) + 1 <= 128]
-    assert d.final_test_pairs == fits[:8]
+    assert d.final_test_pairs == fits
     assert bible.split_of(wyc_web.splits["test"][0][0]) == "test"  # Ecclesiastes 1:1
     full = wyc_web.data(TOK, max_len=128, seed=0, test_size=10_000)
     assert len(full.final_test_pairs) + full.counts["too long test"] == len(wyc_web.splits["test"])
@@ -313,9 +317,10 @@ def test_train_and_generate_on_wyc_web(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["run"]["tokenizer"] == "bpe"
     assert summary["data_counts"]["train pairs"] == 27245
-    assert summary["test_pairs"] == 8 and 0 <= summary["test_bleu"] <= 100  # the test books
-    rows = (out / "predictions.tsv").read_text().splitlines()
-    assert len(rows) == 8 and rows[0].startswith("The wordis of Ecclesiastes")
+    assert "test_pairs" not in summary and "final_test" not in summary  # dev only
+    rows = (out / "predictions.tsv").read_text().split("\n")[:-1]
+    dev = {s for _, s, _ in bible.load("wyc-web").splits["dev"]}
+    assert len(rows) == 8 and all(row.split("\t")[0] in dev for row in rows)
     assert "dataset wyc-web: pairs 28,435" in capsys.readouterr().out
     argv = ["generate", "--checkpoint", str(out), "--input", "In the bigynnyng God made"]
     assert main([*argv, "--max-new-tokens", "5"]) == 0

@@ -82,6 +82,8 @@ def test_a_tsv_run_reports_bleu_and_writes_predictions(tsv_run):
     assert all({"bleu", "chrf", "exact_match"} <= set(r) for r in evals)
     saved = json.loads((out / "summary.json").read_text())
     assert saved["eval_beam"] == 4  # the paper's beam for BLEU-scored data
+    assert 0 < saved["eval_seconds"] < saved["wall_seconds"]
+    assert saved["train_seconds"] == pytest.approx(saved["wall_seconds"] - saved["eval_seconds"])
     assert saved["final_eval"] == {k: v for k, v in evals[1].items() if k != "step"}
     assert saved["averaged_steps"] == [1, 2, 3]
     for key in ("bleu", "chrf", "exact_match", "eval_nll"):  # the delivered model: the average
@@ -100,8 +102,9 @@ def test_a_tsv_run_reports_bleu_and_writes_predictions(tsv_run):
 
 def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkeypatch):
     """Pairs the data holds back for the final model (a Bible dataset's test books; here
-    attached to the TSV run's data) are scored once, at the end: test_* in summary.json
-    and the last metrics record, their translations in predictions.tsv."""
+    attached to the TSV run's data) are scored once, at the end, and only with
+    final_test: test_* and "final_test" in summary.json and the last metrics record,
+    their translations in test_predictions.tsv; predictions.tsv keeps the dev pairs'."""
     out, _ = tsv_run
     final = [("the cat", "cat the"), ("a big red dog", "dog red big a"), ("ran", "ran")]
     build = loop.build_data
@@ -113,14 +116,19 @@ def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkey
 
     monkeypatch.setattr(loop, "build_data", with_final_test)
     config = json.loads((out / "config.json").read_text())
-    run = jf.RunConfig(
-        **(config["run"] | {"steps": 2, "average_checkpoints": 1, "out": str(out.parent / "final")})
-    )
-    summary = loop.train(jf.TransformerConfig.from_dict(config["model"]), run, progress=False)
-    rows = [
-        line.split("\t") for line in (out.parent / "final/predictions.tsv").read_text().splitlines()
-    ]
+    model = jf.TransformerConfig.from_dict(config["model"])
+    changes = {"steps": 2, "average_checkpoints": 1, "out": str(out.parent / "dev")}
+    dev_only = loop.train(model, jf.RunConfig(**(config["run"] | changes)), progress=False)
+    assert "final_test" not in dev_only and not any(k.startswith("test_") for k in dev_only)
+    assert not (out.parent / "dev/test_predictions.tsv").exists()
+    changes |= {"final_test": True, "out": str(out.parent / "final")}
+    summary = loop.train(model, jf.RunConfig(**(config["run"] | changes)), progress=False)
+    assert summary["final_test"] is True and summary["run"]["final_test"] is True
+    folder = out.parent / "final"
+    rows = [line.split("\t") for line in (folder / "test_predictions.tsv").read_text().splitlines()]
     assert [(s, t) for s, t, _ in rows] == final and summary["test_pairs"] == 3
+    dev = (folder / "predictions.tsv").read_text()  # the same dev translations
+    assert dev.count("\n") == 8 and dev == (out.parent / "dev/predictions.tsv").read_text()
     predictions = [p for *_, p in rows]
     for key in ("bleu", "chrf", "exact_match"):
         assert summary["test_" + key] == METRICS[key](predictions, [t for _, t in final])
