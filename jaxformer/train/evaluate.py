@@ -12,12 +12,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jaxformer import decode
-from jaxformer.data.datasets import encode_pairs
 from jaxformer.train.losses import LossSums
 
 
@@ -93,37 +89,6 @@ def score(
     predictions = predict_fn([src for src, _ in pairs])
     targets = [tgt for _, tgt in pairs]
     return {name: METRICS[name](predictions, targets) for name in metrics}, predictions
-
-
-def predict(
-    model: nnx.Module,
-    tokenizer,
-    data,
-    sources: list[str],
-    batch_size: int,
-    *,
-    beam: int = 1,
-    alpha: float = 0.6,
-) -> list[str]:
-    """Translations of `sources`: greedy (beam 1) or the best hypothesis of a beam search
-    with length penalty `alpha`, at most `data.tgt_len` tokens. Batches are padded to
-    [batch_size, data.src_len] (one compilation) and decoded with the tokenizer's ids."""
-    out = []
-    for i in range(0, len(sources), batch_size):
-        chunk = sources[i : i + batch_size]
-        pairs = [(s, "") for s in chunk] + [None] * (batch_size - len(chunk))
-        batch = encode_pairs(pairs, tokenizer, data.src_len, data.tgt_len)
-        src, valid = jnp.asarray(batch["src"]), jnp.asarray(batch["src_valid"])
-        ids = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
-        if beam == 1:
-            tokens = decode.greedy(model, src, valid, max_new_tokens=data.tgt_len, **ids)
-        else:
-            hypotheses, _ = decode.beam_search(
-                model, src, valid, beam_size=beam, alpha=alpha, max_new_tokens=data.tgt_len, **ids
-            )
-            tokens = hypotheses[:, 0]  # [B, N], the best of each row
-        out += [tokenizer.decode(row) for row in np.asarray(tokens)[: len(chunk)]]
-    return out
 
 
 def eval_beam(run, data) -> int:

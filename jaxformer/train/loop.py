@@ -23,6 +23,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from jaxformer import decode
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData, bible
 from jaxformer.data.datasets import read_text_lines
@@ -31,7 +32,7 @@ from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, host_copy, make_placement
 from jaxformer.train import report
 from jaxformer.train.checkpoint import abstract_train_state, save_averaged
-from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, predict, score
+from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, score
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.run_folder import RunFolder, tensorboard_writer
 from jaxformer.train.steps import (
@@ -238,8 +239,17 @@ class _Job:
 
         def predictions(sources):
             model = nnx.merge(self.graphdef, self.placement.one_copy(params))
-            batch, alpha = self.run.batch_size, self.run.eval_alpha
-            return predict(model, self.tokenizer, self.data, sources, batch, beam=beam, alpha=alpha)
+            return decode.generate(
+                model,
+                self.tokenizer,
+                sources,
+                "beam" if beam > 1 else "greedy",
+                beam_size=beam,
+                alpha=self.run.eval_alpha,
+                max_new_tokens=self.data.tgt_len,
+                batch_size=self.run.batch_size,
+                pad_multiple=self.run.pad_multiple,
+            )
 
         return predictions
 

@@ -17,7 +17,7 @@ import jaxformer as jf
 from jaxformer import data, decode
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.train import checkpoint, loop
-from jaxformer.train.evaluate import METRICS, predict
+from jaxformer.train.evaluate import METRICS
 
 REFERENCES = [
     "The cat sat on the mat.",
@@ -155,14 +155,15 @@ def test_averaged_parameters_are_the_mean_of_the_last_checkpoints(tsv_run):
 
 
 def test_beam_evaluation_is_beam_search_on_the_padded_batch(tsv_run):
-    """predict(beam=4) gives decode.beam_search's best hypotheses of the same fixed-shape
-    batch, with one compilation for a full batch and a padded one."""
+    """decode.generate("beam") gives decode.beam_search's best hypotheses of the same
+    batch, with one compilation for a full batch and a filled-up one."""
     out, summary = tsv_run
     model, tok = checkpoint.restore_model(out)
     tsv = data.TsvData(summary["run"]["data_tsv"], tok, max_len=16, test_size=10)
     sources = [s for s, _ in tsv.test_pairs]  # 10: a batch of 8 and one of 2 padded to 8
     compiled = decode._beam_jit._cache_size()
-    got = predict(model, tok, tsv, sources, batch_size=8, beam=4, alpha=0.6)
+    options = dict(beam_size=4, alpha=0.6, max_new_tokens=tsv.tgt_len, batch_size=8)
+    got = decode.generate(model, tok, sources, "beam", **options)
     assert decode._beam_jit._cache_size() <= compiled + 1
 
     batch = encode_pairs([(s, "") for s in sources[:8]], tok, tsv.src_len, tsv.tgt_len)
