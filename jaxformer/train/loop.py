@@ -65,7 +65,7 @@ def train(
     if run.tensorboard:
         folder.open_tensorboard(first)
     shown = report.Progress(progress and folder.is_main, first, run.steps)
-    meter, last_eval, predictions = _Meter(first, started), {}, []
+    meter = _Meter(first, started)
     profiler = _Profiler(run.profile_steps, folder)
     try:
         for step in range(first, run.steps):
@@ -83,10 +83,10 @@ def train(
                 shown.show(record)
                 meter.restart_window()
             if _due(done, run.eval_every, run.steps) and done < run.steps:
-                last_eval, _ = job.evaluate(state.params, sample=True)
-                folder.log({"step": done, **last_eval})
+                sampled, _ = job.evaluate(state.params, sample=True)  # greedy, eval_sample
+                folder.log({"step": done, **sampled})
                 if folder.is_main:
-                    shown.write(report.eval_line(done, last_eval))
+                    shown.write(report.eval_line(done, sampled))
                 meter.restart_window()
             if _due(done, run.checkpoint_every, run.steps):
                 folder.save(job.placement.one_copy(state), job.meta)
@@ -159,6 +159,12 @@ class _Job:
             model, tokenizer, data = _pretrained(run)
             config = model_config = model.config
         check_metrics(data.metrics)
+        if run.final_test and not data.final_test_pairs:
+            raise ValueError(
+                "final_test scores the final model on a separate test set (a Bible dataset's "
+                f"test books); {type(data).__name__} has none: its held-out pairs are the "
+                "ones evaluated"
+            )
         if run.tensorboard:
             tensorboard_writer()  # installed, before the folder exists
         graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)

@@ -178,3 +178,12 @@ def test_beam_evaluation_is_beam_search_on_the_padded_batch(tsv_run):
     assert got[:8] == [tok.decode(row) for row in np.asarray(tokens[:, 0])]
     rows = [line.split("\t") for line in (out / "predictions.tsv").read_text().splitlines()]
     assert got == [p for *_, p in rows]  # the run's final predictions: the averaged model's
+
+
+def test_final_test_without_a_test_set_is_refused_before_training(tsv_run):
+    out, _ = tsv_run
+    config = json.loads((out / "config.json").read_text())
+    run = jf.RunConfig(**(config["run"] | {"final_test": True, "out": str(out.parent / "no")}))
+    with pytest.raises(ValueError, match="TsvData has none"):
+        loop.train(jf.TransformerConfig.from_dict(config["model"]), run, progress=False)
+    assert not (out.parent / "no").exists()
