@@ -237,12 +237,11 @@ def _model_config(args):
 
 
 def _generate(args) -> int:
-    import jax
-    import numpy as np
+    import json
 
     from jaxformer import decode
     from jaxformer.checks import check_int
-    from jaxformer.data import pad_rows
+    from jaxformer.config import RunConfig
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
 
@@ -253,74 +252,55 @@ def _generate(args) -> int:
             "choose beam search (--beam, --alpha) or sampling (--temperature, --top-k, "
             "--top-p), not both"
         )
-    temperature = 1.0 if args.temperature is None else args.temperature
-    top_p = 1.0 if args.top_p is None else args.top_p
-    beam_size = 4 if args.beam is None else args.beam
-    alpha = 0.6 if args.alpha is None else args.alpha
-    if sampling:
-        decode.check_sampling_options(temperature, args.top_k, top_p)
-    if beam:
-        decode.check_beam_options(beam_size, alpha)
     check_int("--batch-size", args.batch_size)
     if args.max_new_tokens is not None:
         check_int("--max-new-tokens", args.max_new_tokens)
+    given = dict(
+        beam_size=args.beam,
+        alpha=args.alpha,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+    )
+    options = {k: v for k, v in given.items() if v is not None}
 
     model, tokenizer = restore_model(args.checkpoint)
     seq2seq = isinstance(model, Transformer)
-    max_len = model.config.max_len
-    inputs = _read_inputs(args.input, tokenizer, seq2seq, max_len)
-    ids = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
-
-    for start in range(0, len(inputs), args.batch_size):
-        chunk = inputs[start : start + args.batch_size]
-        longest = max(map(len, chunk))
-        # Sources padded to a multiple of 16 (fewer compilations); prompts to the longest,
-        # which leaves the most room for the continuation.
-        width = min(-(-longest // 16) * 16, max_len) if seq2seq else longest
-        src, valid = pad_rows(chunk, width, tokenizer.pad_id)
-        if beam:
-            tokens, _ = decode.beam_search(
-                model, src, valid, beam_size=beam_size, alpha=alpha,
-                max_new_tokens=args.max_new_tokens, **ids,
-            )  # fmt: skip
-            tokens = np.asarray(tokens[:, 0])
-        else:
-            capacity = max_len if seq2seq else max_len - width + 1
-            n = args.max_new_tokens or min(longest + decode.PAPER_EXTRA_LENGTH, capacity)
-            if sampling:
-                key = jax.random.fold_in(jax.random.PRNGKey(args.seed), start)
-                tokens = decode.sample(
-                    model, src, valid, max_new_tokens=n, rng=key, temperature=temperature,
-                    top_k=args.top_k, top_p=top_p, **ids,
-                )  # fmt: skip
-            else:
-                tokens = decode.greedy(model, src, valid, max_new_tokens=n, **ids)
-            tokens = np.asarray(tokens)
-            if args.max_new_tokens is None:  # each row's own input length + 50
-                caps = [len(row) + decode.PAPER_EXTRA_LENGTH for row in chunk]
-                tokens = [row[:cap] for row, cap in zip(tokens, caps, strict=True)]
-        for row in tokens:
-            print(tokenizer.decode(row).replace("\n", "\\n"), flush=True)
+    texts = _read_inputs(args.input, tokenizer, seq2seq, model.config.max_len)
+    config = pathlib.Path(args.checkpoint) / "config.json"
+    run = json.loads(config.read_text()).get("run", {}) if config.is_file() else {}
+    pad_multiple = run.get("pad_multiple", RunConfig.pad_multiple)  # the run's, else default
+    outputs = decode.generate(
+        model,
+        tokenizer,
+        texts,
+        "beam" if beam else "sample" if sampling else "greedy",
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        pad_multiple=pad_multiple,
+        **options,
+    )
+    for text in outputs:
+        print(text.replace("\n", "\\n"), flush=True)
     return 0
 
 
-def _read_inputs(text: str | None, tokenizer, seq2seq: bool, max_len: int) -> list[list[int]]:
-    """The token ids of `text` or of each stdin line, stripped of surrounding spaces, with
-    the tokenizer's EOS after a source as in training."""
+def _read_inputs(text: str | None, tokenizer, seq2seq: bool, max_len: int) -> list[str]:
+    """`text` or each stdin line, stripped of surrounding spaces; each must fit the model
+    with the tokenizer's EOS after a source, as in training."""
     lines = [text] if text is not None else sys.stdin.read().splitlines()
     if not lines:
         raise ValueError("no input: give --input TEXT or lines on stdin")
-    inputs = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             raise ValueError(f"input line {i} is empty")
-        ids = tokenizer.encode(line.strip()) + ([tokenizer.eos_id] if seq2seq else [])
-        if len(ids) > max_len:
+        n = len(tokenizer.encode(line.strip())) + seq2seq
+        if n > max_len:
             raise ValueError(
-                f"input line {i} has {len(ids)} tokens, more than the model's max_len={max_len}"
+                f"input line {i} has {n} tokens, more than the model's max_len={max_len}"
             )
-        inputs.append(ids)
-    return inputs
+    return [line.strip() for line in lines]
 
 
 def _tune_glibc_malloc() -> None:

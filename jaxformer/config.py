@@ -285,7 +285,15 @@ class RunConfig:
     log_every: int = option(10, "steps between logged metrics")
     checkpoint_every: int = option(500, "steps between checkpoints")
     keep_checkpoints: int = option(3, "checkpoints kept")
-    eval_examples: int = option(1000, "held-out examples for evaluation")
+    eval_examples: int = option(
+        1000, "held-out examples (a Bible's dev books: a seeded sample stratified by book)"
+    )
+    eval_sample: int = option(
+        200, "of those, decoded greedily at each in-run evaluation; the final model decodes all"
+    )
+    final_test: bool = option(
+        False, "also score the final model on the test set (a Bible's test books): opt-in"
+    )
     eval_beam: int | None = option(
         None, "beam of held-out decoding, 1 = greedy; default 4 (the paper) for BLEU data, else 1"
     )
@@ -331,7 +339,7 @@ class RunConfig:
                 "the BPE tokenizer is trained on data; use it with data_tsv, data_text or dataset"
             )
         for name in ("seq_len", "pad_multiple", "steps", "batch_size", "accum_steps", "eval_every", "log_every",
-                     "checkpoint_every", "keep_checkpoints", "eval_examples",
+                     "checkpoint_every", "keep_checkpoints", "eval_examples", "eval_sample",
                      "average_checkpoints"):  # fmt: skip
             check_int(name, getattr(self, name))
         if self.eval_beam is not None:
@@ -353,6 +361,7 @@ class RunConfig:
                 check_number(name, getattr(self, name), interval)
         check_number("weight_decay", self.weight_decay, "[0, inf)")
         check_bool("pmap", self.pmap)
+        check_bool("final_test", self.final_test)
         _ = self.profile_steps  # checks the range
         if self.mesh is not None and self.pmap:
             raise ValueError("give a mesh or pmap, not both")

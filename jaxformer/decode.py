@@ -1,4 +1,5 @@
-"""Autoregressive decoding with a KV cache: greedy, sampling and beam search.
+"""Autoregressive decoding with a KV cache: greedy, sampling and beam search, and
+`generate`, the one text -> text path (the `generate` command and evaluation use it).
 
 Both model kinds decode the same way:
 
@@ -48,6 +49,7 @@ from jaxformer.checks import (
     check_shape,
     is_int,
 )
+from jaxformer.data.datasets import pad_rows
 from jaxformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.functional import sites
 from jaxformer.models import DecoderLM, Transformer
@@ -169,6 +171,72 @@ def beam_search(
         beam_size,
         _static(interventions),
     )
+
+
+STRATEGIES = ("greedy", "sample", "beam")
+
+
+def generate(
+    model: Transformer | DecoderLM,
+    tokenizer,
+    texts: list[str],
+    strategy: str = "greedy",
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    batch_size: int = 32,
+    pad_multiple: int = 16,
+) -> list[str]:
+    """The decoded continuation of each text: a translation of each source (a
+    `Transformer`: the text's tokens + EOS, as in training) or of each prompt (a
+    `DecoderLM`), by `strategy` ("greedy", "sample" or "beam", with its options).
+
+    Each output holds at most its input's length + 50 tokens (the paper), within the
+    model's position table, or `max_new_tokens` when given. Texts go in batches of
+    `batch_size` rows (with several batches, the last is filled up with copies of its
+    first row, so all share a shape); sources are padded to a multiple of `pad_multiple` tokens (fewer
+    compilations), prompts to the longest, which leaves the most room to continue.
+    Sampling draws batch k with `jax.random.fold_in(PRNGKey(seed), k * batch_size)`.
+    """
+    check_instance("model", model, (Transformer, DecoderLM))
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    check_int("batch_size", batch_size)
+    check_int("pad_multiple", pad_multiple)
+    if max_new_tokens is not None:
+        check_int("max_new_tokens", max_new_tokens)
+    seq2seq, max_len = isinstance(model, Transformer), model.config.max_len
+    rows = [tokenizer.encode(t) + ([tokenizer.eos_id] if seq2seq else []) for t in texts]
+    ids = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    out = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        fill = batch_size - len(chunk) if len(rows) > batch_size else 0
+        longest = max(map(len, chunk))
+        width = min(-(-longest // pad_multiple) * pad_multiple, max_len) if seq2seq else longest
+        src, valid = pad_rows(chunk + chunk[:1] * fill, width, tokenizer.pad_id)
+        if strategy == "beam":
+            options = dict(beam_size=beam_size, alpha=alpha, max_new_tokens=max_new_tokens)
+            tokens = np.asarray(beam_search(model, src, valid, **options, **ids)[0][:, 0])
+        else:
+            n = max_new_tokens or min(longest + PAPER_EXTRA_LENGTH, _capacity(model, src))
+            if strategy == "sample":
+                key = jax.random.fold_in(jax.random.PRNGKey(seed), start)
+                options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+                tokens = sample(model, src, valid, max_new_tokens=n, rng=key, **options, **ids)
+            else:
+                tokens = greedy(model, src, valid, max_new_tokens=n, **ids)
+            tokens = np.asarray(tokens)
+            if max_new_tokens is None:  # each row's own input length + 50
+                caps = [len(r) + PAPER_EXTRA_LENGTH for r in chunk]
+                tokens = [row[:cap] for row, cap in zip(tokens, caps, strict=False)]
+        out += [tokenizer.decode(row) for row in tokens[: len(chunk)]]
+    return out
 
 
 def filter_logits(

@@ -101,9 +101,12 @@ class PairData:
     """Translation pairs: epoch-wise shuffles of the training pairs; within a pool of 50
     batches, pairs of similar length are batched together and padded to a multiple of
     `pad_multiple` tokens (a bound on the shapes XLA compiles for).
-    `train` and `test` hold (source, target, (source ids, target ids)); the first
-    `test_size` test pairs are held out for evaluation, and as many `final_test` (source,
-    target) pairs are scored by the final model alone."""
+    `train` and `test` hold (source, target, (source ids, target ids)). The held-out
+    pairs evaluated (`test_pairs`) are `test_size` of the test pairs drawn at random
+    (seeded), stratified by `test_groups` (e.g. a Bible's books; none: one group), in
+    `stratified_order`, so that any prefix is a stratified sample too (an in-run
+    evaluation decodes a prefix). `final_test` (source, target) pairs are scored by the
+    final model alone, all of them."""
 
     model_kind = "Transformer"
     metrics = ("exact_match", "bleu", "chrf")
@@ -119,6 +122,7 @@ class PairData:
         test_size: int = 1000,
         pad_multiple: int = 16,
         final_test: list[tuple[str, str]] | None = None,
+        test_groups: list | None = None,
     ):
         check_int("pad_multiple", pad_multiple)
         self.pad_multiple = pad_multiple
@@ -127,9 +131,10 @@ class PairData:
         self.max_len = max_len
         self.src_len = self.tgt_len = max_len  # for decoding held-out sources
         self._train = train
-        self.test_pairs = [(s, t) for s, t, _ in test[:test_size]]
-        self._test_ids = [ids for _, _, ids in test[:test_size]]
-        self.final_test_pairs = list(final_test or [])[:test_size]
+        order = stratified_order(test_groups or [0] * len(test), seed)[:test_size]
+        self.test_pairs = [test[i][:2] for i in order]
+        self._test_ids = [test[i][2] for i in order]
+        self.final_test_pairs = list(final_test or [])
         self._epoch_cache: tuple[int, int, list[list[int]]] | None = None
 
     def batches_per_epoch(self, batch_size: int) -> int:
@@ -165,6 +170,22 @@ class PairData:
         src_len = min(_round_up(max(len(s) + 1 for s, _ in real), self.pad_multiple), self.max_len)
         tgt_len = min(_round_up(max(len(t) + 1 for _, t in real), self.pad_multiple), self.max_len)
         return _pack_ids(ids, self.tokenizer, src_len, tgt_len)
+
+
+def stratified_order(groups: list, seed: int) -> list[int]:
+    """The indices of `groups` (one label per item) in a seeded random order whose every
+    prefix is a stratified sample: each group shuffled, its k-th item of n placed at
+    (k + u) / n with u uniform in [0, 1), and all sorted by that place."""
+    rng = random.Random(f"eval:{seed}")
+    members = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    keyed = []
+    for g in sorted(members, key=str):
+        items, offset = members[g], rng.random()
+        rng.shuffle(items)
+        keyed += [((k + offset) / len(items), i) for k, i in enumerate(items)]
+    return [i for _, i in sorted(keyed)]
 
 
 def pair_ids(

@@ -1,6 +1,7 @@
 """Held-out evaluation: loss sums over the eval batches, and the metrics the data names
-(`data.metrics`), computed on predictions of its `test_pairs` (`evaluate`, at every
-evaluation) or of its `final_test_pairs` (`score`, once, by the final model).
+(`data.metrics`), computed on predictions of its `test_pairs` (`evaluate`: a sample
+decoded greedily during training, all of them with the run's beam at the end) or of its
+`final_test_pairs` (`score`, once, by the final model, only with `RunConfig.final_test`).
 
 BLEU and chrF are sacrebleu's corpus scores (0-100, BLEU with its default 13a
 tokenization), imported only when a data source names them (`pip install 'jaxformer[data]'`).
@@ -11,12 +12,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jaxformer import decode
-from jaxformer.data.datasets import encode_pairs
 from jaxformer.train.losses import LossSums
 
 
@@ -61,11 +58,17 @@ def _sacrebleu():
 
 
 def evaluate(
-    eval_step: Callable, params, data, predict_fn: Callable[[list[str]], list[str]], batch_size: int
+    eval_step: Callable,
+    params,
+    data,
+    predict_fn: Callable[[list[str]], list[str]],
+    batch_size: int,
+    pairs: list[tuple[str, str]],
 ) -> tuple[dict[str, float], list[str]]:
     """eval_loss (label-smoothed), eval_nll, eval_perplexity and eval_token_accuracy over
-    `data.eval_batches`, and each of `data.metrics` on `predict_fn(sources)` of the test
-    pairs; with those predictions (none when the data names no metrics)."""
+    `data.eval_batches`, and each of `data.metrics` on `predict_fn(sources)` of the
+    held-out `pairs` (all or a sample of `data.test_pairs`); with those predictions (none
+    when the data names no metrics)."""
     sums = None
     for batch in data.eval_batches(batch_size):
         s = eval_step(params, batch)
@@ -73,7 +76,7 @@ def evaluate(
     out = {f"eval_{k}": float(v) for k, v in sums.means().items() if k != "tokens"}
     predictions = []
     if data.metrics:
-        scores, predictions = score(predict_fn, data.test_pairs, data.metrics)
+        scores, predictions = score(predict_fn, pairs, data.metrics)
         out |= scores
     return out, predictions
 
@@ -86,37 +89,6 @@ def score(
     predictions = predict_fn([src for src, _ in pairs])
     targets = [tgt for _, tgt in pairs]
     return {name: METRICS[name](predictions, targets) for name in metrics}, predictions
-
-
-def predict(
-    model: nnx.Module,
-    tokenizer,
-    data,
-    sources: list[str],
-    batch_size: int,
-    *,
-    beam: int = 1,
-    alpha: float = 0.6,
-) -> list[str]:
-    """Translations of `sources`: greedy (beam 1) or the best hypothesis of a beam search
-    with length penalty `alpha`, at most `data.tgt_len` tokens. Batches are padded to
-    [batch_size, data.src_len] (one compilation) and decoded with the tokenizer's ids."""
-    out = []
-    for i in range(0, len(sources), batch_size):
-        chunk = sources[i : i + batch_size]
-        pairs = [(s, "") for s in chunk] + [None] * (batch_size - len(chunk))
-        batch = encode_pairs(pairs, tokenizer, data.src_len, data.tgt_len)
-        src, valid = jnp.asarray(batch["src"]), jnp.asarray(batch["src_valid"])
-        ids = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
-        if beam == 1:
-            tokens = decode.greedy(model, src, valid, max_new_tokens=data.tgt_len, **ids)
-        else:
-            hypotheses, _ = decode.beam_search(
-                model, src, valid, beam_size=beam, alpha=alpha, max_new_tokens=data.tgt_len, **ids
-            )
-            tokens = hypotheses[:, 0]  # [B, N], the best of each row
-        out += [tokenizer.decode(row) for row in np.asarray(tokens)[: len(chunk)]]
-    return out
 
 
 def eval_beam(run, data) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from jaxformer import decode
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData, bible
 from jaxformer.data.datasets import read_text_lines
@@ -31,7 +32,7 @@ from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, host_copy, make_placement
 from jaxformer.train import report
 from jaxformer.train.checkpoint import abstract_train_state, save_averaged
-from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, predict, score
+from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, score
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.run_folder import RunFolder, tensorboard_writer
 from jaxformer.train.steps import (
@@ -64,7 +65,7 @@ def train(
     if run.tensorboard:
         folder.open_tensorboard(first)
     shown = report.Progress(progress and folder.is_main, first, run.steps)
-    meter, last_eval, predictions = _Meter(first, started, folder.resumed_wall_seconds), {}, []
+    meter = _Meter(first, started, folder.resumed_wall_seconds)
     profiler = _Profiler(run.profile_steps, folder)
     try:
         for step in range(first, run.steps):
@@ -76,15 +77,15 @@ def train(
             profiler.after(done, state)
             meter.hold(done, metrics)
             _read_metrics(meter, folder, shown, run, keep=1)  # step done - 1's, as done runs
-            evaluating = _due(done, run.eval_every, run.steps)
+            evaluating = _due(done, run.eval_every, run.steps) and done < run.steps
             saving = _due(done, run.checkpoint_every, run.steps)
             if evaluating or saving:  # a NaN stops the run before it is saved or evaluated
                 _read_metrics(meter, folder, shown, run)
             if evaluating:
-                last_eval, predictions = job.evaluate(state.params)
-                folder.log({"step": done, **last_eval})
+                sampled, _ = job.evaluate(state.params, sample=True)  # greedy, eval_sample
+                folder.log({"step": done, **sampled})
                 if folder.is_main:
-                    shown.write(report.eval_line(done, last_eval))
+                    shown.write(report.eval_line(done, sampled))
                 meter.restart_window()
             if saving:
                 folder.save(job.placement.one_copy(state), job.meta)
@@ -102,8 +103,9 @@ def train(
     finally:
         shown.close()
         profiler.close()
-    if not last_eval:  # resumed at the last step: no step ran
-        last_eval, predictions = job.evaluate(state.params)
+    last_eval, predictions = job.evaluate(state.params)  # every held-out pair, eval_beam
+    folder.log({"step": meter.step, **last_eval})
+    folder.say(report.eval_line(meter.step, last_eval))
     params, averaged, steps = state.params, None, None
     if run.average_checkpoints > 1:
         params, steps = job.average(folder, state)
@@ -117,13 +119,16 @@ def train(
         "averaged_steps": steps,
     }
     summary |= job.description()
-    pairs = job.data.test_pairs
-    if job.data.final_test_pairs:
-        pairs = job.data.final_test_pairs
-        tested, predictions = job.test(params)
-        folder.log({"step": meter.step, **tested})
-        summary |= tested
-    job.finish(folder, summary, host_copy(job.placement.one_copy(params)), pairs, predictions)
+    tested = None
+    if run.final_test and job.data.final_test_pairs:
+        scores, test_predictions = job.test(params)
+        folder.log({"step": meter.step, **scores})
+        summary |= {"final_test": True, **scores}
+        tested = (job.data.final_test_pairs, test_predictions)
+    summary["eval_seconds"] = round(job.eval_seconds, 2)
+    summary["train_seconds"] = round(summary["wall_seconds"] - job.eval_seconds, 2)
+    params = host_copy(job.placement.one_copy(params))
+    job.finish(folder, summary, params, (job.data.test_pairs, predictions), tested)
     return summary
 
 
@@ -143,6 +148,7 @@ class _Job:
     eval_step: Callable
     requested_vocab: int
     internals_step: Callable | None = None  # train_step that also returns metrics["internals"]
+    eval_seconds: float = 0.0  # spent in evaluate and test so far
 
     @classmethod
     def prepare(cls, model_config: TransformerConfig, run: RunConfig) -> _Job:
@@ -154,6 +160,12 @@ class _Job:
             model, tokenizer, data = _pretrained(run)
             config = model_config = model.config
         check_metrics(data.metrics)
+        if run.final_test and not data.final_test_pairs:
+            raise ValueError(
+                "final_test scores the final model on a separate test set (a Bible dataset's "
+                f"test books); {type(data).__name__} has none: its held-out pairs are the "
+                "ones evaluated"
+            )
         if run.tensorboard:
             tensorboard_writer()  # installed, before the folder exists
         graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
@@ -208,26 +220,43 @@ class _Job:
         folder.say(f"training on {self.placement.description}, {vocab}")
         return state, int(self.placement.one_copy(state.step))
 
-    def evaluate(self, params) -> tuple[dict[str, float], list[str]]:
-        """The held-out metrics of laid-out `params`, and its test-pair predictions."""
-        predictor = self._predictor(params)
-        return evaluate(self.eval_step, params, self.data, predictor, self.run.batch_size)
+    def evaluate(self, params, *, sample: bool = False) -> tuple[dict[str, float], list[str]]:
+        """The held-out metrics of laid-out `params` and the held-out predictions: of the
+        first `eval_sample` test pairs decoded greedily (`sample`, during training), else
+        of all of them with the run's beam (the final model)."""
+        started = time.perf_counter()
+        pairs = self.data.test_pairs[: self.run.eval_sample] if sample else self.data.test_pairs
+        predictor = self._predictor(params, beam=1 if sample else eval_beam(self.run, self.data))
+        out = evaluate(self.eval_step, params, self.data, predictor, self.run.batch_size, pairs)
+        self.eval_seconds += time.perf_counter() - started
+        return out
 
     def test(self, params) -> tuple[dict[str, float], list[str]]:
         """The data's metrics of laid-out `params` on its final test pairs ("test_bleu",
         ..., and their number, "test_pairs"), and the predictions."""
+        started = time.perf_counter()
         pairs = self.data.final_test_pairs
-        scores, predictions = score(self._predictor(params), pairs, self.data.metrics)
+        predictor = self._predictor(params, beam=eval_beam(self.run, self.data))
+        scores, predictions = score(predictor, pairs, self.data.metrics)
+        self.eval_seconds += time.perf_counter() - started
         return {f"test_{k}": v for k, v in scores.items()} | {"test_pairs": len(pairs)}, predictions
 
-    def _predictor(self, params) -> Callable[[list[str]], list[str]]:
-        """Translations of sources by laid-out `params`, decoded as the run evaluates."""
+    def _predictor(self, params, beam: int) -> Callable[[list[str]], list[str]]:
+        """Translations of sources by laid-out `params` (greedy for beam 1)."""
 
         def predictions(sources):
             model = nnx.merge(self.graphdef, self.placement.one_copy(params))
-            beam, alpha = eval_beam(self.run, self.data), self.run.eval_alpha
-            batch = self.run.batch_size
-            return predict(model, self.tokenizer, self.data, sources, batch, beam=beam, alpha=alpha)
+            return decode.generate(
+                model,
+                self.tokenizer,
+                sources,
+                "beam" if beam > 1 else "greedy",
+                beam_size=beam,
+                alpha=self.run.eval_alpha,
+                max_new_tokens=self.data.tgt_len,
+                batch_size=self.run.batch_size,
+                pad_multiple=self.run.pad_multiple,
+            )
 
         return predictions
 
@@ -255,12 +284,13 @@ class _Job:
         folder: RunFolder,
         summary: dict[str, Any],
         params,
-        pairs: list[tuple[str, str]],
-        predictions: list[str],
+        held_out: tuple[list[tuple[str, str]], list[str]],
+        tested: tuple[list[tuple[str, str]], list[str]] | None,
     ) -> None:
-        """summary.json, predictions.tsv (of the test `pairs`), the plots and the console
-        report (process 0 only); `params` (one host copy) and `predictions` are the final
-        model's: the averaged one when the run averages checkpoints."""
+        """summary.json, predictions.tsv (the held-out (dev) pairs and their predictions,
+        `held_out`), test_predictions.tsv (`tested`, with final_test), the plots and the
+        console report (process 0 only); `params` (one host copy) and the predictions are
+        the final model's: the averaged one when the run averages checkpoints."""
         folder.close()
         if not folder.is_main:
             return
@@ -269,10 +299,11 @@ class _Job:
         if self.run.log_internals is not None:
             report.internals(folder.metrics_path, folder.path / "internals.png")
         model, data = nnx.merge(self.graphdef, params), self.data
-        pairs = pairs[: len(predictions)]
-        if predictions:
-            report.write_predictions(pairs, predictions, folder.path / "predictions.tsv")
-        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=True)]
+        for name, written in (("predictions.tsv", held_out), ("test_predictions.tsv", tested)):
+            if written and written[1]:
+                report.write_predictions(*written, folder.path / name)
+        pairs, predictions = held_out
+        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]
         if hasattr(model, "cross_attention_weights") and data.test_pairs:
             plot = folder.path / "attention.png"
             report.cross_attention(model, self.tokenizer, data.test_pairs[0], plot)

@@ -1,10 +1,11 @@
+import collections
 import datetime
 
 import numpy as np
 import pytest
 
 from jaxformer import data
-from jaxformer.data import tasks
+from jaxformer.data import datasets, tasks
 
 TOK = data.ByteTokenizer()
 
@@ -192,3 +193,17 @@ def test_pad_rows_masks_by_length_not_by_value():
     assert tokens.dtype == np.int32
     with pytest.raises(ValueError, match="a row of 4 tokens does not fit width=3"):
         data.pad_rows([[1, 2, 3, 4]], 3, pad_id=0)
+
+
+def test_stratified_order_makes_every_prefix_a_stratified_sample():
+    groups = ["ruth"] * 70 + ["esther"] * 150 + ["james"] * 100 + ["tiny"] * 3
+    order = datasets.stratified_order(groups, seed=0)
+    assert sorted(order) == list(range(len(groups)))  # a permutation
+    assert order == datasets.stratified_order(groups, seed=0)
+    assert order != datasets.stratified_order(groups, seed=1)
+    for m in range(1, len(groups) + 1):
+        prefix = collections.Counter(groups[i] for i in order[:m])
+        for g in set(groups):
+            assert abs(prefix[g] - m * groups.count(g) / len(groups)) <= 2, (m, g)
+    within = [i for i in order if groups[i] == "esther"]
+    assert within != sorted(within)  # shuffled inside a group, not in verse order

@@ -17,7 +17,7 @@ import jaxformer as jf
 from jaxformer import data, decode
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.train import checkpoint, loop
-from jaxformer.train.evaluate import METRICS, predict
+from jaxformer.train.evaluate import METRICS
 
 REFERENCES = [
     "The cat sat on the mat.",
@@ -82,6 +82,8 @@ def test_a_tsv_run_reports_bleu_and_writes_predictions(tsv_run):
     assert all({"bleu", "chrf", "exact_match"} <= set(r) for r in evals)
     saved = json.loads((out / "summary.json").read_text())
     assert saved["eval_beam"] == 4  # the paper's beam for BLEU-scored data
+    assert 0 < saved["eval_seconds"] < saved["wall_seconds"]
+    assert saved["train_seconds"] == pytest.approx(saved["wall_seconds"] - saved["eval_seconds"])
     assert saved["final_eval"] == {k: v for k, v in evals[1].items() if k != "step"}
     assert saved["averaged_steps"] == [1, 2, 3]
     for key in ("bleu", "chrf", "exact_match", "eval_nll"):  # the delivered model: the average
@@ -100,8 +102,9 @@ def test_a_tsv_run_reports_bleu_and_writes_predictions(tsv_run):
 
 def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkeypatch):
     """Pairs the data holds back for the final model (a Bible dataset's test books; here
-    attached to the TSV run's data) are scored once, at the end: test_* in summary.json
-    and the last metrics record, their translations in predictions.tsv."""
+    attached to the TSV run's data) are scored once, at the end, and only with
+    final_test: test_* and "final_test" in summary.json and the last metrics record,
+    their translations in test_predictions.tsv; predictions.tsv keeps the dev pairs'."""
     out, _ = tsv_run
     final = [("the cat", "cat the"), ("a big red dog", "dog red big a"), ("ran", "ran")]
     build = loop.build_data
@@ -113,14 +116,19 @@ def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkey
 
     monkeypatch.setattr(loop, "build_data", with_final_test)
     config = json.loads((out / "config.json").read_text())
-    run = jf.RunConfig(
-        **(config["run"] | {"steps": 2, "average_checkpoints": 1, "out": str(out.parent / "final")})
-    )
-    summary = loop.train(jf.TransformerConfig.from_dict(config["model"]), run, progress=False)
-    rows = [
-        line.split("\t") for line in (out.parent / "final/predictions.tsv").read_text().splitlines()
-    ]
+    model = jf.TransformerConfig.from_dict(config["model"])
+    changes = {"steps": 2, "average_checkpoints": 1, "out": str(out.parent / "dev")}
+    dev_only = loop.train(model, jf.RunConfig(**(config["run"] | changes)), progress=False)
+    assert "final_test" not in dev_only and not any(k.startswith("test_") for k in dev_only)
+    assert not (out.parent / "dev/test_predictions.tsv").exists()
+    changes |= {"final_test": True, "out": str(out.parent / "final")}
+    summary = loop.train(model, jf.RunConfig(**(config["run"] | changes)), progress=False)
+    assert summary["final_test"] is True and summary["run"]["final_test"] is True
+    folder = out.parent / "final"
+    rows = [line.split("\t") for line in (folder / "test_predictions.tsv").read_text().splitlines()]
     assert [(s, t) for s, t, _ in rows] == final and summary["test_pairs"] == 3
+    dev = (folder / "predictions.tsv").read_text()  # the same dev translations
+    assert dev.count("\n") == 8 and dev == (out.parent / "dev/predictions.tsv").read_text()
     predictions = [p for *_, p in rows]
     for key in ("bleu", "chrf", "exact_match"):
         assert summary["test_" + key] == METRICS[key](predictions, [t for _, t in final])
@@ -147,14 +155,15 @@ def test_averaged_parameters_are_the_mean_of_the_last_checkpoints(tsv_run):
 
 
 def test_beam_evaluation_is_beam_search_on_the_padded_batch(tsv_run):
-    """predict(beam=4) gives decode.beam_search's best hypotheses of the same fixed-shape
-    batch, with one compilation for a full batch and a padded one."""
+    """decode.generate("beam") gives decode.beam_search's best hypotheses of the same
+    batch, with one compilation for a full batch and a filled-up one."""
     out, summary = tsv_run
     model, tok = checkpoint.restore_model(out)
     tsv = data.TsvData(summary["run"]["data_tsv"], tok, max_len=16, test_size=10)
     sources = [s for s, _ in tsv.test_pairs]  # 10: a batch of 8 and one of 2 padded to 8
     compiled = decode._beam_jit._cache_size()
-    got = predict(model, tok, tsv, sources, batch_size=8, beam=4, alpha=0.6)
+    options = dict(beam_size=4, alpha=0.6, max_new_tokens=tsv.tgt_len, batch_size=8)
+    got = decode.generate(model, tok, sources, "beam", **options)
     assert decode._beam_jit._cache_size() <= compiled + 1
 
     batch = encode_pairs([(s, "") for s in sources[:8]], tok, tsv.src_len, tsv.tgt_len)
@@ -169,3 +178,12 @@ def test_beam_evaluation_is_beam_search_on_the_padded_batch(tsv_run):
     assert got[:8] == [tok.decode(row) for row in np.asarray(tokens[:, 0])]
     rows = [line.split("\t") for line in (out / "predictions.tsv").read_text().splitlines()]
     assert got == [p for *_, p in rows]  # the run's final predictions: the averaged model's
+
+
+def test_final_test_without_a_test_set_is_refused_before_training(tsv_run):
+    out, _ = tsv_run
+    config = json.loads((out / "config.json").read_text())
+    run = jf.RunConfig(**(config["run"] | {"final_test": True, "out": str(out.parent / "no")}))
+    with pytest.raises(ValueError, match="TsvData has none"):
+        loop.train(jf.TransformerConfig.from_dict(config["model"]), run, progress=False)
+    assert not (out.parent / "no").exists()
