@@ -220,7 +220,7 @@ def _fit(result: dict) -> list[str]:
         "eager = Python + a x dispatches + b x unfused bytes + c x FLOPs, fitted by "
         f"non-negative least squares (relative errors) over {m['rows']} points (the "
         f"workloads and the scale sweep): a = {m['a'] * 1e6:.3g} us per dispatch, "
-        f"1/b = {_inverse(m['b'])} GB/s, 1/c = {_inverse(m['c'])} GFLOP/s; median "
+        f"1/b = {_inverse(m['b'], 'GB/s')}, 1/c = {_inverse(m['c'], 'GFLOP/s')}; median "
         f"error of the fitted eager times {m['rel_error']:.0%}. The gap eager - jit (median per-round saving) split by the "
         "model: Python, a x (dispatches - 1), b x (unfused - fused bytes), and what is left.",
         "",
@@ -248,8 +248,8 @@ def _fit(result: dict) -> list[str]:
     return lines
 
 
-def _inverse(v: float) -> str:
-    return "unbounded (term fitted at 0)" if v == 0 else f"{1 / v / 1e9:.3g}"
+def _inverse(v: float, unit: str) -> str:
+    return "none (the term was fitted at 0)" if v == 0 else f"{1 / v / 1e9:.3g} {unit}"
 
 
 def _where(x: float | None) -> str:
@@ -263,9 +263,9 @@ def _memory(result: dict) -> list[str]:
         "",
         f"Every mode alike: first call, one warm-up call, the arguments resident, then the "
         f"peak reset and one call measured: the rise of the {result['memory_measure']} "
-        "(arguments excluded on every side). jit and jit-in-the-trainer donate the state "
-        "(train step); the nnx modes and 'jit, no donation' do not; torch updates in place. "
-        "XLA's plan: temporaries + outputs of the jit program (arguments excluded).",
+        "(arguments excluded on every side). jit donates the state of the train step, as the "
+        "trainer does; the nnx modes and 'jit, no donation' do not; torch updates in place. "
+        "XLA's plan: temporaries + outputs - aliased bytes of the jit program.",
         "",
         "| workload | mode | MiB | first call s |",
         "|---|---|---:|---:|",
