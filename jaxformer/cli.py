@@ -138,6 +138,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     b.add_argument(
         "--repeats", type=int, help="fresh processes per mode for first calls (7; 2 --quick)"
     )
+    b.add_argument("--note", default="", help="a line the report carries (the conditions)")
     return parser, {"train": t, "generate": g, "sweep": w, "bench": b}
 
 

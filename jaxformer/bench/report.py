@@ -66,6 +66,8 @@ def _header(result: dict) -> list[str]:
     m = result["machine"]
     torch = f"torch {m['torch']} ({m['torch_threads']} threads)" if "torch" in m else "no torch"
     label = "**A --quick run** (a tiny model, few repeats). " if result["quick"] else ""
+    if result.get("note"):
+        label += f"**{result['note']}** "
     return [
         f"{label}`{result['command']}` on {m['device']}: jax {m['jax']}, flax {m['flax']}, "
         f"{torch}, XLA's intra-op threads {m['xla_intra_op_threads']}, {m['cpu_count']} CPU "

@@ -593,6 +593,7 @@ def run(args) -> dict:
         f"{config.vocab_size}, batch {point['batch']} x {point['length']} tokens, "
         f"{args.dtype} compute",
         "quick": args.quick,
+        "note": args.note,
         "dtype": args.dtype,
         "point": point,
         "rounds": args.rounds,

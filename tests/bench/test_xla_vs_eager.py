@@ -258,6 +258,7 @@ def _result(quick=True):
         "command": "jaxformer bench xla-vs-eager --quick",
         "model": "tiny",
         "quick": quick,
+        "note": "Under load." if quick else "",
         "rounds": 12,
         "repeats": 3,
         "tolerance": 1e-4,
@@ -287,7 +288,9 @@ def _result(quick=True):
 def test_report_tables_carry_intervals_verdicts_and_flags(tmp_path):
     result = _result()
     text = report.markdown(result)
-    assert text.startswith("# XLA vs eager\n\n**A --quick run**")
+    assert text.startswith(
+        "# XLA vs eager\n\n**A --quick run** (a tiny model, few repeats). **Under load.**"
+    )
     assert "**Outputs that disagree with jit**" in text and "forward batch 8 eager (0.5)" in text
     assert "| attention | eager / jit | 4.00 (4.00-4.00) | yes |" in text  # constructed 4x
     torch_row = next(ln for ln in text.splitlines() if ln.startswith("| attention | torch / jit"))
