@@ -504,7 +504,8 @@ def explain(rows: list[dict], scale: list[dict] | None) -> dict:
     """The fitted eager model over every workload and scale point, each workload's
     eager-jit gap (paired median saving) split into its terms, and per scale axis the
     crossover (jit's speed-up through 2) measured and predicted."""
-    points = rows + list({id(r): r for r in scale or []}.values())
+    distinct = {(r["d_model"], r["batch"], r["length"]): r for r in scale or []}
+    points = rows + list(distinct.values())  # the sweep's center once, not once per axis
     model = eager_model.fit([model_terms(r) for r in points])
     gaps = {}
     for r in rows:

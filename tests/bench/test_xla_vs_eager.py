@@ -250,8 +250,10 @@ def _result(quick=True):
     rows = [_row("attention", 4.0, 1.0, rng), _row("forward", 10.0, 2.0, rng)]
     scale = [
         _row("forward", e, j, rng, agrees=v != 8, axis="batch", value=v)
+        | {"d_model": 64, "batch": v, "length": 16}
         for v, e, j in ((1, 8.0, 1.0), (8, 9.0, 3.0), (32, 12.0, 8.0))
     ]
+    scale.append(scale[1] | {"axis": "length", "value": 16})  # the center, on a second axis
     ci = {"median": 1e9, "low": 9e8, "high": 1.1e9}
     dispatch = {"eager primitive": ci | {"median": 10.0}, "jit call": ci | {"median": 20.0}}
     return {
@@ -301,6 +303,7 @@ def test_report_tables_carry_intervals_verdicts_and_flags(tmp_path):
     assert "failed: MemoryError" in text
     assert "reduce-overhead is not run on a CPU" in text
     assert "## A fitted model of eager time" in text and "| batch |" in text
+    assert result["why"]["model"]["rows"] == 2 + 3  # the center counted once
 
 
 def test_docs_tables_render_a_committed_report_json(tmp_path):
