@@ -149,6 +149,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     b.add_argument("--rounds", type=int, default=30, help="timed calls per cell (>= 6)")
     b.add_argument("--no-torch", action="store_true", help="leave out torch's modes")
     b.add_argument("--no-scale", action="store_true", help="leave out the scale sweep")
+    b.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype"
+    )
+    b.add_argument(
+        "--repeats", type=int, help="fresh processes per mode for first calls (7; 2 --quick)"
+    )
+    b.add_argument("--note", default="", help="a line the report carries (the conditions)")
     return parser, {"train": t, "generate": g, "sweep": w, "bench": b}
 
 
