@@ -44,6 +44,7 @@ from flax import nnx
 
 from jaxformer.bench import programs, stats
 from jaxformer.bench.workloads import WORKLOADS, Workload, bench_config, build
+from jaxformer.checks import BadValue
 
 JAX_MODES = ("eager", "disable_jit", "jit", "nnx.jit", "nnx.cached_partial")
 TORCH_MODES = ("torch", "torch.compile")
@@ -373,11 +374,9 @@ def run(args) -> dict:
     every mode, dispatch costs, memory, the scale sweep; writes <out>/report.md,
     report.json, modes.png, scale.png; returns the headline."""
     if args.rounds < 6:
-        raise ValueError(
-            f"--rounds must be >= 6 for a 95% interval of the median, got {args.rounds}"
-        )
+        raise BadValue(f"--rounds must be >= 6 for a 95% interval of the median, got {args.rounds}")
     if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a file; the report needs a folder")
+        raise BadValue(f"--out {args.out} is a file; the report needs a folder")
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     cache = tempfile.TemporaryDirectory()  # a fresh persistent cache: cold, then warm
     jax.config.update("jax_compilation_cache_dir", cache.name)

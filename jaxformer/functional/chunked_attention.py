@@ -39,6 +39,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxformer.checks import BadValue
 from jaxformer.functional.masks import split_heads
 
 DEFAULT_BLOCK_Q = 512
@@ -78,9 +79,9 @@ def chunked_attention(
     S; the sequences are zero-padded to a multiple of them, padded keys masked out).
     """
     if dropout_rate > 0.0 and dropout_rng is None:
-        raise ValueError("dropout_rate > 0 needs a dropout_rng")
+        raise BadValue("dropout_rate > 0 needs a dropout_rng")
     if block_q < 1 or block_k < 1:
-        raise ValueError(f"block_q and block_k must be >= 1, got {block_q} and {block_k}")
+        raise BadValue(f"block_q and block_k must be >= 1, got {block_q} and {block_k}")
     B, T, H, D = q.shape
     S, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     bq, bk = min(block_q, T), min(block_k, S)

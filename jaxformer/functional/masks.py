@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.checks import check_bool_array, check_int, check_int_array, check_rank
+from jaxformer.checks import BadValue, check_bool_array, check_int, check_int_array, check_rank
 
 
 def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> jax.Array:
@@ -37,7 +37,7 @@ def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
     check_rank("q_valid", q_valid, 2)
     check_bool_array("q_valid", q_valid, "(True = real token)")
     if q_valid.shape[0] != k_valid.shape[0]:
-        raise ValueError(
+        raise BadValue(
             f"padding_mask: batch sizes differ: q_valid {q_valid.shape}, k_valid {k_valid.shape}"
         )
     return q_valid[:, None, :, None] & mask
@@ -54,7 +54,7 @@ def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
     check_int_array("q_segments", q_segments, "of segment ids")
     check_int_array("k_segments", k_segments, "of segment ids")
     if q_segments.shape[0] != k_segments.shape[0]:
-        raise ValueError(
+        raise BadValue(
             f"segment_mask: batch sizes differ: q_segments {q_segments.shape}, "
             f"k_segments {k_segments.shape}"
         )
@@ -73,7 +73,7 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
         np.broadcast_shapes(*(np.shape(m) for m in present))
     except ValueError:
         shapes = [tuple(np.shape(m)) for m in present]
-        raise ValueError(f"combine_masks: the masks' shapes {shapes} do not broadcast") from None
+        raise BadValue(f"combine_masks: the masks' shapes {shapes} do not broadcast") from None
     out = present[0]
     for m in present[1:]:
         out = jnp.logical_and(out, m)

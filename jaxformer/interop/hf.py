@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from flax import nnx
 
+from jaxformer.checks import BadType, BadValue, MissingFile, MissingPackage
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import ByteTokenizer, HFTokenizer
 from jaxformer.functional.positions import sinusoidal_positions
@@ -79,7 +80,7 @@ def from_hf(model_or_path) -> Transformer | DecoderLM:
     for link in links:
         missing = [n for n in link.hf_names if n not in weights]
         if missing:
-            raise ValueError(f"from_hf: the checkpoint has no weight {missing[0]!r}")
+            raise BadValue(f"from_hf: the checkpoint has no weight {missing[0]!r}")
         arrays.update(
             zip(link.paths, link.to_jax([weights[n] for n in link.hf_names]), strict=True)
         )
@@ -96,7 +97,7 @@ def load(folder: str | pathlib.Path) -> tuple[Transformer | DecoderLM, HFTokeniz
     model = from_hf(folder)
     path = pathlib.Path(folder) / TOKENIZER_FILE
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{folder}: no {TOKENIZER_FILE}; jaxformer reads Hugging Face's tokenizer.json "
             "(sentencepiece files alone, as in OPUS-MT folders, are not supported)"
         )
@@ -106,10 +107,10 @@ def load(folder: str | pathlib.Path) -> tuple[Transformer | DecoderLM, HFTokeniz
     ids = dict(pad_id=c.get("pad_token_id"), bos_id=bos, eos_id=eos)
     ids = {k: eos if v is None else v for k, v in ids.items()}
     if eos is None:
-        raise ValueError(f"{folder}/{CONFIG_FILE} names no eos_token_id")
+        raise BadValue(f"{folder}/{CONFIG_FILE} names no eos_token_id")
     tokenizer = HFTokenizer.from_file(path, **ids)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(
+        raise BadValue(
             f"{path} has {tokenizer.vocab_size} tokens, more than the model's "
             f"vocab_size={model.config.vocab_size}"
         )
@@ -127,13 +128,13 @@ def config_from_hf(hf_config: dict[str, Any]) -> TransformerConfig:
     """The TransformerConfig of a Hugging Face config (a dict, as in config.json)."""
     model_type = hf_config.get("model_type")
     if model_type not in MODEL_TYPES:
-        raise ValueError(
+        raise BadValue(
             f"model_type {model_type!r} is not supported; jaxformer converts {list(MODEL_TYPES)}"
         )
     fields = _gpt2_fields(hf_config) if model_type == "gpt2" else _seq2seq_fields(hf_config)
     activation = hf_config.get("activation_function", "gelu_new")
     if activation not in ACTIVATIONS:
-        raise ValueError(
+        raise BadValue(
             f"activation_function={activation!r} has no jaxformer counterpart; supported: "
             f"{list(ACTIVATIONS)}"
         )
@@ -176,14 +177,12 @@ def _seq2seq_fields(c: dict) -> dict:
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"),
                  ("encoder_ffn_dim", "decoder_ffn_dim")):  # fmt: skip
         if c[a] != c[b]:
-            raise ValueError(f"{a}={c[a]} differs from {b}={c[b]}: jaxformer's stacks share one")
+            raise BadValue(f"{a}={c[a]} differs from {b}={c[b]}: jaxformer's stacks share one")
     ties = {k: c.get(k, True) for k in ("tie_word_embeddings", "share_encoder_decoder_embeddings")}
     if not all(ties.values()):
-        raise ValueError(
-            f"{ties}: jaxformer's Transformer ties source, target and output embeddings"
-        )
+        raise BadValue(f"{ties}: jaxformer's Transformer ties source, target and output embeddings")
     if c.get("decoder_vocab_size") not in (None, c["vocab_size"]):
-        raise ValueError(f"decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size")
+        raise BadValue(f"decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size")
     for name in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
         _refuse(c, name, True, "BART and Marian here are post-LN without extra norms")
     bart = c["model_type"] == "bart"
@@ -209,7 +208,7 @@ def _seq2seq_fields(c: dict) -> dict:
 
 def _refuse(c: dict, name: str, value, why: str) -> None:
     if c.get(name) == value:
-        raise ValueError(f"{name}={value} has no jaxformer counterpart: {why}")
+        raise BadValue(f"{name}={value} has no jaxformer counterpart: {why}")
 
 
 def _read(model_or_path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -217,7 +216,7 @@ def _read(model_or_path) -> tuple[dict, dict[str, np.ndarray]]:
     if isinstance(model_or_path, (str, pathlib.Path)):
         return _read_folder(pathlib.Path(model_or_path))
     if not (hasattr(model_or_path, "config") and hasattr(model_or_path, "state_dict")):
-        raise TypeError(
+        raise BadType(
             "from_hf takes a transformers model or a folder path, got "
             f"{type(model_or_path).__name__}"
         )
@@ -229,7 +228,7 @@ def _read(model_or_path) -> tuple[dict, dict[str, np.ndarray]]:
 
 def _read_folder(folder: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
     if not (folder / CONFIG_FILE).is_file():
-        raise FileNotFoundError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face model folder)")
+        raise MissingFile(f"{folder}: no {CONFIG_FILE} (not a Hugging Face model folder)")
     hf_config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
     if (folder / INDEX_FILE).is_file():
         index = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))
@@ -238,7 +237,7 @@ def _read_folder(folder: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
         files = [folder / WEIGHTS_FILE]
     else:
         found = sorted(p.name for p in folder.iterdir())
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{folder}: no {WEIGHTS_FILE} (jaxformer reads safetensors weights; found {found})"
         )
     safetensors_numpy = _import("safetensors.numpy")
@@ -266,12 +265,12 @@ def _check_leftovers(weights: dict, used: set, hf_config: dict, config: Transfor
             table = sinusoidal_positions(config.max_len, config.d_model, layout="halves")
             _check_equal(name, weights[name], np.asarray(table), "Marian's fixed sinusoids")
         elif not name.endswith((".attn.bias", ".attn.masked_bias")):  # GPT-2's old mask buffers
-            raise ValueError(f"from_hf: the weight {name!r} has no jaxformer counterpart")
+            raise BadValue(f"from_hf: the weight {name!r} has no jaxformer counterpart")
 
 
 def _check_equal(name: str, got: np.ndarray, expected: np.ndarray, what: str) -> None:
     if got.shape != expected.shape or not np.allclose(got, expected, rtol=0, atol=1e-6):
-        raise ValueError(f"from_hf: {name} differs from {what}; jaxformer cannot represent it")
+        raise BadValue(f"from_hf: {name} differs from {what}; jaxformer cannot represent it")
 
 
 # --- out -----------------------------------------------------------------------------------
@@ -288,11 +287,11 @@ def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, tokeniz
     """
     model_type = _model_type_of(model)
     if model.config.scan_layers:
-        raise ValueError("to_hf: scan_layers=True stacks the layers; convert a model without it")
+        raise BadValue("to_hf: scan_layers=True stacks the layers; convert a model without it")
     hf_config = _hf_config(model_type, model.config, tokenizer or ByteTokenizer())
     differences = _differences(model.config, config_from_hf(hf_config))
     if differences:
-        raise ValueError(f"to_hf: {model_type} cannot hold this model: {differences}")
+        raise BadValue(f"to_hf: {model_type} cannot hold this model: {differences}")
     weights = _hf_weights(model, model_type)
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -312,7 +311,7 @@ def _hf_weights(model, model_type: str) -> dict[str, np.ndarray]:
         arrays = link.to_hf([params.pop(p) for p in link.paths])
         weights.update(zip(link.hf_names, arrays, strict=True))
     if params:
-        raise ValueError(f"to_hf: {model_type} has no place for {sorted(map(dotted, params))}")
+        raise BadValue(f"to_hf: {model_type} has no place for {sorted(map(dotted, params))}")
     prefix = "transformer." if model_type == "gpt2" else "model."
     return {
         (k if k in OUTSIDE_BASE_MODEL else prefix + k): np.ascontiguousarray(v)
@@ -324,13 +323,13 @@ def _model_type_of(model) -> str:
     if isinstance(model, DecoderLM):
         return "gpt2"
     if not isinstance(model, Transformer):
-        raise TypeError(f"to_hf converts a Transformer or a DecoderLM, got {type(model).__name__}")
+        raise BadType(f"to_hf converts a Transformer or a DecoderLM, got {type(model).__name__}")
     position = model.config.position_embedding
     if position == "sinusoidal_halves":
         return "marian"
     if position == "learned" and model.config.embed_norm:
         return "bart"
-    raise ValueError(
+    raise BadValue(
         f"to_hf: a Transformer with position_embedding={position!r} and embed_norm="
         f"{model.config.embed_norm} is neither Marian ('sinusoidal_halves') nor BART "
         "('learned' with embed_norm)"
@@ -361,7 +360,7 @@ def _hf_config(model_type: str, c: TransformerConfig, tokenizer) -> dict:
     )
     activation = {v: k for k, v in ACTIVATIONS.items() if k not in ("gelu_pytorch_tanh", "silu")}
     if c.activation not in activation:
-        raise ValueError(
+        raise BadValue(
             f"to_hf: activation={c.activation!r} has no Hugging Face counterpart; "
             f"{model_type} takes {sorted(activation)}"
         )
@@ -512,6 +511,6 @@ def _import(name: str):
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise ImportError(
+        raise MissingPackage(
             f"jaxformer.interop.hf needs {name.split('.')[0]}: pip install 'jaxformer[hf]'"
         ) from None

@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import nn as jnn
+from jaxformer.checks import BadType, BadValue, MissingPackage
 from jaxformer.config import TransformerConfig
 from jaxformer.interop.weights import Path, dotted, fill_params, params_of
 
@@ -120,15 +121,13 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
         paths, _, to_torch_array = _rule(name, num_heads)
         missing = [p for p in paths if p not in params]
         if missing:
-            raise ValueError(
-                f"to_torch: the jaxformer module has no parameter {dotted(missing[0])}"
-            )
+            raise BadValue(f"to_torch: the jaxformer module has no parameter {dotted(missing[0])}")
         used.update(paths)
         array = to_torch_array([params[p] for p in paths])
         state[name] = torch.tensor(array, dtype=dtype)
     unused = sorted(dotted(p) for p in set(params) - used)
     if unused:
-        raise ValueError(f"to_torch: torch has no place for the parameters {unused}")
+        raise BadValue(f"to_torch: torch has no place for the parameters {unused}")
     out.load_state_dict(state, strict=True)
     return out
 
@@ -151,7 +150,7 @@ def config_from_torch(module) -> TransformerConfig:
             continue
         for i, layer in enumerate(stack.layers):
             if type(layer) is not layer_classes[name]:
-                raise ValueError(
+                raise BadValue(
                     f"{where}layers.{i}: a {type(layer).__name__} cannot be converted, only a "
                     f"torch.nn.{layer_classes[name].__name__}"
                 )
@@ -163,13 +162,13 @@ def config_from_torch(module) -> TransformerConfig:
     for where, o in options[1:]:
         for key, value in o.items():
             if value != first[key]:
-                raise ValueError(
+                raise BadValue(
                     f"{where}{key}={value!r} differs from {where0}{key}={first[key]!r}: the "
                     "layers of a jaxformer model share one set of options"
                 )
     present = {where: norm is not None for where, norm in final_norms.items()}
     if len(set(present.values())) > 1:
-        raise ValueError(
+        raise BadValue(
             f"final norm present: {present}; jaxformer's final_norm option applies to both stacks"
         )
     for where, norm in final_norms.items():
@@ -209,7 +208,7 @@ def _stacks(module) -> list[tuple[str, str, object]]:
         parts = [(name, f"{name}.", getattr(module, name)) for name in ("encoder", "decoder")]
         for name, _, stack in parts:
             if type(stack) is not stack_classes[name]:
-                raise ValueError(
+                raise BadValue(
                     f"custom_{name}: a {type(stack).__name__} cannot be converted, only a "
                     f"torch.nn.{stack_classes[name].__name__}"
                 )
@@ -218,7 +217,7 @@ def _stacks(module) -> list[tuple[str, str, object]]:
         return [("encoder" if kind is tnn.TransformerEncoder else "decoder", "", module)]
     if kind in (tnn.TransformerEncoderLayer, tnn.TransformerDecoderLayer):
         return [("encoder" if kind is tnn.TransformerEncoderLayer else "decoder", "", None)]
-    raise TypeError(
+    raise BadType(
         "from_torch converts torch.nn.MultiheadAttention, TransformerEncoderLayer, "
         "TransformerDecoderLayer, TransformerEncoder, TransformerDecoder and Transformer "
         f"(exactly these classes), got {kind.__module__}.{kind.__qualname__}"
@@ -239,26 +238,26 @@ def mask_from_torch(attn_mask=None, key_padding_mask=None, *, num_heads: int | N
             masks.append(allowed[None, None])
         elif allowed.ndim == 3:
             if num_heads is None or allowed.shape[0] % num_heads:
-                raise ValueError(
+                raise BadValue(
                     f"attn_mask of shape {allowed.shape} is [B * num_heads, T, S]: pass "
                     f"num_heads dividing {allowed.shape[0]}, got num_heads={num_heads}"
                 )
             masks.append(allowed.reshape(-1, num_heads, *allowed.shape[1:]))
         else:
-            raise ValueError(
+            raise BadValue(
                 f"attn_mask must have shape [T, S] or [B * num_heads, T, S], got {allowed.shape}"
             )
     if key_padding_mask is not None:
         allowed = _allowed("key_padding_mask", key_padding_mask)
         if allowed.ndim != 2:
-            raise ValueError(f"key_padding_mask must have shape [B, S], got {allowed.shape}")
+            raise BadValue(f"key_padding_mask must have shape [B, S], got {allowed.shape}")
         masks.append(allowed[:, None, None, :])
     if not masks:
         return None
     try:
         return jnp.asarray(np.logical_and.reduce(np.broadcast_arrays(*masks)))
     except ValueError:
-        raise ValueError(
+        raise BadValue(
             f"attn_mask {masks[0].shape} and key_padding_mask {masks[1].shape} (as [B, H, T, S]) "
             "do not broadcast together"
         ) from None
@@ -271,7 +270,7 @@ def _import_torch():
     try:
         import torch
     except ImportError:
-        raise ImportError(
+        raise MissingPackage(
             "jaxformer.interop.torch needs PyTorch: pip install 'jaxformer[torch]'"
         ) from None
     return torch
@@ -287,7 +286,7 @@ def _param_dtype(module) -> str:
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
     dtypes = {p.dtype for p in module.parameters()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in names:
-        raise ValueError(
+        raise BadValue(
             f"dtype {sorted(map(str, dtypes))}: jaxformer converts modules whose "
             "parameters are all float32 or all bfloat16 (call module.float() first)"
         )
@@ -297,17 +296,17 @@ def _param_dtype(module) -> str:
 def _attention_options(mha, where: str) -> dict:
     """Options of a torch MultiheadAttention, refusing what jaxformer cannot represent."""
     if not mha._qkv_same_embed_dim:
-        raise ValueError(
+        raise BadValue(
             f"{where}kdim={mha.kdim}, vdim={mha.vdim} differ from embed_dim={mha.embed_dim}: "
             "jaxformer's keys and values come from inputs of size d_model"
         )
     if mha.bias_k is not None or mha.bias_v is not None:
-        raise ValueError(f"{where}add_bias_kv=True has no jaxformer counterpart")
+        raise BadValue(f"{where}add_bias_kv=True has no jaxformer counterpart")
     if mha.add_zero_attn:
-        raise ValueError(f"{where}add_zero_attn=True has no jaxformer counterpart")
+        raise BadValue(f"{where}add_zero_attn=True has no jaxformer counterpart")
     bias = mha.in_proj_bias is not None
     if (mha.out_proj.bias is not None) != bias:
-        raise ValueError(
+        raise BadValue(
             f"{where}bias: in_proj_bias and out_proj.bias must both be present or both absent"
         )
     return dict(
@@ -328,14 +327,14 @@ def _layer_options(layer, where: str) -> dict:
     for name, other in options.items():
         for key in ("d_model", "num_heads", "attention_dropout"):
             if other[key] != o[key]:
-                raise ValueError(
+                raise BadValue(
                     f"{where}{name}.{key}={other[key]} differs from self_attn.{key}={o[key]}"
                 )
     dropouts = {
         float(m.p) for n, m in layer.named_children() if n.startswith("dropout") and n != "dropout"
     }
     if len(dropouts) != 1:
-        raise ValueError(
+        raise BadValue(
             f"{where}dropout: the residual dropouts differ ({sorted(dropouts)}); jaxformer has one"
         )
     o = dict(
@@ -355,12 +354,12 @@ def _layer_options(layer, where: str) -> dict:
         biases[name] = norm.bias is not None
         eps[name] = norm.eps
     if len(set(biases.values())) > 1:
-        raise ValueError(
+        raise BadValue(
             f"{where}bias: torch's bias flag is mixed across sub-layers ({biases}); jaxformer "
             "converts all-bias or no-bias layers"
         )
     if len(set(eps.values())) > 1:
-        raise ValueError(f"{where}layer_norm_eps differs between the norms ({eps})")
+        raise BadValue(f"{where}layer_norm_eps differs between the norms ({eps})")
     o["layer_norm_eps"] = float(next(iter(eps.values())))
     return o
 
@@ -372,7 +371,7 @@ def _activation_name(fn, where: str) -> str:
         return "relu"
     if fn is F.gelu or (type(fn) is torch.nn.GELU and fn.approximate == "none"):
         return "gelu"
-    raise ValueError(
+    raise BadValue(
         f"{where}activation={fn!r} cannot be represented: jaxformer converts relu and exact "
         "(erf) gelu, given as 'relu'/'gelu', F.relu/F.gelu or nn.ReLU()/nn.GELU()"
     )
@@ -381,11 +380,11 @@ def _activation_name(fn, where: str) -> str:
 def _check_layer_norm(norm, where: str, d_model: int) -> None:
     torch = _import_torch()
     if type(norm) is not torch.nn.LayerNorm:
-        raise ValueError(f"{where}: a {type(norm).__name__} cannot be converted, only a LayerNorm")
+        raise BadValue(f"{where}: a {type(norm).__name__} cannot be converted, only a LayerNorm")
     if not norm.elementwise_affine:
-        raise ValueError(f"{where}: elementwise_affine=False has no jaxformer counterpart")
+        raise BadValue(f"{where}: elementwise_affine=False has no jaxformer counterpart")
     if tuple(norm.normalized_shape) != (d_model,):
-        raise ValueError(
+        raise BadValue(
             f"{where}: normalized_shape={tuple(norm.normalized_shape)}, expected ({d_model},)"
         )
 
@@ -394,12 +393,12 @@ def _check_final_norm(norm, where: str, layer_options: dict) -> None:
     """A stack's final norm must match its layers' norms in eps and bias."""
     _check_layer_norm(norm, where, layer_options["d_model"])
     if norm.eps != layer_options["layer_norm_eps"]:
-        raise ValueError(
+        raise BadValue(
             f"{where}.eps={norm.eps} differs from the layers' layer_norm_eps="
             f"{layer_options['layer_norm_eps']}: jaxformer has one norm_eps"
         )
     if (norm.bias is not None) != layer_options["bias"]:
-        raise ValueError(
+        raise BadValue(
             f"{where}.bias: the final norm has bias={norm.bias is not None}, the layers "
             f"bias={layer_options['bias']}: jaxformer has one norm_bias"
         )
@@ -410,7 +409,7 @@ def _num_heads(module) -> int:
     for m in module.modules():
         if isinstance(m, torch.nn.MultiheadAttention):
             return m.num_heads
-    raise ValueError(f"{type(module).__name__} has no attention")
+    raise BadValue(f"{type(module).__name__} has no attention")
 
 
 # --- jaxformer side --------------------------------------------------------------------
@@ -420,29 +419,29 @@ def _jax_attention_options(mha: jnn.MultiHeadAttention, where: str) -> dict:
     E, H, Dk = mha.wq.shape
     K, Dv = mha.wk.shape[1], mha.wv.shape[2]
     if K != H:
-        raise ValueError(
+        raise BadValue(
             f"{where}num_kv_heads={K} differs from num_heads={H}: torch's MultiheadAttention "
             "has no grouped key/value heads"
         )
     if E % H or Dk != E // H:
-        raise ValueError(f"{where}d_k={Dk}: torch's head dim is d_model / num_heads = {E / H:g}")
+        raise BadValue(f"{where}d_k={Dk}: torch's head dim is d_model / num_heads = {E / H:g}")
     if Dv != E // H:
-        raise ValueError(f"{where}d_v={Dv}: torch's head dim is d_model / num_heads = {E // H}")
+        raise BadValue(f"{where}d_v={Dv}: torch's head dim is d_model / num_heads = {E // H}")
     return dict(d_model=E, num_heads=H, bias=mha.use_bias)
 
 
 def _jax_layer_options(layer, where: str) -> dict:
     if isinstance(layer, jnn.DecoderLayer) and not layer.cross_attention:
-        raise ValueError(
+        raise BadValue(
             f"{where}cross_attention=False (a decoder-only layer): torch's "
             "TransformerDecoderLayer always has cross-attention"
         )
     o = _jax_attention_options(layer.self_attn, f"{where}self_attn.")
     opts = layer.opts
     if opts.norm != "layer":
-        raise ValueError(f"{where}norm={opts.norm!r}: torch's layers use LayerNorm")
+        raise BadValue(f"{where}norm={opts.norm!r}: torch's layers use LayerNorm")
     if opts.activation not in ("relu", "gelu"):
-        raise ValueError(f"{where}activation={opts.activation!r}: torch's layers take relu or gelu")
+        raise BadValue(f"{where}activation={opts.activation!r}: torch's layers take relu or gelu")
     norms = [getattr(layer, n) for n in ("norm1", "norm2", "norm3") if hasattr(layer, n)]
     biases = {
         "attention_bias": layer.self_attn.use_bias,
@@ -450,7 +449,7 @@ def _jax_layer_options(layer, where: str) -> dict:
         "norm_bias": all(n.use_bias for n in norms),
     }
     if len(set(biases.values())) > 1:
-        raise ValueError(
+        raise BadValue(
             f"{where}bias: torch's one bias flag covers attention, feed-forward and norms; "
             f"got {biases}"
         )
@@ -478,12 +477,12 @@ def _build_torch(module, batch_first: bool, dropout: float | None, dtype):
 
     def stack(jstack, name, where):
         if jstack.scan:
-            raise ValueError(
+            raise BadValue(
                 f"{where}layers are stacked (scan_layers=True); to_torch converts a model "
                 "built with scan_layers=False"
             )
         if len(jstack.layers) == 0:
-            raise ValueError(f"{where}num_{name}_layers=0: torch's stacks need at least one layer")
+            raise BadValue(f"{where}num_{name}_layers=0: torch's stacks need at least one layer")
         kw = kwargs(jstack.layers[0], f"{where}layers.0.")
         layer_class = (
             tnn.TransformerEncoderLayer if name == "encoder" else tnn.TransformerDecoderLayer
@@ -518,7 +517,7 @@ def _build_torch(module, batch_first: bool, dropout: float | None, dtype):
             batch_first=batch_first,
             dtype=dtype,
         )
-    raise TypeError(
+    raise BadType(
         "to_torch converts jaxformer.nn.MultiHeadAttention, EncoderLayer, DecoderLayer, "
         f"EncoderStack, DecoderStack and EncoderDecoder, got {type(module).__name__}"
     )
@@ -590,7 +589,7 @@ def _rule(name: str, H: int) -> Rule:
     if owner.startswith("norm"):
         jax_leaf = {"weight": "scale", "bias": "bias"}[leaf]
         return [pre + (jax_leaf,)], lambda x: [x], lambda xs: xs[0]
-    raise ValueError(f"no jaxformer counterpart for the torch weight {name!r}")
+    raise BadValue(f"no jaxformer counterpart for the torch weight {name!r}")
 
 
 def _allowed(name: str, mask) -> np.ndarray:
@@ -601,10 +600,10 @@ def _allowed(name: str, mask) -> np.ndarray:
     if mask.dtype == np.bool_:
         return ~mask
     if not np.issubdtype(mask.dtype, np.floating):
-        raise TypeError(f"{name} must be boolean or float (0 / -inf), got dtype {mask.dtype}")
+        raise BadType(f"{name} must be boolean or float (0 / -inf), got dtype {mask.dtype}")
     other = mask[(mask != 0) & ~np.isneginf(mask)]
     if other.size:
-        raise ValueError(
+        raise BadValue(
             f"{name} holds additive values other than 0 and -inf (e.g. {other.flat[0]}): "
             "jaxformer masks are boolean"
         )

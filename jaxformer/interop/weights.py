@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer.checks import BadValue
+
 Path = tuple[str | int, ...]
 
 
@@ -18,11 +20,11 @@ def fill_params(target: nnx.Module, arrays: dict[Path, np.ndarray], source: str)
     missing = [dotted(p) for p, _ in flat if p not in arrays]
     extra = sorted(dotted(p) for p in set(arrays) - {p for p, _ in flat})
     if missing or extra:
-        raise ValueError(f"{source}: no weight for {missing}; no place for {extra}")
+        raise BadValue(f"{source}: no weight for {missing}; no place for {extra}")
     for path, var in flat:
         array = arrays[path]
         if array.shape != var.shape:
-            raise ValueError(
+            raise BadValue(
                 f"{source}: {dotted(path)} has shape {array.shape}, expected {var.shape}"
             )
         var.set_value(jnp.asarray(array, var.dtype))

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 
+from jaxformer.checks import BadValue
 from jaxformer.config import PRESETS, RunConfig, TransformerConfig, load_config_file
 from jaxformer.data.tokenizers import ByteTokenizer
 from jaxformer.functional.registry import import_variants
@@ -58,12 +59,10 @@ class Spec:
         fields = load_config_file(str(path))
         unknown = [k for k in fields if k not in SPEC_KEYS]
         if unknown:
-            raise ValueError(
-                f"{path}: unknown key {unknown[0]!r}; a spec has {', '.join(SPEC_KEYS)}"
-            )
+            raise BadValue(f"{path}: unknown key {unknown[0]!r}; a spec has {', '.join(SPEC_KEYS)}")
         variants = fields.get("variants")
         if not isinstance(variants, dict) or not variants:
-            raise ValueError(f"{path}: variants must be a non-empty mapping: name -> overrides")
+            raise BadValue(f"{path}: variants must be a non-empty mapping: name -> overrides")
         spec = cls(
             base=_mapping(fields.get("base", {}), f"{path}: base"),
             variants={str(k): _mapping(v or {}, f"{path}: variant {k!r}") for k, v in variants.items()},
@@ -73,7 +72,7 @@ class Spec:
             out=pathlib.Path(out or fields.get("out") or pathlib.Path("runs/sweeps") / pathlib.Path(path).stem),
         )  # fmt: skip
         if spec.baseline not in spec.variants:
-            raise ValueError(
+            raise BadValue(
                 f"{path}: baseline {spec.baseline!r} is not one of the variants {list(spec.variants)}"
             )
         import_variants(list(spec.variant_files))
@@ -90,16 +89,16 @@ class Spec:
         where = f"variant {variant!r}"
         for key in fields:
             if key in SWEEP_OWNS:
-                raise ValueError(f"{where}: {key!r} is set by the sweep (seeds, out)")
+                raise BadValue(f"{where}: {key!r} is set by the sweep (seeds, out)")
             if key not in MODEL_FIELDS + RUN_FIELDS + ("preset",):
                 close = difflib.get_close_matches(key, MODEL_FIELDS + RUN_FIELDS, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(
+                raise BadValue(
                     f"{where}: unknown field {key!r} (not a TransformerConfig or RunConfig field){hint}"
                 )
         preset = fields.get("preset", "tiny")
         if preset not in PRESETS:
-            raise ValueError(f"{where}: preset must be one of {PRESETS}, got {preset!r}")
+            raise BadValue(f"{where}: preset must be one of {PRESETS}, got {preset!r}")
         try:
             model = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(
                 **{k: v for k, v in fields.items() if k in MODEL_FIELDS}
@@ -116,7 +115,7 @@ class Spec:
 
 def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a mapping of config fields, got {value!r}")
+        raise BadValue(f"{where} must be a mapping of config fields, got {value!r}")
     return dict(value)
 
 
@@ -129,7 +128,7 @@ def _seeds(value, path) -> tuple[int, ...]:
         or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
         or len(set(seeds)) != len(seeds)
     ):
-        raise ValueError(
+        raise BadValue(
             f"{path}: seeds must be a count >= 1 or a list of distinct ints, got {value!r}"
         )
     return tuple(seeds)

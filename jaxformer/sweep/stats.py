@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from jaxformer.checks import BadValue
+
 # Student's t, 97.5% quantile, by degrees of freedom; between entries the smaller degrees
 # of freedom's (a slightly wider interval) is used.
 T_975 = {
@@ -21,7 +23,7 @@ def mean_ci(values: list[float]) -> tuple[float, float | None]:
     """(mean, half-width of the 95% t-interval); the half-width is None for one value."""
     n = len(values)
     if n == 0:
-        raise ValueError("mean_ci needs at least one value")
+        raise BadValue("mean_ci needs at least one value")
     mean = math.fsum(values) / n
     if n == 1:
         return mean, None
@@ -61,7 +63,7 @@ def paired_exact_match(baseline: list[bool], variant: list[bool]) -> float:
     often they exceed the observed one. Identical outputs get p = 1."""
     a, b = np.asarray(baseline, float), np.asarray(variant, float)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
-        raise ValueError(
+        raise BadValue(
             f"paired_exact_match needs two equal, non-empty lists, got {a.shape}, {b.shape}"
         )
     if np.array_equal(a, b):

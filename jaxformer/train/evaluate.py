@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import decode
+from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.train.losses import LossSums
 
@@ -48,7 +49,7 @@ def check_metrics(names: tuple[str, ...]) -> None:
     """Raise before training if a metric is unknown or its library is missing."""
     unknown = sorted(set(names) - set(METRICS))
     if unknown:
-        raise ValueError(f"unknown metric(s) {unknown}; known: {sorted(METRICS)}")
+        raise BadValue(f"unknown metric(s) {unknown}; known: {sorted(METRICS)}")
     if any(name in _NEEDS_SACREBLEU for name in names):
         _sacrebleu()
 
@@ -57,7 +58,9 @@ def _sacrebleu():
     try:
         return importlib.import_module("sacrebleu")
     except ImportError:
-        raise ImportError("BLEU and chrF need sacrebleu: pip install 'jaxformer[data]'") from None
+        raise MissingPackage(
+            "BLEU and chrF need sacrebleu: pip install 'jaxformer[data]'"
+        ) from None
 
 
 def evaluate(

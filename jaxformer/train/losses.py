@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxformer.checks import check_float_array, check_int_array, check_number
+from jaxformer.checks import BadValue, check_float_array, check_int_array, check_number
 
 
 class LossSums(NamedTuple):
@@ -47,7 +47,7 @@ def cross_entropy(
     check_float_array("logits", logits)
     check_int_array("targets", targets)
     if logits.shape[:-1] != targets.shape or targets.shape != weights.shape:
-        raise ValueError(
+        raise BadValue(
             f"logits {logits.shape} must be [B, T, V] with targets and weights [B, T]; "
             f"got targets {targets.shape}, weights {weights.shape}"
         )
