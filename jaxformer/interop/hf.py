@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from flax import nnx
@@ -36,7 +35,20 @@ from jaxformer.checks import BadType, BadValue, MissingFile, MissingPackage
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import ByteTokenizer, HFTokenizer
 from jaxformer.functional.positions import sinusoidal_positions
-from jaxformer.interop.weights import Path, dotted, fill_params, params_of
+from jaxformer.interop.weights import (
+    Link,
+    Path,
+    attention,
+    dense,
+    fill_params,
+    from_jax,
+    heads_out,
+    layer_norm,
+    packed_attention,
+    params_of,
+    same,
+    to_jax,
+)
 from jaxformer.models import DecoderLM, Transformer
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -55,15 +67,6 @@ BART_POSITION_OFFSET = 2
 OUTSIDE_BASE_MODEL = ("lm_head.weight", "final_logits_bias")
 
 
-class Link(NamedTuple):
-    """Hugging Face weights <-> jaxformer parameters, in both directions."""
-
-    hf_names: tuple[str, ...]
-    paths: tuple[Path, ...]
-    to_jax: Callable[[list[np.ndarray]], list[np.ndarray]]
-    to_hf: Callable[[list[np.ndarray]], list[np.ndarray]]
-
-
 # --- in ------------------------------------------------------------------------------------
 
 
@@ -76,16 +79,8 @@ def from_hf(model_or_path) -> Transformer | DecoderLM:
     target = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
     weights = _strip_prefix(weights, hf_config["model_type"])
     links = _links(hf_config["model_type"], config)
-    arrays: dict[Path, np.ndarray] = {}
-    for link in links:
-        missing = [n for n in link.hf_names if n not in weights]
-        if missing:
-            raise BadValue(f"from_hf: the checkpoint has no weight {missing[0]!r}")
-        arrays.update(
-            zip(link.paths, link.to_jax([weights[n] for n in link.hf_names]), strict=True)
-        )
-    used = {n for link in links for n in link.hf_names}
-    _check_leftovers(weights, used, hf_config, config)
+    arrays = to_jax(links, weights, "from_hf")
+    _check_leftovers(weights, {n for link in links for n in link.names}, hf_config, config)
     fill_params(target, arrays, "from_hf")
     return target
 
@@ -305,13 +300,8 @@ def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, tokeniz
 
 def _hf_weights(model, model_type: str) -> dict[str, np.ndarray]:
     """The model's parameters under their Hugging Face names."""
-    params = params_of(model)
-    weights = {}
-    for link in _links(model_type, model.config):
-        arrays = link.to_hf([params.pop(p) for p in link.paths])
-        weights.update(zip(link.hf_names, arrays, strict=True))
-    if params:
-        raise BadValue(f"to_hf: {model_type} has no place for {sorted(map(dotted, params))}")
+    links = _links(model_type, model.config)
+    weights = from_jax(links, params_of(model), f"to_hf: {model_type}")
     prefix = "transformer." if model_type == "gpt2" else "model."
     return {
         (k if k in OUTSIDE_BASE_MODEL else prefix + k): np.ascontiguousarray(v)
@@ -402,107 +392,66 @@ def _links(model_type: str, c: TransformerConfig) -> list[Link]:
 
 def _gpt2_links(c: TransformerConfig) -> list[Link]:
     links = [
-        _same("wte.weight", ("inputs", "embed", "table")),
-        _same("wpe.weight", ("inputs", "positions", "table")),
-        *_norm("ln_f", ("decoder", "final_norm")),
+        same("wte.weight", ("inputs", "embed", "table")),
+        same("wpe.weight", ("inputs", "positions", "table")),
+        *layer_norm("ln_f", ("decoder", "final_norm")),
     ]
     if not c.share_embeddings:
-        links.append(_same("lm_head.weight", ("output_embed", "table")))
+        links.append(same("lm_head.weight", ("output_embed", "table")))
+    H = c.num_heads
     for i in range(c.num_decoder_layers):
         hf, jx = f"h.{i}", ("decoder", "layers", i)
-        links += [
-            *_norm(f"{hf}.ln_1", (*jx, "norm1")),
-            *_norm(f"{hf}.ln_2", (*jx, "norm3")),
-            *_fused_attention(c, f"{hf}.attn", (*jx, "self_attn")),
-            _same(f"{hf}.mlp.c_fc.weight", (*jx, "ffn", "w1")),  # Conv1D: [in, out]
-            _same(f"{hf}.mlp.c_fc.bias", (*jx, "ffn", "b1")),
-            _same(f"{hf}.mlp.c_proj.weight", (*jx, "ffn", "w2")),
-            _same(f"{hf}.mlp.c_proj.bias", (*jx, "ffn", "b2")),
+        links += [  # Conv1D layers: [in, out]
+            *layer_norm(f"{hf}.ln_1", (*jx, "norm1")),
+            *layer_norm(f"{hf}.ln_2", (*jx, "norm3")),
+            *packed_attention(
+                f"{hf}.attn.c_attn.weight",
+                f"{hf}.attn.c_attn.bias",
+                (*jx, "self_attn"),
+                H,
+                out_in=False,
+            ),
+            *heads_out(f"{hf}.attn.c_proj", (*jx, "self_attn"), H, out_in=False),
+            *dense(f"{hf}.mlp.c_fc", (*jx, "ffn"), "w1", "b1", out_in=False),
+            *dense(f"{hf}.mlp.c_proj", (*jx, "ffn"), "w2", "b2", out_in=False),
         ]
     return links
 
 
 def _embedding_links(c: TransformerConfig, model_type: str) -> list[Link]:
     links = [
-        _same("shared.weight", ("src_inputs", "embed", "table")),
+        same("shared.weight", ("src_inputs", "embed", "table")),
         Link(
             ("final_logits_bias",), (("logits_bias",),), lambda b: [b[0][0]], lambda b: [b[0][None]]
         ),
     ]
     if model_type == "bart":
         for stack, inputs in (("encoder", "src_inputs"), ("decoder", "tgt_inputs")):
-            links.append(Link(
-                (f"{stack}.embed_positions.weight",), ((inputs, "positions", "table"),),
-                lambda t: [t[0][BART_POSITION_OFFSET:]],
-                lambda t: [np.pad(t[0], ((BART_POSITION_OFFSET, 0), (0, 0)))],
-            ))  # fmt: skip
-            links += _norm(f"{stack}.layernorm_embedding", (inputs, "norm"))
+            links.append(
+                Link(
+                    (f"{stack}.embed_positions.weight",),
+                    ((inputs, "positions", "table"),),
+                    lambda t: [t[0][BART_POSITION_OFFSET:]],
+                    lambda t: [np.pad(t[0], ((BART_POSITION_OFFSET, 0), (0, 0)))],
+                )
+            )
+            links += layer_norm(f"{stack}.layernorm_embedding", (inputs, "norm"))
     return links
 
 
 def _seq2seq_layer_links(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
     decoder = jx[0] == "decoder"
     links = [
-        *_attention(c, f"{hf}.self_attn", (*jx, "self_attn")),
-        *_norm(f"{hf}.self_attn_layer_norm", (*jx, "norm1")),
-        *_linear(f"{hf}.fc1", (*jx, "ffn"), "w1", "b1"),
-        *_linear(f"{hf}.fc2", (*jx, "ffn"), "w2", "b2"),
-        *_norm(f"{hf}.final_layer_norm", (*jx, "norm3" if decoder else "norm2")),
+        *attention(f"{hf}.self_attn", (*jx, "self_attn"), c.num_heads),
+        *layer_norm(f"{hf}.self_attn_layer_norm", (*jx, "norm1")),
+        *dense(f"{hf}.fc1", (*jx, "ffn"), "w1", "b1", out_in=True),
+        *dense(f"{hf}.fc2", (*jx, "ffn"), "w2", "b2", out_in=True),
+        *layer_norm(f"{hf}.final_layer_norm", (*jx, "norm3" if decoder else "norm2")),
     ]
     if decoder:
-        links += _attention(c, f"{hf}.encoder_attn", (*jx, "cross_attn"))
-        links += _norm(f"{hf}.encoder_attn_layer_norm", (*jx, "norm2"))
+        links += attention(f"{hf}.encoder_attn", (*jx, "cross_attn"), c.num_heads)
+        links += layer_norm(f"{hf}.encoder_attn_layer_norm", (*jx, "norm2"))
     return links
-
-
-def _same(hf_name: str, path: Path) -> Link:
-    return Link((hf_name,), (path,), list, list)
-
-
-def _norm(hf: str, jx: Path) -> list[Link]:
-    return [_same(f"{hf}.weight", (*jx, "scale")), _same(f"{hf}.bias", (*jx, "bias"))]
-
-
-def _linear(hf: str, jx: Path, w: str, b: str) -> list[Link]:
-    """nn.Linear: weight [out, in], y = x W^T + b; jaxformer's weight is [in, out]."""
-    transpose = lambda a: [a[0].T]  # noqa: E731
-    return [
-        Link((f"{hf}.weight",), ((*jx, w),), transpose, transpose),
-        _same(f"{hf}.bias", (*jx, b)),
-    ]
-
-
-def _attention(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
-    """q/k/v/out_proj nn.Linear layers <-> wq, wk, wv [E, H, D], wo [H, D, E] and biases."""
-    E, H = c.d_model, c.num_heads
-    links = []
-    for name, w, b in (("q_proj", "wq", "bq"), ("k_proj", "wk", "bk"), ("v_proj", "wv", "bv")):
-        links.append(Link((f"{hf}.{name}.weight",), ((*jx, w),),
-                          lambda a: [a[0].T.reshape(E, H, -1)], lambda a: [a[0].reshape(E, -1).T]))  # fmt: skip
-        links.append(Link((f"{hf}.{name}.bias",), ((*jx, b),),
-                          lambda a: [a[0].reshape(H, -1)], lambda a: [a[0].reshape(-1)]))  # fmt: skip
-    links.append(Link((f"{hf}.out_proj.weight",), ((*jx, "wo"),),
-                      lambda a: [a[0].T.reshape(H, -1, E)], lambda a: [a[0].reshape(-1, E).T]))  # fmt: skip
-    links.append(_same(f"{hf}.out_proj.bias", (*jx, "bo")))
-    return links
-
-
-def _fused_attention(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
-    """GPT-2's Conv1D c_attn [E, 3E] (q, k, v side by side) and c_proj [E, E], both [in, out]."""
-    E, H = c.d_model, c.num_heads
-    qkv_w = tuple((*jx, n) for n in ("wq", "wk", "wv"))
-    qkv_b = tuple((*jx, n) for n in ("bq", "bk", "bv"))
-    return [
-        Link((f"{hf}.c_attn.weight",), qkv_w,
-             lambda a: [w.reshape(E, H, -1) for w in np.split(a[0], 3, axis=1)],
-             lambda ws: [np.concatenate([w.reshape(E, -1) for w in ws], axis=1)]),
-        Link((f"{hf}.c_attn.bias",), qkv_b,
-             lambda a: [b.reshape(H, -1) for b in np.split(a[0], 3)],
-             lambda bs: [np.concatenate([b.reshape(-1) for b in bs])]),
-        Link((f"{hf}.c_proj.weight",), ((*jx, "wo"),),
-             lambda a: [a[0].reshape(H, -1, E)], lambda a: [a[0].reshape(-1, E)]),
-        _same(f"{hf}.c_proj.bias", (*jx, "bo")),
-    ]  # fmt: skip
 
 
 def _import(name: str):

@@ -29,8 +29,6 @@ not), and a query with no key to attend to gives NaN in torch and zeros in jaxfo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -38,7 +36,17 @@ from flax import nnx
 from jaxformer import nn as jnn
 from jaxformer.checks import BadType, BadValue, MissingPackage
 from jaxformer.config import TransformerConfig
-from jaxformer.interop.weights import Path, dotted, fill_params, params_of
+from jaxformer.interop.weights import (
+    Link,
+    dense,
+    fill_params,
+    from_jax,
+    heads_out,
+    layer_norm,
+    packed_attention,
+    params_of,
+    to_jax,
+)
 
 
 def from_torch(module) -> nnx.Module:
@@ -76,12 +84,12 @@ def from_torch(module) -> nnx.Module:
             return classes[kind](config, rngs=nnx.Rngs(0))
 
     target = nnx.eval_shape(build)  # no memory for random weights: every one is set below
-    num_heads = _num_heads(module)
-    arrays: dict[Path, np.ndarray] = {}
-    for name, tensor in module.state_dict().items():
-        paths, to_jax, _ = _rule(name, num_heads)
-        arrays.update(zip(paths, to_jax(_numpy(tensor)), strict=True))
-    fill_params(target, arrays, "from_torch")
+    weights = {name: _numpy(tensor) for name, tensor in module.state_dict().items()}
+    links = _links(module)
+    extra = sorted(set(weights) - {name for link in links for name in link.names})
+    if extra:
+        raise BadValue(f"from_torch: no jaxformer counterpart for the torch weights {extra}")
+    fill_params(target, to_jax(links, weights, "from_torch"), "from_torch")
     return target
 
 
@@ -113,21 +121,8 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
         )
     else:
         out = _build_torch(module, batch_first, dropout, dtype)
-    params = params_of(module)
-    state = {}
-    used: set[Path] = set()
-    num_heads = _num_heads(out)
-    for name in out.state_dict():
-        paths, _, to_torch_array = _rule(name, num_heads)
-        missing = [p for p in paths if p not in params]
-        if missing:
-            raise BadValue(f"to_torch: the jaxformer module has no parameter {dotted(missing[0])}")
-        used.update(paths)
-        array = to_torch_array([params[p] for p in paths])
-        state[name] = torch.tensor(array, dtype=dtype)
-    unused = sorted(dotted(p) for p in set(params) - used)
-    if unused:
-        raise BadValue(f"to_torch: torch has no place for the parameters {unused}")
+    weights = from_jax(_links(out), params_of(module), "to_torch: torch")
+    state = {name: torch.tensor(array, dtype=dtype) for name, array in weights.items()}
     out.load_state_dict(state, strict=True)
     return out
 
@@ -404,14 +399,6 @@ def _check_final_norm(norm, where: str, layer_options: dict) -> None:
         )
 
 
-def _num_heads(module) -> int:
-    torch = _import_torch()
-    for m in module.modules():
-        if isinstance(m, torch.nn.MultiheadAttention):
-            return m.num_heads
-    raise BadValue(f"{type(module).__name__} has no attention")
-
-
 # --- jaxformer side --------------------------------------------------------------------
 
 
@@ -523,73 +510,54 @@ def _build_torch(module, batch_first: bool, dropout: float | None, dtype):
     )
 
 
-# --- one table of names, used in both directions ---------------------------------------
-
-Rule = tuple[
-    list[Path],
-    Callable[[np.ndarray], list[np.ndarray]],
-    Callable[[list[np.ndarray]], np.ndarray],
-]
+# --- one link table, used in both directions ------------------------------------------
 
 
-def _rule(name: str, H: int) -> Rule:
-    """torch state_dict key -> (jaxformer parameter paths, torch -> jax, jax -> torch).
+def _links(module) -> list[Link]:
+    """The link table of a torch module of the classes above, read from its structure:
+    torch's state-dict names <-> jaxformer parameter paths."""
+    if type(module) is _import_torch().nn.MultiheadAttention:
+        return _attention_links(module, "", ())
+    links = []
+    for _, where, stack in _stacks(module):
+        path = (where[:-1],) if where else ()  # "encoder." -> ("encoder",)
+        if stack is None:  # a single layer
+            links += _layer_links(module, "", ())
+            continue
+        for i, layer in enumerate(stack.layers):
+            links += _layer_links(layer, f"{where}layers.{i}.", (*path, "layers", i))
+        if stack.norm is not None:
+            bias = stack.norm.bias is not None
+            links += layer_norm(f"{where}norm", (*path, "final_norm"), bias=bias)
+    return links
 
-    Torch's Linear weights are [out, in] and y = x W^T + b; in_proj packs W_q, W_k, W_v
-    (and their biases) along the output axis, each splitting into heads h * D + d.
-    """
-    *parents, leaf = name.split(".")
-    path: list[str | int] = []
-    for p in parents:
-        if p.isdigit():
-            path.append(int(p))
-        elif p == "multihead_attn":
-            path.append("cross_attn")
-        elif p == "norm":  # a stack's final norm
-            path.append("final_norm")
-        elif p not in ("out_proj", "linear1", "linear2"):
-            path.append(p)
-    owner = parents[-1] if parents else ""
-    pre = tuple(path)
 
-    if leaf == "in_proj_weight":  # [3E, E]
-
-        def split_w(w):
-            E = w.shape[1]
-            return [w[i * E : (i + 1) * E].T.reshape(E, H, E // H) for i in range(3)]
-
-        def pack_w(ws):
-            return np.concatenate([w.reshape(w.shape[0], -1).T for w in ws])
-
-        return [pre + ("wq",), pre + ("wk",), pre + ("wv",)], split_w, pack_w
-    if leaf == "in_proj_bias":  # [3E]
-
-        def split_b(b):
-            E = b.shape[0] // 3
-            return [b[i * E : (i + 1) * E].reshape(H, E // H) for i in range(3)]
-
-        return (
-            [pre + ("bq",), pre + ("bk",), pre + ("bv",)],
-            split_b,
-            lambda bs: np.concatenate([b.reshape(-1) for b in bs]),
+def _layer_links(layer, where: str, path: tuple) -> list[Link]:
+    """An encoder or decoder layer: attention, cross-attention (multihead_attn), the
+    feed-forward linear1/linear2 and the norms."""
+    links = _attention_links(layer.self_attn, f"{where}self_attn.", (*path, "self_attn"))
+    if hasattr(layer, "multihead_attn"):
+        cross = (*path, "cross_attn")
+        links += _attention_links(layer.multihead_attn, f"{where}multihead_attn.", cross)
+    for i in (1, 2):
+        bias = getattr(layer, f"linear{i}").bias is not None
+        links += dense(
+            f"{where}linear{i}", (*path, "ffn"), f"w{i}", f"b{i}", out_in=True, bias=bias
         )
-    if owner == "out_proj":
-        if leaf == "weight":  # [E, E] -> wo [H, D, E]
-            return (
-                [pre + ("wo",)],
-                lambda w: [w.T.reshape(H, w.shape[0] // H, w.shape[0])],
-                lambda ws: ws[0].reshape(-1, ws[0].shape[-1]).T,
-            )
-        return [pre + ("bo",)], lambda b: [b], lambda bs: bs[0]
-    if owner in ("linear1", "linear2"):
-        i = owner[-1]
-        if leaf == "weight":  # [out, in] -> [in, out]
-            return [pre + ("ffn", f"w{i}")], lambda w: [w.T], lambda ws: ws[0].T
-        return [pre + ("ffn", f"b{i}")], lambda b: [b], lambda bs: bs[0]
-    if owner.startswith("norm"):
-        jax_leaf = {"weight": "scale", "bias": "bias"}[leaf]
-        return [pre + (jax_leaf,)], lambda x: [x], lambda xs: xs[0]
-    raise BadValue(f"no jaxformer counterpart for the torch weight {name!r}")
+    for name, child in layer.named_children():
+        if name.startswith("norm"):
+            links += layer_norm(f"{where}{name}", (*path, name), bias=child.bias is not None)
+    return links
+
+
+def _attention_links(mha, where: str, path: tuple) -> list[Link]:
+    """A MultiheadAttention: in_proj packs q, k, v [3E, E]; out_proj is a Linear."""
+    bias = mha.in_proj_bias is not None
+    in_bias = f"{where}in_proj_bias" if bias else None
+    return [
+        *packed_attention(f"{where}in_proj_weight", in_bias, path, mha.num_heads, out_in=True),
+        *heads_out(f"{where}out_proj", path, mha.num_heads, out_in=True, bias=bias),
+    ]
 
 
 def _allowed(name: str, mask) -> np.ndarray:
