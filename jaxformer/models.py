@@ -320,7 +320,7 @@ def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
         raise BadValue(f"tokens batch {B} != the cache's batch {cache.lengths.shape[0]}")
     if T > S_max:
         raise BadValue(f"{T} tokens do not fit a cache of max_len={S_max}")
-    positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
+    positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     x = inputs(tokens, positions, None)
     self_mask = F.causal_mask(T, S_max, offset=cache.lengths[:, None, None, None])
     cross_mask = None if cache.src_valid is None else F.padding_mask(None, cache.src_valid)
@@ -360,7 +360,7 @@ def _logits(model, inputs: _Inputs, y: jax.Array) -> jax.Array:
     matrix unless untied), plus the logits bias if the model has one."""
     logits = (model.output_embed or inputs.embed).attend(y)
     if model.logits_bias is not None:
-        logits = logits + model.logits_bias[...].astype(jnp.float32)
+        logits = logits + model.logits_bias[...].astype(jnp.float32)[None, None, :]
     return logits
 
 

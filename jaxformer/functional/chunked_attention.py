@@ -245,7 +245,7 @@ def _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid):
     if tiles.causal:
         q_pos = i * bq + jnp.arange(bq)
         k_pos = j * bk + jnp.arange(bk)
-        keep.append(k_pos[None, :] <= q_pos[:, None])
+        keep.append((k_pos[None, :] <= q_pos[:, None])[None, None, None])  # [1, 1, 1, q, s]
     if q_valid is not None:
         keep.append(
             jax.lax.dynamic_slice_in_dim(q_valid, i * bq, bq, axis=1)[:, None, None, :, None]

@@ -139,9 +139,9 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *,
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-    y = (xf - mean) * jax.lax.rsqrt(var + eps) * scale.astype(jnp.float32)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps) * _last_axis(scale, x.ndim)
     if bias is not None:
-        y = y + bias.astype(jnp.float32)
+        y = y + _last_axis(bias, x.ndim)
     return y.astype(x.dtype)
 
 
@@ -150,7 +150,12 @@ def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6) -> jax.Array:
     _check_norm_args(x, scale, None)
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+    return (y * _last_axis(scale, x.ndim)).astype(x.dtype)
+
+
+def _last_axis(v: jax.Array, ndim: int) -> jax.Array:
+    """v [E] in float32, shaped [1, ..., 1, E] to scale a rank-`ndim` array's last axis."""
+    return v.astype(jnp.float32).reshape((1,) * (ndim - 1) + v.shape)
 
 
 def _check_norm_args(x, scale, bias) -> None:

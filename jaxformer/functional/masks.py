@@ -19,8 +19,9 @@ def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> ja
     S = T if S is None else S
     check_int("causal_mask's T", T)
     check_int("causal_mask's S", S)
-    q_pos = jnp.arange(T)[:, None] + offset
-    return jnp.arange(S)[None, :] <= q_pos
+    lead = (1,) * max(jnp.ndim(offset) - 2, 0)  # [B, 1] of a per-row offset
+    q_pos = jnp.arange(T).reshape(*lead, T, 1) + offset
+    return jnp.arange(S).reshape(*lead, 1, S) <= q_pos
 
 
 def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
@@ -74,8 +75,9 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     except ValueError:
         shapes = [tuple(np.shape(m)) for m in present]
         raise BadValue(f"combine_masks: the masks' shapes {shapes} do not broadcast") from None
-    out = present[0]
-    for m in present[1:]:
+    rank = max(jnp.ndim(m) for m in present)  # lead with 1s explicitly: [T, S] -> [1, 1, T, S]
+    out, *rest = (jnp.reshape(m, (1,) * (rank - jnp.ndim(m)) + jnp.shape(m)) for m in present)
+    for m in rest:
         out = jnp.logical_and(out, m)
     return out
 
