@@ -14,6 +14,8 @@ import math
 import numpy as np
 from scipy.optimize import nnls
 
+from jaxformer.checks import BadValue
+
 TERMS = ("dispatches", "bytes_unfused", "flops")
 
 
@@ -23,7 +25,7 @@ def fit(rows: list[dict]) -> dict:
     1 s workload count alike. Returns {a, b, c, rel_error (the median of |predicted -
     measured| / measured eager time), rows}."""
     if len(rows) < len(TERMS):
-        raise ValueError(f"fitting {len(TERMS)} terms needs >= {len(TERMS)} rows, got {len(rows)}")
+        raise BadValue(f"fitting {len(TERMS)} terms needs >= {len(TERMS)} rows, got {len(rows)}")
     X = np.array([[r[t] for t in TERMS] for r in rows], np.float64)
     y = np.array([r["eager_s"] - r["python_s"] for r in rows], np.float64)
     w = 1 / np.array([r["eager_s"] for r in rows], np.float64)

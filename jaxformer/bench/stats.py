@@ -8,6 +8,8 @@ import math
 import time
 from collections.abc import Callable
 
+from jaxformer.checks import BadValue
+
 
 def median_ci(samples: list[float], confidence: float = 0.95) -> dict:
     """The median of `samples` and an interval [low, high] that holds the true median with
@@ -15,11 +17,11 @@ def median_ci(samples: list[float], confidence: float = 0.95) -> dict:
     distribution Bin(n, 1/2), which assumes nothing about how the values are distributed.
     Returns {median, low, high, n, confidence}."""
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+        raise BadValue(f"confidence must be in (0, 1), got {confidence}")
     x = sorted(samples)
     n = len(x)
     if n == 0 or 1 - 2 * 0.5**n < confidence:
-        raise ValueError(f"{n} samples cannot give a {confidence:.0%} interval of the median")
+        raise BadValue(f"{n} samples cannot give a {confidence:.0%} interval of the median")
     pmf = [math.comb(n, i) / 2**n for i in range(n + 1)]
     a = 1  # the widest interval [x_(1), x_(n)] covers with 1 - 2 / 2^n
     while sum(pmf[a + 1 : n - a]) >= confidence:  # coverage of [x_(a+1), x_(n-a)]
@@ -59,7 +61,7 @@ def paired_saving(slow: list[float], fast: list[float]) -> dict:
 
 def _check_pairs(slow: list[float], fast: list[float]) -> None:
     if len(slow) != len(fast):
-        raise ValueError(f"paired series need equal lengths, got {len(slow)} and {len(fast)}")
+        raise BadValue(f"paired series need equal lengths, got {len(slow)} and {len(fast)}")
 
 
 def break_even(first_slow: dict, first_fast: dict, saving: dict) -> dict:
@@ -98,7 +100,7 @@ def time_interleaved(
     an order rotated by one each round (so entry i of every list is one round: a pair).
     Each callable must wait for its own result."""
     if rounds < 1 or warmup < 0:
-        raise ValueError(f"rounds must be >= 1 and warmup >= 0, got {rounds} and {warmup}")
+        raise BadValue(f"rounds must be >= 1 and warmup >= 0, got {rounds} and {warmup}")
     names = list(calls)
     for _ in range(warmup):
         for name in names:

@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer import nn
+from jaxformer.checks import BadValue
 from jaxformer.config import TransformerConfig
 from jaxformer.models import Transformer
 
@@ -38,7 +39,7 @@ def bench_config(
     dimensions (at least 2), `layers` + `layers` layers, biases everywhere (as torch), no
     dropout or label smoothing; `dtype` the compute dtype (parameters stay float32)."""
     if d_model < 64 or d_model % 32:
-        raise ValueError(f"d_model must be a multiple of 32 and >= 64, got {d_model}")
+        raise BadValue(f"d_model must be a multiple of 32 and >= 64, got {d_model}")
     return TransformerConfig(
         dtype=dtype,
         vocab_size=vocab,
@@ -92,9 +93,9 @@ class Workload:
 def build(name: str, config: TransformerConfig, batch: int, length: int, seed: int = 0):
     """The workload `name` at this model, batch and sequence length (source = target)."""
     if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; choose from {list(WORKLOADS)}")
+        raise BadValue(f"unknown workload {name!r}; choose from {list(WORKLOADS)}")
     if batch < 1 or length < 2:
-        raise ValueError(f"batch must be >= 1 and length >= 2, got {batch} and {length}")
+        raise BadValue(f"batch must be >= 1 and length >= 2, got {batch} and {length}")
     rng = np.random.default_rng(seed)
     rngs = nnx.Rngs(seed)
     x = jnp.asarray(rng.standard_normal((batch, length, config.d_model)), jnp.float32)
@@ -195,7 +196,7 @@ def _TorchSeq2Seq(model: Transformer, torch) -> Any:
 
     c = model.config
     if not (c.share_embeddings and c.embed_scale and c.position_embedding == "sinusoidal"):
-        raise ValueError("the torch equivalent needs tied, scaled embeddings and sinusoids")
+        raise BadValue("the torch equivalent needs tied, scaled embeddings and sinusoids")
 
     class Seq2Seq(torch.nn.Module):
         def __init__(self):

@@ -49,6 +49,7 @@ from flax import nnx
 
 from jaxformer.bench import eager_model, programs, stats
 from jaxformer.bench.workloads import WORKLOADS, Workload, bench_config, build
+from jaxformer.checks import BadValue
 
 JAX_MODES = ("eager", "disable_jit", "jit", "nnx.jit", "nnx.cached_partial")
 TORCH_MODES = ("torch", "torch.compile")
@@ -168,7 +169,7 @@ def _torch_mode(w: Workload, device: str, mode: str) -> Callable[[], Any]:
     if mode == "torch.compile reduce-overhead":
         compiled = torch.compile(module, mode="reduce-overhead")
         return _torch_call(compiled, inputs, call, device)
-    raise ValueError(f"unknown mode {mode!r}")
+    raise BadValue(f"unknown mode {mode!r}")
 
 
 def _threaded(f, state, w: Workload, context=contextlib.nullcontext):
@@ -543,14 +544,12 @@ def run(args) -> dict:
     the scale sweep and the fitted model; writes <out>/report.md, report.json, modes.png,
     scale.png, roofline.png; returns the headline."""
     if args.rounds < 6:
-        raise ValueError(
-            f"--rounds must be >= 6 for a 95% interval of the median, got {args.rounds}"
-        )
+        raise BadValue(f"--rounds must be >= 6 for a 95% interval of the median, got {args.rounds}")
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 7)
     if repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+        raise BadValue(f"--repeats must be >= 1, got {repeats}")
     if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a file; the report needs a folder")
+        raise BadValue(f"--out {args.out} is a file; the report needs a folder")
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     jax_cache, inductor = tempfile.TemporaryDirectory(), tempfile.TemporaryDirectory()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor.name  # before torch is imported
