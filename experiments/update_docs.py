@@ -85,6 +85,7 @@ def render_page(text: str, results: pathlib.Path) -> str:
         if not path.exists():
             raise SystemExit(f"a page shows lab:{match['dir']}, but {path} does not exist")
         body = re.sub(r"^#", "##", docs_tables(path), flags=re.M)  # under the page's heading
+        body = re.sub(r"\]\((\w+\.png)\)", rf"](xla_vs_eager/{match['dir']}/\1)", body)
         return match.group(1) + body + match.group(3)
 
     return LAB_SECTION.sub(lab_section, SECTION.sub(section, text))
