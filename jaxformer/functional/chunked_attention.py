@@ -87,7 +87,7 @@ def chunked_attention(
     B, T, H, D = q.shape
     S, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     if k_lengths is not None:  # a vector [B, S], applied per tile like k_valid
-        by_length = jnp.arange(S) < k_lengths[:, None]
+        by_length = jnp.arange(S)[None, :] < k_lengths[:, None]
         k_valid = by_length if k_valid is None else k_valid & by_length
     bq, bk = min(block_q, T), min(block_k, S)
     Tp, Sp = _round_up(T, bq), _round_up(S, bk)

@@ -143,17 +143,18 @@ def _tokamax_attention(
         raise BadValue(f"implementation='tokamax_{name}' has no attention dropout")
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
     mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid)
-    out = tokamax.dot_product_attention(
-        q,
-        k,
-        v,
-        bias=None if bias is None else _rank4(bias),
-        mask=None if mask is None else _rank4(mask),
-        scale=scale,
-        is_causal=causal,
-        key_value_seq_lengths=k_lengths,
-        implementation=name,
-    )
+    with jax.numpy_rank_promotion("allow"):  # tokamax's own code broadcasts implicitly
+        out = tokamax.dot_product_attention(
+            q,
+            k,
+            v,
+            bias=None if bias is None else _rank4(bias),
+            mask=None if mask is None else _rank4(mask),
+            scale=scale,
+            is_causal=causal,
+            key_value_seq_lengths=k_lengths,
+            implementation=name,
+        )
     return zero_rows_without_keys(out, mask, causal, k_lengths)
 
 

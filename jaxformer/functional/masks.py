@@ -56,7 +56,7 @@ def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
 
 def length_mask(lengths: jax.Array, S: int) -> jax.Array:
     """[B, 1, 1, S] mask of the keys s < lengths[b] ([B] int): right padding as a mask."""
-    return (jnp.arange(S) < lengths[:, None])[:, None, None, :]
+    return (jnp.arange(S)[None, :] < lengths[:, None])[:, None, None, :]
 
 
 def check_lengths(name: str, lengths, B: int) -> None:

@@ -47,7 +47,7 @@ def test_flag_and_lengths_equal_the_dense_mask(implementation):
     q, k, v = _qkv()
     lengths = jnp.array([7, 0], jnp.int32)  # row 1: no key at all -> zero output
     dense = F.combine_masks(
-        F.causal_mask(12), F.padding_mask(None, jnp.arange(12) < lengths[:, None])
+        F.causal_mask(12), F.padding_mask(None, jnp.arange(12)[None, :] < lengths[:, None])
     )
     want_out, want_grads = _value_and_grads("xla", q, k, v, mask=dense)
     out, grads = _value_and_grads(implementation, q, k, v, causal=True, k_lengths=lengths)
@@ -213,10 +213,10 @@ def _step_jaxpr(kind, implementation):
     graphdef, state = train.create_train_state(model, opt, 0)
     step = train.make_train_step(graphdef, opt, optax.constant_schedule(1e-3), label_smoothing=0.1)
     tgt = jnp.ones((2, T), jnp.int32)
-    batch = dict(tgt_in=tgt, tgt_out=tgt, tgt_valid=jnp.arange(T) < jnp.array([[T], [7]]))
+    batch = dict(tgt_in=tgt, tgt_out=tgt, tgt_valid=jnp.arange(T)[None, :] < jnp.array([[T], [7]]))
     if kind == "transformer":
         batch |= dict(
-            src=jnp.ones((2, S), jnp.int32), src_valid=jnp.arange(S) < jnp.array([[S], [4]])
+            src=jnp.ones((2, S), jnp.int32), src_valid=jnp.arange(S)[None, :] < jnp.array([[S], [4]])
         )
     return jax.make_jaxpr(step)(state, batch)
 
