@@ -216,7 +216,8 @@ def _step_jaxpr(kind, implementation):
     batch = dict(tgt_in=tgt, tgt_out=tgt, tgt_valid=jnp.arange(T)[None, :] < jnp.array([[T], [7]]))
     if kind == "transformer":
         batch |= dict(
-            src=jnp.ones((2, S), jnp.int32), src_valid=jnp.arange(S)[None, :] < jnp.array([[S], [4]])
+            src=jnp.ones((2, S), jnp.int32),
+            src_valid=jnp.arange(S)[None, :] < jnp.array([[S], [4]]),
         )
     return jax.make_jaxpr(step)(state, batch)
 
