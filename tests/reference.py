@@ -42,6 +42,8 @@ def layer_norm(x, scale, bias, eps):
 
 def mha(xq, xkv, p, mask=None):
     """Multi-head attention with params p (wq [E,H,D], wk, wv, wo [H,Dv,E], biases)."""
+    xq, xkv = np.asarray(xq), np.asarray(xkv)  # NumPy from here: its broadcasting, not JAX's
+    p = type(p)(*(None if a is None else np.asarray(a) for a in p))
 
     def proj(x, w, b):
         out = np.einsum("bte,ehd->bthd", x, w)
