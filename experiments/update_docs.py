@@ -21,8 +21,15 @@ import json
 import pathlib
 import re
 
+from jaxformer.bench.report import docs_tables
+
 SECTION = re.compile(
     r"(<!-- results:(?P<name>[\w-]+):start -->\n).*?(<!-- results:(?P=name):end -->)", re.S
+)
+# A report of the XLA-vs-eager lab, docs/results/xla_vs_eager/DIR/report.json, rendered by
+# the lab's own renderer (jaxformer.bench.report.docs_tables).
+LAB_SECTION = re.compile(
+    r"(<!-- lab:(?P<dir>[\w.-]+):start -->\n).*?(<!-- lab:(?P=dir):end -->)", re.S
 )
 
 
@@ -73,7 +80,20 @@ def render_page(text: str, results: pathlib.Path) -> str:
         body = render_result(json.loads(path.read_text()))
         return match.group(1) + body + match.group(3)
 
-    return SECTION.sub(section, text)
+    def lab_section(match: re.Match) -> str:
+        path = lab_report(results, match["dir"])
+        if not path.exists():
+            raise SystemExit(f"a page shows lab:{match['dir']}, but {path} does not exist")
+        body = re.sub(r"^#", "##", docs_tables(path), flags=re.M)  # under the page's heading
+        body = re.sub(r"\]\((\w+\.png)\)", rf"](xla_vs_eager/{match['dir']}/\1)", body)
+        return match.group(1) + body + match.group(3)
+
+    return LAB_SECTION.sub(lab_section, SECTION.sub(section, text))
+
+
+def lab_report(results: pathlib.Path, name: str) -> pathlib.Path:
+    """The committed report.json of the XLA-vs-eager lab's run `name`."""
+    return results / "xla_vs_eager" / name / "report.json"
 
 
 def pages(docs: pathlib.Path) -> list[pathlib.Path]:

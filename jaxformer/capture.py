@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.checks import check_instance, check_int
+from jaxformer.checks import BadValue, check_instance, check_int
 from jaxformer.functional import sites
 
 
@@ -62,7 +62,7 @@ def scale_heads(heads: Sequence[int], factor: float) -> Callable[[jax.Array], ja
         H = x.shape[2]
         out_of_range = [h for h in heads if h >= H]
         if out_of_range:
-            raise ValueError(f"head {out_of_range[0]} is out of range: the layer has {H} heads")
+            raise BadValue(f"head {out_of_range[0]} is out of range: the layer has {H} heads")
         scale = jnp.ones((H,), x.dtype).at[jnp.asarray(heads, jnp.int32)].set(factor)
         return x * scale[:, None]
 
@@ -75,7 +75,7 @@ def patch(value: jax.Array) -> Callable[[jax.Array], jax.Array]:
 
     def change(x):
         if value.shape != x.shape:
-            raise ValueError(f"patch of shape {value.shape} for a site of shape {x.shape}")
+            raise BadValue(f"patch of shape {value.shape} for a site of shape {x.shape}")
         return jnp.asarray(value, x.dtype)
 
     return change

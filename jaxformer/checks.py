@@ -1,6 +1,11 @@
 """Argument checks, each written once: a wrong type is a TypeError, a wrong value a
 ValueError, and the message names the argument, what was given and what was expected.
 
+Every error the package raises about its input is an `InputError`, in one of the kinds
+below, each also the built-in exception Python code expects (`BadValue` is a
+ValueError, ...). The `jaxformer` command reports an InputError in one line with exit
+code 2; any other exception is a bug and keeps its traceback.
+
 Shapes and dtypes are static under `jit`, so the array checks raise while tracing,
 before XLA sees the arguments. Values inside arrays cannot be checked there; token ids
 are checked on the host by `jaxformer.check_tokens`.
@@ -14,6 +19,30 @@ import jax.numpy as jnp
 import numpy as np
 
 
+class InputError(Exception):
+    """Input the caller got wrong: an argument, a config, a file, a missing package."""
+
+
+class BadValue(InputError, ValueError):
+    """A value out of range, an impossible combination, a malformed file."""
+
+
+class BadType(InputError, TypeError):
+    """An argument of the wrong type."""
+
+
+class MissingFile(InputError, FileNotFoundError):
+    """A file or folder that does not exist."""
+
+
+class MissingPackage(InputError, ImportError):
+    """An optional package that is not installed."""
+
+
+class Unreachable(InputError, ConnectionError):
+    """A coordinator (another process) that cannot be reached."""
+
+
 def is_int(x) -> bool:
     """A Python or NumPy integer, not a bool."""
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
@@ -22,57 +51,55 @@ def is_int(x) -> bool:
 def check_int(name: str, value, minimum: int | None = 1) -> None:
     """An int (not a bool) >= minimum (no bound with minimum=None)."""
     if not is_int(value):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+        raise BadType(f"{name} must be an int, got {value!r}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise BadValue(f"{name} must be >= {minimum}, got {value}")
 
 
 def check_number(name: str, value, interval: str) -> None:
     """A real number in `interval`, written as in mathematics: "[0, 1)", "(0, inf)"."""
     if not isinstance(value, int | float | np.integer | np.floating) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, got {value!r}")
+        raise BadType(f"{name} must be a number, got {value!r}")
     low, high = (float(x) for x in interval[1:-1].split(","))
     above = value > low if interval[0] == "(" else value >= low
     below = value < high if interval[-1] == ")" else value <= high
     if above and below and math.isfinite(value):
         return
     if math.isinf(high):
-        raise ValueError(
-            f"{name} must be {'>' if interval[0] == '(' else '>='} {low:g}, got {value}"
-        )
-    raise ValueError(f"{name} must be in {interval}, got {value}")
+        raise BadValue(f"{name} must be {'>' if interval[0] == '(' else '>='} {low:g}, got {value}")
+    raise BadValue(f"{name} must be in {interval}, got {value}")
 
 
 def check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
+        raise BadType(f"{name} must be a bool, got {value!r}")
 
 
 def check_instance(name: str, value, cls: type | tuple[type, ...]) -> None:
     """isinstance(value, cls), else a TypeError naming the expected and the given type."""
     if not isinstance(value, cls):
         names = " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
-        raise TypeError(f"{name} must be a {names}, got {type(value).__name__}")
+        raise BadType(f"{name} must be a {names}, got {type(value).__name__}")
 
 
 def check_choice(name: str, value, allowed) -> None:
     """One of the names in `allowed` (a wrong type, such as a number, is a TypeError)."""
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, one of {tuple(allowed)}, got {value!r}")
+        raise BadType(f"{name} must be a string, one of {tuple(allowed)}, got {value!r}")
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+        raise BadValue(f"{name} must be one of {tuple(allowed)}, got {value!r}")
 
 
 def check_divisible(name: str, value: int, by_name: str, by: int) -> None:
     """value % by == 0, e.g. d_model by num_heads."""
     if by < 1 or value % by:
-        raise ValueError(f"{name}={value} is not divisible by {by_name}={by}")
+        raise BadValue(f"{name}={value} is not divisible by {by_name}={by}")
 
 
 def check_even(name: str, value: int, user: str) -> None:
     """An even size, as `user` (e.g. "sinusoidal positions") needs."""
     if value % 2:
-        raise ValueError(f"{user} need an even {name}, got {value}")
+        raise BadValue(f"{user} need an even {name}, got {value}")
 
 
 # --- arrays (static shapes and dtypes) ----------------------------------------------------
@@ -82,14 +109,14 @@ def check_rank(name: str, x, rank: int, layout: str = "") -> None:
     ndim = np.ndim(x)
     if ndim != rank:
         want = f" {layout}" if layout else ""
-        raise ValueError(
+        raise BadValue(
             f"{name} must have rank {rank}{want}, got shape {tuple(np.shape(x))} (rank {ndim})"
         )
 
 
 def check_shape(name: str, x, shape: tuple[int, ...], layout: str) -> None:
     if tuple(np.shape(x)) != tuple(shape):
-        raise ValueError(
+        raise BadValue(
             f"{name} must have shape {layout} = {tuple(shape)}, got {tuple(np.shape(x))}"
         )
 
@@ -97,22 +124,22 @@ def check_shape(name: str, x, shape: tuple[int, ...], layout: str) -> None:
 def check_broadcastable(name: str, x, target: tuple[int, ...], layout: str) -> None:
     shape = tuple(np.shape(x))
     if len(shape) > len(target):
-        raise ValueError(f"{name} of shape {shape} has more dimensions than {layout} = {target}")
+        raise BadValue(f"{name} of shape {shape} has more dimensions than {layout} = {target}")
     padded = (1,) * (len(target) - len(shape)) + shape
     if any(s not in (1, t) for s, t in zip(padded, target, strict=True)):
-        raise ValueError(f"{name} of shape {shape} is not broadcastable to {layout} = {target}")
+        raise BadValue(f"{name} of shape {shape} is not broadcastable to {layout} = {target}")
 
 
 def check_float_array(name: str, x) -> None:
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-        raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
+        raise BadType(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
 
 
 def check_int_array(name: str, x, what: str = "of token ids") -> None:
     if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
-        raise TypeError(f"{name} must be an integer array {what}, got dtype {jnp.result_type(x)}")
+        raise BadType(f"{name} must be an integer array {what}, got dtype {jnp.result_type(x)}")
 
 
 def check_bool_array(name: str, x, what: str = "(True = attend)") -> None:
     if jnp.result_type(x) != jnp.bool_:
-        raise TypeError(f"{name} must be a boolean array {what}, got dtype {jnp.result_type(x)}")
+        raise BadType(f"{name} must be a boolean array {what}, got dtype {jnp.result_type(x)}")

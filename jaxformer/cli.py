@@ -11,8 +11,9 @@
     jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict
 
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
-that does not fit the devices, an unreachable coordinator, ...) is reported in one line
-with exit code 2 (set JAXFORMER_TRACEBACK=1 for the traceback); a
+that does not fit the devices, an unreachable coordinator, ...: a `checks.InputError`) is
+reported in one line with exit code 2 (set JAXFORMER_TRACEBACK=1 for the traceback); any
+other exception is a bug and shows its traceback; a
 diverged run exits with 1; Ctrl-C saves a checkpoint and exits with 130.
 """
 
@@ -25,6 +26,8 @@ import os
 import pathlib
 import sys
 import typing
+
+from jaxformer.checks import BadValue, InputError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -149,6 +152,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     b.add_argument("--rounds", type=int, default=30, help="timed calls per cell (>= 6)")
     b.add_argument("--no-torch", action="store_true", help="leave out torch's modes")
     b.add_argument("--no-scale", action="store_true", help="leave out the scale sweep")
+    b.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype"
+    )
+    b.add_argument(
+        "--repeats", type=int, help="fresh processes per mode for first calls (7; 2 --quick)"
+    )
+    b.add_argument("--note", default="", help="a line the report carries (the conditions)")
     return parser, {"train": t, "generate": g, "sweep": w, "bench": b}
 
 
@@ -208,7 +218,7 @@ def _train(args) -> int:
             timeout_s=args.coordinator_timeout,
         )
     elif args.num_processes is not None or args.process_id is not None:
-        raise ValueError("--num-processes and --process-id need --coordinator HOST:PORT")
+        raise BadValue("--num-processes and --process-id need --coordinator HOST:PORT")
     run = RunConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)})
     try:
         train(_model_config(args), run, resume=args.resume, progress=not args.no_progress)
@@ -230,7 +240,7 @@ def _model_config(args):
     if args.config:
         try:
             config = config.replace(**load_config_file(args.config))
-        except (TypeError, ValueError) as e:
+        except InputError as e:
             raise type(e)(f"{args.config}: {e}") from None
     names = [f.name for f in dataclasses.fields(TransformerConfig) if hasattr(args, f.name)]
     return config.replace(**{name: getattr(args, name) for name in names})
@@ -248,7 +258,7 @@ def _generate(args) -> int:
     sampling = any(x is not None for x in (args.temperature, args.top_k, args.top_p))
     beam = args.beam is not None or args.alpha is not None
     if sampling and beam:
-        raise ValueError(
+        raise BadValue(
             "choose beam search (--beam, --alpha) or sampling (--temperature, --top-k, "
             "--top-p), not both"
         )
@@ -291,13 +301,13 @@ def _read_inputs(text: str | None, tokenizer, seq2seq: bool, max_len: int) -> li
     with the tokenizer's EOS after a source, as in training."""
     lines = [text] if text is not None else sys.stdin.read().splitlines()
     if not lines:
-        raise ValueError("no input: give --input TEXT or lines on stdin")
+        raise BadValue("no input: give --input TEXT or lines on stdin")
     for i, line in enumerate(lines, 1):
         if not line.strip():
-            raise ValueError(f"input line {i} is empty")
+            raise BadValue(f"input line {i} is empty")
         n = len(tokenizer.encode(line.strip())) + seq2seq
         if n > max_len:
-            raise ValueError(
+            raise BadValue(
                 f"input line {i} has {n} tokens, more than the model's max_len={max_len}"
             )
     return [line.strip() for line in lines]
@@ -363,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return _train(args)
         return _generate(args)
-    except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as e:
+    except InputError as e:  # anything else is a bug: its traceback
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
         print(f"jaxformer {args.command}: error: {e}", file=sys.stderr)
@@ -374,7 +384,7 @@ def _sweep(args) -> int:
     from jaxformer import sweep
 
     if args.jobs is not None and args.jobs < 1:
-        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        raise BadValue(f"--jobs must be >= 1, got {args.jobs}")
     spec = sweep.Spec.load(args.spec, out=args.out, overrides=tuple(args.set))
     try:
         sweep.run(

@@ -11,6 +11,8 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxformer.checks import (
+    BadValue,
+    MissingFile,
     check_bool,
     check_choice,
     check_divisible,
@@ -219,7 +221,7 @@ class TransformerConfig:
         """A row of the paper's Table 3 ("base", "A1".."A4", "B1", "B2", "C1".."C7",
         "D1".."D4", "E", "big"): the base model with that row's changes."""
         if row not in TABLE3_ROWS:
-            raise ValueError(f"unknown Table 3 row {row!r}; rows are {list(TABLE3_ROWS)}")
+            raise BadValue(f"unknown Table 3 row {row!r}; rows are {list(TABLE3_ROWS)}")
         return cls(vocab_size=vocab_size, **(TABLE3_ROWS[row] | overrides))
 
     # Serialisation.
@@ -232,7 +234,7 @@ class TransformerConfig:
         valid = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(fields) - set(valid))
         if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; valid keys are {valid}")
+            raise BadValue(f"unknown config key(s) {unknown}; valid keys are {valid}")
         return cls(**fields)
 
     def replace(self, **changes) -> TransformerConfig:
@@ -319,7 +321,7 @@ class RunConfig:
         given = (self.task, self.data_tsv, self.data_text, self.dataset)
         sources = [x for x in given if x is not None]
         if len(sources) > 1:
-            raise ValueError("give one of task, data_tsv, data_text and dataset, not several")
+            raise BadValue("give one of task, data_tsv, data_text and dataset, not several")
         if not sources:
             object.__setattr__(self, "task", "dates")
         if self.task is not None:
@@ -327,15 +329,13 @@ class RunConfig:
         if self.dataset is not None:
             parse_dataset(self.dataset)
         if self.init_from is not None and self.tokenizer is not None:
-            raise ValueError(
-                "a model given by init_from brings its tokenizer; leave tokenizer unset"
-            )
+            raise BadValue("a model given by init_from brings its tokenizer; leave tokenizer unset")
         if self.tokenizer is None:  # verses in bytes are long: BPE for a dataset
             bpe = self.dataset is not None and self.init_from is None
             object.__setattr__(self, "tokenizer", "bpe" if bpe else "byte")
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "bpe" and self.task:
-            raise ValueError(
+            raise BadValue(
                 "the BPE tokenizer is trained on data; use it with data_tsv, data_text or dataset"
             )
         for name in ("seq_len", "pad_multiple", "steps", "batch_size", "accum_steps", "eval_every", "log_every",
@@ -364,7 +364,7 @@ class RunConfig:
         check_bool("final_test", self.final_test)
         _ = self.profile_steps  # checks the range
         if self.mesh is not None and self.pmap:
-            raise ValueError("give a mesh or pmap, not both")
+            raise BadValue("give a mesh or pmap, not both")
         if self.out is None:
             name = self.task or self.dataset or pathlib.Path(self.data_tsv or self.data_text).stem
             object.__setattr__(self, "out", f"runs/{name}")
@@ -372,13 +372,13 @@ class RunConfig:
     def _check_averaging(self) -> None:
         k = self.average_checkpoints
         if k > self.keep_checkpoints:
-            raise ValueError(
+            raise BadValue(
                 f"average_checkpoints={k} needs keep_checkpoints >= {k}, "
                 f"got keep_checkpoints={self.keep_checkpoints}"
             )
         saved = math.ceil(self.steps / self.checkpoint_every)  # every checkpoint_every, the last
         if k > saved:
-            raise ValueError(
+            raise BadValue(
                 f"average_checkpoints={k} but steps={self.steps} with checkpoint_every="
                 f"{self.checkpoint_every} saves {saved} checkpoint(s)"
             )
@@ -391,12 +391,10 @@ class RunConfig:
             return None
         start, _, stop = str(self.profile).partition(":")
         if not (start.strip().isdigit() and stop.strip().isdigit()):
-            raise ValueError(
-                f"profile must be START:STOP (steps, e.g. 10:12), got {self.profile!r}"
-            )
+            raise BadValue(f"profile must be START:STOP (steps, e.g. 10:12), got {self.profile!r}")
         start, stop = int(start), int(stop)
         if not start < stop <= self.steps:
-            raise ValueError(
+            raise BadValue(
                 f"profile {self.profile!r} is an empty or reversed range, or goes past "
                 f"steps={self.steps}: give START < STOP <= steps"
             )
@@ -411,10 +409,11 @@ class RunConfig:
 
     @property
     def warmup(self) -> int:
-        """Warm-up steps: as given, else the paper's 4000 or a tenth of the run."""
+        """Warm-up steps: as given, else the paper's 4000 or a tenth of the run (at least
+        1, and fewer than `steps`, so that a one-step run has a cosine schedule too)."""
         if self.warmup_steps is not None:
             return self.warmup_steps
-        return 4000 if self.schedule == "paper" else max(1, self.steps // 10)
+        return 4000 if self.schedule == "paper" else min(max(1, self.steps // 10), self.steps - 1)
 
     def resume_settings(self) -> dict[str, Any]:
         """The settings a resumed run must share with the checkpoint to continue exactly.
@@ -439,25 +438,23 @@ def load_config_file(path: str) -> dict:
     """Config fields from a JSON or YAML file (a mapping)."""
     p = pathlib.Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"{path}: no such config file")
+        raise MissingFile(f"{path}: no such config file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise BadValue(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if p.suffix in (".yaml", ".yml"):
         import yaml
 
         try:
             fields = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML ({e})") from None
+            raise BadValue(f"{path}: not valid YAML ({e})") from None
     else:
         try:
             fields = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+            raise BadValue(f"{path}: not valid JSON ({e})") from None
     if not isinstance(fields, dict):
-        raise ValueError(
-            f"{path}: expected a mapping of config fields, got {type(fields).__name__}"
-        )
+        raise BadValue(f"{path}: expected a mapping of config fields, got {type(fields).__name__}")
     return fields

@@ -41,6 +41,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.checks import (
+    BadValue,
     check_instance,
     check_int,
     check_int_array,
@@ -205,7 +206,7 @@ def generate(
     """
     check_instance("model", model, (Transformer, DecoderLM))
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        raise BadValue(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     check_int("batch_size", batch_size)
     check_int("pad_multiple", pad_multiple)
     if max_new_tokens is not None:
@@ -408,7 +409,7 @@ def _ids(bos_id: int, eos_id: int | None, pad_id: int, vocab_size: int) -> tuple
             continue
         check_int(name, value, minimum=None)
         if not 0 <= value < vocab_size:
-            raise ValueError(f"{name}={value} is outside the vocabulary [0, {vocab_size})")
+            raise BadValue(f"{name}={value} is outside the vocabulary [0, {vocab_size})")
     return jnp.int32(bos_id), jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(pad_id)
 
 
@@ -477,7 +478,7 @@ def _check_model(model, src, src_valid) -> None:
         check_shape("src_valid", src_valid, np.shape(src), "src_tokens' [B, S]")
     c = model.config
     if c.position_table and src.shape[1] > c.max_len:
-        raise ValueError(
+        raise BadValue(
             f"{name} has length {src.shape[1]} > the model's max_len={c.max_len}; "
             "shorten the input or use a model with a longer position table"
         )
@@ -485,9 +486,9 @@ def _check_model(model, src, src_valid) -> None:
         valid = np.asarray(_valid_or_all(src, src_valid), bool)
         lengths = valid.sum(axis=1)
         if (lengths < 1).any():
-            raise ValueError(f"every prompt needs >= 1 real token; rows {np.where(lengths < 1)[0]}")
+            raise BadValue(f"every prompt needs >= 1 real token; rows {np.where(lengths < 1)[0]}")
         if (valid != (np.arange(valid.shape[1]) < lengths[:, None])).any():
-            raise ValueError("src_valid must mark a prefix of each prompt (right padding)")
+            raise BadValue("src_valid must mark a prefix of each prompt (right padding)")
 
 
 def _check_common(model, src, src_valid, max_new_tokens) -> int:
@@ -496,7 +497,7 @@ def _check_common(model, src, src_valid, max_new_tokens) -> int:
     max_new_tokens = int(max_new_tokens)
     capacity = _capacity(model, src)
     if max_new_tokens > capacity:
-        raise ValueError(
+        raise BadValue(
             f"max_new_tokens={max_new_tokens} does not fit the model's max_len="
             f"{model.config.max_len} position table (at most {capacity} here)"
         )
@@ -518,7 +519,7 @@ def check_sampling_options(temperature, top_k, top_p, *, vocab_size: int | None 
     if top_k is not None:
         check_int("top_k", top_k)
         if vocab_size is not None and top_k > vocab_size:
-            raise ValueError(f"top_k must be <= {vocab_size} (the vocabulary), got {top_k}")
+            raise BadValue(f"top_k must be <= {vocab_size} (the vocabulary), got {top_k}")
     check_number("top_p", top_p, "(0, 1]")
 
 
@@ -526,7 +527,7 @@ def check_beam_options(beam_size, alpha, *, vocab_size: int | None = None) -> No
     """Raise unless 1 <= beam_size <= vocab_size and alpha >= 0."""
     check_int("beam_size", beam_size)
     if vocab_size is not None and beam_size > vocab_size:
-        raise ValueError(f"beam_size={beam_size} exceeds the vocabulary size {vocab_size}")
+        raise BadValue(f"beam_size={beam_size} exceeds the vocabulary size {vocab_size}")
     check_number("alpha", alpha, "[0, inf)")
 
 

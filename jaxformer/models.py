@@ -17,6 +17,8 @@ from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer.checks import (
+    BadType,
+    BadValue,
     check_bool_array,
     check_float_array,
     check_instance,
@@ -64,7 +66,7 @@ def _position_table(c: TransformerConfig) -> jax.Array:
     """The registered table [max_len, d_model] of `c.position_embedding`, checked."""
     table = jnp.asarray(F.POSITIONS[c.position_embedding].fn(c.max_len, c.d_model))
     if table.shape != (c.max_len, c.d_model) or not jnp.issubdtype(table.dtype, jnp.floating):
-        raise ValueError(
+        raise BadValue(
             f"position_embedding {c.position_embedding!r} gave a {table.dtype} table of shape "
             f"{table.shape}; it must be a float [max_len, d_model] = [{c.max_len}, {c.d_model}]"
         )
@@ -189,7 +191,7 @@ class Transformer(nnx.Module):
         _check_tokens(self.config, "src_tokens", src_tokens, src_valid, "src_valid")
         _check_tokens(self.config, "tgt_tokens", tgt_tokens, tgt_valid, "tgt_valid")
         if src_tokens.shape[:1] != tgt_tokens.shape[:1]:
-            raise ValueError(
+            raise BadValue(
                 f"src_tokens batch {src_tokens.shape[:1]} != tgt_tokens batch {tgt_tokens.shape[:1]}"
             )
         rng = dropout_rng(deterministic, rng)
@@ -273,7 +275,7 @@ class DecoderLM(nnx.Module):
             if ids is not None:
                 check_int_array(name, ids, f"of {name.replace('_', ' ')}")
                 if ids.shape != tokens.shape:
-                    raise ValueError(f"{name} shape {ids.shape} != tokens shape {tokens.shape}")
+                    raise BadValue(f"{name} shape {ids.shape} != tokens shape {tokens.shape}")
         if positions is None:
             positions = _default_positions(tokens)
         rng = dropout_rng(deterministic, rng)
@@ -349,14 +351,14 @@ def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
     """The cached decoder pass shared by `Transformer.extend` and `DecoderLM.extend`."""
     _check_tokens(model.config, "tokens", tokens, valid, "valid")
     if not isinstance(cache, DecodeCache):
-        raise TypeError(f"cache must be a DecodeCache from init_cache, got {type(cache).__name__}")
+        raise BadType(f"cache must be a DecodeCache from init_cache, got {type(cache).__name__}")
     B, T = tokens.shape
     S_max = cache.layers[0].self_attn.k.shape[1]
     if cache.lengths.shape != (B,):
-        raise ValueError(f"tokens batch {B} != the cache's batch {cache.lengths.shape[0]}")
+        raise BadValue(f"tokens batch {B} != the cache's batch {cache.lengths.shape[0]}")
     if T > S_max:
-        raise ValueError(f"{T} tokens do not fit a cache of max_len={S_max}")
-    positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
+        raise BadValue(f"{T} tokens do not fit a cache of max_len={S_max}")
+    positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     x = inputs(tokens, positions, None)
     self_mask = F.causal_mask(T, S_max, offset=cache.lengths[:, None, None, None])
     cross_mask = F.AttentionMask(k_lengths=F.padding_lengths(cache.src_valid))
@@ -376,7 +378,7 @@ def _extend(model, inputs: _Inputs, tokens, cache: DecodeCache, valid):
 def _check_cache_len(config: TransformerConfig, max_len) -> None:
     check_int("max_len", max_len)
     if config.position_table and max_len > config.max_len:
-        raise ValueError(
+        raise BadValue(
             f"a cache of max_len={max_len} positions exceeds the model's max_len="
             f"{config.max_len} ({config.position_embedding} position table)"
         )
@@ -396,7 +398,7 @@ def _logits(model, inputs: _Inputs, y: jax.Array) -> jax.Array:
     matrix unless untied), plus the logits bias if the model has one."""
     logits = (model.output_embed or inputs.embed).attend(y)
     if model.logits_bias is not None:
-        logits = logits + model.logits_bias[...].astype(jnp.float32)
+        logits = logits + model.logits_bias[...].astype(jnp.float32)[None, None, :]
     return logits
 
 
@@ -429,9 +431,9 @@ def _embed(config: TransformerConfig, rngs: nnx.Rngs) -> Embed:
 def _need_layers(config: TransformerConfig, *, encoder: bool, decoder: bool) -> None:
     check_instance("config", config, TransformerConfig)
     if encoder and config.num_encoder_layers < 1:
-        raise ValueError("this model needs num_encoder_layers >= 1")
+        raise BadValue("this model needs num_encoder_layers >= 1")
     if decoder and config.num_decoder_layers < 1:
-        raise ValueError("this model needs num_decoder_layers >= 1")
+        raise BadValue("this model needs num_decoder_layers >= 1")
 
 
 def _check_tokens(config, name, tokens, valid, valid_name) -> None:
@@ -439,14 +441,14 @@ def _check_tokens(config, name, tokens, valid, valid_name) -> None:
     check_int_array(name, tokens)
     if valid is not None:
         if valid.shape != tokens.shape:
-            raise ValueError(f"{valid_name} shape {valid.shape} != {name} shape {tokens.shape}")
+            raise BadValue(f"{valid_name} shape {valid.shape} != {name} shape {tokens.shape}")
         check_bool_array(valid_name, valid, "(True = real token)")
         _check_right_padding(valid_name, valid)
     T = tokens.shape[1]
     if T < 1:
-        raise ValueError(f"{name} has length 0; sequences need at least one token")
+        raise BadValue(f"{name} has length 0; sequences need at least one token")
     if config.position_table and T > config.max_len:
-        raise ValueError(
+        raise BadValue(
             f"{name} has length {T} > max_len={config.max_len} of the "
             f"{config.position_embedding} position table; raise max_len in the config"
         )
@@ -460,7 +462,7 @@ def _check_right_padding(valid_name, valid) -> None:
     valid = np.asarray(valid)
     lengths = valid.sum(axis=1)
     if (valid != (np.arange(valid.shape[1]) < lengths[:, None])).any():
-        raise ValueError(
+        raise BadValue(
             f"{valid_name} must mark a prefix of each row (right padding); padding is "
             "passed to attention as lengths"
         )
@@ -470,13 +472,11 @@ def _check_memory(config, memory, tgt_tokens, src_valid) -> None:
     check_rank("memory", memory, 3, "[B, S, E]")
     check_float_array("memory", memory)
     if memory.shape[2] != config.d_model:
-        raise ValueError(
+        raise BadValue(
             f"memory has model dim {memory.shape[2]}, the model's d_model is {config.d_model}"
         )
     if memory.shape[0] != tgt_tokens.shape[0]:
-        raise ValueError(
-            f"memory batch {memory.shape[0]} != tgt_tokens batch {tgt_tokens.shape[0]}"
-        )
+        raise BadValue(f"memory batch {memory.shape[0]} != tgt_tokens batch {tgt_tokens.shape[0]}")
     if src_valid is not None:
         check_shape("src_valid", src_valid, memory.shape[:2], "memory's [B, S]")
 

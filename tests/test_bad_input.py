@@ -8,6 +8,7 @@ files, the CLI and checkpoints.
 import functools
 import gc
 import json
+import pathlib
 import re
 import shutil
 import sys
@@ -22,6 +23,7 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer import data, decode, nn, train
 from jaxformer import functional as F
+from jaxformer.checks import InputError
 from jaxformer.cli import main
 from jaxformer.train import checkpoint
 from tests import hf_tokenizers as hf
@@ -390,14 +392,32 @@ def _cases(*groups):
     "fn, exc, match", _cases(FUNCTIONAL, NN, MODELS, CONFIG_CASES, TRAIN, STEPS, DECODE, TOKENS)
 )
 def test_bad_input_raises_a_named_error(fn, exc, match):
-    with pytest.raises(exc, match=match):
+    with pytest.raises(exc, match=match) as error:
         fn()
+    assert isinstance(error.value, InputError)  # what the CLI reports in one line
 
 
 @pytest.mark.parametrize("fn, exc, match", _cases(FILES))
 def test_bad_files_raise_a_named_error(tmp_path, fn, exc, match):
-    with pytest.raises(exc, match=match):
+    with pytest.raises(exc, match=match) as error:
         fn(_files(tmp_path))
+    assert isinstance(error.value, InputError)
+
+
+def test_the_package_raises_only_input_errors():
+    """Every error the package raises itself is an InputError kind (BadValue, ...), so the
+    CLI can tell bad input from a bug."""
+    builtin = re.compile(
+        r"raise (ValueError|TypeError|FileNotFoundError|ImportError|ConnectionError)\("
+    )
+    package = pathlib.Path(jf.__file__).parent
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if builtin.search(line)
+    ]
+    assert not found, f"raise an InputError kind from jaxformer.checks instead: {found}"
 
 
 def test_errors_are_raised_at_trace_time_under_jit():
@@ -471,6 +491,19 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, match):
     code, err = _cli(capsys, *argv, *out)
     _assert_one_line_error(code, err, match)
     assert not (tmp_path / "run").exists()  # a failed start leaves no run folder behind
+
+
+def test_cli_shows_the_traceback_of_an_internal_error(tmp_path, monkeypatch):
+    """An error that is not an InputError (a bug, here a plain ValueError from inside
+    training) is not reported as bad input: it propagates with its traceback."""
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr("jaxformer.train.loop.train", broken)
+    with pytest.raises(ValueError, match="an internal bug") as error:
+        main(["train", "--task", "copy", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert not isinstance(error.value, InputError)
 
 
 def test_bleu_without_sacrebleu_is_one_line_before_training(tmp_path, capsys, monkeypatch):

@@ -85,6 +85,17 @@ def test_every_result_file_is_shown_and_names_where_it_comes_from():
             assert result.get(key), f"{f.name} has no {key}"
 
 
+def test_every_lab_report_is_shown_with_its_command_and_machine():
+    shown = set()
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        shown |= set(re.findall(r"^<!-- lab:([\w.-]+):start -->$", page.read_text(), re.M))
+    reports = sorted((ROOT / "docs/results/xla_vs_eager").glob("*/report.json"))
+    assert reports and {r.parent.name for r in reports} == shown
+    for r in reports:
+        result = json.loads(r.read_text())
+        assert result["command"] and result["machine"]["device"] and result["machine"]["jax"]
+
+
 def test_a_result_renders_as_a_table_with_its_provenance():
     update_docs = _update_docs()
     result = {

@@ -1,6 +1,8 @@
 """Benchmarks run as `jaxformer bench NAME` (`make bench-xla`):
 
 xla_vs_eager   when compilation pays off, why, and how it compares with PyTorch
-stats          medians with confidence intervals, interleaved timing, break-even
-programs       what a program is made of: jaxpr equations, HLO ops, fusions, memory
+stats          medians with confidence intervals, paired ratios, interleaved timing, break-even
+programs       what a program is made of: eager dispatches, HLO ops, fusions, cost, memory
+eager_model    a fitted model of eager time (dispatches, unfused bytes, FLOPs)
+report         report.md and its plots; docs_tables renders a committed report.json
 """

@@ -1,6 +1,7 @@
-"""What a JAX program is made of, read from the program itself: jaxpr equations (the
-primitives eager mode dispatches one by one), HLO instructions before and after XLA's
-optimisation, fusions, and XLA's memory plan."""
+"""What a JAX program is made of, read from the program itself: what eager mode dispatches
+(primitive binds, each inner jit one call), jaxpr equations with inner jits inlined, HLO
+instructions before and after XLA's optimisation, fusions, XLA's cost analysis (FLOPs,
+bytes accessed unfused and fused) and its memory plan."""
 
 from __future__ import annotations
 
@@ -13,9 +14,38 @@ _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _OPCODE = re.compile(r"([a-z][\w\-]*)\(")  # after the shape: "f32[8]{0} fusion(%p), ..."
 
 
+# Equations whose body eager mode runs op by op (their bodies are counted); every other
+# equation, an inner jit (`jit`, `pjit`), `cond`, `while` and `scan` included, is one call.
+_EAGER_INLINES = ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "closed_call")
+
+
+def dispatches(fn, *args) -> dict:
+    """What calling fn(*args) eagerly dispatches, from its jaxpr (make_jaxpr keeps inner
+    jits as single equations): {"primitives": binds of single primitives, "jit_calls":
+    inner jits and control-flow calls, each one compiled call, "total": their sum}.
+    custom_jvp / custom_vjp bodies are counted inside, as eager runs them op by op. A
+    gradient counts the forward and backward equations of its jaxpr, which eager runs."""
+    counts = {"primitives": 0, "jit_calls": 0}
+    _count_calls(jax.make_jaxpr(fn)(*args).jaxpr, counts)
+    return counts | {"total": counts["primitives"] + counts["jit_calls"]}
+
+
+def _count_calls(jaxpr, counts: dict) -> None:
+    for eqn in jaxpr.eqns:
+        inner = list(_sub_jaxprs(eqn.params))
+        if not inner:
+            counts["primitives"] += 1
+        elif eqn.primitive.name in _EAGER_INLINES:
+            for j in inner:
+                _count_calls(j, counts)
+        else:
+            counts["jit_calls"] += 1
+
+
 def jaxpr_equations(fn, *args) -> int:
-    """Primitive applications in fn's jaxpr with nested calls (pjit, custom_jvp, ...)
-    inlined: what op-by-op execution dispatches. A loop body counts once."""
+    """Primitive applications in fn's jaxpr with every nested call (jit, custom_jvp, ...)
+    inlined: the program's size, not what eager dispatches (see `dispatches`). A loop body
+    counts once."""
     return _count(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
@@ -71,6 +101,22 @@ def _instructions(text: str) -> dict[str, list[str]]:
         elif _INSTRUCTION.match(line):
             out[current].append(_OPCODE.search(line.split(" = ", 1)[1]).group(1))
     return out
+
+
+def cost(lowered, compiled) -> dict:
+    """XLA's cost analysis: FLOPs, and bytes accessed by the program before optimisation
+    (every op reads its inputs from memory and writes its output: eager's traffic) and
+    after it (fused: what the compiled program moves)."""
+    before, after = _cost_dict(lowered.cost_analysis()), _cost_dict(compiled.cost_analysis())
+    return {
+        "flops": float(after.get("flops", before.get("flops", 0.0))),
+        "bytes_unfused": float(before.get("bytes accessed", 0.0)),
+        "bytes_fused": float(after.get("bytes accessed", 0.0)),
+    }
+
+
+def _cost_dict(analysis) -> dict:
+    return (analysis[0] if isinstance(analysis, list | tuple) else analysis) or {}
 
 
 def memory_plan(compiled) -> dict | None:

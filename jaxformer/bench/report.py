@@ -1,10 +1,11 @@
-"""The XLA-vs-eager lab's report: report.md with its tables, modes.png and scale.png."""
+"""The XLA-vs-eager lab's report: report.md with its tables (`markdown`; `docs_tables`
+renders the same tables from a committed report.json for the documentation), and
+modes.png, scale.png, roofline.png."""
 
 from __future__ import annotations
 
+import json
 import pathlib
-
-from jaxformer.bench.stats import faster
 
 
 def _ms(ci: dict | None) -> str:
@@ -13,45 +14,79 @@ def _ms(ci: dict | None) -> str:
     return f"{ci['median'] * 1e3:.3g} ({ci['low'] * 1e3:.3g}-{ci['high'] * 1e3:.3g})"
 
 
-def _calls(n: int | None) -> str:
-    return "never" if n is None else f"{n:,}"
+def _x(ci: dict | None) -> str:
+    """A paired ratio: median (95% interval)."""
+    return "" if ci is None else f"{ci['median']:.2f} ({ci['low']:.2f}-{ci['high']:.2f})"
 
 
 def _mib(n: float | None) -> str:
     return "" if n is None else f"{n / 2**20:.1f}"
 
 
-def _speedup(slow: dict, fast: dict) -> str:
-    """slow / fast medians, marked * where the intervals overlap."""
-    return f"{slow['median'] / fast['median']:.1f}x" + ("" if faster(slow, fast) else "*")
+def _first(ci: dict) -> str:
+    """A first call's seconds: median and, from several fresh processes, the interval with
+    its coverage."""
+    if ci["n"] == 1:
+        return f"{ci['median']:.2f} (1 process)"
+    return (
+        f"{ci['median']:.2f} ({ci['low']:.2f}-{ci['high']:.2f}; "
+        f"{ci['n']} processes, {ci['confidence']:.0%})"
+    )
+
+
+def _break_even(b: dict) -> str:
+    if b["calls"] is None:
+        return b["verdict"]
+    if b["verdict"] == "from call 1" and b["high"] == 1:
+        return "from call 1"
+    return f"{b['calls']:,} ({b['low']:,}-{b['high']:,})"
 
 
 def markdown(result: dict) -> str:
-    m, rows = result["machine"], result["workloads"]
-    modes = list(rows[0]["timing"])
-    lines = [
-        "# XLA vs eager",
+    """The whole report.md."""
+    return "# XLA vs eager\n\n" + tables(result)
+
+
+def docs_tables(report_json: pathlib.Path) -> str:
+    """The documentation's XLA-vs-eager tables, rendered from a committed report.json."""
+    return tables(json.loads(pathlib.Path(report_json).read_text()))
+
+
+def tables(result: dict) -> str:
+    """Every table of the report, in markdown, from the lab's result dict."""
+    sections = [_header, _modes, _ratios, _break_evens, _why, _split, _fit, _memory]
+    sections += [_torch_side, _dispatch]
+    lines = [line for section in sections for line in section(result)]
+    if result.get("scale"):
+        lines += _scale(result)
+    return "\n".join(lines) + "\n"
+
+
+def _header(result: dict) -> list[str]:
+    m = result["machine"]
+    torch = f"torch {m['torch']} ({m['torch_threads']} threads)" if "torch" in m else "no torch"
+    label = "**A --quick run** (a tiny model, few repeats). " if result["quick"] else ""
+    if result.get("note"):
+        label += f"**{result['note']}** "
+    return [
+        f"{label}`{result['command']}` on {m['device']}: jax {m['jax']}, flax {m['flax']}, "
+        f"{torch}, XLA's intra-op threads {m['xla_intra_op_threads']}, {m['cpu_count']} CPU "
+        f"cores, load average {m['load_before']:.2f} before and {m['load_after']:.2f} after; "
+        f"{result['wall_s']:.0f} s.",
         "",
-        f"`{result['command']}` on {m['device']}: jax {m['jax']}, flax {m['flax']}, "
-        f"torch {m.get('torch', 'not installed')}, {m['cpu_count']} CPU cores, load average "
-        f"{m['load_before']:.2f} before and {m['load_after']:.2f} after; {result['wall_s']:.0f} s.",
-        f"Model: {result['model']}. Every cell: median ms per call over {result['rounds']} "
-        "interleaved calls after warm-up, (95% interval of the median).",
-        "",
-        "## Modes",
-        "",
-        "| workload | " + " | ".join(modes) + " | jit speed-up over eager | torch / jit |",
-        "|---|" + "---:|" * (len(modes) + 2),
+        f"Model: {result['model']}. Times: median ms per call over {result['rounds']} "
+        "interleaved rounds after warm-up (95% interval of the median). Ratios: the median "
+        "of per-round ratios (each round is a pair; 95% order-statistic interval).",
     ]
-    for r in rows:
-        t = r["timing"]
-        ratio = t["torch"]["median"] / t["jit"]["median"] if "torch" in t else None
-        lines.append(
-            f"| {r['workload']} | " + " | ".join(_ms(t[mode]) for mode in modes)
-            + f" | {_speedup(t['eager'], t['jit'])} | "
-            + ("" if ratio is None else f"{ratio:.2f}") + " |"
-        )  # fmt: skip
-    checked = rows + (result.get("scale") or [])
+
+
+def _modes(result: dict) -> list[str]:
+    lines = ["", "## Modes: ms per call", "", "| workload | mode | ms |", "|---|---|---:|"]
+    for r in result["workloads"]:
+        for mode, ci in r["timing"].items():
+            if mode != "python":
+                lines.append(f"| {r['workload']} | {mode} | {_ms(ci)} |")
+    checked = result["workloads"] + (result.get("scale") or [])
     flagged = [
         f"{r['workload']} {r.get('axis', '')} {r.get('value', '')} {mode} ({a['max_abs_diff']:.2g})"
         for r in checked
@@ -61,92 +96,226 @@ def markdown(result: dict) -> str:
     worst = max(a["max_abs_diff"] for r in checked for a in r["agreement"].values())
     lines += [
         "",
-        "A speed-up marked * is within the noise: the two intervals overlap.",
-        "",
         f"Outputs, here and in the scale sweep: every mode agrees with jit within "
         f"{result['tolerance']:g} of the largest output (largest difference {worst:.2g})."
         if not flagged
         else f"**Outputs that disagree with jit** (max abs difference): {', '.join(flagged)}.",
-        "",
-        "## Costs and break-even",
-        "",
-        "Eager's first call compiles each primitive it has not met before (JAX caches them).",
-        "",
-        "| workload | eager's first call s | trace s | lower s | compile s | total, cache warm s "
-        "| jit pays off after (calls; cache warm) | torch.compile s | torch.compile pays off after |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        c, b = r["costs"], r["break_even"]
-        lines.append(
-            f"| {r['workload']} | {r['first_call_s']['eager']:.2f} | {c['cold']['trace_s']:.3f} | {c['cold']['lower_s']:.3f} | "
-            f"{c['cold']['compile_s']:.3f} | {c['warm']['total_s']:.3f} | {_calls(b['jit'])}; "
-            f"{_calls(b['jit_warm_cache'])} | "
-            + (f"{c['torch_compile_s']:.1f} | {_calls(b['torch.compile'])}" if "torch_compile_s" in c else " | ")
-            + " |"
-        )  # fmt: skip
-    lines += _why(result)
-    lines += _dispatch(result["dispatch_us"])
-    if result.get("scale"):
-        lines += _scale(result["scale"])
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _ratios(result: dict) -> list[str]:
+    lines = [
+        "",
+        "## Paired ratios (slower / faster per round; > 1: the second is faster)",
+        "",
+        "| workload | ratio | median (95% interval) | significant |",
+        "|---|---|---:|---|",
+    ]
+    for r in result["workloads"]:
+        for name, ci in r["ratios"].items():
+            sig = "no" if ci["low"] <= 1 <= ci["high"] else "yes"
+            lines.append(f"| {r['workload']} | {name} | {_x(ci)} | {sig} |")
+    return lines
+
+
+def _break_evens(result: dict) -> list[str]:
+    lines = [
+        "",
+        "## First calls and break-even",
+        "",
+        f"First calls (compiling included) in fresh processes, each with an empty JAX "
+        f"persistent cache and Inductor cache; {result['repeats']} per mode (the interval's "
+        "coverage beside it). Break-even: calls until the compiled mode's total time, from "
+        "its first call, is below the other's, from its first call; 'not significant' where "
+        "the per-call saving's 95% interval contains 0.",
+        "",
+        "| workload | compiled | other's first call s | compiled's first call s | saving ms per "
+        "call | pays off after (calls) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in result["workloads"]:
+        for fast, b in r["break_even"].items():
+            slow = "eager" if fast == "jit" else "torch"
+            lines.append(
+                f"| {r['workload']} | {fast} vs {slow} | {_first(r['fresh'][slow]['first_call_s'])} "
+                f"| {_first(r['fresh'][fast]['first_call_s'])} | {_ms(b['saving_s'])} | "
+                f"{_break_even(b)} |"
+            )
+    return lines
 
 
 def _why(result: dict) -> list[str]:
+    roofs = result["roofs"]
     lines = [
         "",
-        "## Why",
+        "## Why: what each program is and does",
         "",
-        "Eager runs each jaxpr equation as its own dispatch; jit runs XLA's optimised program, "
-        "whose instructions are mostly fusions. Memory: XLA's plan for the compiled program "
-        "(arguments + outputs + temporaries) and each mode's measured rise of the "
-        f"{result['memory_measure']} for one call in a fresh process.",
+        "Dispatches: what eager runs, from the jaxpr with inner jits kept (primitives + "
+        "jitted calls, custom_jvp/vjp bodies counted inside). Equations: the same jaxpr with "
+        "every inner jit inlined. FLOPs and bytes: XLA's cost analysis of the program before "
+        "optimisation (unfused: eager's traffic) and after (fused). Achieved: over jit's "
+        f"median. The machine: GEMM ({roofs['gemm_n']}^3) "
+        f"{_rate(roofs['gemm_flops'], 1e9)} GFLOP/s, memory "
+        f"{_rate(roofs['bandwidth_bytes'], 1e9)} GB/s (median, 95% interval).",
         "",
-        "| workload | jaxpr equations | HLO ops before | after | fusions | eager us per "
-        "equation | plan MiB | eager peak MiB | jit peak MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "![roofline](roofline.png)",
+        "",
+        "| workload | dispatches (primitives + jits) | equations | HLO before | after | "
+        "fusions | MFLOP | MB unfused | MB fused | FLOP/byte | jit GFLOP/s | jit GB/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["workloads"]:
-        c, plan, mem = r["costs"], r["costs"]["memory_plan"], r["memory"]
-        per_eq = r["timing"]["eager"]["median"] * 1e6 / c["jaxpr_equations"]
-        planned = (
-            None if plan is None else plan["arguments"] + plan["outputs"] + plan["temporaries"]
-        )
-        peak = {
-            k: f"failed: {v['error']}" if "error" in v else _mib(v["peak_rise_bytes"])
-            for k, v in mem.items()
-        }
+        c, jit_s = r["counts"], r["timing"]["jit"]["median"]
+        d = c["dispatches"]
         lines.append(
-            f"| {r['workload']} | {c['jaxpr_equations']:,} | {c['hlo_ops_before']:,} | "
-            f"{c['hlo_ops_after']:,} | {c['fusions']:,} | {per_eq:.1f} | {_mib(planned)} | "
-            f"{peak['eager']} | {peak['jit']} |"
+            f"| {r['workload']} | {d['total']:,} ({d['primitives']:,} + {d['jit_calls']}) | "
+            f"{c['jaxpr_equations']:,} | {c['hlo_ops_before']:,} | {c['hlo_ops_after']:,} | "
+            f"{c['fusions']:,} | {c['flops'] / 1e6:.3g} | {c['bytes_unfused'] / 1e6:.3g} | "
+            f"{c['bytes_fused'] / 1e6:.3g} | {c['flops'] / max(c['bytes_fused'], 1):.2f} | "
+            f"{c['flops'] / jit_s / 1e9:.3g} | {c['bytes_fused'] / jit_s / 1e9:.3g} |"
         )
-    profiled = [r for r in result["workloads"] if r.get("gpu_profile")]
-    if profiled:
+    return lines
+
+
+def _rate(ci: dict, unit: float) -> str:
+    return f"{ci['median'] / unit:.3g} ({ci['low'] / unit:.3g}-{ci['high'] / unit:.3g})"
+
+
+def _split(result: dict) -> list[str]:
+    """Eager's call split into measured parts."""
+    d = result["dispatch_us"]
+    prim, jit_call = d["eager primitive"]["median"], d["jit call"]["median"]
+    lines = [
+        "",
+        "## Where an eager call's time goes (ms per call)",
+        "",
+        "Python: nnx.merge (and nnx.state) alone, timed in the same rounds. Dispatch: "
+        f"primitives x {prim:.1f} us + jitted calls x {jit_call:.1f} us (one trivial call "
+        "of each, measured below). Compiled: jit's whole call. Rest: eager minus the three "
+        "(its unfused compute, and Python the first two do not hold, such as NNX's own "
+        "split/merge inside nnx.value_and_grad and the optimizer).",
+        "",
+        "| workload | eager | Python | dispatch | compiled (jit) | rest |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["workloads"]:
+        t, dis = r["timing"], r["counts"]["dispatches"]
+        eager, python = t["eager"]["median"] * 1e3, t["python"]["median"] * 1e3
+        dispatch = (dis["primitives"] * prim + dis["jit_calls"] * jit_call) / 1e3
+        compiled = t["jit"]["median"] * 1e3
+        rest = eager - python - dispatch - compiled
+        lines.append(
+            f"| {r['workload']} | {eager:.3g} | {python:.3g} | {dispatch:.3g} | "
+            f"{compiled:.3g} | {rest:.3g} |"
+        )
+    return lines
+
+
+def _fit(result: dict) -> list[str]:
+    why = result["why"]
+    m = why["model"]
+    lines = [
+        "",
+        "## A fitted model of eager time",
+        "",
+        "eager = Python + a x dispatches + b x unfused bytes + c x FLOPs, fitted by "
+        f"non-negative least squares (relative errors) over {m['rows']} points (the "
+        f"workloads and the scale sweep): a = {m['a'] * 1e6:.3g} us per dispatch, "
+        f"1/b = {_inverse(m['b'], 'GB/s')}, 1/c = {_inverse(m['c'], 'GFLOP/s')}; median "
+        f"error of the fitted eager times {m['rel_error']:.0%}. The gap eager - jit (median per-round saving) split by the "
+        "model: Python, a x (dispatches - 1), b x (unfused - fused bytes), and what is left.",
+        "",
+        "| workload | gap ms | Python | dispatch | unfused bytes | residual |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, g in why["gaps"].items():
+        share = {k: f"{g[k] * 1e3:.3g} ({g[k] / g['gap']:.0%})" for k in g if k != "gap"}
+        lines.append(
+            f"| {name} | {g['gap'] * 1e3:.3g} | {share['python']} | {share['dispatch']} | "
+            f"{share['unfused_bytes']} | {share['residual']} |"
+        )
+    if why["crossovers"]:
         lines += [
             "",
-            "On the GPU, from the profilers: kernels launched and device ms per call; host ms = "
-            "wall minus device time (dispatch, Python).",
+            "Crossover along each scale axis: where jit's speed-up over eager falls through "
+            "2 (eager's overhead equals the device work), measured (per-round medians, "
+            "interpolated) and predicted by the model (marked on scale.png).",
             "",
-            "| workload | mode | kernels per call | device ms | wall ms | host ms |",
-            "|---|---|---:|---:|---:|---:|",
+            "| axis | measured | predicted |",
+            "|---|---:|---:|",
         ]
-        for r in profiled:
-            for mode, p in r["gpu_profile"].items():
-                if "error" in p:
-                    lines.append(
-                        f"| {r['workload']} | {mode} | profiler failed: {p['error']} | | | |"
-                    )
-                    continue
-                wall = r["timing"][mode]["median"] * 1e3
+        for axis, c in why["crossovers"].items():
+            lines.append(f"| {axis} | {_where(c['measured'])} | {_where(c['predicted'])} |")
+    return lines
+
+
+def _inverse(v: float, unit: str) -> str:
+    return "none (the term was fitted at 0)" if v == 0 else f"{1 / v / 1e9:.3g} {unit}"
+
+
+def _where(x: float | None) -> str:
+    return "not within the sweep" if x is None else f"{x:.3g}"
+
+
+def _memory(result: dict) -> list[str]:
+    lines = [
+        "",
+        "## Memory: one call's rise, each mode in a fresh process",
+        "",
+        f"Every mode alike: first call, one warm-up call, the arguments resident, then the "
+        f"peak reset and one call measured: the rise of the {result['memory_measure']} "
+        "(arguments excluded on every side). jit donates the state of the train step, as the "
+        "trainer does; the nnx modes and 'jit, no donation' do not; torch updates in place. "
+        "XLA's plan: temporaries + outputs - aliased bytes of the jit program.",
+        "",
+        "| workload | mode | MiB | first call s |",
+        "|---|---|---:|---:|",
+    ]
+    for r in result["workloads"]:
+        plan = r["counts"]["memory_plan"]
+        if plan is not None:
+            planned = plan["temporaries"] + plan["outputs"] - plan["aliased"]
+            lines.append(f"| {r['workload']} | XLA's plan (jit) | {_mib(planned)} | |")
+        for mode, f in r["fresh"].items():
+            if "error" in f:
+                lines.append(f"| {r['workload']} | {mode} | failed: {f['error']} | |")
+            else:
                 lines.append(
-                    f"| {r['workload']} | {mode} | {p['kernels_per_call']:.0f} | "
-                    f"{p['device_ms_per_call']:.3f} | {wall:.3f} | {wall - p['device_ms_per_call']:.3f} |"
+                    f"| {r['workload']} | {mode} | {_mib(f['peak_rise_bytes'])} | "
+                    f"{f['first_call_s']['median']:.2f} |"
                 )
     return lines
 
 
-def _dispatch(dispatch: dict) -> list[str]:
+def _torch_side(result: dict) -> list[str]:
+    m = result["machine"]
+    if "torch" not in m:
+        return ["", "torch was not run (--no-torch or not installed)."]
+    graphs = (
+        "torch.compile reduce-overhead ran (CUDA graphs)."
+        if m["torch_device"] == "cuda"
+        else "torch.compile mode reduce-overhead is not run on a CPU: it relies on CUDA graphs."
+    )
+    lines = [
+        "",
+        "## PyTorch, made comparable",
+        "",
+        f"torch's intra-op threads are set to XLA's ({m['xla_intra_op_threads']}; torch "
+        f"reports {m['torch_threads']}). torch.compile (module) compiles the module alone; "
+        "'torch.compile step' compiles the whole train step (zero_grad, loss, backward, "
+        f"Adam) as jax.jit does. Inductor's cache is fresh in every process. {graphs}",
+        "",
+        "| workload | JAX attention | torch attention (aten ops run) |",
+        "|---|---|---|",
+    ]
+    for r in result["workloads"]:
+        p = r["attention_path"]
+        lines.append(f"| {r['workload']} | {p['jax']} | {', '.join(p.get('torch', []))} |")
+    return lines
+
+
+def _dispatch(result: dict) -> list[str]:
     lines = [
         "",
         "## Dispatch: one trivial call (x + 1 on 8 numbers; an 8x8 nnx.Linear for the modules)",
@@ -154,72 +323,133 @@ def _dispatch(dispatch: dict) -> list[str]:
         "| call | us (95% interval) |",
         "|---|---:|",
     ]
-    for name, ci in dispatch.items():
+    for name, ci in result["dispatch_us"].items():
         lines.append(f"| {name} | {ci['median']:.1f} ({ci['low']:.1f}-{ci['high']:.1f}) |")
     return lines
 
 
-def _scale(rows: list[dict]) -> list[str]:
+def _scale(result: dict) -> list[str]:
     lines = [
         "",
         "## Scale: the forward pass as the model, batch and sequence grow",
         "",
         "![scale](scale.png)",
         "",
-        "| axis | value | eager ms | jit ms | torch ms | torch.compile ms | jit speed-up | "
-        "jit pays off after | torch.compile pays off after |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| axis | value | eager ms | jit ms | torch ms | torch.compile ms | jit speed-up "
+        "(paired) | predicted |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        t, b = r["timing"], r["break_even"]
+    predicted = _predicted_by_point(result)
+    for r in result["scale"]:
+        t = r["timing"]
         lines.append(
             f"| {r['axis']} | {r['value']} | {_ms(t['eager'])} | {_ms(t['jit'])} | "
             f"{_ms(t.get('torch'))} | {_ms(t.get('torch.compile'))} | "
-            f"{_speedup(t['eager'], t['jit'])} | {_calls(b['jit'])} | "
-            f"{_calls(b['torch.compile']) if 'torch.compile' in b else ''} |"
+            f"{_x(r['ratios']['eager / jit'])} | {predicted[(r['axis'], r['value'])]:.2f} |"
         )
     return lines
 
 
+def _predicted_by_point(result: dict) -> dict:
+    out = {}
+    for axis, c in result["why"]["crossovers"].items():
+        values = [r["value"] for r in result["scale"] if r["axis"] == axis]
+        out |= {(axis, v): s for v, s in zip(values, c["predicted_speedups"], strict=True)}
+    return out
+
+
 COLORS = {
-    "eager": "tab:red", "disable_jit": "tab:pink", "jit": "tab:blue", "nnx.jit": "tab:cyan",
-    "nnx.cached_partial": "tab:purple", "torch": "tab:orange", "torch.compile": "tab:green",
-}  # fmt: skip
+    "eager": "tab:red",
+    "disable_jit": "tab:pink",
+    "jit": "tab:blue",
+    "jit, no donation": "tab:gray",
+    "jit, auto attention": "navy",
+    "nnx.jit": "tab:cyan",
+    "nnx.cached_partial": "tab:purple",
+    "torch": "tab:orange",
+    "torch.compile": "tab:green",
+    "torch.compile step": "tab:olive",
+    "torch.compile reduce-overhead": "tab:brown",
+}
 
 
 def plots(result: dict, out: pathlib.Path) -> list[str]:
-    """modes.png (each workload's modes) and scale.png (the scale sweep); their names."""
+    """modes.png (each workload's modes), roofline.png and scale.png; their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    rows = result["workloads"]
-    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 4), squeeze=False)
-    for ax, r in zip(axes[0], rows, strict=True):
-        names = list(r["timing"])
-        med = np.array([r["timing"][n]["median"] for n in names]) * 1e3
-        err = np.array([[med[i] - r["timing"][n]["low"] * 1e3, r["timing"][n]["high"] * 1e3 - med[i]]
-                        for i, n in enumerate(names)]).T  # fmt: skip
-        for i, n in enumerate(names):  # points, not bars: a log axis has no zero
-            ax.errorbar(i, med[i], yerr=err[:, i : i + 1], fmt="o", color=COLORS[n], capsize=4)
-        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
-        ax.set_yscale("log")
-        ax.set_title(r["workload"])
-        ax.set_ylabel("ms per call (median, 95% interval)")
-    fig.suptitle(f"XLA vs eager: {result['machine']['device']}")
-    fig.tight_layout()
-    fig.savefig(out / "modes.png", dpi=110)
-    plt.close(fig)
-    names = ["modes.png"]
+    _modes_plot(result, out / "modes.png", plt)
+    _roofline_plot(result, out / "roofline.png", plt)
+    names = ["modes.png", "roofline.png"]
     if result.get("scale"):
         _scale_plot(result, out / "scale.png", plt)
         names.append("scale.png")
     return names
 
 
+def _modes_plot(result: dict, path: pathlib.Path, plt) -> None:
+    rows = result["workloads"]
+    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 4.5), squeeze=False)
+    for ax, r in zip(axes[0], rows, strict=True):
+        names = [n for n in r["timing"] if n != "python"]
+        for i, n in enumerate(names):  # points, not bars: a log axis has no zero
+            ci = r["timing"][n]
+            err = [[(ci["median"] - ci["low"]) * 1e3], [(ci["high"] - ci["median"]) * 1e3]]
+            ax.errorbar(i, ci["median"] * 1e3, yerr=err, fmt="o", color=COLORS[n], capsize=4)
+        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(r["workload"])
+        ax.set_ylabel("ms per call (median, 95% interval)")
+    fig.suptitle(f"XLA vs eager: {result['machine']['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _roofline_plot(result: dict, path: pathlib.Path, plt) -> None:
+    """Achieved GFLOP/s against arithmetic intensity (FLOPs per byte: fused for jit,
+    unfused for eager) under the measured GEMM peak and memory bandwidth."""
+    import numpy as np
+
+    peak = result["roofs"]["gemm_flops"]["median"] / 1e9
+    bandwidth = result["roofs"]["bandwidth_bytes"]["median"] / 1e9
+    rows = result["workloads"]
+    intensities = [
+        r["counts"]["flops"] / max(r["counts"][k], 1)
+        for r in rows
+        for k in ("bytes_fused", "bytes_unfused")
+    ]
+    x = np.logspace(np.log10(min(intensities) / 4), np.log10(max(intensities) * 4 + 100), 200)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ax.plot(x, np.minimum(peak, bandwidth * x), "k-", label="measured roofs")
+    for r in rows:
+        c = r["counts"]
+        for mode, key, marker in (("jit", "bytes_fused", "o"), ("eager", "bytes_unfused", "s")):
+            achieved = c["flops"] / r["timing"][mode]["median"] / 1e9
+            ax.plot(c["flops"] / max(c[key], 1), achieved, marker, color=COLORS[mode])
+            ax.annotate(
+                f"{r['workload']} {mode}",
+                (c["flops"] / max(c[key], 1), achieved),
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte accessed)")
+    ax.set_ylabel("achieved GFLOP/s")
+    ax.set_title(f"Roofline: {peak:.3g} GFLOP/s GEMM, {bandwidth:.3g} GB/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _scale_plot(result: dict, path: pathlib.Path, plt) -> None:
+    """Per axis: ms per call of each mode (top); jit's paired speed-up with its interval,
+    the model's prediction and both crossovers (bottom)."""
     rows = result["scale"]
     axes_names = list(dict.fromkeys(r["axis"] for r in rows))
     fig, axes = plt.subplots(2, len(axes_names), figsize=(4.5 * len(axes_names), 7), squeeze=False)
@@ -227,33 +457,45 @@ def _scale_plot(result: dict, path: pathlib.Path, plt) -> None:
         mine = [r for r in rows if r["axis"] == axis]
         xs = [r["value"] for r in mine]
         top, bottom = axes[0][j], axes[1][j]
-        for mode in mine[0]["timing"]:
+        for mode in [m for m in mine[0]["timing"] if m != "python"]:
             ci = [r["timing"][mode] for r in mine]
             top.plot(xs, [c["median"] * 1e3 for c in ci], "o-", color=COLORS[mode], label=mode)
-            top.fill_between(xs, [c["low"] * 1e3 for c in ci], [c["high"] * 1e3 for c in ci],
-                             color=COLORS[mode], alpha=0.25)  # fmt: skip
-        for key, mode in (("jit", "jit"), ("torch.compile", "torch.compile")):
-            calls = [r["break_even"].get(key) for r in mine]
-            pts = [(x, n) for x, n in zip(xs, calls, strict=True) if n is not None]
-            if pts:
-                bottom.plot(
-                    *zip(*pts, strict=True),
-                    "s-",
-                    color=COLORS[mode],
-                    label=f"{mode} pays off after",
-                )
-            for x, n in zip(xs, calls, strict=True):
-                if n is None and key in mine[0]["break_even"]:
-                    bottom.annotate("never", (x, 1), color=COLORS[mode], ha="center")
+            top.fill_between(
+                xs,
+                [c["low"] * 1e3 for c in ci],
+                [c["high"] * 1e3 for c in ci],
+                color=COLORS[mode],
+                alpha=0.25,
+            )
+        speedup = [r["ratios"]["eager / jit"] for r in mine]
+        bottom.plot(
+            xs,
+            [s["median"] for s in speedup],
+            "o-",
+            color="tab:blue",
+            label="jit speed-up (paired)",
+        )
+        bottom.fill_between(
+            xs,
+            [s["low"] for s in speedup],
+            [s["high"] for s in speedup],
+            color="tab:blue",
+            alpha=0.25,
+        )
+        cross = result["why"]["crossovers"][axis]
+        bottom.plot(xs, cross["predicted_speedups"], "k--", label="fitted model")
+        bottom.axhline(2, color="gray", lw=0.8)
+        for key, style in (("measured", "tab:blue"), ("predicted", "k")):
+            if cross[key] is not None:
+                bottom.axvline(cross[key], color=style, ls=":", label=f"crossover, {key}")
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel(axis)
         top.set_ylabel("forward ms per call (95% band)")
-        bottom.set_ylabel("calls until compiling pays off")
-        top.set_title(
-            f"{axis} ({', '.join(f'{k} {v}' for k, v in result['scale_center'].items() if k != axis)})"
-        )
+        bottom.set_ylabel("eager / jit")
+        others = ", ".join(f"{k} {v}" for k, v in result["scale_center"].items() if k != axis)
+        top.set_title(f"{axis} ({others})")
     axes[0][0].legend(fontsize=8)
     axes[1][0].legend(fontsize=8)
     fig.suptitle(f"XLA vs eager as the forward pass grows: {result['machine']['device']}")

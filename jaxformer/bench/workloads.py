@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer import nn
+from jaxformer.checks import BadValue
 from jaxformer.config import TransformerConfig
 from jaxformer.models import Transformer
 
@@ -31,18 +32,28 @@ WORKLOADS = ("attention", "layer", "forward", "train_step")
 LEARNING_RATE = 1e-3
 
 
-def bench_config(d_model: int = 128, layers: int = 2, vocab: int = 512) -> TransformerConfig:
+def bench_config(
+    d_model: int = 128, layers: int = 2, vocab: int = 512, dtype: str = "float32"
+) -> TransformerConfig:
     """The lab's model: the paper's layout at d_model, d_ff = 4 d_model, heads of 32
     dimensions (at least 2), `layers` + `layers` layers, biases everywhere (as torch), no
-    dropout or label smoothing."""
+    dropout or label smoothing; `dtype` the compute dtype (parameters stay float32)."""
     if d_model < 64 or d_model % 32:
-        raise ValueError(f"d_model must be a multiple of 32 and >= 64, got {d_model}")
+        raise BadValue(f"d_model must be a multiple of 32 and >= 64, got {d_model}")
     return TransformerConfig(
-        vocab_size=vocab, num_encoder_layers=layers, num_decoder_layers=layers,
-        d_model=d_model, d_ff=4 * d_model, num_heads=d_model // 32, max_len=1024,
-        dropout_rate=0.0, attention_dropout_rate=0.0, label_smoothing=0.0,
+        dtype=dtype,
+        vocab_size=vocab,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        d_model=d_model,
+        d_ff=4 * d_model,
+        num_heads=d_model // 32,
+        max_len=1024,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        label_smoothing=0.0,
         attention_bias=True,  # torch's layers have one bias flag for all their sub-layers
-    )  # fmt: skip
+    )
 
 
 class TrainStep(nnx.Module):
@@ -82,9 +93,9 @@ class Workload:
 def build(name: str, config: TransformerConfig, batch: int, length: int, seed: int = 0):
     """The workload `name` at this model, batch and sequence length (source = target)."""
     if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; choose from {list(WORKLOADS)}")
+        raise BadValue(f"unknown workload {name!r}; choose from {list(WORKLOADS)}")
     if batch < 1 or length < 2:
-        raise ValueError(f"batch must be >= 1 and length >= 2, got {batch} and {length}")
+        raise BadValue(f"batch must be >= 1 and length >= 2, got {batch} and {length}")
     rng = np.random.default_rng(seed)
     rngs = nnx.Rngs(seed)
     x = jnp.asarray(rng.standard_normal((batch, length, config.d_model)), jnp.float32)
@@ -104,16 +115,27 @@ def build(name: str, config: TransformerConfig, batch: int, length: int, seed: i
 
 
 class _CausalSelfAttention(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    """Causal self-attention through `implementation` ("xla": the plain einsum-softmax
+    path; "auto": JAX's best kernel for the device, cuDNN's fused one on a GPU)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, implementation="xla"):
         self.attention = nn.MultiHeadAttention(
-            config.d_model, config.num_heads, use_bias=config.attention_bias, rngs=rngs
+            config.d_model,
+            config.num_heads,
+            use_bias=config.attention_bias,
+            dtype=config.dtype,
+            rngs=rngs,
         )
+        self.implementation = implementation
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.attention(x, mask=F.causal_mask(x.shape[1]), implementation="xla").out
+        causal = F.causal_mask(x.shape[1])
+        return self.attention(x, mask=causal, implementation=self.implementation).out
 
 
 def _torch_equivalent(w: Workload, device: str):
+    """torch's side; with a bfloat16 config every call runs under torch.autocast(bfloat16),
+    parameters float32, as JAX's compute dtype."""
     import torch
 
     from jaxformer.interop.torch import to_torch
@@ -121,13 +143,16 @@ def _torch_equivalent(w: Workload, device: str):
     def on(array):
         return torch.from_numpy(np.array(array)).to(device)
 
+    def autocast():
+        return torch.autocast(device, torch.bfloat16, enabled=w.config.dtype == "bfloat16")
+
     inputs = tuple(on(a) for a in w.inputs)
     if w.name == "attention":
         module = to_torch(w.module.attention).to(device).eval()
         causal = torch.ones(w.length, w.length, dtype=torch.bool, device=device).triu(1)
 
         def call(m, x):
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast():
                 return m(x, x, x, attn_mask=causal, need_weights=False)[0]
 
         return module, inputs, call
@@ -135,7 +160,7 @@ def _torch_equivalent(w: Workload, device: str):
         module = to_torch(w.module).to(device).eval()
 
         def call(m, x):
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast():
                 return m(x)
 
         return module, inputs, call
@@ -144,7 +169,7 @@ def _torch_equivalent(w: Workload, device: str):
     if not w.stateful:
 
         def call(m, src, tgt):
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast():
                 return m(src, tgt)
 
         return module.eval(), inputs, call
@@ -154,7 +179,9 @@ def _torch_equivalent(w: Workload, device: str):
 
     def step(m, src, tgt_in, tgt_out):
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(m(src, tgt_in).reshape(-1, vocab), tgt_out.reshape(-1).long())
+        with autocast():
+            logits = m(src, tgt_in).float()
+        loss = loss_fn(logits.reshape(-1, vocab), tgt_out.reshape(-1).long())
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -169,7 +196,7 @@ def _TorchSeq2Seq(model: Transformer, torch) -> Any:
 
     c = model.config
     if not (c.share_embeddings and c.embed_scale and c.position_embedding == "sinusoidal"):
-        raise ValueError("the torch equivalent needs tied, scaled embeddings and sinusoids")
+        raise BadValue("the torch equivalent needs tied, scaled embeddings and sinusoids")
 
     class Seq2Seq(torch.nn.Module):
         def __init__(self):

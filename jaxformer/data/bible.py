@@ -33,6 +33,7 @@ import re
 
 import numpy as np
 
+from jaxformer.checks import BadType, BadValue, MissingPackage
 from jaxformer.data.datasets import DocumentData, PairData, pair_ids
 from jaxformer.data.tokenizers import Tokenizer
 
@@ -98,19 +99,19 @@ def parse_dataset(name: str) -> tuple[str, str | None]:
     """(source, target) of "SRC-TGT", or (version, None) of "VER-lm"; an error names the
     installed versions (or says how to install them)."""
     if not isinstance(name, str):
-        raise TypeError(f"dataset must be a string such as 'wyc-web', got {name!r}")
+        raise BadType(f"dataset must be a string such as 'wyc-web', got {name!r}")
     versions = installed_versions()
     if not versions:
-        raise ImportError(f"the Bible datasets need the pythonbible packages: {INSTALL}")
+        raise MissingPackage(f"the Bible datasets need the pythonbible packages: {INSTALL}")
     usage = f"SRC-TGT or VER-lm with versions {', '.join(versions)} (e.g. wyc-web, web-lm)"
     parts = name.split("-")
     if len(parts) != 2 or parts[0] == parts[1]:
-        raise ValueError(f"dataset {name!r} must be {usage}")
+        raise BadValue(f"dataset {name!r} must be {usage}")
     source, target = parts
     wanted = (source,) if target == "lm" else (source, target)
     unknown = [v for v in wanted if v not in versions]
     if unknown:
-        raise ValueError(
+        raise BadValue(
             f"dataset {name!r}: unknown Bible version {unknown[0]!r}; installed versions are "
             f"{', '.join(versions)} ({INSTALL} installs wyc, web, kjv, bbe)"
         )
@@ -123,7 +124,7 @@ def load_verses(version: str) -> Verses:
     try:
         module = importlib.import_module(f"{PACKAGE_PREFIX}{version}.plain_text_readers_bible")
     except ImportError as e:  # a version package without pythonbible
-        raise ImportError(f"cannot read the {version!r} Bible ({e}): {INSTALL}") from None
+        raise MissingPackage(f"cannot read the {version!r} Bible ({e}): {INSTALL}") from None
     return read_verses(module.bible)
 
 

@@ -24,7 +24,7 @@ import zlib
 
 import numpy as np
 
-from jaxformer.checks import check_int
+from jaxformer.checks import BadValue, MissingFile, check_int
 from jaxformer.data import tasks as tasks_lib
 from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
@@ -45,7 +45,7 @@ def encode_pairs(
     for i, p in enumerate(ids):
         if p is not None and (len(p[0]) + 1 > src_len or len(p[1]) + 1 > tgt_len):
             lengths = (len(p[0]) + 1, len(p[1]) + 1)
-            raise ValueError(
+            raise BadValue(
                 f"example {i} needs lengths {lengths} > ({src_len}, {tgt_len}): {pairs[i][0]!r}"
             )
     return _pack_ids(ids, tokenizer, src_len, tgt_len)
@@ -224,7 +224,7 @@ class TsvData(PairData):
                 continue
             fields = line.split("\t")
             if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
-                raise ValueError(
+                raise BadValue(
                     f"{path}:{number}: expected 'source<TAB>target' with both non-empty, "
                     f"got {len(fields)} field(s): {line[:60]!r}"
                 )
@@ -241,7 +241,7 @@ class TsvData(PairData):
                 f"{path}: skipped {len(too_long)} pair(s) longer than max_len={max_len}: lines {shown}"
             )
         if not train:
-            raise ValueError(f"{path}: no training pairs (need non-empty source<TAB>target lines)")
+            raise BadValue(f"{path}: no training pairs (need non-empty source<TAB>target lines)")
         if not test:  # a tiny file: hold out its last pair
             test.append(train.pop())
         super().__init__(
@@ -334,7 +334,7 @@ class TextData(DocumentData):
         _check_vocab(tokenizer, vocab_size)
         docs = _documents([line for _, line in read_text_lines(path)])
         if len(docs) < 2:
-            raise ValueError(
+            raise BadValue(
                 f"{path}: needs at least two documents (separated by blank lines, or one per "
                 "line in a text without blank lines), to hold one out"
             )
@@ -385,7 +385,7 @@ def pad_rows(rows: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray
     with pad_id, which may be a real token (GPT-2 pads with its EOS)."""
     lengths = np.array([len(row) for row in rows], int)
     if lengths.max(initial=0) > width:
-        raise ValueError(f"a row of {lengths.max()} tokens does not fit width={width}")
+        raise BadValue(f"a row of {lengths.max()} tokens does not fit width={width}")
     valid = np.arange(width) < lengths[:, None]
     tokens = np.full(valid.shape, pad_id, np.int32)
     tokens[valid] = np.concatenate([np.asarray(row, np.int32) for row in rows])
@@ -414,14 +414,14 @@ def read_text_lines(path: str | pathlib.Path) -> list[tuple[int, str]]:
     or non-UTF-8 files."""
     path = pathlib.Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise MissingFile(f"{path}: no such file")
     if not path.is_file():
-        raise ValueError(f"{path}: not a regular file")
+        raise BadValue(f"{path}: not a regular file")
     data = path.read_bytes()
     if not data.strip():
-        raise ValueError(f"{path}: the file is empty")
+        raise BadValue(f"{path}: the file is empty")
     if b"\x00" in data[:8192]:
-        raise ValueError(
+        raise BadValue(
             f"{path}: looks like a binary file (contains NUL bytes), expected UTF-8 text"
         )
     lines = data.split(b"\n")
@@ -430,7 +430,7 @@ def read_text_lines(path: str | pathlib.Path) -> list[tuple[int, str]]:
         try:
             out.append((number, raw.decode("utf-8").rstrip("\r")))
         except UnicodeDecodeError as e:
-            raise ValueError(
+            raise BadValue(
                 f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"
             ) from None
     return out
@@ -446,7 +446,7 @@ def _token_ids(tokenizer: Tokenizer, text: str, where: str) -> list[int]:
 def _check_vocab(tokenizer: Tokenizer, vocab_size: int | None) -> None:
     """The tokenizer's ids must fit a model with `vocab_size` (when given)."""
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
-        raise ValueError(
+        raise BadValue(
             f"the tokenizer has {tokenizer.vocab_size} ids but vocab_size={vocab_size}: its "
             "ids would fall outside the model's embedding table"
         )
@@ -454,7 +454,7 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int | None) -> None:
 
 def _batches_per_epoch(rows: int, batch_size: int, what: str) -> int:
     if rows < batch_size:
-        raise ValueError(f"batch size {batch_size} is larger than the {rows} {what}")
+        raise BadValue(f"batch size {batch_size} is larger than the {rows} {what}")
     return rows // batch_size
 
 

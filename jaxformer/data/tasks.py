@@ -23,6 +23,8 @@ import random
 import zlib
 from collections.abc import Callable
 
+from jaxformer.checks import BadValue
+
 TASKS = ("dates", "copy", "reverse", "sort", "addition")
 SPLITS = ("train", "test")
 _TEST_BUCKETS = 10  # one key in ten is held out
@@ -118,7 +120,7 @@ _TASKS = {
 
 def get_task(name: str) -> Task:
     if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; tasks are {list(TASKS)}")
+        raise BadValue(f"unknown task {name!r}; tasks are {list(TASKS)}")
     return _TASKS[name]
 
 
@@ -130,7 +132,7 @@ def split_of(key: str) -> str:
 def draw(task: Task, rng: random.Random, split: str) -> tuple[str, str]:
     """One example of `split`, by rejection sampling."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise BadValue(f"split must be one of {SPLITS}, got {split!r}")
     while True:
         src, tgt, key = task.sample(rng)
         if split_of(key) == split:
@@ -153,4 +155,4 @@ def test_examples(task: Task, seed: int, n: int) -> list[tuple[str, str]]:
         seen.setdefault(src, tgt)
         if len(seen) == n:
             return list(seen.items())
-    raise ValueError(f"task {task.name!r} has fewer than {n} distinct test examples")
+    raise BadValue(f"task {task.name!r} has fewer than {n} distinct test examples")

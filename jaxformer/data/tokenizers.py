@@ -17,7 +17,14 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jaxformer.checks import check_instance, check_int
+from jaxformer.checks import (
+    BadType,
+    BadValue,
+    MissingFile,
+    MissingPackage,
+    check_instance,
+    check_int,
+)
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -39,12 +46,12 @@ def check_tokens(tokens, vocab_size: int, *, name: str = "tokens") -> None:
     if array.size == 0:
         return
     if not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"{name} must hold integer token ids, got dtype {array.dtype}")
+        raise BadType(f"{name} must hold integer token ids, got dtype {array.dtype}")
     bad = (array < 0) | (array >= vocab_size)
     if bad.any():
         position = tuple(int(i) for i in np.argwhere(bad)[0])
         where = f"{name}[{', '.join(map(str, position))}]" if position else name
-        raise ValueError(
+        raise BadValue(
             f"{where} = {array[position]} is outside the vocabulary [0, {vocab_size}) "
             f"({int(bad.sum())} id(s) out of range)"
         )
@@ -95,7 +102,7 @@ class HFTokenizer:
         for name, value in zip(_IDS, (pad_id, bos_id, eos_id), strict=True):
             check_int(name, value, minimum=None)
             if not 0 <= value < self.vocab_size:
-                raise ValueError(
+                raise BadValue(
                     f"{name}={value} is outside the tokenizer's vocabulary [0, {self.vocab_size})"
                 )
         self.pad_id, self.bos_id, self.eos_id = int(pad_id), int(bos_id), int(eos_id)
@@ -107,11 +114,11 @@ class HFTokenizer:
         """The tokenizer in a Hugging Face `tokenizer.json` file, with its special ids."""
         path = pathlib.Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file")
+            raise MissingFile(f"{path}: no such file")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path} is not a Hugging Face tokenizer file ({e})") from None
+            raise BadValue(f"{path} is not a Hugging Face tokenizer file ({e})") from None
         return cls(_parse(text, path), pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
 
     @property
@@ -179,7 +186,7 @@ def load_tokenizer(folder: str | pathlib.Path) -> Tokenizer:
     """The tokenizer saved in `folder` (a run's output folder)."""
     path = pathlib.Path(folder) / FILENAME
     if not path.is_file():
-        raise FileNotFoundError(f"no tokenizer in {folder}: {path} does not exist")
+        raise MissingFile(f"no tokenizer in {folder}: {path} does not exist")
     saved = _read_saved(path)
     kind = saved["jaxformer_tokenizer"]
     if kind == "byte":
@@ -200,11 +207,11 @@ def _read_saved(path: pathlib.Path) -> dict:
         kind = saved["jaxformer_tokenizer"]
         missing = [key for key in _SAVED_KEYS.get(kind, ()) if key not in saved]
     except (ValueError, KeyError, TypeError) as e:  # UTF-8 and JSON errors are ValueErrors
-        raise ValueError(f"{path} is not a jaxformer tokenizer file ({e})") from None
+        raise BadValue(f"{path} is not a jaxformer tokenizer file ({e})") from None
     if kind not in _SAVED_KEYS:
-        raise ValueError(f"{path}: unknown tokenizer kind {kind!r}")
+        raise BadValue(f"{path}: unknown tokenizer kind {kind!r}")
     if missing:
-        raise ValueError(f"{path}: a saved {kind!r} tokenizer lacks the keys {missing}")
+        raise BadValue(f"{path}: a saved {kind!r} tokenizer lacks the keys {missing}")
     return saved
 
 
@@ -222,14 +229,14 @@ def _parse(text: str, path: pathlib.Path):
     try:
         return tokenizers.Tokenizer.from_str(text)
     except Exception as e:  # `tokenizers` raises a bare Exception for any malformed JSON
-        raise ValueError(f"{path} is not a Hugging Face tokenizer file ({e})") from None
+        raise BadValue(f"{path} is not a Hugging Face tokenizer file ({e})") from None
 
 
 def _import_tokenizers():
     try:
         import tokenizers
     except ImportError:
-        raise ImportError(
+        raise MissingPackage(
             "the BPE and Hugging Face tokenizers need the 'tokenizers' package: "
             "pip install 'jaxformer[bpe]'"
         ) from None

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.checks import (
+    BadType,
+    BadValue,
     check_bool_array,
     check_broadcastable,
     check_divisible,
@@ -99,7 +101,7 @@ def scaled_dot_product_attention(
     _check_attention(q, k, v, mask, bias, q_valid, k_valid, k_lengths)
     check_number("dropout_rate", dropout_rate, "[0, 1)")
     if dropout_rate > 0.0 and dropout_rng is None:
-        raise ValueError("dropout_rate > 0 needs a dropout_rng")
+        raise BadValue("dropout_rate > 0 needs a dropout_rng")
     ATTENTION.check(implementation, also=("auto",))
     if implementation == "auto":
         explicit = any(x is not None for x in (mask, bias, q_valid, k_valid))
@@ -244,7 +246,7 @@ def _problem(implementation, q, k, v, masked, padded, explicit, dropout_rate):
         if problem is None and "--xla_gpu_deterministic_ops=true" in os.environ.get(
             "XLA_FLAGS", ""
         ):
-            problem = ValueError, "XLA_FLAGS asks for deterministic ops"
+            problem = BadValue, "XLA_FLAGS asks for deterministic ops"
         return problem
     if implementation == "tokamax_mosaic":
         return mosaic_problem(q, k, v, padded=padded, explicit=explicit, dropout_rate=dropout_rate)
@@ -255,18 +257,18 @@ def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, st
     """Why cuDNN's fused attention cannot take this call (error type, reason), or None."""
     kind = jax.devices()[0].device_kind
     if jax.default_backend() != "gpu" or "nvidia" not in kind.lower():
-        return ValueError, f"needs an NVIDIA GPU, the backend is {jax.default_backend()!r}"
+        return BadValue, f"needs an NVIDIA GPU, the backend is {jax.default_backend()!r}"
     if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         dtypes = f"{q.dtype}, {k.dtype}, {v.dtype}"
-        return TypeError, f"needs q, k and v all bfloat16 or all float16, got {dtypes}"
+        return BadType, f"needs q, k and v all bfloat16 or all float16, got {dtypes}"
     if dropout_rate > 0.0:
-        return ValueError, "has no attention dropout in jax.nn.dot_product_attention"
+        return BadValue, "has no attention dropout in jax.nn.dot_product_attention"
     D, Dv = q.shape[-1], v.shape[-1]
     if D != Dv or D > 128 or D % 8:
-        return ValueError, f"takes equal q/v head dims <= 128, multiples of 8; got {D}, {Dv}"
+        return BadValue, f"takes equal q/v head dims <= 128, multiples of 8; got {D}, {Dv}"
     if masked and (q.shape[1] % 2 or k.shape[1] % 2):
         return (
-            ValueError,
+            BadValue,
             f"takes a mask with even lengths only; got T={q.shape[1]}, S={k.shape[1]}",
         )
     return None
@@ -339,13 +341,13 @@ def _check_attention(q, k, v, mask, bias, q_valid, k_valid, k_lengths) -> None:
     B, T, H, D = q.shape
     _, S, K, _ = k.shape
     if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"batch sizes differ: q {q.shape}, k {k.shape}, v {v.shape}")
+        raise BadValue(f"batch sizes differ: q {q.shape}, k {k.shape}, v {v.shape}")
     if k.shape[3] != D:
-        raise ValueError(
+        raise BadValue(
             f"q head dim D={D} (q shape {q.shape}) != k head dim {k.shape[3]} (k shape {k.shape})"
         )
     if v.shape[1:3] != (S, K):
-        raise ValueError(f"v shape {v.shape} must match k's [B, S, K] = {k.shape[:3]} in S and K")
+        raise BadValue(f"v shape {v.shape} must match k's [B, S, K] = {k.shape[:3]} in S and K")
     check_divisible("query heads H", H, "key/value heads K", K)
     if mask is not None:
         check_bool_array("mask", mask)
@@ -423,7 +425,7 @@ def multi_head_attention(
     """
     _check_inputs(x_q, x_kv, params, kv_cache, cache_positions)
     if return_weights and implementation not in ("xla", "auto"):
-        raise ValueError(
+        raise BadValue(
             "return_weights needs the materialised weights of implementation='xla', "
             f"got implementation={implementation!r}"
         )
@@ -481,9 +483,9 @@ def _check_inputs(x_q, x_kv, params, kv_cache, cache_positions) -> None:
     for name, x in named:
         check_float_array(name, x)
         if x.shape[-1] != E:
-            raise ValueError(f"{name} has model dim {x.shape[-1]}, the projections expect {E}")
+            raise BadValue(f"{name} has model dim {x.shape[-1]}, the projections expect {E}")
     if (x_kv is None) != (kv_cache is not None and cache_positions is None):
-        raise ValueError(
+        raise BadValue(
             "x_kv must be given, except with a kv_cache and no cache_positions "
             "(attention over keys and values projected before)"
         )
@@ -519,7 +521,7 @@ def write_kv(cache: KVCache, new: KVCache, positions: jax.Array) -> KVCache:
     """
     check_rank("cache_positions", positions, 2, "[B, T]")
     if positions.shape != new.k.shape[:2]:
-        raise ValueError(
+        raise BadValue(
             f"cache_positions shape {positions.shape} != the new keys' [B, T] {new.k.shape[:2]}"
         )
     rows = jnp.arange(positions.shape[0])[:, None]
@@ -559,7 +561,7 @@ def project_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax
     check_rank("x", x, 3, "[B, T, E]")
     check_rank("w", w, 3, "[E, H, D]")
     if x.shape[-1] != w.shape[0]:
-        raise ValueError(f"x has model dim {x.shape[-1]}, w {w.shape} expects E={w.shape[0]}")
+        raise BadValue(f"x has model dim {x.shape[-1]}, w {w.shape} expects E={w.shape[0]}")
     return einsum_f32("bte,ehd->bthd", x, w, b)
 
 
@@ -569,7 +571,7 @@ def merge_heads(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.A
     check_rank("x", x, 4, "[B, T, H, D]")
     check_rank("w", w, 3, "[H, D, E]")
     if x.shape[2:] != w.shape[:2]:
-        raise ValueError(f"x has heads [H, D] = {x.shape[2:]}, w {w.shape} expects {w.shape[:2]}")
+        raise BadValue(f"x has heads [H, D] = {x.shape[2:]}, w {w.shape} expects {w.shape[:2]}")
     return einsum_f32("bthd,hde->bte", x, w, b)
 
 

@@ -40,6 +40,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxformer.checks import BadValue
 from jaxformer.functional.masks import split_heads
 
 DEFAULT_BLOCK_Q = 512
@@ -80,9 +81,9 @@ def chunked_attention(
     S; the sequences are zero-padded to a multiple of them, padded keys masked out).
     """
     if dropout_rate > 0.0 and dropout_rng is None:
-        raise ValueError("dropout_rate > 0 needs a dropout_rng")
+        raise BadValue("dropout_rate > 0 needs a dropout_rng")
     if block_q < 1 or block_k < 1:
-        raise ValueError(f"block_q and block_k must be >= 1, got {block_q} and {block_k}")
+        raise BadValue(f"block_q and block_k must be >= 1, got {block_q} and {block_k}")
     B, T, H, D = q.shape
     S, K, Dv = k.shape[1], k.shape[2], v.shape[3]
     if k_lengths is not None:  # a vector [B, S], applied per tile like k_valid
@@ -249,7 +250,7 @@ def _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid):
     if tiles.causal:
         q_pos = i * bq + jnp.arange(bq)
         k_pos = j * bk + jnp.arange(bk)
-        keep.append(k_pos[None, :] <= q_pos[:, None])
+        keep.append((k_pos[None, :] <= q_pos[:, None])[None, None, None])  # [1, 1, 1, q, s]
     if q_valid is not None:
         keep.append(
             jax.lax.dynamic_slice_in_dim(q_valid, i * bq, bq, axis=1)[:, None, None, :, None]

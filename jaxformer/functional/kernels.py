@@ -24,6 +24,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.functional.masks import causal_mask, combine_masks, fold_masks
 from jaxformer.functional.registry import ATTENTION
 
@@ -93,7 +94,7 @@ def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float
     if tokamax_or_none() is None:
         return ImportError, f"tokamax is not installed ({INSTALL_HINT})"
     if dropout_rate > 0.0:
-        return ValueError, "has no attention dropout"
+        return BadValue, "has no attention dropout"
     families = device_families(jax.default_backend(), jax.devices()[0])
     dtypes = {q.dtype, k.dtype, v.dtype}
     if families[0] == "tpu":
@@ -103,7 +104,7 @@ def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float
         if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float32):
             return TypeError, f"on a TPU takes bfloat16 or float32 q, k, v; got {dtypes}"
         if padded or explicit:
-            return ValueError, "on a TPU takes the causal flag only: no key lengths, masks, bias"
+            return BadValue, "on a TPU takes the causal flag only: no key lengths, masks, bias"
         return None
     if families[0] in ("gpu_sm90", "gpu_sm100"):
         if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
@@ -129,7 +130,7 @@ def _tokamax_attention(
     lengths as key_value_seq_lengths; rows with no key give 0."""
     tokamax = tokamax_or_none()
     if tokamax is None:
-        raise ImportError(f"implementation='tokamax_{name}' needs tokamax: {INSTALL_HINT}")
+        raise MissingPackage(f"implementation='tokamax_{name}' needs tokamax: {INSTALL_HINT}")
     if name == "mosaic":
         explicit = any(x is not None for x in (mask, q_valid, k_valid, bias))
         problem = mosaic_problem(
@@ -139,7 +140,7 @@ def _tokamax_attention(
             error, reason = problem
             raise error(f"implementation='tokamax_mosaic' {reason}; use 'xla' or 'chunked'")
     if dropout_rate > 0.0:
-        raise ValueError(f"implementation='tokamax_{name}' has no attention dropout")
+        raise BadValue(f"implementation='tokamax_{name}' has no attention dropout")
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
     mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid)
     out = tokamax.dot_product_attention(

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.checks import (
+    BadValue,
     check_choice,
     check_float_array,
     check_int_array,
@@ -121,7 +122,7 @@ def decoder_layer_cache(
     """An empty self-attention cache of `max_len` slots per row and, given memory [B, S, E],
     the cross-attention keys and values of the memory."""
     if (memory is None) != (params.cross_attn is None):
-        raise ValueError("memory must be given exactly when the layer has cross-attention")
+        raise BadValue("memory must be given exactly when the layer has cross-attention")
     _, K, Dk = params.self_attn.wk.shape
     Dv = params.self_attn.wv.shape[-1]
     self_kv = KVCache(
@@ -138,9 +139,9 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *,
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-    y = (xf - mean) * jax.lax.rsqrt(var + eps) * scale.astype(jnp.float32)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps) * _last_axis(scale, x.ndim)
     if bias is not None:
-        y = y + bias.astype(jnp.float32)
+        y = y + _last_axis(bias, x.ndim)
     return y.astype(x.dtype)
 
 
@@ -149,7 +150,12 @@ def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6) -> jax.Array:
     _check_norm_args(x, scale, None)
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+    return (y * _last_axis(scale, x.ndim)).astype(x.dtype)
+
+
+def _last_axis(v: jax.Array, ndim: int) -> jax.Array:
+    """v [E] in float32, shaped [1, ..., 1, E] to scale a rank-`ndim` array's last axis."""
+    return v.astype(jnp.float32).reshape((1,) * (ndim - 1) + v.shape)
 
 
 def _check_norm_args(x, scale, bias) -> None:
@@ -165,7 +171,7 @@ def normalize(x: jax.Array, params: NormParams, *, kind: str = "layer", eps: flo
     which has no bias), or one of your own (NORMS.register)."""
     variant = NORMS[kind]
     if params.bias is not None and not variant.options["bias"]:
-        raise ValueError(f"norm {kind!r} has no bias, but NormParams.bias is given")
+        raise BadValue(f"norm {kind!r} has no bias, but NormParams.bias is given")
     return variant.fn(x, params, eps)
 
 
@@ -182,13 +188,13 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
     variant = ACTIVATIONS[activation]
     gated = variant.options.get("gated", False)
     if gated and params.w_gate is None:
-        raise ValueError(f"activation {activation!r} needs FeedForwardParams.w_gate (it is gated)")
+        raise BadValue(f"activation {activation!r} needs FeedForwardParams.w_gate (it is gated)")
     if not gated and params.w_gate is not None:
-        raise ValueError(f"activation {activation!r} is not gated, but w_gate is given")
+        raise BadValue(f"activation {activation!r} is not gated, but w_gate is given")
     check_rank("params.w1", params.w1, 2, "[E, F]")
     E, F = params.w1.shape
     if x.shape[-1] != E:
-        raise ValueError(f"x has model dim {x.shape[-1]}, params.w1 {params.w1.shape} expects {E}")
+        raise BadValue(f"x has model dim {x.shape[-1]}, params.w1 {params.w1.shape} expects {E}")
     check_shape("params.w2", params.w2, (F, E), "[F, E]")
     x_NE = x.reshape(-1, E)
     h = einsum_f32("ne,ef->nf", x_NE, params.w1, params.b1)
@@ -261,7 +267,7 @@ def tied_logits(x: jax.Array, table: jax.Array) -> jax.Array:
     """Pre-softmax projection with the embedding matrix: x [..., E] @ table[V, E]^T, float32."""
     check_rank("table", table, 2, "[V, E]")
     if x.shape[-1] != table.shape[1]:
-        raise ValueError(
+        raise BadValue(
             f"x has model dim {x.shape[-1]}, table {table.shape} expects {table.shape[1]}"
         )
     return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
@@ -331,7 +337,7 @@ def decoder_layer(
     """
     has_memory = _check_decoder_inputs(y, params, memory, cache, cache_positions)
     if return_cross_attention and not has_memory:
-        raise ValueError("return_cross_attention needs a layer with cross-attention")
+        raise BadValue("return_cross_attention needs a layer with cross-attention")
     k_self, k_cross, k_res1, k_res2, k_res3 = _split(rng, 5)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
     attend = partial(multi_head_attention, dropout_rate=opts.attention_dropout_rate)
@@ -374,13 +380,13 @@ def _check_decoder_inputs(y, params, memory, cache, cache_positions) -> bool:
     check_rank("y", y, 3, "[B, T, E]")
     has_memory = memory is not None or (cache is not None and cache.cross_attn is not None)
     if has_memory != (params.cross_attn is not None):
-        raise ValueError("memory must be given exactly when the layer has cross-attention")
+        raise BadValue("memory must be given exactly when the layer has cross-attention")
     if cache is not None and (memory is not None or cache_positions is None):
-        raise ValueError("with a cache, pass cache_positions and no memory (the cache holds it)")
+        raise BadValue("with a cache, pass cache_positions and no memory (the cache holds it)")
     if memory is not None:
         check_rank("memory", memory, 3, "[B, S, E]")
         if memory.shape[-1] != y.shape[-1] or memory.shape[0] != y.shape[0]:
-            raise ValueError(
+            raise BadValue(
                 f"memory {memory.shape} must be [B, S, E] with y's B and E, y is {y.shape}"
             )
     return has_memory

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.checks import (
+    BadValue,
     check_bool_array,
     check_int,
     check_int_array,
@@ -28,8 +29,9 @@ def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> ja
     S = T if S is None else S
     check_int("causal_mask's T", T)
     check_int("causal_mask's S", S)
-    q_pos = jnp.arange(T)[:, None] + offset
-    return jnp.arange(S)[None, :] <= q_pos
+    lead = (1,) * max(jnp.ndim(offset) - 2, 0)  # [B, 1] of a per-row offset
+    q_pos = jnp.arange(T).reshape(*lead, T, 1) + offset
+    return jnp.arange(S).reshape(*lead, 1, S) <= q_pos
 
 
 def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
@@ -46,7 +48,7 @@ def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
     check_rank("q_valid", q_valid, 2)
     check_bool_array("q_valid", q_valid, "(True = real token)")
     if q_valid.shape[0] != k_valid.shape[0]:
-        raise ValueError(
+        raise BadValue(
             f"padding_mask: batch sizes differ: q_valid {q_valid.shape}, k_valid {k_valid.shape}"
         )
     return q_valid[:, None, :, None] & mask
@@ -107,7 +109,7 @@ def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
     check_int_array("q_segments", q_segments, "of segment ids")
     check_int_array("k_segments", k_segments, "of segment ids")
     if q_segments.shape[0] != k_segments.shape[0]:
-        raise ValueError(
+        raise BadValue(
             f"segment_mask: batch sizes differ: q_segments {q_segments.shape}, "
             f"k_segments {k_segments.shape}"
         )
@@ -148,9 +150,10 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
         np.broadcast_shapes(*(np.shape(m) for m in present))
     except ValueError:
         shapes = [tuple(np.shape(m)) for m in present]
-        raise ValueError(f"combine_masks: the masks' shapes {shapes} do not broadcast") from None
-    out = present[0]
-    for m in present[1:]:
+        raise BadValue(f"combine_masks: the masks' shapes {shapes} do not broadcast") from None
+    rank = max(jnp.ndim(m) for m in present)  # lead with 1s explicitly: [T, S] -> [1, 1, T, S]
+    out, *rest = (jnp.reshape(m, (1,) * (rank - jnp.ndim(m)) + jnp.shape(m)) for m in present)
+    for m in rest:
         out = jnp.logical_and(out, m)
     return out
 

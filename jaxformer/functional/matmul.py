@@ -28,7 +28,9 @@ def einsum_f32(spec: str, x: jax.Array, w: jax.Array, bias: jax.Array | None = N
         out = jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
     else:
         out = _low_precision_einsum(spec, x, w)
-    return (out if bias is None else out + bias).astype(x.dtype)
+    if bias is not None:  # over the trailing axes of out, shaped explicitly
+        out = out + bias.reshape((1,) * (out.ndim - bias.ndim) + bias.shape)
+    return out.astype(x.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

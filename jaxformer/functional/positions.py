@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.checks import (
+    BadValue,
     check_choice,
     check_even,
     check_float_array,
@@ -60,11 +61,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0) -> 
     check_even("head dim D", D, "rotary embeddings")
     check_int_array("positions", positions, "of positions")
     if positions.ndim not in (1, 2) or positions.shape[-1] != x.shape[1]:
-        raise ValueError(
+        raise BadValue(
             f"positions must be [T] or [B, T] with T={x.shape[1]}, got shape {positions.shape}"
         )
     inv_freq = 1.0 / np.power(base, np.arange(0, D, 2, dtype=np.float64) / D)
-    angle = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    inv_freq = jnp.asarray(inv_freq, jnp.float32).reshape((1,) * positions.ndim + (-1,))
+    angle = positions.astype(jnp.float32)[..., None] * inv_freq
     if angle.ndim == 2:
         angle = angle[None]
     sin, cos = jnp.sin(angle)[:, :, None, :], jnp.cos(angle)[:, :, None, :]

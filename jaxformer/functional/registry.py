@@ -24,6 +24,8 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from jaxformer.checks import BadType, BadValue, MissingFile
+
 
 class Variant(NamedTuple):
     fn: Callable
@@ -42,12 +44,12 @@ class Registry:
         if fn is None:
             return lambda fn: self.register(name, fn, **options)
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"a {self.kind} name must be a Python identifier, got {name!r}")
+            raise BadValue(f"a {self.kind} name must be a Python identifier, got {name!r}")
         if not callable(fn):
-            raise TypeError(f"{self.kind} {name!r} must be a function, got {type(fn).__name__}")
+            raise BadType(f"{self.kind} {name!r} must be a function, got {type(fn).__name__}")
         known = self._variants.get(name)
         if known is not None and not _same_definition(known.fn, fn):
-            raise ValueError(f"{self.kind} {name!r} is already registered; choose another name")
+            raise BadValue(f"{self.kind} {name!r} is already registered; choose another name")
         self._variants[name] = Variant(fn, options)
         return fn
 
@@ -60,9 +62,9 @@ class Registry:
         is the argument's name in the error (default the registry's kind)."""
         what = what or self.kind
         if not isinstance(name, str):
-            raise TypeError(f"{what} must be a string, got {name!r}")
+            raise BadType(f"{what} must be a string, got {name!r}")
         if name not in self._variants and name not in also:
-            raise ValueError(
+            raise BadValue(
                 f"{what} must be one of {also + self.names}, got {name!r} (a variant of "
                 f"your own: {self.where}.register({name!r}, fn) in a module imported before "
                 "the model is built or restored; the jaxformer command: --variants FILE.py)"
@@ -117,6 +119,6 @@ def import_variants(sources: list[str]) -> None:
             importlib.import_module(source)
             continue
         if not path.is_file():
-            raise FileNotFoundError(f"--variants {source}: no such file")
+            raise MissingFile(f"--variants {source}: no such file")
         spec = importlib.util.spec_from_file_location(f"jaxformer_variants_{path.stem}", path)
         spec.loader.exec_module(importlib.util.module_from_spec(spec))

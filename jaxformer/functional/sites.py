@@ -26,6 +26,8 @@ import fnmatch
 import threading
 from collections.abc import Callable, Iterable
 
+from jaxformer.checks import BadValue
+
 _local = threading.local()
 
 
@@ -55,7 +57,7 @@ class Recording:
         unknown += [p for p in self.interventions if p not in self.seen]
         if unknown:
             sites = list(dict.fromkeys(self.seen))  # in order, once each
-            raise ValueError(f"no site {unknown[0]!r} in this forward pass; the sites are {sites}")
+            raise BadValue(f"no site {unknown[0]!r} in this forward pass; the sites are {sites}")
 
 
 def _active() -> Recording | None:

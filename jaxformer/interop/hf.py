@@ -26,16 +26,29 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from flax import nnx
 
+from jaxformer.checks import BadType, BadValue, MissingFile, MissingPackage
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import ByteTokenizer, HFTokenizer
 from jaxformer.functional.positions import sinusoidal_positions
-from jaxformer.interop.weights import Path, dotted, fill_params, params_of
+from jaxformer.interop.weights import (
+    Link,
+    Path,
+    attention,
+    dense,
+    fill_params,
+    from_jax,
+    heads_out,
+    layer_norm,
+    packed_attention,
+    params_of,
+    same,
+    to_jax,
+)
 from jaxformer.models import DecoderLM, Transformer
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -54,15 +67,6 @@ BART_POSITION_OFFSET = 2
 OUTSIDE_BASE_MODEL = ("lm_head.weight", "final_logits_bias")
 
 
-class Link(NamedTuple):
-    """Hugging Face weights <-> jaxformer parameters, in both directions."""
-
-    hf_names: tuple[str, ...]
-    paths: tuple[Path, ...]
-    to_jax: Callable[[list[np.ndarray]], list[np.ndarray]]
-    to_hf: Callable[[list[np.ndarray]], list[np.ndarray]]
-
-
 # --- in ------------------------------------------------------------------------------------
 
 
@@ -75,16 +79,8 @@ def from_hf(model_or_path) -> Transformer | DecoderLM:
     target = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
     weights = _strip_prefix(weights, hf_config["model_type"])
     links = _links(hf_config["model_type"], config)
-    arrays: dict[Path, np.ndarray] = {}
-    for link in links:
-        missing = [n for n in link.hf_names if n not in weights]
-        if missing:
-            raise ValueError(f"from_hf: the checkpoint has no weight {missing[0]!r}")
-        arrays.update(
-            zip(link.paths, link.to_jax([weights[n] for n in link.hf_names]), strict=True)
-        )
-    used = {n for link in links for n in link.hf_names}
-    _check_leftovers(weights, used, hf_config, config)
+    arrays = to_jax(links, weights, "from_hf")
+    _check_leftovers(weights, {n for link in links for n in link.names}, hf_config, config)
     fill_params(target, arrays, "from_hf")
     return target
 
@@ -96,7 +92,7 @@ def load(folder: str | pathlib.Path) -> tuple[Transformer | DecoderLM, HFTokeniz
     model = from_hf(folder)
     path = pathlib.Path(folder) / TOKENIZER_FILE
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{folder}: no {TOKENIZER_FILE}; jaxformer reads Hugging Face's tokenizer.json "
             "(sentencepiece files alone, as in OPUS-MT folders, are not supported)"
         )
@@ -106,10 +102,10 @@ def load(folder: str | pathlib.Path) -> tuple[Transformer | DecoderLM, HFTokeniz
     ids = dict(pad_id=c.get("pad_token_id"), bos_id=bos, eos_id=eos)
     ids = {k: eos if v is None else v for k, v in ids.items()}
     if eos is None:
-        raise ValueError(f"{folder}/{CONFIG_FILE} names no eos_token_id")
+        raise BadValue(f"{folder}/{CONFIG_FILE} names no eos_token_id")
     tokenizer = HFTokenizer.from_file(path, **ids)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(
+        raise BadValue(
             f"{path} has {tokenizer.vocab_size} tokens, more than the model's "
             f"vocab_size={model.config.vocab_size}"
         )
@@ -127,13 +123,13 @@ def config_from_hf(hf_config: dict[str, Any]) -> TransformerConfig:
     """The TransformerConfig of a Hugging Face config (a dict, as in config.json)."""
     model_type = hf_config.get("model_type")
     if model_type not in MODEL_TYPES:
-        raise ValueError(
+        raise BadValue(
             f"model_type {model_type!r} is not supported; jaxformer converts {list(MODEL_TYPES)}"
         )
     fields = _gpt2_fields(hf_config) if model_type == "gpt2" else _seq2seq_fields(hf_config)
     activation = hf_config.get("activation_function", "gelu_new")
     if activation not in ACTIVATIONS:
-        raise ValueError(
+        raise BadValue(
             f"activation_function={activation!r} has no jaxformer counterpart; supported: "
             f"{list(ACTIVATIONS)}"
         )
@@ -176,14 +172,12 @@ def _seq2seq_fields(c: dict) -> dict:
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"),
                  ("encoder_ffn_dim", "decoder_ffn_dim")):  # fmt: skip
         if c[a] != c[b]:
-            raise ValueError(f"{a}={c[a]} differs from {b}={c[b]}: jaxformer's stacks share one")
+            raise BadValue(f"{a}={c[a]} differs from {b}={c[b]}: jaxformer's stacks share one")
     ties = {k: c.get(k, True) for k in ("tie_word_embeddings", "share_encoder_decoder_embeddings")}
     if not all(ties.values()):
-        raise ValueError(
-            f"{ties}: jaxformer's Transformer ties source, target and output embeddings"
-        )
+        raise BadValue(f"{ties}: jaxformer's Transformer ties source, target and output embeddings")
     if c.get("decoder_vocab_size") not in (None, c["vocab_size"]):
-        raise ValueError(f"decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size")
+        raise BadValue(f"decoder_vocab_size={c['decoder_vocab_size']} differs from vocab_size")
     for name in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
         _refuse(c, name, True, "BART and Marian here are post-LN without extra norms")
     bart = c["model_type"] == "bart"
@@ -209,7 +203,7 @@ def _seq2seq_fields(c: dict) -> dict:
 
 def _refuse(c: dict, name: str, value, why: str) -> None:
     if c.get(name) == value:
-        raise ValueError(f"{name}={value} has no jaxformer counterpart: {why}")
+        raise BadValue(f"{name}={value} has no jaxformer counterpart: {why}")
 
 
 def _read(model_or_path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -217,7 +211,7 @@ def _read(model_or_path) -> tuple[dict, dict[str, np.ndarray]]:
     if isinstance(model_or_path, (str, pathlib.Path)):
         return _read_folder(pathlib.Path(model_or_path))
     if not (hasattr(model_or_path, "config") and hasattr(model_or_path, "state_dict")):
-        raise TypeError(
+        raise BadType(
             "from_hf takes a transformers model or a folder path, got "
             f"{type(model_or_path).__name__}"
         )
@@ -229,7 +223,7 @@ def _read(model_or_path) -> tuple[dict, dict[str, np.ndarray]]:
 
 def _read_folder(folder: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
     if not (folder / CONFIG_FILE).is_file():
-        raise FileNotFoundError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face model folder)")
+        raise MissingFile(f"{folder}: no {CONFIG_FILE} (not a Hugging Face model folder)")
     hf_config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
     if (folder / INDEX_FILE).is_file():
         index = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))
@@ -238,7 +232,7 @@ def _read_folder(folder: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
         files = [folder / WEIGHTS_FILE]
     else:
         found = sorted(p.name for p in folder.iterdir())
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{folder}: no {WEIGHTS_FILE} (jaxformer reads safetensors weights; found {found})"
         )
     safetensors_numpy = _import("safetensors.numpy")
@@ -266,12 +260,12 @@ def _check_leftovers(weights: dict, used: set, hf_config: dict, config: Transfor
             table = sinusoidal_positions(config.max_len, config.d_model, layout="halves")
             _check_equal(name, weights[name], np.asarray(table), "Marian's fixed sinusoids")
         elif not name.endswith((".attn.bias", ".attn.masked_bias")):  # GPT-2's old mask buffers
-            raise ValueError(f"from_hf: the weight {name!r} has no jaxformer counterpart")
+            raise BadValue(f"from_hf: the weight {name!r} has no jaxformer counterpart")
 
 
 def _check_equal(name: str, got: np.ndarray, expected: np.ndarray, what: str) -> None:
     if got.shape != expected.shape or not np.allclose(got, expected, rtol=0, atol=1e-6):
-        raise ValueError(f"from_hf: {name} differs from {what}; jaxformer cannot represent it")
+        raise BadValue(f"from_hf: {name} differs from {what}; jaxformer cannot represent it")
 
 
 # --- out -----------------------------------------------------------------------------------
@@ -288,11 +282,11 @@ def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, tokeniz
     """
     model_type = _model_type_of(model)
     if model.config.scan_layers:
-        raise ValueError("to_hf: scan_layers=True stacks the layers; convert a model without it")
+        raise BadValue("to_hf: scan_layers=True stacks the layers; convert a model without it")
     hf_config = _hf_config(model_type, model.config, tokenizer or ByteTokenizer())
     differences = _differences(model.config, config_from_hf(hf_config))
     if differences:
-        raise ValueError(f"to_hf: {model_type} cannot hold this model: {differences}")
+        raise BadValue(f"to_hf: {model_type} cannot hold this model: {differences}")
     weights = _hf_weights(model, model_type)
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -306,13 +300,8 @@ def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, tokeniz
 
 def _hf_weights(model, model_type: str) -> dict[str, np.ndarray]:
     """The model's parameters under their Hugging Face names."""
-    params = params_of(model)
-    weights = {}
-    for link in _links(model_type, model.config):
-        arrays = link.to_hf([params.pop(p) for p in link.paths])
-        weights.update(zip(link.hf_names, arrays, strict=True))
-    if params:
-        raise ValueError(f"to_hf: {model_type} has no place for {sorted(map(dotted, params))}")
+    links = _links(model_type, model.config)
+    weights = from_jax(links, params_of(model), f"to_hf: {model_type}")
     prefix = "transformer." if model_type == "gpt2" else "model."
     return {
         (k if k in OUTSIDE_BASE_MODEL else prefix + k): np.ascontiguousarray(v)
@@ -324,13 +313,13 @@ def _model_type_of(model) -> str:
     if isinstance(model, DecoderLM):
         return "gpt2"
     if not isinstance(model, Transformer):
-        raise TypeError(f"to_hf converts a Transformer or a DecoderLM, got {type(model).__name__}")
+        raise BadType(f"to_hf converts a Transformer or a DecoderLM, got {type(model).__name__}")
     position = model.config.position_embedding
     if position == "sinusoidal_halves":
         return "marian"
     if position == "learned" and model.config.embed_norm:
         return "bart"
-    raise ValueError(
+    raise BadValue(
         f"to_hf: a Transformer with position_embedding={position!r} and embed_norm="
         f"{model.config.embed_norm} is neither Marian ('sinusoidal_halves') nor BART "
         "('learned' with embed_norm)"
@@ -368,7 +357,7 @@ def _hf_config(model_type: str, c: TransformerConfig, tokenizer) -> dict:
     )
     activation = {v: k for k, v in ACTIVATIONS.items() if k not in ("gelu_pytorch_tanh", "silu")}
     if c.activation not in activation:
-        raise ValueError(
+        raise BadValue(
             f"to_hf: activation={c.activation!r} has no Hugging Face counterpart; "
             f"{model_type} takes {sorted(activation)}"
         )
@@ -410,107 +399,66 @@ def _links(model_type: str, c: TransformerConfig) -> list[Link]:
 
 def _gpt2_links(c: TransformerConfig) -> list[Link]:
     links = [
-        _same("wte.weight", ("inputs", "embed", "table")),
-        _same("wpe.weight", ("inputs", "positions", "table")),
-        *_norm("ln_f", ("decoder", "final_norm")),
+        same("wte.weight", ("inputs", "embed", "table")),
+        same("wpe.weight", ("inputs", "positions", "table")),
+        *layer_norm("ln_f", ("decoder", "final_norm")),
     ]
     if not c.share_embeddings:
-        links.append(_same("lm_head.weight", ("output_embed", "table")))
+        links.append(same("lm_head.weight", ("output_embed", "table")))
+    H = c.num_heads
     for i in range(c.num_decoder_layers):
         hf, jx = f"h.{i}", ("decoder", "layers", i)
-        links += [
-            *_norm(f"{hf}.ln_1", (*jx, "norm1")),
-            *_norm(f"{hf}.ln_2", (*jx, "norm3")),
-            *_fused_attention(c, f"{hf}.attn", (*jx, "self_attn")),
-            _same(f"{hf}.mlp.c_fc.weight", (*jx, "ffn", "w1")),  # Conv1D: [in, out]
-            _same(f"{hf}.mlp.c_fc.bias", (*jx, "ffn", "b1")),
-            _same(f"{hf}.mlp.c_proj.weight", (*jx, "ffn", "w2")),
-            _same(f"{hf}.mlp.c_proj.bias", (*jx, "ffn", "b2")),
+        links += [  # Conv1D layers: [in, out]
+            *layer_norm(f"{hf}.ln_1", (*jx, "norm1")),
+            *layer_norm(f"{hf}.ln_2", (*jx, "norm3")),
+            *packed_attention(
+                f"{hf}.attn.c_attn.weight",
+                f"{hf}.attn.c_attn.bias",
+                (*jx, "self_attn"),
+                H,
+                out_in=False,
+            ),
+            *heads_out(f"{hf}.attn.c_proj", (*jx, "self_attn"), H, out_in=False),
+            *dense(f"{hf}.mlp.c_fc", (*jx, "ffn"), "w1", "b1", out_in=False),
+            *dense(f"{hf}.mlp.c_proj", (*jx, "ffn"), "w2", "b2", out_in=False),
         ]
     return links
 
 
 def _embedding_links(c: TransformerConfig, model_type: str) -> list[Link]:
     links = [
-        _same("shared.weight", ("src_inputs", "embed", "table")),
+        same("shared.weight", ("src_inputs", "embed", "table")),
         Link(
             ("final_logits_bias",), (("logits_bias",),), lambda b: [b[0][0]], lambda b: [b[0][None]]
         ),
     ]
     if model_type == "bart":
         for stack, inputs in (("encoder", "src_inputs"), ("decoder", "tgt_inputs")):
-            links.append(Link(
-                (f"{stack}.embed_positions.weight",), ((inputs, "positions", "table"),),
-                lambda t: [t[0][BART_POSITION_OFFSET:]],
-                lambda t: [np.pad(t[0], ((BART_POSITION_OFFSET, 0), (0, 0)))],
-            ))  # fmt: skip
-            links += _norm(f"{stack}.layernorm_embedding", (inputs, "norm"))
+            links.append(
+                Link(
+                    (f"{stack}.embed_positions.weight",),
+                    ((inputs, "positions", "table"),),
+                    lambda t: [t[0][BART_POSITION_OFFSET:]],
+                    lambda t: [np.pad(t[0], ((BART_POSITION_OFFSET, 0), (0, 0)))],
+                )
+            )
+            links += layer_norm(f"{stack}.layernorm_embedding", (inputs, "norm"))
     return links
 
 
 def _seq2seq_layer_links(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
     decoder = jx[0] == "decoder"
     links = [
-        *_attention(c, f"{hf}.self_attn", (*jx, "self_attn")),
-        *_norm(f"{hf}.self_attn_layer_norm", (*jx, "norm1")),
-        *_linear(f"{hf}.fc1", (*jx, "ffn"), "w1", "b1"),
-        *_linear(f"{hf}.fc2", (*jx, "ffn"), "w2", "b2"),
-        *_norm(f"{hf}.final_layer_norm", (*jx, "norm3" if decoder else "norm2")),
+        *attention(f"{hf}.self_attn", (*jx, "self_attn"), c.num_heads),
+        *layer_norm(f"{hf}.self_attn_layer_norm", (*jx, "norm1")),
+        *dense(f"{hf}.fc1", (*jx, "ffn"), "w1", "b1", out_in=True),
+        *dense(f"{hf}.fc2", (*jx, "ffn"), "w2", "b2", out_in=True),
+        *layer_norm(f"{hf}.final_layer_norm", (*jx, "norm3" if decoder else "norm2")),
     ]
     if decoder:
-        links += _attention(c, f"{hf}.encoder_attn", (*jx, "cross_attn"))
-        links += _norm(f"{hf}.encoder_attn_layer_norm", (*jx, "norm2"))
+        links += attention(f"{hf}.encoder_attn", (*jx, "cross_attn"), c.num_heads)
+        links += layer_norm(f"{hf}.encoder_attn_layer_norm", (*jx, "norm2"))
     return links
-
-
-def _same(hf_name: str, path: Path) -> Link:
-    return Link((hf_name,), (path,), list, list)
-
-
-def _norm(hf: str, jx: Path) -> list[Link]:
-    return [_same(f"{hf}.weight", (*jx, "scale")), _same(f"{hf}.bias", (*jx, "bias"))]
-
-
-def _linear(hf: str, jx: Path, w: str, b: str) -> list[Link]:
-    """nn.Linear: weight [out, in], y = x W^T + b; jaxformer's weight is [in, out]."""
-    transpose = lambda a: [a[0].T]  # noqa: E731
-    return [
-        Link((f"{hf}.weight",), ((*jx, w),), transpose, transpose),
-        _same(f"{hf}.bias", (*jx, b)),
-    ]
-
-
-def _attention(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
-    """q/k/v/out_proj nn.Linear layers <-> wq, wk, wv [E, H, D], wo [H, D, E] and biases."""
-    E, H = c.d_model, c.num_heads
-    links = []
-    for name, w, b in (("q_proj", "wq", "bq"), ("k_proj", "wk", "bk"), ("v_proj", "wv", "bv")):
-        links.append(Link((f"{hf}.{name}.weight",), ((*jx, w),),
-                          lambda a: [a[0].T.reshape(E, H, -1)], lambda a: [a[0].reshape(E, -1).T]))  # fmt: skip
-        links.append(Link((f"{hf}.{name}.bias",), ((*jx, b),),
-                          lambda a: [a[0].reshape(H, -1)], lambda a: [a[0].reshape(-1)]))  # fmt: skip
-    links.append(Link((f"{hf}.out_proj.weight",), ((*jx, "wo"),),
-                      lambda a: [a[0].T.reshape(H, -1, E)], lambda a: [a[0].reshape(-1, E).T]))  # fmt: skip
-    links.append(_same(f"{hf}.out_proj.bias", (*jx, "bo")))
-    return links
-
-
-def _fused_attention(c: TransformerConfig, hf: str, jx: Path) -> list[Link]:
-    """GPT-2's Conv1D c_attn [E, 3E] (q, k, v side by side) and c_proj [E, E], both [in, out]."""
-    E, H = c.d_model, c.num_heads
-    qkv_w = tuple((*jx, n) for n in ("wq", "wk", "wv"))
-    qkv_b = tuple((*jx, n) for n in ("bq", "bk", "bv"))
-    return [
-        Link((f"{hf}.c_attn.weight",), qkv_w,
-             lambda a: [w.reshape(E, H, -1) for w in np.split(a[0], 3, axis=1)],
-             lambda ws: [np.concatenate([w.reshape(E, -1) for w in ws], axis=1)]),
-        Link((f"{hf}.c_attn.bias",), qkv_b,
-             lambda a: [b.reshape(H, -1) for b in np.split(a[0], 3)],
-             lambda bs: [np.concatenate([b.reshape(-1) for b in bs])]),
-        Link((f"{hf}.c_proj.weight",), ((*jx, "wo"),),
-             lambda a: [a[0].reshape(H, -1, E)], lambda a: [a[0].reshape(-1, E)]),
-        _same(f"{hf}.c_proj.bias", (*jx, "bo")),
-    ]  # fmt: skip
 
 
 def _import(name: str):
@@ -519,6 +467,6 @@ def _import(name: str):
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise ImportError(
+        raise MissingPackage(
             f"jaxformer.interop.hf needs {name.split('.')[0]}: pip install 'jaxformer[hf]'"
         ) from None

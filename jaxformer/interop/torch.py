@@ -29,15 +29,24 @@ not), and a query with no key to attend to gives NaN in torch and zeros in jaxfo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxformer import nn as jnn
+from jaxformer.checks import BadType, BadValue, MissingPackage
 from jaxformer.config import TransformerConfig
-from jaxformer.interop.weights import Path, dotted, fill_params, params_of
+from jaxformer.interop.weights import (
+    Link,
+    dense,
+    fill_params,
+    from_jax,
+    heads_out,
+    layer_norm,
+    packed_attention,
+    params_of,
+    to_jax,
+)
 
 
 def from_torch(module) -> nnx.Module:
@@ -75,12 +84,12 @@ def from_torch(module) -> nnx.Module:
             return classes[kind](config, rngs=nnx.Rngs(0))
 
     target = nnx.eval_shape(build)  # no memory for random weights: every one is set below
-    num_heads = _num_heads(module)
-    arrays: dict[Path, np.ndarray] = {}
-    for name, tensor in module.state_dict().items():
-        paths, to_jax, _ = _rule(name, num_heads)
-        arrays.update(zip(paths, to_jax(_numpy(tensor)), strict=True))
-    fill_params(target, arrays, "from_torch")
+    weights = {name: _numpy(tensor) for name, tensor in module.state_dict().items()}
+    links = _links(module)
+    extra = sorted(set(weights) - {name for link in links for name in link.names})
+    if extra:
+        raise BadValue(f"from_torch: no jaxformer counterpart for the torch weights {extra}")
+    fill_params(target, to_jax(links, weights, "from_torch"), "from_torch")
     return target
 
 
@@ -112,23 +121,8 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
         )
     else:
         out = _build_torch(module, batch_first, dropout, dtype)
-    params = params_of(module)
-    state = {}
-    used: set[Path] = set()
-    num_heads = _num_heads(out)
-    for name in out.state_dict():
-        paths, _, to_torch_array = _rule(name, num_heads)
-        missing = [p for p in paths if p not in params]
-        if missing:
-            raise ValueError(
-                f"to_torch: the jaxformer module has no parameter {dotted(missing[0])}"
-            )
-        used.update(paths)
-        array = to_torch_array([params[p] for p in paths])
-        state[name] = torch.tensor(array, dtype=dtype)
-    unused = sorted(dotted(p) for p in set(params) - used)
-    if unused:
-        raise ValueError(f"to_torch: torch has no place for the parameters {unused}")
+    weights = from_jax(_links(out), params_of(module), "to_torch: torch")
+    state = {name: torch.tensor(array, dtype=dtype) for name, array in weights.items()}
     out.load_state_dict(state, strict=True)
     return out
 
@@ -151,7 +145,7 @@ def config_from_torch(module) -> TransformerConfig:
             continue
         for i, layer in enumerate(stack.layers):
             if type(layer) is not layer_classes[name]:
-                raise ValueError(
+                raise BadValue(
                     f"{where}layers.{i}: a {type(layer).__name__} cannot be converted, only a "
                     f"torch.nn.{layer_classes[name].__name__}"
                 )
@@ -163,13 +157,13 @@ def config_from_torch(module) -> TransformerConfig:
     for where, o in options[1:]:
         for key, value in o.items():
             if value != first[key]:
-                raise ValueError(
+                raise BadValue(
                     f"{where}{key}={value!r} differs from {where0}{key}={first[key]!r}: the "
                     "layers of a jaxformer model share one set of options"
                 )
     present = {where: norm is not None for where, norm in final_norms.items()}
     if len(set(present.values())) > 1:
-        raise ValueError(
+        raise BadValue(
             f"final norm present: {present}; jaxformer's final_norm option applies to both stacks"
         )
     for where, norm in final_norms.items():
@@ -209,7 +203,7 @@ def _stacks(module) -> list[tuple[str, str, object]]:
         parts = [(name, f"{name}.", getattr(module, name)) for name in ("encoder", "decoder")]
         for name, _, stack in parts:
             if type(stack) is not stack_classes[name]:
-                raise ValueError(
+                raise BadValue(
                     f"custom_{name}: a {type(stack).__name__} cannot be converted, only a "
                     f"torch.nn.{stack_classes[name].__name__}"
                 )
@@ -218,7 +212,7 @@ def _stacks(module) -> list[tuple[str, str, object]]:
         return [("encoder" if kind is tnn.TransformerEncoder else "decoder", "", module)]
     if kind in (tnn.TransformerEncoderLayer, tnn.TransformerDecoderLayer):
         return [("encoder" if kind is tnn.TransformerEncoderLayer else "decoder", "", None)]
-    raise TypeError(
+    raise BadType(
         "from_torch converts torch.nn.MultiheadAttention, TransformerEncoderLayer, "
         "TransformerDecoderLayer, TransformerEncoder, TransformerDecoder and Transformer "
         f"(exactly these classes), got {kind.__module__}.{kind.__qualname__}"
@@ -239,26 +233,26 @@ def mask_from_torch(attn_mask=None, key_padding_mask=None, *, num_heads: int | N
             masks.append(allowed[None, None])
         elif allowed.ndim == 3:
             if num_heads is None or allowed.shape[0] % num_heads:
-                raise ValueError(
+                raise BadValue(
                     f"attn_mask of shape {allowed.shape} is [B * num_heads, T, S]: pass "
                     f"num_heads dividing {allowed.shape[0]}, got num_heads={num_heads}"
                 )
             masks.append(allowed.reshape(-1, num_heads, *allowed.shape[1:]))
         else:
-            raise ValueError(
+            raise BadValue(
                 f"attn_mask must have shape [T, S] or [B * num_heads, T, S], got {allowed.shape}"
             )
     if key_padding_mask is not None:
         allowed = _allowed("key_padding_mask", key_padding_mask)
         if allowed.ndim != 2:
-            raise ValueError(f"key_padding_mask must have shape [B, S], got {allowed.shape}")
+            raise BadValue(f"key_padding_mask must have shape [B, S], got {allowed.shape}")
         masks.append(allowed[:, None, None, :])
     if not masks:
         return None
     try:
         return jnp.asarray(np.logical_and.reduce(np.broadcast_arrays(*masks)))
     except ValueError:
-        raise ValueError(
+        raise BadValue(
             f"attn_mask {masks[0].shape} and key_padding_mask {masks[1].shape} (as [B, H, T, S]) "
             "do not broadcast together"
         ) from None
@@ -271,7 +265,7 @@ def _import_torch():
     try:
         import torch
     except ImportError:
-        raise ImportError(
+        raise MissingPackage(
             "jaxformer.interop.torch needs PyTorch: pip install 'jaxformer[torch]'"
         ) from None
     return torch
@@ -287,7 +281,7 @@ def _param_dtype(module) -> str:
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
     dtypes = {p.dtype for p in module.parameters()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in names:
-        raise ValueError(
+        raise BadValue(
             f"dtype {sorted(map(str, dtypes))}: jaxformer converts modules whose "
             "parameters are all float32 or all bfloat16 (call module.float() first)"
         )
@@ -297,17 +291,17 @@ def _param_dtype(module) -> str:
 def _attention_options(mha, where: str) -> dict:
     """Options of a torch MultiheadAttention, refusing what jaxformer cannot represent."""
     if not mha._qkv_same_embed_dim:
-        raise ValueError(
+        raise BadValue(
             f"{where}kdim={mha.kdim}, vdim={mha.vdim} differ from embed_dim={mha.embed_dim}: "
             "jaxformer's keys and values come from inputs of size d_model"
         )
     if mha.bias_k is not None or mha.bias_v is not None:
-        raise ValueError(f"{where}add_bias_kv=True has no jaxformer counterpart")
+        raise BadValue(f"{where}add_bias_kv=True has no jaxformer counterpart")
     if mha.add_zero_attn:
-        raise ValueError(f"{where}add_zero_attn=True has no jaxformer counterpart")
+        raise BadValue(f"{where}add_zero_attn=True has no jaxformer counterpart")
     bias = mha.in_proj_bias is not None
     if (mha.out_proj.bias is not None) != bias:
-        raise ValueError(
+        raise BadValue(
             f"{where}bias: in_proj_bias and out_proj.bias must both be present or both absent"
         )
     return dict(
@@ -328,14 +322,14 @@ def _layer_options(layer, where: str) -> dict:
     for name, other in options.items():
         for key in ("d_model", "num_heads", "attention_dropout"):
             if other[key] != o[key]:
-                raise ValueError(
+                raise BadValue(
                     f"{where}{name}.{key}={other[key]} differs from self_attn.{key}={o[key]}"
                 )
     dropouts = {
         float(m.p) for n, m in layer.named_children() if n.startswith("dropout") and n != "dropout"
     }
     if len(dropouts) != 1:
-        raise ValueError(
+        raise BadValue(
             f"{where}dropout: the residual dropouts differ ({sorted(dropouts)}); jaxformer has one"
         )
     o = dict(
@@ -355,12 +349,12 @@ def _layer_options(layer, where: str) -> dict:
         biases[name] = norm.bias is not None
         eps[name] = norm.eps
     if len(set(biases.values())) > 1:
-        raise ValueError(
+        raise BadValue(
             f"{where}bias: torch's bias flag is mixed across sub-layers ({biases}); jaxformer "
             "converts all-bias or no-bias layers"
         )
     if len(set(eps.values())) > 1:
-        raise ValueError(f"{where}layer_norm_eps differs between the norms ({eps})")
+        raise BadValue(f"{where}layer_norm_eps differs between the norms ({eps})")
     o["layer_norm_eps"] = float(next(iter(eps.values())))
     return o
 
@@ -372,7 +366,7 @@ def _activation_name(fn, where: str) -> str:
         return "relu"
     if fn is F.gelu or (type(fn) is torch.nn.GELU and fn.approximate == "none"):
         return "gelu"
-    raise ValueError(
+    raise BadValue(
         f"{where}activation={fn!r} cannot be represented: jaxformer converts relu and exact "
         "(erf) gelu, given as 'relu'/'gelu', F.relu/F.gelu or nn.ReLU()/nn.GELU()"
     )
@@ -381,11 +375,11 @@ def _activation_name(fn, where: str) -> str:
 def _check_layer_norm(norm, where: str, d_model: int) -> None:
     torch = _import_torch()
     if type(norm) is not torch.nn.LayerNorm:
-        raise ValueError(f"{where}: a {type(norm).__name__} cannot be converted, only a LayerNorm")
+        raise BadValue(f"{where}: a {type(norm).__name__} cannot be converted, only a LayerNorm")
     if not norm.elementwise_affine:
-        raise ValueError(f"{where}: elementwise_affine=False has no jaxformer counterpart")
+        raise BadValue(f"{where}: elementwise_affine=False has no jaxformer counterpart")
     if tuple(norm.normalized_shape) != (d_model,):
-        raise ValueError(
+        raise BadValue(
             f"{where}: normalized_shape={tuple(norm.normalized_shape)}, expected ({d_model},)"
         )
 
@@ -394,23 +388,15 @@ def _check_final_norm(norm, where: str, layer_options: dict) -> None:
     """A stack's final norm must match its layers' norms in eps and bias."""
     _check_layer_norm(norm, where, layer_options["d_model"])
     if norm.eps != layer_options["layer_norm_eps"]:
-        raise ValueError(
+        raise BadValue(
             f"{where}.eps={norm.eps} differs from the layers' layer_norm_eps="
             f"{layer_options['layer_norm_eps']}: jaxformer has one norm_eps"
         )
     if (norm.bias is not None) != layer_options["bias"]:
-        raise ValueError(
+        raise BadValue(
             f"{where}.bias: the final norm has bias={norm.bias is not None}, the layers "
             f"bias={layer_options['bias']}: jaxformer has one norm_bias"
         )
-
-
-def _num_heads(module) -> int:
-    torch = _import_torch()
-    for m in module.modules():
-        if isinstance(m, torch.nn.MultiheadAttention):
-            return m.num_heads
-    raise ValueError(f"{type(module).__name__} has no attention")
 
 
 # --- jaxformer side --------------------------------------------------------------------
@@ -420,29 +406,29 @@ def _jax_attention_options(mha: jnn.MultiHeadAttention, where: str) -> dict:
     E, H, Dk = mha.wq.shape
     K, Dv = mha.wk.shape[1], mha.wv.shape[2]
     if K != H:
-        raise ValueError(
+        raise BadValue(
             f"{where}num_kv_heads={K} differs from num_heads={H}: torch's MultiheadAttention "
             "has no grouped key/value heads"
         )
     if E % H or Dk != E // H:
-        raise ValueError(f"{where}d_k={Dk}: torch's head dim is d_model / num_heads = {E / H:g}")
+        raise BadValue(f"{where}d_k={Dk}: torch's head dim is d_model / num_heads = {E / H:g}")
     if Dv != E // H:
-        raise ValueError(f"{where}d_v={Dv}: torch's head dim is d_model / num_heads = {E // H}")
+        raise BadValue(f"{where}d_v={Dv}: torch's head dim is d_model / num_heads = {E // H}")
     return dict(d_model=E, num_heads=H, bias=mha.use_bias)
 
 
 def _jax_layer_options(layer, where: str) -> dict:
     if isinstance(layer, jnn.DecoderLayer) and not layer.cross_attention:
-        raise ValueError(
+        raise BadValue(
             f"{where}cross_attention=False (a decoder-only layer): torch's "
             "TransformerDecoderLayer always has cross-attention"
         )
     o = _jax_attention_options(layer.self_attn, f"{where}self_attn.")
     opts = layer.opts
     if opts.norm != "layer":
-        raise ValueError(f"{where}norm={opts.norm!r}: torch's layers use LayerNorm")
+        raise BadValue(f"{where}norm={opts.norm!r}: torch's layers use LayerNorm")
     if opts.activation not in ("relu", "gelu"):
-        raise ValueError(f"{where}activation={opts.activation!r}: torch's layers take relu or gelu")
+        raise BadValue(f"{where}activation={opts.activation!r}: torch's layers take relu or gelu")
     norms = [getattr(layer, n) for n in ("norm1", "norm2", "norm3") if hasattr(layer, n)]
     biases = {
         "attention_bias": layer.self_attn.use_bias,
@@ -450,7 +436,7 @@ def _jax_layer_options(layer, where: str) -> dict:
         "norm_bias": all(n.use_bias for n in norms),
     }
     if len(set(biases.values())) > 1:
-        raise ValueError(
+        raise BadValue(
             f"{where}bias: torch's one bias flag covers attention, feed-forward and norms; "
             f"got {biases}"
         )
@@ -478,12 +464,12 @@ def _build_torch(module, batch_first: bool, dropout: float | None, dtype):
 
     def stack(jstack, name, where):
         if jstack.scan:
-            raise ValueError(
+            raise BadValue(
                 f"{where}layers are stacked (scan_layers=True); to_torch converts a model "
                 "built with scan_layers=False"
             )
         if len(jstack.layers) == 0:
-            raise ValueError(f"{where}num_{name}_layers=0: torch's stacks need at least one layer")
+            raise BadValue(f"{where}num_{name}_layers=0: torch's stacks need at least one layer")
         kw = kwargs(jstack.layers[0], f"{where}layers.0.")
         layer_class = (
             tnn.TransformerEncoderLayer if name == "encoder" else tnn.TransformerDecoderLayer
@@ -518,79 +504,60 @@ def _build_torch(module, batch_first: bool, dropout: float | None, dtype):
             batch_first=batch_first,
             dtype=dtype,
         )
-    raise TypeError(
+    raise BadType(
         "to_torch converts jaxformer.nn.MultiHeadAttention, EncoderLayer, DecoderLayer, "
         f"EncoderStack, DecoderStack and EncoderDecoder, got {type(module).__name__}"
     )
 
 
-# --- one table of names, used in both directions ---------------------------------------
-
-Rule = tuple[
-    list[Path],
-    Callable[[np.ndarray], list[np.ndarray]],
-    Callable[[list[np.ndarray]], np.ndarray],
-]
+# --- one link table, used in both directions ------------------------------------------
 
 
-def _rule(name: str, H: int) -> Rule:
-    """torch state_dict key -> (jaxformer parameter paths, torch -> jax, jax -> torch).
+def _links(module) -> list[Link]:
+    """The link table of a torch module of the classes above, read from its structure:
+    torch's state-dict names <-> jaxformer parameter paths."""
+    if type(module) is _import_torch().nn.MultiheadAttention:
+        return _attention_links(module, "", ())
+    links = []
+    for _, where, stack in _stacks(module):
+        path = (where[:-1],) if where else ()  # "encoder." -> ("encoder",)
+        if stack is None:  # a single layer
+            links += _layer_links(module, "", ())
+            continue
+        for i, layer in enumerate(stack.layers):
+            links += _layer_links(layer, f"{where}layers.{i}.", (*path, "layers", i))
+        if stack.norm is not None:
+            bias = stack.norm.bias is not None
+            links += layer_norm(f"{where}norm", (*path, "final_norm"), bias=bias)
+    return links
 
-    Torch's Linear weights are [out, in] and y = x W^T + b; in_proj packs W_q, W_k, W_v
-    (and their biases) along the output axis, each splitting into heads h * D + d.
-    """
-    *parents, leaf = name.split(".")
-    path: list[str | int] = []
-    for p in parents:
-        if p.isdigit():
-            path.append(int(p))
-        elif p == "multihead_attn":
-            path.append("cross_attn")
-        elif p == "norm":  # a stack's final norm
-            path.append("final_norm")
-        elif p not in ("out_proj", "linear1", "linear2"):
-            path.append(p)
-    owner = parents[-1] if parents else ""
-    pre = tuple(path)
 
-    if leaf == "in_proj_weight":  # [3E, E]
-
-        def split_w(w):
-            E = w.shape[1]
-            return [w[i * E : (i + 1) * E].T.reshape(E, H, E // H) for i in range(3)]
-
-        def pack_w(ws):
-            return np.concatenate([w.reshape(w.shape[0], -1).T for w in ws])
-
-        return [pre + ("wq",), pre + ("wk",), pre + ("wv",)], split_w, pack_w
-    if leaf == "in_proj_bias":  # [3E]
-
-        def split_b(b):
-            E = b.shape[0] // 3
-            return [b[i * E : (i + 1) * E].reshape(H, E // H) for i in range(3)]
-
-        return (
-            [pre + ("bq",), pre + ("bk",), pre + ("bv",)],
-            split_b,
-            lambda bs: np.concatenate([b.reshape(-1) for b in bs]),
+def _layer_links(layer, where: str, path: tuple) -> list[Link]:
+    """An encoder or decoder layer: attention, cross-attention (multihead_attn), the
+    feed-forward linear1/linear2 and the norms."""
+    links = _attention_links(layer.self_attn, f"{where}self_attn.", (*path, "self_attn"))
+    if hasattr(layer, "multihead_attn"):
+        cross = (*path, "cross_attn")
+        links += _attention_links(layer.multihead_attn, f"{where}multihead_attn.", cross)
+    for i in (1, 2):
+        bias = getattr(layer, f"linear{i}").bias is not None
+        links += dense(
+            f"{where}linear{i}", (*path, "ffn"), f"w{i}", f"b{i}", out_in=True, bias=bias
         )
-    if owner == "out_proj":
-        if leaf == "weight":  # [E, E] -> wo [H, D, E]
-            return (
-                [pre + ("wo",)],
-                lambda w: [w.T.reshape(H, w.shape[0] // H, w.shape[0])],
-                lambda ws: ws[0].reshape(-1, ws[0].shape[-1]).T,
-            )
-        return [pre + ("bo",)], lambda b: [b], lambda bs: bs[0]
-    if owner in ("linear1", "linear2"):
-        i = owner[-1]
-        if leaf == "weight":  # [out, in] -> [in, out]
-            return [pre + ("ffn", f"w{i}")], lambda w: [w.T], lambda ws: ws[0].T
-        return [pre + ("ffn", f"b{i}")], lambda b: [b], lambda bs: bs[0]
-    if owner.startswith("norm"):
-        jax_leaf = {"weight": "scale", "bias": "bias"}[leaf]
-        return [pre + (jax_leaf,)], lambda x: [x], lambda xs: xs[0]
-    raise ValueError(f"no jaxformer counterpart for the torch weight {name!r}")
+    for name, child in layer.named_children():
+        if name.startswith("norm"):
+            links += layer_norm(f"{where}{name}", (*path, name), bias=child.bias is not None)
+    return links
+
+
+def _attention_links(mha, where: str, path: tuple) -> list[Link]:
+    """A MultiheadAttention: in_proj packs q, k, v [3E, E]; out_proj is a Linear."""
+    bias = mha.in_proj_bias is not None
+    in_bias = f"{where}in_proj_bias" if bias else None
+    return [
+        *packed_attention(f"{where}in_proj_weight", in_bias, path, mha.num_heads, out_in=True),
+        *heads_out(f"{where}out_proj", path, mha.num_heads, out_in=True, bias=bias),
+    ]
 
 
 def _allowed(name: str, mask) -> np.ndarray:
@@ -601,10 +568,10 @@ def _allowed(name: str, mask) -> np.ndarray:
     if mask.dtype == np.bool_:
         return ~mask
     if not np.issubdtype(mask.dtype, np.floating):
-        raise TypeError(f"{name} must be boolean or float (0 / -inf), got dtype {mask.dtype}")
+        raise BadType(f"{name} must be boolean or float (0 / -inf), got dtype {mask.dtype}")
     other = mask[(mask != 0) & ~np.isneginf(mask)]
     if other.size:
-        raise ValueError(
+        raise BadValue(
             f"{name} holds additive values other than 0 and -inf (e.g. {other.flat[0]}): "
             "jaxformer masks are boolean"
         )

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import functional as F
-from jaxformer.checks import check_instance, check_int
+from jaxformer.checks import BadValue, check_instance, check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.parameters import dropout_rng, dtype_of, param
@@ -371,7 +371,7 @@ def _run_layers(stack: _Stack, call, x, rng, *, cache=None) -> F.DecoderOutput:
     keys = None if rng is None else jax.random.split(rng, stack.num_layers)
     if stack.scan and cache is None:
         if F.sites.active():
-            raise ValueError(
+            raise BadValue(
                 "sites are named per layer: capture and intervene with scan_layers=False"
             )
         graphdef, stacked = nnx.split(stack.layers)

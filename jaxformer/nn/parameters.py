@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flax import nnx
 
-from jaxformer.checks import check_choice
+from jaxformer.checks import BadValue, check_choice
 from jaxformer.config import DTYPES
 
 # Logical axis names carried by parameters; jaxformer.parallel maps them to mesh axes.
@@ -34,5 +34,5 @@ def dropout_rng(deterministic: bool, rng):
     if deterministic:
         return None
     if rng is None:
-        raise ValueError("deterministic=False needs rng=<a jax.random key> for dropout")
+        raise BadValue("deterministic=False needs rng=<a jax.random key> for dropout")
     return rng

@@ -13,6 +13,8 @@ import time
 
 import jax
 
+from jaxformer.checks import BadValue, Unreachable
+
 
 def initialize(
     coordinator: str,
@@ -34,10 +36,10 @@ def initialize(
     DEADLINE_EXCEEDED (process 0 first prints what it is waiting for).
     """
     if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or timeout_s < 1:
-        raise ValueError(f"timeout_s must be a positive int (seconds), got {timeout_s!r}")
+        raise BadValue(f"timeout_s must be a positive int (seconds), got {timeout_s!r}")
     if coordinator == "auto":
         if num_processes is not None or process_id is not None:
-            raise ValueError(
+            raise BadValue(
                 "coordinator 'auto' reads the process count and id from the cluster; "
                 "do not also give num_processes or process_id"
             )
@@ -46,11 +48,11 @@ def initialize(
         _check_address(coordinator)
         for name, value in (("num_processes", num_processes), ("process_id", process_id)):
             if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{name} must be an int with a coordinator, got {value!r}")
+                raise BadValue(f"{name} must be an int with a coordinator, got {value!r}")
         if num_processes < 1:
-            raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+            raise BadValue(f"num_processes must be >= 1, got {num_processes}")
         if not 0 <= process_id < num_processes:
-            raise ValueError(
+            raise BadValue(
                 f"process_id must be in [0, {num_processes - 1}] for num_processes="
                 f"{num_processes}, got {process_id}"
             )
@@ -73,7 +75,7 @@ def initialize(
         if not any(code in str(e) for code in ("DEADLINE_EXCEEDED", "UNAVAILABLE")):
             raise
         where = f"process {process_id} of {num_processes}" if kwargs else "this process"
-        raise ConnectionError(
+        raise Unreachable(
             f"{where} could not join the coordinator at {coordinator} within {timeout_s} s: "
             "check that process 0 runs with the same --coordinator and --num-processes, "
             "that HOST:PORT is reachable from here and the port is open "
@@ -98,7 +100,7 @@ def _wait_for_port(coordinator: str, process_id: int, num_processes: int, timeou
                 return
         except OSError as e:
             if left <= 0:
-                raise ConnectionError(
+                raise Unreachable(
                     f"process {process_id} of {num_processes} could not reach the coordinator "
                     f"at {coordinator} within {timeout_s} s ({e}); start process 0 with the "
                     "same --coordinator, check HOST:PORT is reachable from here, or raise "
@@ -110,6 +112,6 @@ def _wait_for_port(coordinator: str, process_id: int, num_processes: int, timeou
 def _check_address(coordinator) -> None:
     host, sep, port = str(coordinator).rpartition(":")
     if not (isinstance(coordinator, str) and sep and host and port.isdigit()):
-        raise ValueError(f"coordinator must be HOST:PORT (or 'auto'), got {coordinator!r}")
+        raise BadValue(f"coordinator must be HOST:PORT (or 'auto'), got {coordinator!r}")
     if not 0 < int(port) < 65536:
-        raise ValueError(f"coordinator port must be in [1, 65535], got {port}")
+        raise BadValue(f"coordinator port must be in [1, 65535], got {port}")

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import AxisType, Mesh
 
+from jaxformer.checks import BadValue
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
@@ -32,20 +34,20 @@ def make_mesh(
     sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
     for name, size in sizes.items():
         if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
-            raise ValueError(f"mesh axis {name} must be a positive int or -1, got {size!r}")
+            raise BadValue(f"mesh axis {name} must be a positive int or -1, got {size!r}")
     free = [name for name, size in sizes.items() if size == -1]
     if len(free) > 1:
-        raise ValueError(f"only one mesh axis may be -1 (the rest), got {free} in {sizes}")
+        raise BadValue(f"only one mesh axis may be -1 (the rest), got {free} in {sizes}")
     fixed = math.prod(size for size in sizes.values() if size != -1)
     if free:
         if len(devices) % fixed:
-            raise ValueError(
+            raise BadValue(
                 f"mesh {_show(sizes)} does not fit {len(devices)} devices: "
                 f"{len(devices)} is not divisible by {fixed}"
             )
         sizes[free[0]] = len(devices) // fixed
     if math.prod(sizes.values()) != len(devices):
-        raise ValueError(
+        raise BadValue(
             f"mesh {_show(sizes)} needs {math.prod(sizes.values())} devices, but there are "
             f"{len(devices)}; make the product of the sizes equal the device count "
             "(or give one axis as -1)"
@@ -60,18 +62,16 @@ def parse_mesh(text: str) -> dict[str, int]:
     for part in text.split(","):
         name, sep, value = part.strip().partition("=")
         if not sep or name not in MESH_AXES:
-            raise ValueError(
+            raise BadValue(
                 f"mesh {text!r}: expected comma-separated AXIS=SIZE with AXIS in "
                 f"{MESH_AXES}, e.g. 'data=2,fsdp=2,tensor=2'; got {part.strip()!r}"
             )
         if name in sizes:
-            raise ValueError(f"mesh {text!r}: axis {name} given twice")
+            raise BadValue(f"mesh {text!r}: axis {name} given twice")
         try:
             sizes[name] = int(value)
         except ValueError:
-            raise ValueError(
-                f"mesh {text!r}: size of {name} must be an int, got {value!r}"
-            ) from None
+            raise BadValue(f"mesh {text!r}: size of {name} must be an int, got {value!r}") from None
     return sizes
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxformer.checks import BadValue
 from jaxformer.nn.sharding import activation_sharding
 from jaxformer.parallel.mesh import make_mesh, parse_mesh
 from jaxformer.parallel.pmap import AXIS, replica_axis, replicate, split_batch, unreplicate
@@ -148,7 +149,7 @@ class PmapPlacement(Placement):
 
     def check_rows(self, rows, name):
         if rows % len(self.devices):
-            raise ValueError(
+            raise BadValue(
                 f"{name} {rows} is not divisible by the {len(self.devices)} devices of pmap"
             )
 
@@ -160,7 +161,7 @@ def make_placement(
     None: this process's first device), or pmap over the local devices."""
     if pmap:
         if mesh is not None:
-            raise ValueError("give a mesh or pmap, not both")
+            raise BadValue("give a mesh or pmap, not both")
         return PmapPlacement()
     if mesh is None:
         mesh = make_mesh(devices=jax.local_devices()[:1])

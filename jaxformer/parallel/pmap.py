@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxformer.checks import BadValue
+
 AXIS = "devices"
 _REPLICA_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "replica_axis", default=None
@@ -80,7 +82,7 @@ def split_batch(batch: dict, num_devices: int | None = None) -> dict:
 
     def split(name, x):
         if x.shape[0] % n:
-            raise ValueError(
+            raise BadValue(
                 f"batch[{name!r}] has {x.shape[0]} rows, not divisible by the {n} devices of pmap"
             )
         return x.reshape(n, x.shape[0] // n, *x.shape[1:])

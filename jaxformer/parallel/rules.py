@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxformer.checks import BadValue
 from jaxformer.nn.parameters import LOGICAL_AXES
 
 Rules = Mapping[str, str | tuple[str, ...] | None]
@@ -48,11 +49,11 @@ def check_rules(rules: Rules, mesh: Mesh) -> None:
     """Every logical axis (and `batch`) has a rule, and rules name only mesh axes."""
     missing = [name for name in ("batch", *LOGICAL_AXES) if name not in rules]
     if missing:
-        raise ValueError(f"sharding rules lack logical axes {missing}; rules: {dict(rules)}")
+        raise BadValue(f"sharding rules lack logical axes {missing}; rules: {dict(rules)}")
     for name, target in rules.items():
         for axis in _as_tuple(target):
             if axis not in mesh.axis_names:
-                raise ValueError(
+                raise BadValue(
                     f"sharding rule {name} -> {target!r} names {axis!r}, which is not a mesh "
                     f"axis; the mesh has {mesh.axis_names}"
                 )
@@ -98,7 +99,7 @@ def check_batch_size(batch_size: int, mesh: Mesh, rules: Rules = DEFAULT_RULES, 
     n = batch_shards(mesh, rules)
     if batch_size % n:
         axes = "*".join(_as_tuple(rules["batch"]))
-        raise ValueError(
+        raise BadValue(
             f"{name} {batch_size} is not divisible by {axes} = {n} of mesh "
             f"{dict(mesh.shape)}; choose a multiple of {n}"
         )
@@ -109,7 +110,7 @@ def _check_divisible(where: str, shape, spec: PartitionSpec, mesh: Mesh, logical
         size = math.prod(mesh.shape[a] for a in _as_tuple(target))
         if shape[dim] % size:
             name = f" ({logical[dim]})" if logical else ""
-            raise ValueError(
+            raise BadValue(
                 f"parameter {where} of shape {tuple(shape)}: dimension {dim}{name} of size "
                 f"{shape[dim]} is not divisible by mesh axis {target} of size {size}; "
                 "choose sizes that divide (e.g. num_heads and num_kv_heads by tensor, "

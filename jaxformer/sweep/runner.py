@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from jaxformer.checks import BadValue
 from jaxformer.config import RunConfig
 from jaxformer.sweep import report
 from jaxformer.sweep.spec import HASH_FILE, RUN_FIELDS, SWEEP_OWNS, Spec, status
@@ -113,7 +114,7 @@ def _changed(spec: Spec, todo: list[tuple[str, int]], rerun_changed: bool) -> li
         if recorded is None:
             what = "holds no config hash (an older sweep's run)"
         others = f" (and {more} other run{'s' * (more > 1)})" if more else ""
-        raise ValueError(
+        raise BadValue(
             f"variant {variant!r} seed {seed}: {folder} {what}{others}; pass --rerun-changed "
             "to run it again (its folder is emptied), or restore the spec, or choose another --out"
         )

@@ -32,6 +32,7 @@ import pathlib
 
 import yaml
 
+from jaxformer.checks import BadValue
 from jaxformer.config import PRESETS, RunConfig, TransformerConfig, load_config_file
 from jaxformer.data.tokenizers import ByteTokenizer
 from jaxformer.functional.registry import import_variants
@@ -63,9 +64,7 @@ class Spec:
         fields = _read(path)
         unknown = [k for k in fields if k not in SPEC_KEYS]
         if unknown:
-            raise ValueError(
-                f"{path}: unknown key {unknown[0]!r}; a spec has {', '.join(SPEC_KEYS)}"
-            )
+            raise BadValue(f"{path}: unknown key {unknown[0]!r}; a spec has {', '.join(SPEC_KEYS)}")
         variants = _variants(fields, path)
         spec = cls(
             base=_mapping(fields.get("base", {}), f"{path}: base") | _overrides(overrides),
@@ -78,7 +77,7 @@ class Spec:
             ),
         )
         if spec.baseline not in spec.variants:
-            raise ValueError(
+            raise BadValue(
                 f"{path}: baseline {spec.baseline!r} is not one of the variants {list(spec.variants)}"
             )
         import_variants(list(spec.variant_files))
@@ -99,15 +98,15 @@ class Spec:
         where = f"variant {variant!r}"
         for key in self.variants[variant]:
             if key in SWEEP_WIDE:
-                raise ValueError(f"{where}: {key!r} is set for the whole sweep, in base")
+                raise BadValue(f"{where}: {key!r} is set for the whole sweep, in base")
         fields = self.base | self.variants[variant]
         for key in fields:
             if key in SWEEP_OWNS:
-                raise ValueError(f"{where}: {key!r} is set by the sweep (seeds, out)")
+                raise BadValue(f"{where}: {key!r} is set by the sweep (seeds, out)")
             _check_field(key, where)
         preset = fields.get("preset", "tiny")
         if preset not in PRESETS:
-            raise ValueError(f"{where}: preset must be one of {PRESETS}, got {preset!r}")
+            raise BadValue(f"{where}: preset must be one of {PRESETS}, got {preset!r}")
         try:
             model = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(
                 **{k: v for k, v in fields.items() if k in MODEL_FIELDS}
@@ -151,7 +150,7 @@ def _check_field(key: str, where: str) -> None:
     if key not in MODEL_FIELDS + RUN_FIELDS + ("preset",):
         close = difflib.get_close_matches(key, MODEL_FIELDS + RUN_FIELDS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
+        raise BadValue(
             f"{where}: unknown field {key!r} (not a TransformerConfig or RunConfig field){hint}"
         )
 
@@ -160,13 +159,13 @@ def _variants(fields: dict, path) -> dict[str, dict]:
     """The named variants, then the grid's, each name once."""
     named = fields.get("variants", {})
     if not isinstance(named, dict) or not (named or fields.get("grid")):
-        raise ValueError(
+        raise BadValue(
             f"{path}: variants must be a non-empty mapping: name -> overrides (or give a grid)"
         )
     variants = {str(k): _mapping(v or {}, f"{path}: variant {k!r}") for k, v in named.items()}
     for name, overrides in _grid(fields.get("grid", {}), path):
         if name in variants:
-            raise ValueError(f"{path}: the grid's variant {name!r} is also a named variant")
+            raise BadValue(f"{path}: the grid's variant {name!r} is also a named variant")
         variants[name] = overrides
     return variants
 
@@ -177,9 +176,9 @@ def _grid(grid, path) -> list[tuple[str, dict]]:
     for key, values in grid.items():
         _check_field(key, f"{path}: grid")
         if key in SWEEP_OWNS + SWEEP_WIDE:
-            raise ValueError(f"{path}: grid: {key!r} cannot vary between variants")
+            raise BadValue(f"{path}: grid: {key!r} cannot vary between variants")
         if not isinstance(values, list) or not values:
-            raise ValueError(f"{path}: grid: {key} must be a non-empty list, got {values!r}")
+            raise BadValue(f"{path}: grid: {key} must be a non-empty list, got {values!r}")
     combos = itertools.product(*grid.values())
     return [
         (
@@ -196,10 +195,10 @@ def _overrides(pairs: tuple[str, ...]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set takes key=value, got {pair!r}")
+            raise BadValue(f"--set takes key=value, got {pair!r}")
         _check_field(key, "--set")
         if key in SWEEP_OWNS:
-            raise ValueError(f"--set: {key!r} is set by the sweep (seeds, out)")
+            raise BadValue(f"--set: {key!r} is set by the sweep (seeds, out)")
         fields[key] = yaml.safe_load(value)
     return fields
 
@@ -215,7 +214,7 @@ def _read(path) -> dict:
         else:
             json.loads(text, object_pairs_hook=_unique)
     except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise BadValue(f"{path}: {e}") from None
     return fields
 
 
@@ -223,7 +222,7 @@ def _unique(pairs: list[tuple]) -> dict:
     keys = [k for k, _ in pairs]
     twice = next((k for k in keys if keys.count(k) > 1), None)
     if twice is not None:
-        raise ValueError(f"{twice!r} is given twice in one mapping (variant names must differ)")
+        raise BadValue(f"{twice!r} is given twice in one mapping (variant names must differ)")
     return dict(pairs)
 
 
@@ -237,7 +236,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a mapping of config fields, got {value!r}")
+        raise BadValue(f"{where} must be a mapping of config fields, got {value!r}")
     return dict(value)
 
 
@@ -250,7 +249,7 @@ def _seeds(value, path) -> tuple[int, ...]:
         or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
         or len(set(seeds)) != len(seeds)
     ):
-        raise ValueError(
+        raise BadValue(
             f"{path}: seeds must be a count >= 1 or a list of distinct ints, got {value!r}"
         )
     return tuple(seeds)

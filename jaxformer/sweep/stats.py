@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxformer.checks import BadValue
+
 # Student's t, 97.5% quantile, by degrees of freedom; between entries the smaller degrees
 # of freedom's (a slightly wider interval) is used.
 T_975 = {
@@ -50,7 +52,7 @@ def mean_ci(values: list[float]) -> tuple[float, float | None]:
     """(mean, half-width of the 95% t-interval); the half-width is None for one value."""
     n = len(values)
     if n == 0:
-        raise ValueError("mean_ci needs at least one value")
+        raise BadValue("mean_ci needs at least one value")
     mean = math.fsum(values) / n
     if n == 1:
         return mean, None
@@ -69,9 +71,9 @@ def sentence_stats(metric: str, hypotheses: list[str], references: list[str]) ->
     """[N, K] per-sentence sufficient statistics of `metric` (one of METRICS): sacrebleu's
     for BLEU and chrF, (match, 1) for exact match. Their column sums give `corpus_score`."""
     if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        raise BadValue(f"metric must be one of {METRICS}, got {metric!r}")
     if len(hypotheses) != len(references) or not hypotheses:
-        raise ValueError(
+        raise BadValue(
             f"sentence_stats needs as many hypotheses as references (>= 1), got "
             f"{len(hypotheses)} and {len(references)}"
         )
@@ -118,10 +120,10 @@ def bootstrap(
     of seed i's two runs on the same N_i sentences. The p-value counts centred resampled
     differences at least as far from 0 as the observed one (identical systems: p = 1)."""
     if len(baseline) != len(variant) or not baseline:
-        raise ValueError(f"bootstrap needs paired seeds, got {len(baseline)} and {len(variant)}")
+        raise BadValue(f"bootstrap needs paired seeds, got {len(baseline)} and {len(variant)}")
     for b, v in zip(baseline, variant, strict=True):
         if b.shape != v.shape or b.shape[0] == 0:
-            raise ValueError(f"a seed's two runs need the same sentences, got {b.shape}, {v.shape}")
+            raise BadValue(f"a seed's two runs need the same sentences, got {b.shape}, {v.shape}")
     score, n = scorer(metric), len(baseline)
     observed = np.mean(
         [score(v.sum(0)) - score(b.sum(0)) for b, v in zip(baseline, variant, strict=True)]
@@ -153,7 +155,7 @@ def holm(p_values: list[float], at_floor: list[bool]) -> list[tuple[float, bool]
     """Holm's step-down adjustment: (adjusted p, whether it is an upper bound because it
     comes from a p at the bootstrap floor), in the order given."""
     if len(p_values) != len(at_floor):
-        raise ValueError(f"holm needs a floor flag per p, got {len(p_values)} and {len(at_floor)}")
+        raise BadValue(f"holm needs a floor flag per p, got {len(p_values)} and {len(at_floor)}")
     m, out = len(p_values), [(1.0, False)] * len(p_values)
     running, bound = 0.0, False
     for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):

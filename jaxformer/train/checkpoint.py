@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from jaxformer.checks import check_int
+from jaxformer.checks import BadValue, MissingFile, check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
 from jaxformer.interop import hf
@@ -69,7 +69,7 @@ class Checkpointer:
         settings as `expected_meta` (a mismatch is an error naming the fields)."""
         step = self.latest_step()
         if step is None:
-            raise FileNotFoundError(f"no checkpoint to resume from in {self.directory}")
+            raise MissingFile(f"no checkpoint to resume from in {self.directory}")
         meta = self.read_meta(step)
         check_compatible(meta, expected_meta, self.directory)
         train = {"step": abstract.step, "opt_state": abstract.opt_state, "rng": abstract.rng}
@@ -91,7 +91,7 @@ class Checkpointer:
         back to each parameter's dtype, laid out as `abstract_params`) and their steps."""
         steps = sorted(self.manager.all_steps())[-count:]
         if len(steps) < count:
-            raise ValueError(
+            raise BadValue(
                 f"average_checkpoints={count} but {self.directory} holds {len(steps)} "
                 f"checkpoint(s) (steps {steps})"
             )
@@ -105,15 +105,13 @@ class Checkpointer:
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         step = self.latest_step() if step is None else step
         if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise MissingFile(f"no checkpoint in {self.directory}")
         try:
             return self.manager.restore(
                 step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
             ).meta
         except Exception as e:  # orbax raises various errors for damaged folders
-            raise ValueError(
-                f"checkpoint {self.directory / str(step)} cannot be read: {e}"
-            ) from None
+            raise BadValue(f"checkpoint {self.directory / str(step)} cannot be read: {e}") from None
 
     def _restore(self, step: int, args):
         """manager.restore, with a damaged (e.g. truncated) checkpoint reported as a
@@ -122,7 +120,7 @@ class Checkpointer:
             return self.manager.restore(step, args=args)
         except Exception as e:
             cause = str(e.__cause__ or e).strip().splitlines()[0][:300]
-            raise ValueError(
+            raise BadValue(
                 f"checkpoint {self.directory / str(step)} cannot be read ({cause}); it may be "
                 "truncated or damaged: delete that folder to resume from an earlier checkpoint"
             ) from None
@@ -160,7 +158,7 @@ def check_compatible(saved: dict, expected: dict, where) -> None:
             if old.get(key) != new.get(key):
                 problems.append(f"{key}={old.get(key)!r} (checkpoint) vs {new.get(key)!r} (now)")
     if problems:
-        raise ValueError(
+        raise BadValue(
             f"the checkpoint in {where} was written for a different configuration: "
             + "; ".join(problems)
         )
@@ -181,11 +179,11 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     model folder (see `interop.hf.load`)."""
     run_dir = pathlib.Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run folder")
+        raise MissingFile(f"{run_dir}: no such run folder")
     if not (run_dir / CHECKPOINTS).is_dir() and hf.is_model_folder(run_dir):
         return hf.load(run_dir)
     if not (run_dir / CHECKPOINTS).is_dir():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{run_dir}: no {CHECKPOINTS}/ folder; is this a `jaxformer train --out` folder?"
         )
     tokenizer = load_tokenizer(run_dir)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.train.losses import LossSums
 
 
@@ -45,7 +46,7 @@ def check_metrics(names: tuple[str, ...]) -> None:
     """Raise before training if a metric is unknown or its library is missing."""
     unknown = sorted(set(names) - set(METRICS))
     if unknown:
-        raise ValueError(f"unknown metric(s) {unknown}; known: {sorted(METRICS)}")
+        raise BadValue(f"unknown metric(s) {unknown}; known: {sorted(METRICS)}")
     if any(name in _NEEDS_SACREBLEU for name in names):
         _sacrebleu()
 
@@ -54,7 +55,9 @@ def _sacrebleu():
     try:
         return importlib.import_module("sacrebleu")
     except ImportError:
-        raise ImportError("BLEU and chrF need sacrebleu: pip install 'jaxformer[data]'") from None
+        raise MissingPackage(
+            "BLEU and chrF need sacrebleu: pip install 'jaxformer[data]'"
+        ) from None
 
 
 def evaluate(

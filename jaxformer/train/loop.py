@@ -18,12 +18,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
 
 from jaxformer import decode
+from jaxformer.checks import BadValue
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData, bible
 from jaxformer.data.datasets import read_text_lines
@@ -161,7 +162,7 @@ class _Job:
             config = model_config = model.config
         check_metrics(data.metrics)
         if run.final_test and not data.final_test_pairs:
-            raise ValueError(
+            raise BadValue(
                 "final_test scores the final model on a separate test set (a Bible dataset's "
                 f"test books); {type(data).__name__} has none: its held-out pairs are the "
                 "ones evaluated"
@@ -354,9 +355,9 @@ def _pretrained(run: RunConfig):
             "DecoderLM": "text (data_text, or a dataset VER-lm)",
             "Transformer": "pairs (a task, data_tsv, or a dataset SRC-TGT)",
         }
-        raise ValueError(f"{run.init_from} holds a {kind}, which trains on {needs[kind]}")
+        raise BadValue(f"{run.init_from} holds a {kind}, which trains on {needs[kind]}")
     if model.config.max_len < data.max_len:
-        raise ValueError(
+        raise BadValue(
             f"the data needs sequences of {data.max_len} tokens but {run.init_from} takes "
             f"{model.config.max_len} (max_position_embeddings)"
         )
@@ -366,15 +367,24 @@ def _pretrained(run: RunConfig):
 def _fit_config(config: TransformerConfig, tokenizer, data) -> TransformerConfig:
     """`config` with the tokenizer's vocabulary, checked against the data's length."""
     if config.max_len < data.max_len:
-        raise ValueError(
+        raise BadValue(
             f"the data needs sequences of {data.max_len} tokens but max_len={config.max_len}"
         )
     return config.replace(vocab_size=tokenizer.vocab_size)
 
 
-def _steps(model, config: TransformerConfig, run: RunConfig):
-    """(graphdef, fresh TrainState, pure train step, pure eval step, pure train step with
-    internals or None) of a run."""
+class _Steps(NamedTuple):
+    """A run's fresh train state and its pure step functions."""
+
+    graphdef: nnx.GraphDef
+    state: TrainState
+    train: Callable
+    eval: Callable
+    train_with_internals: Callable | None  # None unless run.log_internals
+
+
+def _steps(model, config: TransformerConfig, run: RunConfig) -> _Steps:
+    """The run's optimizer and schedule, its fresh train state and its step functions."""
     schedule = make_schedule(
         run.schedule,
         lr=run.peak_lr,
@@ -388,16 +398,15 @@ def _steps(model, config: TransformerConfig, run: RunConfig):
     graphdef, state = create_train_state(model, optimizer, run.seed)
     smoothing = config.label_smoothing
     kw = dict(label_smoothing=smoothing, accum_steps=run.accum_steps)
-    train_fn = make_train_step(graphdef, optimizer, schedule, **kw)
     internals_fn = None
     if run.log_internals is not None:
         internals_fn = make_train_step(graphdef, optimizer, schedule, **kw, internals=True)
-    return (
+    return _Steps(
         graphdef,
         state,
-        train_fn,
-        make_eval_step(graphdef, label_smoothing=smoothing),
-        internals_fn,
+        train=make_train_step(graphdef, optimizer, schedule, **kw),
+        eval=make_eval_step(graphdef, label_smoothing=smoothing),
+        train_with_internals=internals_fn,
     )
 
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.checks import (
+    BadValue,
     check_choice,
     check_float_array,
     check_int,
@@ -66,7 +67,7 @@ def cross_entropy(
     check_float_array("logits", logits)
     check_int_array("targets", targets)
     if logits.shape[:-1] != targets.shape or targets.shape != weights.shape:
-        raise ValueError(
+        raise BadValue(
             f"logits {logits.shape} must be [B, T, V] with targets and weights [B, T]; "
             f"got targets {targets.shape}, weights {weights.shape}"
         )
@@ -126,16 +127,16 @@ def chunked_cross_entropy(
     B, T, E = hidden.shape
     V = table.shape[0]
     if table.shape[1] != E or table.dtype != hidden.dtype:
-        raise ValueError(
+        raise BadValue(
             f"table {table.dtype}{list(table.shape)} must be [V, E={E}] in hidden's dtype "
             f"{hidden.dtype}"
         )
     if targets.shape != (B, T) or weights.shape != (B, T):
-        raise ValueError(
+        raise BadValue(
             f"targets {targets.shape} and weights {weights.shape} must be [B, T] = {(B, T)}"
         )
     if bias is not None and bias.shape != (V,):
-        raise ValueError(f"bias {bias.shape} must be [V] = {(V,)}")
+        raise BadValue(f"bias {bias.shape} must be [V] = {(V,)}")
     with jax.named_scope("loss"):
         return _chunked_sums(hidden, table, bias, targets, weights, label_smoothing, chunk_size)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-from jaxformer.checks import check_choice, check_int, check_number
+from jaxformer.checks import BadValue, check_choice, check_int, check_number
 from jaxformer.config import OPTIMIZERS, SCHEDULES
 
 
@@ -46,15 +46,15 @@ def make_schedule(
         check_number("lr", lr, "(0, inf)")
     if name == "paper":
         if d_model is None:
-            raise ValueError("the paper schedule needs d_model")
+            raise BadValue("the paper schedule needs d_model")
         return paper_schedule(d_model, warmup_steps, 1.0 if lr is None else lr)
     if lr is None:
-        raise ValueError(f"the {name} schedule needs a learning rate lr > 0, got None")
+        raise BadValue(f"the {name} schedule needs a learning rate lr > 0, got None")
     check_number("final_fraction", final_fraction, "[0, 1]")
     if name == "constant":
         return optax.constant_schedule(lr)
     if total_steps is None or total_steps <= warmup_steps:
-        raise ValueError(
+        raise BadValue(
             f"the cosine schedule needs total_steps > warmup_steps, got {total_steps} and {warmup_steps}"
         )
     inner = optax.warmup_cosine_decay_schedule(
@@ -81,7 +81,7 @@ def make_optimizer(
     check_number("weight_decay", weight_decay, "[0, inf)")
     if name == "adam":
         if weight_decay:
-            raise ValueError("weight_decay needs the 'adamw' optimizer")
+            raise BadValue("weight_decay needs the 'adamw' optimizer")
         opt = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
     else:
         opt = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)

@@ -21,6 +21,7 @@ import pathlib
 import shutil
 from typing import Any
 
+from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.parallel import is_main_process
 from jaxformer.train.checkpoint import AVERAGED, Checkpointer
 from jaxformer.train.steps import TrainState
@@ -32,7 +33,7 @@ class RunFolder:
     def __init__(self, path: str | pathlib.Path, *, keep_checkpoints: int = 3):
         self.path = pathlib.Path(path)
         if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"{self.path} exists and is not a folder; choose another --out")
+            raise BadValue(f"{self.path} exists and is not a folder; choose another --out")
         self.is_main = is_main_process()
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
@@ -45,7 +46,7 @@ class RunFolder:
         parameters of an earlier end are removed (the run's end writes them again)."""
         latest = self.checkpoints.latest_step()
         if latest is not None and not resume:
-            raise ValueError(
+            raise BadValue(
                 f"{self.path} already holds checkpoints (latest step {latest}); "
                 "pass --resume to continue that run, or choose another --out"
             )
@@ -117,7 +118,7 @@ def tensorboard_writer():
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
-        raise ImportError(
+        raise MissingPackage(
             "tensorboard=True writes event files with tensorboardX: pip install 'jaxformer[tensorboard]'"
         ) from None
     return SummaryWriter

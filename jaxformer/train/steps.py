@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from jaxformer.checks import check_instance, check_int, check_number
+from jaxformer.checks import BadType, BadValue, check_instance, check_int, check_number
 from jaxformer.functional import sites
 from jaxformer.models import DecoderLM, Transformer
 from jaxformer.nn.sharding import constrain_batch
@@ -102,7 +102,7 @@ def _teacher_forced(model: nnx.Module, batch: Batch, rng, *, hidden: bool) -> ja
             segment_ids=batch.get("segment_ids"),
             **kw,
         )
-    raise TypeError(f"training needs a Transformer or DecoderLM, got {type(model).__name__}")
+    raise BadType(f"training needs a Transformer or DecoderLM, got {type(model).__name__}")
 
 
 REQUIRED_KEYS = {
@@ -115,19 +115,19 @@ def check_batch(model: nnx.Module, batch: Batch) -> None:
     """The batch has the keys `model` needs, token ids as integers and [B, T] targets
     (the model checks its own inputs' shapes)."""
     if not isinstance(batch, Mapping):
-        raise TypeError(f"batch must be a dict of arrays, got {type(batch).__name__}")
+        raise BadType(f"batch must be a dict of arrays, got {type(batch).__name__}")
     required = REQUIRED_KEYS.get(type(model), ())
     missing = [k for k in required if k not in batch]
     if missing:
-        raise ValueError(
+        raise BadValue(
             f"batch is missing {missing}; a {type(model).__name__} batch needs {list(required)}"
         )
     if "tgt_out" in batch:
         out, tgt_in = batch["tgt_out"], batch["tgt_in"]
         if not jnp.issubdtype(out.dtype, jnp.integer):
-            raise TypeError(f"batch['tgt_out'] must hold integer token ids, got dtype {out.dtype}")
+            raise BadType(f"batch['tgt_out'] must hold integer token ids, got dtype {out.dtype}")
         if out.shape != tgt_in.shape:
-            raise ValueError(
+            raise BadValue(
                 f"batch['tgt_out'] shape {out.shape} != batch['tgt_in'] shape {tgt_in.shape}"
             )
 
@@ -238,7 +238,7 @@ def _loss_sums_and_activations(graphdef, params, batch, rng, label_smoothing):
 def _split_leading(k: int) -> Callable[[Any], Any]:
     def split(x):
         if x.shape[0] % k:
-            raise ValueError(f"batch size {x.shape[0]} is not divisible by accum_steps={k}")
+            raise BadValue(f"batch size {x.shape[0]} is not divisible by accum_steps={k}")
         return x.reshape(k, x.shape[0] // k, *x.shape[1:])
 
     return split

@@ -55,7 +55,7 @@ def test_cached_self_attention_in_pieces_equals_full_causal_attention(rope):
 
     def cached(x, cache, offsets):
         T = x.shape[1]
-        positions = offsets[:, None] + jnp.arange(T)
+        positions = offsets[:, None] + jnp.arange(T)[None, :]
         mask = F.causal_mask(T, S_max, offset=offsets[:, None, None, None])
         return F.multi_head_attention(
             x,

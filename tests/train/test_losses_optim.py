@@ -1,9 +1,13 @@
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+import jaxformer as jf
+from jaxformer.cli import main
 from jaxformer.train import cross_entropy, make_optimizer, make_schedule, paper_schedule
 
 
@@ -88,3 +92,20 @@ def test_optimizers():
     np.testing.assert_allclose(u["w"], -0.1 * 0.1 * np.ones(3), rtol=1e-5)
     with pytest.raises(ValueError, match="weight_decay needs the 'adamw'"):
         make_optimizer(sched, weight_decay=0.1)
+
+
+def test_a_one_step_run_fits_the_default_warmup(tmp_path, capsys):
+    """`jaxformer train --steps 1` (a smoke run) trains: the default warm-up is a tenth
+    of the run and fewer steps than it; a warm-up the user sets is kept, so one that does
+    not fit stays an error."""
+    assert [jf.RunConfig(steps=n).warmup for n in (1, 2, 10, 100)] == [0, 1, 1, 10]
+    assert jf.RunConfig(steps=1, schedule="paper").warmup == 4000
+    small = dict(num_encoder_layers=1, num_decoder_layers=1, d_model=16, num_heads=2, d_ff=32)
+    (tmp_path / "small.json").write_text(json.dumps(small))
+    config = ["--config", str(tmp_path / "small.json"), "--no-progress"]
+    argv = ["train", "--task", "copy", "--steps", "1", "--batch-size", "2", *config]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 1
+    assert main([*argv, "--out", str(tmp_path / "run2"), "--warmup-steps", "1"]) == 2
+    assert "needs total_steps > warmup_steps, got 1 and 1" in capsys.readouterr().err
