@@ -57,7 +57,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     _add_fields(model, TransformerConfig, keep_defaults=False)
     t.add_argument("--resume", action="store_true", help="continue from --out's last checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress output")
-    par = t.add_argument_group("several processes (see README, 'Scaling out')")
+    par = t.add_argument_group("several processes (see docs/scaling.md)")
     par.add_argument(
         "--coordinator", metavar="HOST:PORT", help="process 0's address ('auto' on TPU pods, SLURM)"
     )

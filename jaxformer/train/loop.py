@@ -482,7 +482,7 @@ class _Meter:
 
 class _Profiler:
     """A jax.profiler trace of the steps after START up to STOP, in <out>/profile (open it
-    with Perfetto or TensorBoard's profile plugin; see the README)."""
+    with Perfetto or TensorBoard's profile plugin; see docs/performance.md, "Profiles")."""
 
     def __init__(self, steps: tuple[int, int] | None, folder: RunFolder):
         self.steps, self.folder, self.on = steps, folder, False

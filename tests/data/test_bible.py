@@ -156,9 +156,9 @@ def test_quotations_shared_with_training_are_not_held_out(wyc_web):
 
 
 # A pair is misaligned when a neighbouring target matches its source better than its own
-# target by more than this many sentence-chrF points. Measured on wyc-web (see
-# notes/data.md): pairs matched by id in the renumbered chapters (Ecclesiastes 5 and 7)
-# score -16 to -24; after alignment the worst held-out pair scores -11.1 (Esther 9:23,
+# target by more than this many sentence-chrF points. Measured on wyc-web (see docs/data.md,
+# "An independent check"): pairs matched by id in the renumbered chapters (Ecclesiastes 5
+# and 7) score -16 to -24; after alignment the worst held-out pair scores -11.1 (Esther 9:23,
 # a correct pair whose Wycliffe verse is a long paraphrase).
 CHRF_MARGIN = 12.0
 
