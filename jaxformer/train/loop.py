@@ -227,10 +227,13 @@ class _Job:
         of all of them with the run's beam (the final model)."""
         started = time.perf_counter()
         pairs = self.data.test_pairs[: self.run.eval_sample] if sample else self.data.test_pairs
-        predictor = self._predictor(params, beam=1 if sample else eval_beam(self.run, self.data))
-        out = evaluate(self.eval_step, params, self.data, predictor, self.run.batch_size, pairs)
+        beam = 1 if sample else eval_beam(self.run, self.data)
+        predictor = self._predictor(params, beam=beam)
+        metrics, predictions = evaluate(
+            self.eval_step, params, self.data, predictor, self.run.batch_size, pairs
+        )
         self.eval_seconds += time.perf_counter() - started
-        return out
+        return metrics | {"eval_pairs": len(pairs), "eval_beam": beam}, predictions
 
     def test(self, params) -> tuple[dict[str, float], list[str]]:
         """The data's metrics of laid-out `params` on its final test pairs ("test_bleu",

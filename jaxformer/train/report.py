@@ -147,29 +147,52 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     ax_loss.plot(steps, [r["loss"] for r in train], label="train (label-smoothed)")
     ax_loss.plot(steps, [r["nll"] for r in train], label="train NLL", alpha=0.7)
     if evals:
-        steps = [r["step"] for r in evals]
-        ax_loss.plot(steps, [r["eval_nll"] for r in evals], "o-", label="held-out NLL")
-        ax_acc.plot(steps, [r["eval_token_accuracy"] for r in evals], "o-", label="token accuracy")
+        _plot_evals(ax_loss, evals, "eval_nll", "held-out NLL", "o-")
+        _plot_evals(ax_acc, evals, "eval_token_accuracy", "token accuracy", "o-")
         if "exact_match" in evals[0]:
-            ax_acc.plot(steps, [r["exact_match"] for r in evals], "s-", label="exact match")
+            _plot_evals(ax_acc, evals, "exact_match", "exact match", "s-")
         ax_acc.set(xlabel="step", ylim=(0, 1.02), title="held-out accuracy")
         ax_acc.legend()
     if scored:
         for key, name in (("bleu", "BLEU"), ("chrf", "chrF")):
-            (line,) = axes[2].plot(steps, [r[key] for r in evals], "o-", label=name)
+            color = _plot_evals(axes[2], evals, key, name, "o-")
             for r in averaged:
                 label = f"{name}, mean of {len(r['averaged_steps'])} checkpoints"
-                axes[2].plot([r["step"]], [r[key]], "*", ms=12, color=line.get_color(), label=label)
+                axes[2].plot([r["step"]], [r[key]], "*", ms=12, color=color, label=label)
             for r in tested:
                 label = f"test {name}, final model"
-                axes[2].plot(
-                    [r["step"]], [r["test_" + key]], "^", ms=9, color=line.get_color(), label=label
-                )
+                axes[2].plot([r["step"]], [r["test_" + key]], "^", ms=9, color=color, label=label)
         axes[2].set(xlabel="step", ylabel="0-100", title="held-out BLEU and chrF (sacrebleu)")
         axes[2].legend()
     ax_loss.set(xlabel="step", ylabel="nats per token", yscale="log", title="loss")
     ax_loss.legend()
     _save(fig, out_png)
+
+
+def _plot_evals(ax, evals: list[dict], key: str, label: str, style: str) -> str:
+    """One metric of the evaluations in one colour, a series per protocol (how many pairs,
+    which decoding: a greedy sample during training, the full set with the beam at the
+    end), later protocols hollow; returns the colour."""
+    protocols: dict[tuple, list[dict]] = {}
+    for r in evals:
+        protocols.setdefault((r.get("eval_pairs"), r.get("eval_beam")), []).append(r)
+    color = None
+    for (pairs, beam), group in protocols.items():
+        what = (
+            ""
+            if pairs is None
+            else f" ({pairs} pairs, {'greedy' if beam == 1 else f'beam {beam}'})"
+        )
+        (line,) = ax.plot(
+            [r["step"] for r in group],
+            [r[key] for r in group],
+            style,
+            color=color,
+            fillstyle="full" if color is None else "none",
+            label=label + what,
+        )
+        color = line.get_color()
+    return color
 
 
 def internals_record(step: int, internals: dict) -> dict[str, float]:
