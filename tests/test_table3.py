@@ -79,6 +79,26 @@ def test_verdicts_against_the_papers_findings(row, found, expected):
     assert table3.verdict(row, found) == expected
 
 
+def test_quick_runs_on_dates_scored_by_exact_match_with_its_own_margin(tmp_path):
+    args = argparse.Namespace(
+        quick=True,
+        data="dates",
+        rows=["base", "E"],
+        seeds=2,
+        steps=500,
+        batch_size=64,
+        eval_examples=500,
+        out=tmp_path / "t3",
+    )
+    base = sweep.Spec.load(table3.spec_file(args)).base
+    assert base["task"] == "dates" and "dataset" not in base and base["eval_beam"] == 1
+    close = result("no detectable difference", -0.004, 0.006)
+    assert table3.verdict("E", close, table3.METRICS["dates"][2]) == "reproduces"
+    assert table3.verdict("E", close, table3.METRICS["wyc-web"][2]) == "reproduces"
+    wide = result("no detectable difference", -0.02, 0.006)
+    assert table3.verdict("E", wide, table3.METRICS["dates"][2]) == "inconclusive"
+
+
 def test_the_table_from_hand_made_runs(tmp_path):
     """Rows base, A1 (clearly worse on every seed) and E (the same translations): A1
     reproduces the paper, E's interval is 0 (equal: reproduces); no perplexity column."""
@@ -86,6 +106,7 @@ def test_the_table_from_hand_made_runs(tmp_path):
 
     args = argparse.Namespace(
         quick=False,
+        data="wyc-web",
         rows=["base", "A1", "E"],
         seeds=2,
         steps=100,
@@ -107,7 +128,7 @@ def test_the_table_from_hand_made_runs(tmp_path):
             folder.mkdir(parents=True)
             (folder / "summary.json").write_text(json.dumps({"bleu": bleu + seed, "params": 4e6}))
             write_predictions(pairs, predictions, folder / "predictions.tsv")
-    text = table3.table(sweep.report.summarize(spec), spec)
+    text = table3.table(sweep.report.summarize(spec), spec, "wyc-web")
     lines = text.splitlines()
     assert "PPL" not in text and "perplexity" not in text
     assert lines[2].startswith(
