@@ -50,10 +50,10 @@ def main() -> None:
     parser.add_argument("--out", default="results")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        run = jf.RunConfig(task="dates", log_internals=args.every, out=tmp)
+        run = jf.RunConfig.from_options(task="dates", log_internals=args.every, out=tmp)
         job = loop._Job.prepare(jf.TransformerConfig.tiny(259), run)
         state = job.placement.put(job.state)
-        batches = [job.data.train_batch(i, run.batch_size) for i in range(args.every)]
+        batches = [job.data.train_batch(i, run.optim.batch_size) for i in range(args.every)]
         times = {False: [], True: []}
         plain_steps, internals_steps = [], []
         for r in range(args.rounds + 1):  # round 0 compiles and warms up

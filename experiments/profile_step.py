@@ -232,7 +232,7 @@ def main(argv=None) -> None:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     with tempfile.TemporaryDirectory() as tmp:
-        run = jf.RunConfig(
+        run = jf.RunConfig.from_options(
             task="dates", steps=args.steps, profile=f"{args.steps - 1}:{args.steps}",
             eval_every=10**6, eval_examples=64, log_every=10**6, out=f"{tmp}/run",
         )  # fmt: skip

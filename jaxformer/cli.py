@@ -46,9 +46,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "train",
         help="train a model",
         description="Train a Transformer (or, on --data-text, a decoder-only LM). Every "
-        "RunConfig and TransformerConfig field is an option.",
+        "RunConfig option and TransformerConfig field is an option.",
     )
-    _add_fields(t.add_argument_group("run (RunConfig)"), RunConfig, keep_defaults=True)
+    for group, options in RunConfig.groups().items():
+        title = f"{group} (RunConfig.{group})"
+        _add_fields(t.add_argument_group(title, options.__doc__), options, keep_defaults=True)
     model = t.add_argument_group(
         "model (TransformerConfig; default: the --preset, then the --config file)"
     )
@@ -165,7 +167,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 def _add_fields(group, cls, *, keep_defaults: bool) -> None:
     """One option per dataclass field: --field-name, its type, choices and help from the
     field; the field's default (or, with keep_defaults=False, none: the option is left
-    out of the namespace unless given). Optional fields take the value "none"."""
+    out of the namespace unless given). Optional fields take the value "none", as do
+    fields without a default (RunConfig.from_options derives theirs)."""
     from jaxformer.config import TransformerConfig
 
     hints, tiny = typing.get_type_hints(cls), TransformerConfig.tiny(259)
@@ -173,8 +176,9 @@ def _add_fields(group, cls, *, keep_defaults: bool) -> None:
         kind, optional = _base_type(hints[f.name])
         help_text = f.metadata["help"]
         if keep_defaults:
-            default = f.default
-            help_text += "" if "default" in help_text else f" (default: {f.default})"
+            default = None if f.default is dataclasses.MISSING else f.default
+            optional = optional or default is None
+            help_text += "" if "default" in help_text else f" (default: {default})"
         else:  # left out unless given, so that the preset's value stands
             default = argparse.SUPPRESS
             help_text += f" (tiny: {getattr(tiny, f.name)})"
@@ -219,7 +223,7 @@ def _train(args) -> int:
         )
     elif args.num_processes is not None or args.process_id is not None:
         raise BadValue("--num-processes and --process-id need --coordinator HOST:PORT")
-    run = RunConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)})
+    run = RunConfig.from_options(**{name: getattr(args, name) for name in RunConfig.options()})
     try:
         train(_model_config(args), run, resume=args.resume, progress=not args.no_progress)
     except TrainingDiverged as e:
@@ -251,7 +255,7 @@ def _generate(args) -> int:
 
     from jaxformer import decode
     from jaxformer.checks import check_int
-    from jaxformer.config import RunConfig
+    from jaxformer.config import DataOptions
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
 
@@ -279,7 +283,7 @@ def _generate(args) -> int:
     texts = _read_inputs(args.input, tokenizer, seq2seq, model.config.max_len)
     config = pathlib.Path(args.checkpoint) / "config.json"
     run = json.loads(config.read_text()).get("run", {}) if config.is_file() else {}
-    pad_multiple = run.get("pad_multiple", RunConfig.pad_multiple)  # the run's, else default
+    pad_multiple = run.get("pad_multiple", DataOptions.pad_multiple)  # the run's, else default
     outputs = decode.generate(
         model,
         tokenizer,

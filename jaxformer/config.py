@@ -1,11 +1,15 @@
-"""Model configuration: one frozen dataclass that checks itself, with the paper's presets."""
+"""Configuration: the model (TransformerConfig, with the paper's presets) and the run
+(RunConfig: its data, optimisation, evaluation and runtime options), frozen dataclasses
+that check themselves."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import pathlib
+import typing
 from typing import Any
 
 import jax.numpy as jnp
@@ -34,6 +38,7 @@ PRESETS = ("tiny", "paper_base", "paper_big")  # TransformerConfig's constructor
 SCHEDULES = ("paper", "cosine", "constant")
 OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("byte", "bpe")
+SOURCES = ("task", "data_tsv", "data_text", "dataset")  # a run's data: exactly one of them
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Rematerialisation of each layer in the backward pass: keep nothing ("full"), or keep the
 # outputs of matmuls with weights ("dots": projections and feed-forward) and recompute the rest.
@@ -43,10 +48,12 @@ REMAT = ("none", "full", "dots")
 LM_HEADS = ("auto", "dense", "chunked")
 
 
-def option(default, help: str, choices: tuple[str, ...] | None = None):
+def option(default, help: str, choices: tuple[str, ...] | None = None, *, resume: bool = False):
     """A config field with its default, its help text and its choices, from which the
-    `jaxformer` command derives its options."""
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+    `jaxformer` command derives its options; `resume` marks a run option that a resumed
+    run must share with its checkpoint (RunConfig.resume_settings)."""
+    metadata = {"help": help, "choices": choices, "resume": resume}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 # Table 3 of the paper: each row is the base model with these fields changed.
@@ -158,8 +165,7 @@ class TransformerConfig:
             check_even("d_model", self.d_model, "sinusoidal positions")
         if self.position_embedding == "rope":
             check_even("key head dim d_k", self.key_dim, "rotary embeddings")
-        for name in ("share_embeddings", "attention_bias", "ffn_bias", "norm_bias", "scan_layers",
-                     "embed_scale", "embed_norm", "logits_bias"):  # fmt: skip
+        for name in (f.name for f in dataclasses.fields(self) if f.type == "bool"):
             check_bool(name, getattr(self, name))
         if self.final_norm is not None:
             check_bool("final_norm", self.final_norm)
@@ -241,164 +247,126 @@ class TransformerConfig:
         return self.from_dict(self.to_dict() | changes)
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """What to train on and how (the model itself is a TransformerConfig). Each field is
-    also an option of `jaxformer train` (`--batch-size` for batch_size, ...)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataOptions:
+    """What a run trains on: one source (a task, a data file or a dataset), its tokenizer,
+    and how its examples are cut and padded."""
 
     task: str | None = option(
-        None, "a synthetic task; default dates, unless a data file is given", TASKS
+        None, "a synthetic task; default dates, unless a data file is given", TASKS, resume=True
     )
-    data_tsv: str | None = option(None, "a file of source<TAB>target lines (translation)")
-    data_text: str | None = option(None, "plain text for a decoder-only language model")
+    data_tsv: str | None = option(
+        None, "a file of source<TAB>target lines (translation)", resume=True
+    )
+    data_text: str | None = option(
+        None, "plain text for a decoder-only language model", resume=True
+    )
     dataset: str | None = option(
         None,
         "a Bible dataset (pip install 'jaxformer[data]'): SRC-TGT translation between two "
         "versions (wyc-web, kjv-bbe) or VER-lm, a decoder-only LM (web-lm)",
+        resume=True,
     )
-    tokenizer: str | None = option(
-        None,
+    tokenizer: str = option(
+        dataclasses.MISSING,
         "bytes, or BPE trained on the data file or the dataset's training books "
         "(default: bpe with --dataset, else byte)",
         TOKENIZERS,
+        resume=True,
     )
     init_from: str | None = option(
-        None, "fine-tune a Hugging Face model folder: its architecture, weights and tokenizer"
+        None,
+        "fine-tune a Hugging Face model folder: its architecture, weights and tokenizer",
+        resume=True,
     )
-    bpe_vocab_size: int | None = option(None, "BPE vocabulary; default sized from the data")
-    seq_len: int = option(128, "tokens per row of packed text (language modelling)")
+    bpe_vocab_size: int | None = option(
+        None, "BPE vocabulary; default sized from the data", resume=True
+    )
+    seq_len: int = option(128, "tokens per row of packed text (language modelling)", resume=True)
     pad_multiple: int = option(
         16,
         "translation batches are padded to a multiple of this many tokens: larger means "
         "fewer shapes to compile (wyc-web, batch 64: 21 at 16, 9 at 32, 3 at 64) and more padding",
     )
-    steps: int = option(1500, "optimizer steps")
-    batch_size: int = option(64, "examples (rows) per step")
-    accum_steps: int = option(1, "micro-batches per step (gradient accumulation)")
-    schedule: str = option("cosine", "learning-rate schedule; paper: eq. (3)", SCHEDULES)
-    lr: float | None = option(
-        None, "peak lr, default 3e-3 (paper schedule: a multiplier, default 1)"
-    )
-    warmup_steps: int | None = option(None, "default: 10% of steps (cosine), 4000 (paper)")
-    optimizer: str = option("adam", "Adam(0.9, 0.98, 1e-9) as the paper, or AdamW", OPTIMIZERS)
-    weight_decay: float = option(0.0, "decoupled weight decay (adamw)")
-    clip_norm: float | None = option(1.0, "global gradient-norm clipping; none to turn off")
-    eval_every: int = option(250, "steps between held-out evaluations")
-    log_every: int = option(10, "steps between logged metrics")
-    checkpoint_every: int = option(500, "steps between checkpoints")
-    keep_checkpoints: int = option(3, "checkpoints kept")
-    eval_examples: int = option(
-        1000, "held-out examples (a Bible's dev books: a seeded sample stratified by book)"
-    )
-    eval_sample: int = option(
-        200, "of those, decoded greedily at each in-run evaluation; the final model decodes all"
-    )
-    final_test: bool = option(
-        False, "also score the final model on the test set (a Bible's test books): opt-in"
-    )
-    eval_beam: int | None = option(
-        None, "beam of held-out decoding, 1 = greedy; default 4 (the paper) for BLEU data, else 1"
-    )
-    eval_alpha: float = option(0.6, "length penalty of that beam search (the paper: 0.6)")
-    average_checkpoints: int = option(
-        1, "at the end, also evaluate the mean parameters of the last K checkpoints; 1 = off"
-    )
-    seed: int = option(0, "initialisation, dropout and data order")
-    out: str | None = option(None, "run folder; default runs/<task or data file name>")
-    profile: str | None = option(
-        None, "START:STOP: a jax.profiler trace of steps START+1..STOP in <out>/profile"
-    )
-    mesh: str | None = option(None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)")
-    pmap: bool = option(False, "data parallel with jax.pmap over this process's devices")
-    log_internals: int | None = option(
-        None, "every N steps log gradient/parameter/update norms, attention entropy, activation RMS"
-    )
-    tensorboard: bool = option(
-        False, "also write the metrics as TensorBoard event files in <out>/tensorboard"
-    )
 
     def __post_init__(self):
-        given = (self.task, self.data_tsv, self.data_text, self.dataset)
-        sources = [x for x in given if x is not None]
-        if len(sources) > 1:
-            raise BadValue("give one of task, data_tsv, data_text and dataset, not several")
-        if not sources:
-            object.__setattr__(self, "task", "dates")
+        given = [name for name in SOURCES if getattr(self, name) is not None]
+        if len(given) != 1:
+            how_many = "not several" if given else "got none"
+            raise BadValue(f"give one of task, data_tsv, data_text and dataset, {how_many}")
         if self.task is not None:
             check_choice("task", self.task, TASKS)
         if self.dataset is not None:
             parse_dataset(self.dataset)
-        if self.init_from is not None and self.tokenizer is not None:
-            raise BadValue("a model given by init_from brings its tokenizer; leave tokenizer unset")
-        if self.tokenizer is None:  # verses in bytes are long: BPE for a dataset
-            bpe = self.dataset is not None and self.init_from is None
-            object.__setattr__(self, "tokenizer", "bpe" if bpe else "byte")
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "bpe" and self.task:
             raise BadValue(
                 "the BPE tokenizer is trained on data; use it with data_tsv, data_text or dataset"
             )
-        for name in ("seq_len", "pad_multiple", "steps", "batch_size", "accum_steps", "eval_every", "log_every",
-                     "checkpoint_every", "keep_checkpoints", "eval_examples", "eval_sample",
-                     "average_checkpoints"):  # fmt: skip
-            check_int(name, getattr(self, name))
-        if self.eval_beam is not None:
-            check_int("eval_beam", self.eval_beam)
-        check_number("eval_alpha", self.eval_alpha, "[0, inf)")
-        self._check_averaging()
-        check_int("seed", self.seed, minimum=None)
         if self.bpe_vocab_size is not None:
             check_int("bpe_vocab_size", self.bpe_vocab_size, minimum=300)
-        if self.log_internals is not None:
-            check_int("log_internals", self.log_internals)
-        if self.warmup_steps is not None:
-            check_int("warmup_steps", self.warmup_steps, minimum=0)
-        check_divisible("batch_size", self.batch_size, "accum_steps", self.accum_steps)
-        check_choice("schedule", self.schedule, SCHEDULES)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        for name, interval in (("lr", "(0, inf)"), ("clip_norm", "(0, inf)")):
-            if getattr(self, name) is not None:
-                check_number(name, getattr(self, name), interval)
-        check_number("weight_decay", self.weight_decay, "[0, inf)")
-        check_bool("pmap", self.pmap)
-        check_bool("final_test", self.final_test)
-        _ = self.profile_steps  # checks the range
-        if self.mesh is not None and self.pmap:
-            raise BadValue("give a mesh or pmap, not both")
-        if self.out is None:
-            name = self.task or self.dataset or pathlib.Path(self.data_tsv or self.data_text).stem
-            object.__setattr__(self, "out", f"runs/{name}")
+        check_int("seq_len", self.seq_len)
+        check_int("pad_multiple", self.pad_multiple)
 
-    def _check_averaging(self) -> None:
-        k = self.average_checkpoints
-        if k > self.keep_checkpoints:
-            raise BadValue(
-                f"average_checkpoints={k} needs keep_checkpoints >= {k}, "
-                f"got keep_checkpoints={self.keep_checkpoints}"
-            )
-        saved = math.ceil(self.steps / self.checkpoint_every)  # every checkpoint_every, the last
-        if k > saved:
-            raise BadValue(
-                f"average_checkpoints={k} but steps={self.steps} with checkpoint_every="
-                f"{self.checkpoint_every} saves {saved} checkpoint(s)"
-            )
+    @classmethod
+    def from_options(cls, **given) -> DataOptions:
+        """The options given, and the defaults that depend on others (for those unset or
+        None): the dates task when no data is given; BPE for a dataset, else bytes (a model
+        given by init_from brings its own tokenizer)."""
+        given = dict(given)
+        if all(given.get(name) is None for name in SOURCES):
+            given["task"] = "dates"
+        init_from = given.get("init_from")
+        if given.get("tokenizer") is None:  # verses in bytes are long: BPE for a dataset
+            bpe = given.get("dataset") is not None and init_from is None
+            given["tokenizer"] = "bpe" if bpe else "byte"
+        elif init_from is not None:
+            raise BadValue("a model given by init_from brings its tokenizer; leave tokenizer unset")
+        return cls(**given)
 
     @property
-    def profile_steps(self) -> tuple[int, int] | None:
-        """`profile` "START:STOP" as (START, STOP): trace from after step START until
-        step STOP is done; None without a profile."""
-        if self.profile is None:
-            return None
-        start, _, stop = str(self.profile).partition(":")
-        if not (start.strip().isdigit() and stop.strip().isdigit()):
-            raise BadValue(f"profile must be START:STOP (steps, e.g. 10:12), got {self.profile!r}")
-        start, stop = int(start), int(stop)
-        if not start < stop <= self.steps:
-            raise BadValue(
-                f"profile {self.profile!r} is an empty or reversed range, or goes past "
-                f"steps={self.steps}: give START < STOP <= steps"
-            )
-        return start, stop
+    def name(self) -> str:
+        """The task, the dataset, or the data file's name (that of the default run folder)."""
+        return self.task or self.dataset or pathlib.Path(self.data_tsv or self.data_text).stem
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimOptions:
+    """How the model is optimised: steps and batches, the learning-rate schedule and the
+    optimizer."""
+
+    steps: int = option(1500, "optimizer steps")
+    batch_size: int = option(64, "examples (rows) per step", resume=True)
+    accum_steps: int = option(1, "micro-batches per step (gradient accumulation)", resume=True)
+    schedule: str = option(
+        "cosine", "learning-rate schedule; paper: eq. (3)", SCHEDULES, resume=True
+    )
+    lr: float | None = option(
+        None, "peak lr, default 3e-3 (paper schedule: a multiplier, default 1)", resume=True
+    )
+    warmup_steps: int | None = option(
+        None, "default: 10% of steps (cosine), 4000 (paper)", resume=True
+    )
+    optimizer: str = option(
+        "adam", "Adam(0.9, 0.98, 1e-9) as the paper, or AdamW", OPTIMIZERS, resume=True
+    )
+    weight_decay: float = option(0.0, "decoupled weight decay (adamw)", resume=True)
+    clip_norm: float | None = option(
+        1.0, "global gradient-norm clipping; none to turn off", resume=True
+    )
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "accum_steps"):
+            check_int(name, getattr(self, name))
+        check_divisible("batch_size", self.batch_size, "accum_steps", self.accum_steps)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        if self.warmup_steps is not None:
+            check_int("warmup_steps", self.warmup_steps, minimum=0)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        for name in ("lr", "clip_norm"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), "(0, inf)")
+        check_number("weight_decay", self.weight_decay, "[0, inf)")
 
     @property
     def peak_lr(self) -> float | None:
@@ -415,23 +383,177 @@ class RunConfig:
             return self.warmup_steps
         return 4000 if self.schedule == "paper" else min(max(1, self.steps // 10), self.steps - 1)
 
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalOptions:
+    """How the held-out data is evaluated, during the run and at its end."""
+
+    eval_every: int = option(250, "steps between held-out evaluations")
+    eval_examples: int = option(
+        1000, "held-out examples (a Bible's dev books: a seeded sample stratified by book)"
+    )
+    eval_sample: int = option(
+        200, "of those, decoded greedily at each in-run evaluation; the final model decodes all"
+    )
+    final_test: bool = option(
+        False, "also score the final model on the test set (a Bible's test books): opt-in"
+    )
+    eval_beam: int | None = option(
+        None, "beam of held-out decoding, 1 = greedy; default 4 (the paper) for BLEU data, else 1"
+    )
+    eval_alpha: float = option(0.6, "length penalty of that beam search (the paper: 0.6)")
+    average_checkpoints: int = option(
+        1, "at the end, also evaluate the mean parameters of the last K checkpoints; 1 = off"
+    )
+
+    def __post_init__(self):
+        for name in ("eval_every", "eval_examples", "eval_sample", "average_checkpoints"):
+            check_int(name, getattr(self, name))
+        check_bool("final_test", self.final_test)
+        if self.eval_beam is not None:
+            check_int("eval_beam", self.eval_beam)
+        check_number("eval_alpha", self.eval_alpha, "[0, inf)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuntimeOptions:
+    """One run of an experiment: its seed (what a sweep varies between the runs of one
+    variant), its folder and what it records there, and the devices it runs on."""
+
+    seed: int = option(0, "initialisation, dropout and data order", resume=True)
+    out: str = option(dataclasses.MISSING, "run folder; default runs/<task or data file name>")
+    log_every: int = option(10, "steps between logged metrics")
+    checkpoint_every: int = option(500, "steps between checkpoints")
+    keep_checkpoints: int = option(3, "checkpoints kept")
+    profile: str | None = option(
+        None, "START:STOP: a jax.profiler trace of steps START+1..STOP in <out>/profile"
+    )
+    mesh: str | None = option(None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)")
+    pmap: bool = option(False, "data parallel with jax.pmap over this process's devices")
+    log_internals: int | None = option(
+        None, "every N steps log gradient/parameter/update norms, attention entropy, activation RMS"
+    )
+    tensorboard: bool = option(
+        False, "also write the metrics as TensorBoard event files in <out>/tensorboard"
+    )
+
+    def __post_init__(self):
+        check_int("seed", self.seed, minimum=None)
+        for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
+            check_int(name, getattr(self, name))
+        if self.log_internals is not None:
+            check_int("log_internals", self.log_internals)
+        check_bool("pmap", self.pmap)
+        if self.mesh is not None and self.pmap:
+            raise BadValue("give a mesh or pmap, not both")
+        _ = self.profile_steps  # checks the format
+
+    @property
+    def profile_steps(self) -> tuple[int, int] | None:
+        """`profile` "START:STOP" as (START, STOP): trace from after step START until
+        step STOP is done; None without a profile."""
+        if self.profile is None:
+            return None
+        start, _, stop = str(self.profile).partition(":")
+        if not (start.strip().isdigit() and stop.strip().isdigit()):
+            raise BadValue(f"profile must be START:STOP (steps, e.g. 10:12), got {self.profile!r}")
+        if not int(start) < int(stop):
+            raise BadValue(
+                f"profile {self.profile!r} is an empty or reversed range: give START < STOP"
+            )
+        return int(start), int(stop)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """What to train on and how (the model itself is a TransformerConfig), in four groups:
+    `data`, `optim`, `eval` and `runtime` (`run.optim.steps`). Each option has one flat
+    name everywhere: its `jaxformer train` option (`--batch-size` for batch_size), its key
+    in sweep specs, in config.json and in `to_dict()`.
+
+    `RunConfig.from_options(task="sort", steps=60)` builds one from flat names, filling in
+    the defaults that depend on other options. Built from its groups, a RunConfig takes
+    the data source, the tokenizer and the folder as given.
+    """
+
+    data: DataOptions
+    optim: OptimOptions = dataclasses.field(default_factory=OptimOptions)
+    eval: EvalOptions = dataclasses.field(default_factory=EvalOptions)
+    runtime: RuntimeOptions
+
+    def __post_init__(self):
+        k, kept = self.eval.average_checkpoints, self.runtime.keep_checkpoints
+        if k > kept:
+            raise BadValue(
+                f"average_checkpoints={k} needs keep_checkpoints >= {k}, got keep_checkpoints={kept}"
+            )
+        steps, every = self.optim.steps, self.runtime.checkpoint_every
+        saved = math.ceil(steps / every)  # every checkpoint_every, and the last
+        if k > saved:
+            raise BadValue(
+                f"average_checkpoints={k} but steps={steps} with checkpoint_every={every} "
+                f"saves {saved} checkpoint(s)"
+            )
+        profile = self.runtime.profile_steps
+        if profile and profile[1] > steps:
+            raise BadValue(
+                f"profile {self.runtime.profile!r} goes past steps={steps}: give STOP <= steps"
+            )
+
+    @classmethod
+    def groups(cls) -> dict[str, type]:
+        """Each group's attribute and class: {"data": DataOptions, "optim": OptimOptions, ...}."""
+        return typing.get_type_hints(cls)
+
+    @classmethod
+    def options(cls) -> dict[str, str]:
+        """Each option's flat name and the group that holds it: {"task": "data", ...}."""
+        return {f.name: g for g, kind in cls.groups().items() for f in dataclasses.fields(kind)}
+
+    @classmethod
+    def from_options(cls, **options) -> RunConfig:
+        """The run of flat options (steps=100, out="runs/x", ...), each sent to its group.
+        Unset or None, task and tokenizer default by the other data options (see
+        DataOptions.from_options) and out is runs/<the data's name>. An unknown name is an
+        error naming the closest option."""
+        where = cls.options()
+        for name in options:
+            if name not in where:
+                close = difflib.get_close_matches(name, where, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"the options are {list(where)}"
+                raise BadValue(f"unknown run option {name!r}; {hint}")
+        groups = {g: {n: v for n, v in options.items() if where[n] == g} for g in cls.groups()}
+        data = DataOptions.from_options(**groups["data"])
+        if groups["runtime"].get("out") is None:
+            groups["runtime"]["out"] = f"runs/{data.name}"
+        return cls(
+            data=data,
+            optim=OptimOptions(**groups["optim"]),
+            eval=EvalOptions(**groups["eval"]),
+            runtime=RuntimeOptions(**groups["runtime"]),
+        )
+
     def resume_settings(self) -> dict[str, Any]:
-        """The settings a resumed run must share with the checkpoint to continue exactly.
+        """The settings a resumed run must share with the checkpoint to continue exactly:
+        the options marked `resume`.
 
         `steps` may grow on resume, except with the cosine schedule, whose shape depends
         on the total number of steps.
         """
-        keep = (
-            "task", "data_tsv", "data_text", "dataset", "tokenizer", "init_from", "bpe_vocab_size", "seq_len",
-            "batch_size", "accum_steps", "schedule", "lr", "warmup_steps", "optimizer",
-            "weight_decay", "clip_norm", "seed",
-        )  # fmt: skip
-        settings = {k: getattr(self, k) for k in keep}
-        settings["cosine_total_steps"] = self.steps if self.schedule == "cosine" else None
+        settings = {
+            f.name: getattr(getattr(self, group), f.name)
+            for group, kind in self.groups().items()
+            for f in dataclasses.fields(kind)
+            if f.metadata["resume"]
+        }
+        cosine = self.optim.schedule == "cosine"
+        settings["cosine_total_steps"] = self.optim.steps if cosine else None
         return settings
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every option by its flat name: {"task": "dates", ..., "steps": 1500, ...}."""
+        groups = [dataclasses.asdict(getattr(self, g)) for g in self.groups()]
+        return {name: value for group in groups for name, value in group.items()}
 
 
 def load_config_file(path: str) -> dict:

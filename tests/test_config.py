@@ -1,7 +1,16 @@
+import json
+
 import pytest
 
-from jaxformer import TransformerConfig
-from jaxformer.config import TABLE3_ROWS
+from jaxformer import RunConfig, TransformerConfig
+from jaxformer.checks import BadValue
+from jaxformer.config import (
+    TABLE3_ROWS,
+    DataOptions,
+    EvalOptions,
+    OptimOptions,
+    RuntimeOptions,
+)
 
 
 def test_paper_presets():
@@ -78,3 +87,96 @@ def test_config_checks_itself(fields, error, match):
         return
     with pytest.raises(error, match=match):
         TransformerConfig(**fields)
+
+
+# The run of config.json before the options were grouped (RunConfig().to_dict() on main):
+# its flat keys and values, which the sweep's config hash reads too.
+FLAT_DEFAULT_RUN = json.loads("""{
+    "task": "dates", "data_tsv": null, "data_text": null, "dataset": null, "tokenizer": "byte",
+    "init_from": null, "bpe_vocab_size": null, "seq_len": 128, "pad_multiple": 16,
+    "steps": 1500, "batch_size": 64, "accum_steps": 1, "schedule": "cosine", "lr": null,
+    "warmup_steps": null, "optimizer": "adam", "weight_decay": 0.0, "clip_norm": 1.0,
+    "eval_every": 250, "log_every": 10, "checkpoint_every": 500, "keep_checkpoints": 3,
+    "eval_examples": 1000, "eval_sample": 200, "final_test": false, "eval_beam": null,
+    "eval_alpha": 0.6, "average_checkpoints": 1, "seed": 0, "out": "runs/dates",
+    "profile": null, "mesh": null, "pmap": false, "log_internals": null, "tensorboard": false
+}""")
+# The settings a checkpoint's meta recorded before (then a hand-written list).
+RESUME_KEYS = """task data_tsv data_text dataset tokenizer init_from bpe_vocab_size seq_len
+    batch_size accum_steps schedule lr warmup_steps optimizer weight_decay clip_norm seed
+    cosine_total_steps""".split()
+
+
+def test_run_options_are_grouped_and_keep_their_flat_names():
+    run = RunConfig.from_options()
+    assert run.to_dict() == FLAT_DEFAULT_RUN
+    assert sorted(RunConfig.options()) == sorted(FLAT_DEFAULT_RUN)
+    assert RunConfig.from_options(**run.to_dict()) == run
+    run = RunConfig.from_options(steps=7, eval_every=3, seq_len=64, seed=-2, mesh="data=1")
+    assert (run.optim.steps, run.eval.eval_every, run.data.seq_len) == (7, 3, 64)
+    assert (run.runtime.seed, run.runtime.mesh) == (-2, "data=1")
+    changed = dict(steps=7, eval_every=3, seq_len=64, seed=-2, mesh="data=1")
+    assert run.to_dict() == FLAT_DEFAULT_RUN | changed
+    assert RunConfig.options()["clip_norm"] == "optim"
+    assert RunConfig.from_options(clip_norm=None).optim.clip_norm is None  # none = no clipping
+
+
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("stepz", "unknown run option 'stepz'; did you mean 'steps'?"),
+        ("eval_evry", "unknown run option 'eval_evry'; did you mean 'eval_every'?"),
+        ("zzz", "unknown run option 'zzz'; the options are \\['task', 'data_tsv'"),
+    ],
+)
+def test_an_unknown_run_option_names_the_closest(name, match):
+    with pytest.raises(BadValue, match=match):
+        RunConfig.from_options(**{name: 5})
+
+
+def test_defaults_that_depend_on_other_options():
+    run = RunConfig.from_options(data_tsv="data/pairs.tsv")
+    assert (run.data.task, run.data.tokenizer, run.runtime.out) == (None, "byte", "runs/pairs")
+    run = RunConfig.from_options(dataset="wyc-web", out=None)
+    assert (run.data.tokenizer, run.runtime.out) == ("bpe", "runs/wyc-web")
+    assert RunConfig.from_options(dataset="wyc-web", init_from="m").data.tokenizer == "byte"
+    with pytest.raises(BadValue, match="a model given by init_from brings its tokenizer"):
+        RunConfig.from_options(data_text="a.txt", init_from="m", tokenizer="byte")
+    # Built from its groups, a RunConfig takes the source, tokenizer and folder as given.
+    direct = RunConfig(
+        data=DataOptions(task="sort", tokenizer="byte"),
+        optim=OptimOptions(steps=60),
+        runtime=RuntimeOptions(out="runs/sort"),
+    )
+    assert direct == RunConfig.from_options(task="sort", steps=60)
+    with pytest.raises(BadValue, match="give one of task, data_tsv, data_text and dataset, got"):
+        DataOptions(tokenizer="byte")
+    with pytest.raises(TypeError, match="tokenizer"):
+        DataOptions(task="sort")
+
+
+def test_each_group_checks_its_own_options_and_run_config_the_rest():
+    with pytest.raises(BadValue, match="batch_size=6 is not divisible by accum_steps=4"):
+        OptimOptions(batch_size=6, accum_steps=4)
+    with pytest.raises(BadValue, match="give a mesh or pmap, not both"):
+        RuntimeOptions(out="x", mesh="data=1", pmap=True)
+    with pytest.raises(BadValue, match="empty or reversed range"):
+        RuntimeOptions(out="x", profile="5:5")
+    with pytest.raises(BadValue, match="profile '2:50' goes past steps=20"):
+        RunConfig.from_options(steps=20, profile="2:50")
+    with pytest.raises(BadValue, match="average_checkpoints=4 needs keep_checkpoints >= 4"):
+        RunConfig(
+            data=DataOptions(task="sort", tokenizer="byte"),
+            eval=EvalOptions(average_checkpoints=4),
+            runtime=RuntimeOptions(out="x"),
+        )
+
+
+def test_resume_settings_are_the_options_marked_resume():
+    run = RunConfig.from_options(steps=300, lr=1e-3, seed=4)
+    settings = run.resume_settings()
+    assert list(settings) == RESUME_KEYS
+    assert settings == {k: run.to_dict().get(k) for k in RESUME_KEYS[:-1]} | {
+        "cosine_total_steps": 300
+    }
+    assert RunConfig.from_options(schedule="paper").resume_settings()["cosine_total_steps"] is None

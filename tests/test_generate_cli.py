@@ -30,7 +30,7 @@ RUN = dict(batch_size=8, eval_every=1000, log_every=1, eval_examples=8, checkpoi
 @pytest.fixture(scope="module")
 def seq2seq_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dates")
-    run = jf.RunConfig(task="dates", steps=2, out=str(out), **RUN)
+    run = jf.RunConfig.from_options(task="dates", steps=2, out=str(out), **RUN)
     loop.train(jf.TransformerConfig.tiny(259, **SMALL), run, progress=False)
     return out
 
@@ -40,7 +40,9 @@ def lm_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm")
     text = out / "text.txt"
     text.write_text("\n\n".join(f"document {i}: " + "abc def ghi " * 6 for i in range(30)))
-    run = jf.RunConfig(task=None, data_text=str(text), seq_len=32, steps=2, out=str(out), **RUN)
+    run = jf.RunConfig.from_options(
+        task=None, data_text=str(text), seq_len=32, steps=2, out=str(out), **RUN
+    )
     loop.train(jf.TransformerConfig.tiny(259, **SMALL), run, progress=False)
     return out
 
@@ -214,7 +216,9 @@ def test_the_command_exits_2_without_a_traceback(tmp_path):
 @pytest.mark.slow
 def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkeypatch):
     """The issue's end-to-end check: train on dates, then translate held-out dates."""
-    run = jf.RunConfig(task="dates", steps=1500, lr=3e-3, out=str(tmp_path), eval_examples=200)
+    run = jf.RunConfig.from_options(
+        task="dates", steps=1500, lr=3e-3, out=str(tmp_path), eval_examples=200
+    )
     loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
     capsys.readouterr()  # the training report
     pairs = tasks.test_examples(tasks.get_task("dates"), seed=123, n=20)

@@ -3,6 +3,7 @@ sweep of a few steps that writes its table and, run again after losing a run, re
 that one."""
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -17,6 +18,7 @@ import pytest
 from jaxformer import sweep
 from jaxformer.cli import main
 from jaxformer.sweep import stats
+from tests.test_config import FLAT_DEFAULT_RUN
 
 BASE = dict(
     task="copy",
@@ -204,8 +206,8 @@ def test_grid_and_set_make_the_variants(tmp_path, capsys):
     assert main(["sweep", str(path), "--set", "d_modle=8"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "jaxformer sweep: error: --set: unknown field 'd_modle' (not a TransformerConfig or "
-        "RunConfig field); did you mean 'd_model'?"
+        "jaxformer sweep: error: --set: unknown field 'd_modle' (not a TransformerConfig field "
+        "or RunConfig option); did you mean 'd_model'?"
     )
     assert main(["sweep", str(path), "--set", "d_model"]) == 2
     assert "--set takes key=value, got 'd_model'" in capsys.readouterr().err
@@ -289,6 +291,21 @@ def test_a_sweep_on_the_test_set_says_so(tmp_path):
         "| other | 2 | 300 | +0.00 [+0.00, +0.00] | 1.000 | 1.000 | no detectable difference |"
         in text
     )
+
+
+def test_the_config_hash_reads_the_flat_run_options(tmp_path):
+    """The hash of a run's configuration is over its flat options, as before they were
+    grouped: a sweep folder of an unchanged configuration is still recognised."""
+    spec = sweep.Spec.load(write_spec(tmp_path))
+    model, _ = spec.configs("sq", 1)
+    run = FLAT_DEFAULT_RUN | {k: v for k, v in BASE.items() if k in FLAT_DEFAULT_RUN}
+    resolved = {
+        "model": model.to_dict(),
+        "run": run | {"seed": 1, "out": None},
+        "variant_files": [str(VARIANT)],
+    }
+    text = json.dumps(resolved, sort_keys=True, default=str)
+    assert spec.config_hash("sq", 1) == hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def test_each_run_is_an_ordinary_train_command(tmp_path):
@@ -433,13 +450,15 @@ def test_a_resumed_run_adds_its_wall_time_to_the_earlier_processes(tmp_path):
     )
     fields = dict(task="copy", batch_size=8, eval_every=100, log_every=1, schedule="constant")
     fields |= dict(checkpoint_every=2, eval_examples=8, out=str(tmp_path), lr=1e-3)
-    loop.train(model, RunConfig(steps=2, **fields), progress=False)
+    loop.train(model, RunConfig.from_options(steps=2, **fields), progress=False)
     metrics = tmp_path / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert 0 < records[0]["wall_seconds"] <= records[1]["wall_seconds"]
     records[1]["wall_seconds"] = 1000.0
     metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
-    summary = loop.train(model, RunConfig(steps=4, **fields), resume=True, progress=False)
+    summary = loop.train(
+        model, RunConfig.from_options(steps=4, **fields), resume=True, progress=False
+    )
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     walls = [r["wall_seconds"] for r in records if "loss" in r]
     assert walls[1] == 1000.0 and 1000 < walls[2] <= walls[3] <= summary["wall_seconds"]

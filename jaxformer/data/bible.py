@@ -20,7 +20,7 @@ case is counted. A held-out target that shares SHARED_SPAN consecutive words wit
 target of another split (a quotation, "love your neighbor as yourself") is removed from
 dev/test. Held-out data are whole books (DEV_BOOKS, TEST_BOOKS, a few % of the verses,
 Old and New Testament); training never sees them. A run evaluates on the dev books; the
-test books are scored only when asked (`RunConfig.final_test`).
+test books are scored only when asked (`RunConfig.eval.final_test`).
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ def _lm_corpus(name: str, verses: Verses) -> BibleCorpus:
 class BibleTranslation(PairData):
     """Verse pairs of two Bibles (see `load`): trains on the training books, evaluates on
     the dev books (a sample stratified by book), and scores the final model on the test
-    books when a run asks (`RunConfig.final_test`). Pairs longer than max_len
+    books when a run asks (`RunConfig.eval.final_test`). Pairs longer than max_len
     tokens are dropped from train and dev, test pairs whose source is, and each is counted
     in `counts` ("too long <split>")."""
 

@@ -26,7 +26,7 @@ import time
 from jaxformer.checks import BadValue
 from jaxformer.config import RunConfig
 from jaxformer.sweep import report
-from jaxformer.sweep.spec import HASH_FILE, RUN_FIELDS, SWEEP_OWNS, Spec, status
+from jaxformer.sweep.spec import HASH_FILE, SWEEP_OWNS, Spec, status
 
 
 def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
@@ -38,9 +38,9 @@ def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.json").write_text(json.dumps(model.to_dict(), indent=2))
     args = ["train", "--config", str(folder / "model.json"), "--resume", "--no-progress"]
-    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-    for name in RUN_FIELDS:
-        value = getattr(run, name)
+    groups = RunConfig.groups().values()
+    defaults = {f.name: f.default for group in groups for f in dataclasses.fields(group)}
+    for name, value in run.to_dict().items():
         flag = "--" + name.replace("_", "-")
         if value == defaults[name] and name not in SWEEP_OWNS:
             continue  # the command's default (config.json records every field)

@@ -1,7 +1,7 @@
 """A sweep's spec, the folder of each of its runs, and what a run folder says about it.
 
 A spec (YAML or JSON) names a base configuration, variants (each a set of overrides of
-RunConfig and TransformerConfig fields), an optional grid, and seeds:
+RunConfig options and TransformerConfig fields), an optional grid, and seeds:
 
     base: {task: dates, steps: 600, preset: tiny}   # any fields, and `preset`
     variants:
@@ -39,7 +39,7 @@ from jaxformer.functional.registry import import_variants
 
 SPEC_KEYS = ("base", "variants", "grid", "seeds", "baseline", "variant_files", "out")
 MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(TransformerConfig))
-RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+RUN_FIELDS = tuple(RunConfig.options())
 SWEEP_OWNS = ("seed", "out")  # set by the sweep for each run
 SWEEP_WIDE = ("final_test",)  # set in base only: every variant is compared on one set
 HASH_FILE = "config_hash.json"
@@ -111,7 +111,7 @@ class Spec:
             model = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(
                 **{k: v for k, v in fields.items() if k in MODEL_FIELDS}
             )
-            run = RunConfig(
+            run = RunConfig.from_options(
                 **{k: v for k, v in fields.items() if k in RUN_FIELDS},
                 seed=seed,
                 out=str(self.folder(variant, seed)),
@@ -150,9 +150,8 @@ def _check_field(key: str, where: str) -> None:
     if key not in MODEL_FIELDS + RUN_FIELDS + ("preset",):
         close = difflib.get_close_matches(key, MODEL_FIELDS + RUN_FIELDS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise BadValue(
-            f"{where}: unknown field {key!r} (not a TransformerConfig or RunConfig field){hint}"
-        )
+        what = "not a TransformerConfig field or RunConfig option"
+        raise BadValue(f"{where}: unknown field {key!r} ({what}){hint}")
 
 
 def _variants(fields: dict, path) -> dict[str, dict]:

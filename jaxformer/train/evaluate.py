@@ -1,7 +1,7 @@
 """Held-out evaluation: loss sums over the eval batches, and the metrics the data names
 (`data.metrics`), computed on predictions of its `test_pairs` (`evaluate`: a sample
 decoded greedily during training, all of them with the run's beam at the end) or of its
-`final_test_pairs` (`score`, once, by the final model, only with `RunConfig.final_test`).
+`final_test_pairs` (`score`, once, by the final model, only with `RunConfig.eval.final_test`).
 
 BLEU and chrF are sacrebleu's corpus scores (0-100, BLEU with its default 13a
 tokenization), imported only when a data source names them (`pip install 'jaxformer[data]'`).
@@ -97,6 +97,6 @@ def score(
 def eval_beam(run, data) -> int:
     """The run's eval_beam, else the paper's beam 4 for data scored by BLEU, greedy (1)
     for the rest."""
-    if run.eval_beam is not None:
-        return run.eval_beam
+    if run.eval.eval_beam is not None:
+        return run.eval.eval_beam
     return 4 if "bleu" in data.metrics else 1

@@ -1,4 +1,4 @@
-"""Training dynamics (`RunConfig.log_internals`): what the train step's internals variant
+"""Training dynamics (`RunConfig.runtime.log_internals`): what the train step's internals variant
 returns besides the loss, computed inside the compiled step from the gradients, the
 parameters before and after the update, and named sites (`functional/sites.py`) read in
 the same forward pass as the loss.

@@ -3,8 +3,8 @@ checkpoint), with Ctrl-C held until a step's donated state is back.
 
 The pieces it composes live beside it: the run folder (`run_folder`), evaluation
 (`evaluate`), the report (`report`), the steps (`steps`) and the placement that lays
-out and compiles them (`jaxformer.parallel`). `RunConfig.mesh` ("data=2,fsdp=2,tensor=2")
-or `RunConfig.pmap` spread the run over devices. On several processes (after
+out and compiles them (`jaxformer.parallel`). The options `mesh` ("data=2,fsdp=2,tensor=2")
+or `pmap` (`RunConfig.runtime`) spread the run over devices. On several processes (after
 `parallel.initialize`) every process runs this same loop: each builds the global batch
 (a pure function of seed and index) and the placement transfers only its own rows.
 """
@@ -54,32 +54,32 @@ def train(
     """Train, evaluate and report; returns the summary (also written to summary.json).
 
     The model's vocabulary is the tokenizer's (the run says so when `model_config` asked
-    for another size). With `resume`, continue from the latest checkpoint in `run.out`
+    for another size). With `resume`, continue from the latest checkpoint in `run.runtime.out`
     if there is one.
     Raises TrainingDiverged on a NaN or infinite loss (the last good checkpoint stays
     intact) and re-raises KeyboardInterrupt after saving the last completed step.
     """
     started = time.perf_counter()
     job = _Job.prepare(model_config, run)  # everything that can fail before the folder exists
-    folder = RunFolder(run.out, keep_checkpoints=run.keep_checkpoints)
+    folder = RunFolder(run.runtime.out, keep_checkpoints=run.runtime.keep_checkpoints)
     state, first = job.start(folder, resume=resume)
-    if run.tensorboard:
+    if run.runtime.tensorboard:
         folder.open_tensorboard(first)
-    shown = report.Progress(progress and folder.is_main, first, run.steps)
+    shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
     meter = _Meter(first, started, folder.resumed_wall_seconds)
-    profiler = _Profiler(run.profile_steps, folder)
+    profiler = _Profiler(run.runtime.profile_steps, folder)
     try:
-        for step in range(first, run.steps):
+        for step in range(first, run.optim.steps):
             profiler.before(step)
             step_fn = job.step_for(step + 1)
             with _interrupts_held():
-                state, metrics = step_fn(state, job.data.train_batch(step, run.batch_size))
+                state, metrics = step_fn(state, job.data.train_batch(step, run.optim.batch_size))
             done = step + 1
             profiler.after(done, state)
             meter.hold(done, metrics)
             _read_metrics(meter, folder, shown, run, keep=1)  # step done - 1's, as done runs
-            evaluating = _due(done, run.eval_every, run.steps) and done < run.steps
-            saving = _due(done, run.checkpoint_every, run.steps)
+            evaluating = _due(done, run.eval.eval_every, run.optim.steps) and done < run.optim.steps
+            saving = _due(done, run.runtime.checkpoint_every, run.optim.steps)
             if evaluating or saving:  # a NaN stops the run before it is saved or evaluated
                 _read_metrics(meter, folder, shown, run)
             if evaluating:
@@ -108,7 +108,7 @@ def train(
     folder.log({"step": meter.step, **last_eval})
     folder.say(report.eval_line(meter.step, last_eval))
     params, averaged, steps = state.params, None, None
-    if run.average_checkpoints > 1:
+    if run.eval.average_checkpoints > 1:
         params, steps = job.average(folder, state)
         averaged, predictions = job.evaluate(params)
         folder.log({"step": meter.step, "averaged_steps": steps, **averaged})
@@ -121,7 +121,7 @@ def train(
     }
     summary |= job.description()
     tested = None
-    if run.final_test and job.data.final_test_pairs:
+    if run.eval.final_test and job.data.final_test_pairs:
         scores, test_predictions = job.test(params)
         folder.log({"step": meter.step, **scores})
         summary |= {"final_test": True, **scores}
@@ -153,27 +153,27 @@ class _Job:
 
     @classmethod
     def prepare(cls, model_config: TransformerConfig, run: RunConfig) -> _Job:
-        if run.init_from is None:
+        if run.data.init_from is None:
             tokenizer, data = build_data(run)
             config = _fit_config(model_config, tokenizer, data)
-            model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.seed))
+            model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.runtime.seed))
         else:
             model, tokenizer, data = _pretrained(run)
             config = model_config = model.config
         check_metrics(data.metrics)
-        if run.final_test and not data.final_test_pairs:
+        if run.eval.final_test and not data.final_test_pairs:
             raise BadValue(
                 "final_test scores the final model on a separate test set (a Bible dataset's "
                 f"test books); {type(data).__name__} has none: its held-out pairs are the "
                 "ones evaluated"
             )
-        if run.tensorboard:
+        if run.runtime.tensorboard:
             tensorboard_writer()  # installed, before the folder exists
         graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
-        placement = make_placement(run.mesh, pmap=run.pmap)
+        placement = make_placement(run.runtime.mesh, pmap=run.runtime.pmap)
         placement.check_rows(
-            run.batch_size // run.accum_steps,
-            f"batch_size / accum_steps = {run.batch_size} / {run.accum_steps} =",
+            run.optim.batch_size // run.optim.accum_steps,
+            f"batch_size / accum_steps = {run.optim.batch_size} / {run.optim.accum_steps} =",
         )
         train_step = placement.compile(train_fn, state, donate_state=True)
         eval_step = placement.compile(eval_fn, state.params)
@@ -187,7 +187,7 @@ class _Job:
     def step_for(self, done: int) -> Callable:
         """The step that makes step `done`: with log_internals N the internals variant on
         step 1 and every Nth (compiled on first use), else the plain one."""
-        n = self.run.log_internals
+        n = self.run.runtime.log_internals
         if n is not None and (done == 1 or done % n == 0):
             return self.internals_step
         return self.train_step
@@ -226,11 +226,13 @@ class _Job:
         first `eval_sample` test pairs decoded greedily (`sample`, during training), else
         of all of them with the run's beam (the final model)."""
         started = time.perf_counter()
-        pairs = self.data.test_pairs[: self.run.eval_sample] if sample else self.data.test_pairs
+        pairs = (
+            self.data.test_pairs[: self.run.eval.eval_sample] if sample else self.data.test_pairs
+        )
         beam = 1 if sample else eval_beam(self.run, self.data)
         predictor = self._predictor(params, beam=beam)
         metrics, predictions = evaluate(
-            self.eval_step, params, self.data, predictor, self.run.batch_size, pairs
+            self.eval_step, params, self.data, predictor, self.run.optim.batch_size, pairs
         )
         self.eval_seconds += time.perf_counter() - started
         return metrics | {"eval_pairs": len(pairs), "eval_beam": beam}, predictions
@@ -256,10 +258,10 @@ class _Job:
                 sources,
                 "beam" if beam > 1 else "greedy",
                 beam_size=beam,
-                alpha=self.run.eval_alpha,
+                alpha=self.run.eval.eval_alpha,
                 max_new_tokens=self.data.tgt_len,
-                batch_size=self.run.batch_size,
-                pad_multiple=self.run.pad_multiple,
+                batch_size=self.run.optim.batch_size,
+                pad_multiple=self.run.data.pad_multiple,
             )
 
         return predictions
@@ -268,7 +270,7 @@ class _Job:
         """The laid-out mean parameters of the last `average_checkpoints` checkpoints (also
         saved in <out>/averaged), and their steps."""
         abstract = abstract_train_state(self.placement.one_copy(state)).params
-        mean, steps = folder.checkpoints.average_params(abstract, self.run.average_checkpoints)
+        mean, steps = folder.checkpoints.average_params(abstract, self.run.eval.average_checkpoints)
         save_averaged(folder.path, mean)
         return self.placement.put(mean), steps
 
@@ -300,7 +302,7 @@ class _Job:
             return
         folder.write_json("summary.json", summary)
         report.loss_curves(folder.metrics_path, folder.path / "loss.png")
-        if self.run.log_internals is not None:
+        if self.run.runtime.log_internals is not None:
             report.internals(folder.metrics_path, folder.path / "internals.png")
         model, data = nnx.merge(self.graphdef, params), self.data
         for name, written in (("predictions.tsv", held_out), ("test_predictions.tsv", tested)):
@@ -317,40 +319,44 @@ class _Job:
 def build_data(run: RunConfig, tokenizer=None):
     """The tokenizer (`tokenizer`, else the one the run asks for) and the dataset of a run.
     A BPE tokenizer learns from the data file, or from a dataset's training books only."""
-    if run.dataset:
-        corpus = bible.load(run.dataset)
+    if run.data.dataset:
+        corpus = bible.load(run.data.dataset)
         tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
         data = corpus.data(
-            tokenizer, max_len=run.seq_len, seed=run.seed, test_size=run.eval_examples,
-            pad_multiple=run.pad_multiple,
+            tokenizer, max_len=run.data.seq_len, seed=run.runtime.seed,
+            test_size=run.eval.eval_examples, pad_multiple=run.data.pad_multiple,
         )  # fmt: skip
         return tokenizer, data
 
     def lines():
-        return [line for _, line in read_text_lines(run.data_tsv or run.data_text)]
+        return [line for _, line in read_text_lines(run.data.data_tsv or run.data.data_text)]
 
     tokenizer = tokenizer or _tokenizer(run, lines)
-    if run.task:
-        return tokenizer, TaskData(run.task, tokenizer, seed=run.seed, test_size=run.eval_examples)
-    if run.data_tsv:
+    if run.data.task:
+        return tokenizer, TaskData(
+            run.data.task, tokenizer, seed=run.runtime.seed, test_size=run.eval.eval_examples
+        )
+    if run.data.data_tsv:
         data = TsvData(
-            run.data_tsv, tokenizer, max_len=run.seq_len, seed=run.seed,
-            test_size=run.eval_examples, pad_multiple=run.pad_multiple,
+            run.data.data_tsv, tokenizer, max_len=run.data.seq_len, seed=run.runtime.seed,
+            test_size=run.eval.eval_examples, pad_multiple=run.data.pad_multiple,
         )  # fmt: skip
         return tokenizer, data
-    return tokenizer, TextData(run.data_text, tokenizer, seq_len=run.seq_len, seed=run.seed)
+    return tokenizer, TextData(
+        run.data.data_text, tokenizer, seq_len=run.data.seq_len, seed=run.runtime.seed
+    )
 
 
 def _tokenizer(run: RunConfig, texts: Callable[[], list[str]]):
     """The run's tokenizer; BPE learns from `texts()`."""
-    if run.tokenizer == "bpe":
-        return BPETokenizer.train(texts(), run.bpe_vocab_size)
+    if run.data.tokenizer == "bpe":
+        return BPETokenizer.train(texts(), run.data.bpe_vocab_size)
     return ByteTokenizer()
 
 
 def _pretrained(run: RunConfig):
     """(model, tokenizer, data) of a run that fine-tunes the Hugging Face folder init_from."""
-    model, tokenizer = hf.load(run.init_from)
+    model, tokenizer = hf.load(run.data.init_from)
     _, data = build_data(run, tokenizer)
     kind = type(model).__name__
     if kind != data.model_kind:
@@ -358,10 +364,10 @@ def _pretrained(run: RunConfig):
             "DecoderLM": "text (data_text, or a dataset VER-lm)",
             "Transformer": "pairs (a task, data_tsv, or a dataset SRC-TGT)",
         }
-        raise BadValue(f"{run.init_from} holds a {kind}, which trains on {needs[kind]}")
+        raise BadValue(f"{run.data.init_from} holds a {kind}, which trains on {needs[kind]}")
     if model.config.max_len < data.max_len:
         raise BadValue(
-            f"the data needs sequences of {data.max_len} tokens but {run.init_from} takes "
+            f"the data needs sequences of {data.max_len} tokens but {run.data.init_from} takes "
             f"{model.config.max_len} (max_position_embeddings)"
         )
     return model, tokenizer, data
@@ -383,26 +389,29 @@ class _Steps(NamedTuple):
     state: TrainState
     train: Callable
     eval: Callable
-    train_with_internals: Callable | None  # None unless run.log_internals
+    train_with_internals: Callable | None  # None unless run.runtime.log_internals
 
 
 def _steps(model, config: TransformerConfig, run: RunConfig) -> _Steps:
     """The run's optimizer and schedule, its fresh train state and its step functions."""
     schedule = make_schedule(
-        run.schedule,
-        lr=run.peak_lr,
+        run.optim.schedule,
+        lr=run.optim.peak_lr,
         d_model=config.d_model,
-        warmup_steps=run.warmup,
-        total_steps=run.steps,
+        warmup_steps=run.optim.warmup,
+        total_steps=run.optim.steps,
     )
     optimizer = make_optimizer(
-        schedule, name=run.optimizer, weight_decay=run.weight_decay, clip_norm=run.clip_norm
+        schedule,
+        name=run.optim.optimizer,
+        weight_decay=run.optim.weight_decay,
+        clip_norm=run.optim.clip_norm,
     )
-    graphdef, state = create_train_state(model, optimizer, run.seed)
+    graphdef, state = create_train_state(model, optimizer, run.runtime.seed)
     smoothing = config.label_smoothing
-    kw = dict(label_smoothing=smoothing, accum_steps=run.accum_steps)
+    kw = dict(label_smoothing=smoothing, accum_steps=run.optim.accum_steps)
     internals_fn = None
-    if run.log_internals is not None:
+    if run.runtime.log_internals is not None:
         internals_fn = make_train_step(graphdef, optimizer, schedule, **kw, internals=True)
     return _Steps(
         graphdef,
@@ -519,7 +528,7 @@ def _read_metrics(meter: _Meter, folder: RunFolder, shown, run: RunConfig, keep:
         done, record, internals = meter.read(folder)
         if internals is not None:
             folder.log(report.internals_record(done, internals))
-        if _due(done, run.log_every, run.steps):
+        if _due(done, run.runtime.log_every, run.optim.steps):
             folder.log(record)
             shown.show(record)
             meter.restart_window()

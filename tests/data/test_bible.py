@@ -255,8 +255,8 @@ def test_translation_data_drops_long_pairs_and_counts_them(wyc_web):
 def test_the_tokenizer_learns_from_training_books_only(wyc_web, monkeypatch):
     seen = []
     monkeypatch.setattr(data.BPETokenizer, "train", lambda texts, size: seen.append(texts) or TOK)
-    run = jf.RunConfig(dataset="wyc-web", seq_len=128, eval_examples=8)
-    assert run.tokenizer == "bpe"  # the default for a dataset
+    run = jf.RunConfig.from_options(dataset="wyc-web", seq_len=128, eval_examples=8)
+    assert run.data.tokenizer == "bpe"  # the default for a dataset
     tokenizer, _ = loop.build_data(run)
     assert tokenizer is TOK and len(seen[0]) == 2 * 27245
     assert seen[0] == wyc_web.training_texts()  # the train split's verses, by book

@@ -63,7 +63,7 @@ def test_a_converted_gpt2_fine_tunes_saves_restores_and_exports(tmp_path):
         )
     )
     out = tmp_path / "run"
-    run = jf.RunConfig(
+    run = jf.RunConfig.from_options(
         data_text=str(text), init_from=str(folder), seq_len=32, steps=30, out=str(out), **RUN
     )
     summary = loop.train(jf.TransformerConfig.tiny(1), run, progress=False)
@@ -94,7 +94,9 @@ def test_a_converted_gpt2_fine_tunes_saves_restores_and_exports(tmp_path):
 def test_a_converted_marian_fine_tunes_on_a_task_and_generates(tmp_path, capsys):
     folder, tok = _folder(tmp_path, "marian")
     out = tmp_path / "run"
-    run = jf.RunConfig(task="dates", init_from=str(folder), steps=30, out=str(out), **RUN)
+    run = jf.RunConfig.from_options(
+        task="dates", init_from=str(folder), steps=30, out=str(out), **RUN
+    )
     loop.train(jf.TransformerConfig.tiny(1), run, progress=False)
     capsys.readouterr()  # the training report
     losses = _losses(out)
@@ -109,14 +111,16 @@ def test_a_converted_marian_fine_tunes_on_a_task_and_generates(tmp_path, capsys)
 
 def test_init_from_refuses_a_mismatch_with_the_data(tmp_path):
     folder, _ = _folder(tmp_path, "gpt2")
-    run = jf.RunConfig(task="dates", init_from=str(folder), steps=2, out=str(tmp_path / "r"), **RUN)
+    run = jf.RunConfig.from_options(
+        task="dates", init_from=str(folder), steps=2, out=str(tmp_path / "r"), **RUN
+    )
     with pytest.raises(
         ValueError,
         match="holds a DecoderLM, which trains on text \\(data_text, or a dataset VER-lm\\)",
     ):
         loop.train(jf.TransformerConfig.tiny(1), run, progress=False)
     with pytest.raises(ValueError, match="init_from brings its tokenizer"):
-        jf.RunConfig(data_text="x.txt", init_from=str(folder), tokenizer="bpe")
+        jf.RunConfig.from_options(data_text="x.txt", init_from=str(folder), tokenizer="bpe")
     shutil.copytree(folder, tmp_path / "no_tokenizer")
     (tmp_path / "no_tokenizer" / "tokenizer.json").unlink()
     with pytest.raises(FileNotFoundError, match="no tokenizer.json; jaxformer reads Hugging Face"):

@@ -23,7 +23,7 @@ def _configs(out, **run):
         task="copy", steps=6, batch_size=8, eval_every=1000, log_every=1, checkpoint_every=1000,
         eval_examples=8, out=str(out),
     )  # fmt: skip
-    return model, jf.RunConfig(**(fields | run))
+    return model, jf.RunConfig.from_options(**(fields | run))
 
 
 def _logged_losses(out):
@@ -37,14 +37,14 @@ def test_losses_and_parameters_equal_a_loop_that_reads_every_step(tmp_path):
     job = loop._Job.prepare(model_config, run)
     state = job.placement.put(job.state)
     blocking = {}
-    for step in range(run.steps):
-        state, metrics = job.train_step(state, job.data.train_batch(step, run.batch_size))
+    for step in range(run.optim.steps):
+        state, metrics = job.train_step(state, job.data.train_batch(step, run.optim.batch_size))
         blocking[step + 1] = float(metrics["loss"])  # waits for the step, as the loop did
     assert _logged_losses(tmp_path) == blocking
     saved, _ = checkpoint.Checkpointer(tmp_path).restore(
         checkpoint.abstract_train_state(state), job.meta
     )
-    assert int(saved.step) == run.steps
+    assert int(saved.step) == run.optim.steps
     for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(a, b)
 

@@ -64,7 +64,7 @@ def tsv_run(tmp_path_factory):
     model = jf.TransformerConfig.tiny(
         259, num_encoder_layers=1, num_decoder_layers=1, d_model=16, num_heads=2, d_ff=32
     )
-    run = jf.RunConfig(
+    run = jf.RunConfig.from_options(
         data_tsv=str(tmp / "pairs.tsv"), seq_len=16, steps=3, batch_size=8, log_every=1,
         eval_every=2, checkpoint_every=1, keep_checkpoints=3, average_checkpoints=3,
         eval_examples=10, out=str(tmp / "run"),
@@ -118,11 +118,15 @@ def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkey
     config = json.loads((out / "config.json").read_text())
     model = jf.TransformerConfig.from_dict(config["model"])
     changes = {"steps": 2, "average_checkpoints": 1, "out": str(out.parent / "dev")}
-    dev_only = loop.train(model, jf.RunConfig(**(config["run"] | changes)), progress=False)
+    dev_only = loop.train(
+        model, jf.RunConfig.from_options(**(config["run"] | changes)), progress=False
+    )
     assert "final_test" not in dev_only and not any(k.startswith("test_") for k in dev_only)
     assert not (out.parent / "dev/test_predictions.tsv").exists()
     changes |= {"final_test": True, "out": str(out.parent / "final")}
-    summary = loop.train(model, jf.RunConfig(**(config["run"] | changes)), progress=False)
+    summary = loop.train(
+        model, jf.RunConfig.from_options(**(config["run"] | changes)), progress=False
+    )
     assert summary["final_test"] is True and summary["run"]["final_test"] is True
     folder = out.parent / "final"
     rows = [line.split("\t") for line in (folder / "test_predictions.tsv").read_text().splitlines()]
@@ -183,7 +187,9 @@ def test_beam_evaluation_is_beam_search_on_the_padded_batch(tsv_run):
 def test_final_test_without_a_test_set_is_refused_before_training(tsv_run):
     out, _ = tsv_run
     config = json.loads((out / "config.json").read_text())
-    run = jf.RunConfig(**(config["run"] | {"final_test": True, "out": str(out.parent / "no")}))
+    run = jf.RunConfig.from_options(
+        **(config["run"] | {"final_test": True, "out": str(out.parent / "no")})
+    )
     with pytest.raises(ValueError, match="TsvData has none"):
         loop.train(jf.TransformerConfig.from_dict(config["model"]), run, progress=False)
     assert not (out.parent / "no").exists()

@@ -109,7 +109,7 @@ def test_stacked_layers_give_the_same_norms_per_layer_and_no_sites():
 
 def test_without_internals_the_step_program_is_unchanged(tmp_path):
     def lowered(log_internals, internals=False):
-        run = jf.RunConfig(task="reverse", steps=4, batch_size=4, log_internals=log_internals,
+        run = jf.RunConfig.from_options(task="reverse", steps=4, batch_size=4, log_internals=log_internals,
                            eval_examples=4, out=str(tmp_path))  # fmt: skip
         model = jf.Transformer(jf.TransformerConfig.tiny(TOK.vocab_size, **SMALL), rngs=nnx.Rngs(0))
         _, state, train_fn, _, internals_fn = loop._steps(model, model.config, run)

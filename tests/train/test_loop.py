@@ -33,7 +33,7 @@ def run_config(out, **overrides):
         task="copy", steps=20, batch_size=8, eval_every=1000, log_every=1, checkpoint_every=10,
         eval_examples=16, out=str(out),
     )  # fmt: skip
-    return jf.RunConfig(**(fields | overrides))
+    return jf.RunConfig.from_options(**(fields | overrides))
 
 
 def losses(out):
@@ -289,9 +289,11 @@ def test_train_help_lists_every_config_field_with_its_default(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for cls in (jf.RunConfig, jf.TransformerConfig):
-        for field in dataclasses.fields(cls):
-            assert f"--{field.name.replace('_', '-')}" in text, field.name
+    names = [*jf.RunConfig.options(), *(f.name for f in dataclasses.fields(jf.TransformerConfig))]
+    for name in names:
+        assert f"--{name.replace('_', '-')}" in text, name
+    for group in ("data", "optim", "eval", "runtime"):  # one argument group each
+        assert f"{group} (RunConfig.{group}):" in text, group
     assert "optimizer steps (default: 1500)" in text
     assert "examples (rows) per step (default: 64)" in text
     assert "model dimension (tiny: 128)" in text

@@ -98,8 +98,13 @@ def test_a_one_step_run_fits_the_default_warmup(tmp_path, capsys):
     """`jaxformer train --steps 1` (a smoke run) trains: the default warm-up is a tenth
     of the run and fewer steps than it; a warm-up the user sets is kept, so one that does
     not fit stays an error."""
-    assert [jf.RunConfig(steps=n).warmup for n in (1, 2, 10, 100)] == [0, 1, 1, 10]
-    assert jf.RunConfig(steps=1, schedule="paper").warmup == 4000
+    assert [jf.RunConfig.from_options(steps=n).optim.warmup for n in (1, 2, 10, 100)] == [
+        0,
+        1,
+        1,
+        10,
+    ]
+    assert jf.RunConfig.from_options(steps=1, schedule="paper").optim.warmup == 4000
     small = dict(num_encoder_layers=1, num_decoder_layers=1, d_model=16, num_heads=2, d_ff=32)
     (tmp_path / "small.json").write_text(json.dumps(small))
     config = ["--config", str(tmp_path / "small.json"), "--no-progress"]

@@ -35,7 +35,7 @@ def test_profile_writes_a_trace_of_the_asked_steps(tmp_path, capsys):
 )
 def test_bad_profile_ranges_are_refused(profile, match):
     with pytest.raises(ValueError, match=match):
-        jf.RunConfig(steps=20, profile=profile)
+        jf.RunConfig.from_options(steps=20, profile=profile)
 
 
 # A second `jaxformer` process finds the first one's compiled programs: JAX reports each
