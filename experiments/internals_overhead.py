@@ -26,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 
 import jaxformer as jf  # noqa: E402
-from jaxformer.train import loop, report  # noqa: E402
+from jaxformer.train import report, set_up  # noqa: E402
 
 
 def block(job, state, batches, *, internals: bool):
@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run = jf.RunConfig.from_options(task="dates", log_internals=args.every, out=tmp)
-        job = loop._Job.prepare(jf.TransformerConfig.tiny(259), run)
+        job = set_up(jf.TransformerConfig.tiny(259), run)
         state = job.placement.put(job.state)
         batches = [job.data.train_batch(i, run.optim.batch_size) for i in range(args.every)]
         times = {False: [], True: []}

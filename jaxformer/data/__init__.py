@@ -6,6 +6,7 @@ from jaxformer.data.datasets import (
     PairData,
     TaskData,
     TextData,
+    TrainingData,
     TsvData,
     encode_pairs,
     pad_rows,

@@ -8,12 +8,8 @@ continues with exactly the batches it would have seen.
     DocumentData  documents for language modelling, packed into rows of fixed length;
                TextData: from a text file (bible.BibleLM: a Bible's chapters)
 
-Each says what it trains and how it is judged (the protocol the training loop reads):
-`model_kind` names the model class ("Transformer" or "DecoderLM"), `metrics` the
-held-out metrics beyond the loss, computed on `test_pairs` (e.g. "exact_match") at every
-evaluation, `final_test_pairs` the pairs the final model alone is scored on (a Bible's
-test books; empty where the held-out pairs are the test set), and `max_len` the longest
-sequence a batch holds.
+Each implements `TrainingData`, what the training loop and evaluation read of a dataset:
+what it trains, its batches, and how it is judged.
 """
 
 from __future__ import annotations
@@ -21,6 +17,9 @@ from __future__ import annotations
 import pathlib
 import random
 import zlib
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Protocol
 
 import numpy as np
 
@@ -29,6 +28,52 @@ from jaxformer.data import tasks as tasks_lib
 from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
 Batch = dict[str, np.ndarray]
+
+
+class TrainingData(Protocol):
+    """What the training loop and evaluation read of a dataset. TaskData, PairData and
+    DocumentData implement it; a new data source subclasses it for the defaults of
+    `description` and `counts`.
+
+        model_kind        the model class it trains: "Transformer" or "DecoderLM"
+        metrics           held-out metrics beyond the loss (names in
+                          `jaxformer.train.evaluate.METRICS`, e.g. "exact_match"), computed
+                          on predictions of `test_pairs` at every evaluation; () for none
+        max_len           the longest sequence a batch holds (the model's max_len must reach it)
+        tgt_len           the most target positions T a batch holds; held-out predictions
+                          stop there
+        test_pairs        the held-out (source, target) pairs evaluated (an in-run evaluation
+                          decodes a prefix of them); empty where nothing is decoded (an LM)
+        final_test_pairs  the pairs the final model alone is scored on, with
+                          `RunConfig.final_test` (a Bible's test books); empty where the
+                          held-out pairs are the test set
+        description       what the data kept and dropped, said as a run starts ("": nothing)
+        counts            the numbers behind it, summary.json's `data_counts` ({}: none)
+
+    A batch is a dict of NumPy arrays over B rows: an encoder-decoder's `src`, `src_valid`
+    [B, S] and `tgt_in`, `tgt_out`, `tgt_valid` [B, T]; a language model's `tgt_in`,
+    `tgt_out`, `tgt_valid`, `segment_ids` and `positions` [B, T] (see
+    `jaxformer.train.steps`). Token arrays are int32, `*_valid` bool (True = a real token).
+    """
+
+    model_kind: str
+    metrics: tuple[str, ...]
+    max_len: int
+    tgt_len: int
+    test_pairs: list[tuple[str, str]]
+    final_test_pairs: list[tuple[str, str]]
+    description: str = ""
+    counts: Mapping[str, int] = MappingProxyType({})
+
+    def train_batch(self, index: int, batch_size: int) -> Batch:
+        """Training batch `index` of `batch_size` rows: a pure function of (seed, index), so
+        a resumed run sees exactly the batches it would have seen."""
+        ...
+
+    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
+        """The held-out batches of `batch_size` rows, the last filled with all-padding
+        rows (no loss is taken on them)."""
+        ...
 
 
 def encode_pairs(
@@ -51,7 +96,7 @@ def encode_pairs(
     return _pack_ids(ids, tokenizer, src_len, tgt_len)
 
 
-class TaskData:
+class TaskData(TrainingData):
     """A synthetic task: fixed padded lengths, so one compiled step serves every batch."""
 
     model_kind = "Transformer"
@@ -97,7 +142,7 @@ class TaskData:
             )
 
 
-class PairData:
+class PairData(TrainingData):
     """Translation pairs: epoch-wise shuffles of the training pairs; within a pool of 50
     batches, pairs of similar length are batched together and padded to a multiple of
     `pad_multiple` tokens (a bound on the shapes XLA compiles for).
@@ -250,7 +295,7 @@ class TsvData(PairData):
         )  # fmt: skip
 
 
-class DocumentData:
+class DocumentData(TrainingData):
     """Documents for a `DecoderLM`, each ending with EOS. The token stream is cut into rows
     of seq_len + 1 tokens; rows carry segment ids (documents never attend to each other)
     and per-document positions, and no loss is taken on a prediction that crosses a
@@ -270,7 +315,7 @@ class DocumentData:
     ):
         check_int("seq_len", seq_len)
         self.tokenizer, self.seed, self.seq_len = tokenizer, seed, seq_len
-        self.max_len = seq_len
+        self.max_len = self.tgt_len = seq_len
         self._train_rows = self._rows(train)
         self._test_rows = self._rows(test)
         self.test_pairs: list[tuple[str, str]] = []  # no exact-match evaluation for an LM

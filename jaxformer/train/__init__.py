@@ -1,9 +1,12 @@
-"""Training with optax: losses, schedules, optimizers, the train and eval steps, and the
-loop that runs them (`train`)."""
+"""Training with optax: losses, schedules, optimizers, the train and eval steps, the
+run's set-up (`set_up`) and the loop that runs them (`train`), with periodic work as
+hooks (`Hook`)."""
 
+from jaxformer.train.hooks import Hook, StepContext
 from jaxformer.train.loop import TrainingDiverged, train
 from jaxformer.train.losses import LossSums, chunked_cross_entropy, cross_entropy, lm_head_choice
 from jaxformer.train.optim import make_optimizer, make_schedule, paper_schedule
+from jaxformer.train.setup import Setup, set_up
 from jaxformer.train.steps import (
     TrainState,
     create_train_state,

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxformer.checks import BadValue, MissingPackage
+from jaxformer.config import RunConfig
+from jaxformer.data import TrainingData
 from jaxformer.train.losses import LossSums
 
 
@@ -63,7 +65,7 @@ def _sacrebleu():
 def evaluate(
     eval_step: Callable,
     params,
-    data,
+    data: TrainingData,
     predict_fn: Callable[[list[str]], list[str]],
     batch_size: int,
     pairs: list[tuple[str, str]],
@@ -85,7 +87,9 @@ def evaluate(
 
 
 def score(
-    predict_fn: Callable[[list[str]], list[str]], pairs: list[tuple[str, str]], metrics
+    predict_fn: Callable[[list[str]], list[str]],
+    pairs: list[tuple[str, str]],
+    metrics: tuple[str, ...],
 ) -> tuple[dict[str, float], list[str]]:
     """Each of `metrics` (names in METRICS) of the predictions of (source, target) `pairs`,
     and those predictions."""
@@ -94,7 +98,7 @@ def score(
     return {name: METRICS[name](predictions, targets) for name in metrics}, predictions
 
 
-def eval_beam(run, data) -> int:
+def eval_beam(run: RunConfig, data: TrainingData) -> int:
     """The run's eval_beam, else the paper's beam 4 for data scored by BLEU, greedy (1)
     for the rest."""
     if run.eval.eval_beam is not None:

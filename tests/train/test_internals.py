@@ -13,7 +13,7 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer import capture, data, train
 from jaxformer.cli import main
-from jaxformer.train import loop
+from jaxformer.train import setup as train_setup
 
 TOK = data.ByteTokenizer()
 SMALL = dict(
@@ -112,7 +112,7 @@ def test_without_internals_the_step_program_is_unchanged(tmp_path):
         run = jf.RunConfig.from_options(task="reverse", steps=4, batch_size=4, log_internals=log_internals,
                            eval_examples=4, out=str(tmp_path))  # fmt: skip
         model = jf.Transformer(jf.TransformerConfig.tiny(TOK.vocab_size, **SMALL), rngs=nnx.Rngs(0))
-        _, state, train_fn, _, internals_fn = loop._steps(model, model.config, run)
+        _, state, train_fn, _, internals_fn = train_setup._steps(model, model.config, run)
         batch = data.TaskData("reverse", TOK, seed=0, test_size=4).train_batch(0, 4)
         fn = internals_fn if internals else train_fn
         return jax.jit(fn).lower(state, batch).as_text()

@@ -16,7 +16,7 @@ import pytest
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.train import checkpoint, loop
+from jaxformer.train import checkpoint, loop, setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
@@ -108,7 +108,7 @@ def test_existing_checkpoints_need_resume_and_matching_config(tmp_path):
 
 
 def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real = loop.make_train_step
+    real = setup.make_train_step
 
     def poisoned(*args, **kwargs):
         step = real(*args, **kwargs)
@@ -119,7 +119,7 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
 
         return wrapped
 
-    monkeypatch.setattr(loop, "make_train_step", poisoned)
+    monkeypatch.setattr(setup, "make_train_step", poisoned)
     with pytest.raises(
         loop.TrainingDiverged, match=r"became nan at step 7; the last good checkpoint \(step 5\)"
     ):

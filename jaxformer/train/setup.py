@@ -1,0 +1,236 @@
+"""A run before its first step (`set_up`): its tokenizer and data, the model, the
+optimizer and schedule, the fresh train state, and the placement that lays them out and
+compiles the steps. Everything here can fail before the run folder exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from flax import nnx
+
+from jaxformer.checks import BadValue
+from jaxformer.config import RunConfig, TransformerConfig
+from jaxformer.data import (
+    BPETokenizer,
+    ByteTokenizer,
+    TaskData,
+    TextData,
+    TrainingData,
+    TsvData,
+    bible,
+)
+from jaxformer.data.datasets import read_text_lines
+from jaxformer.data.tokenizers import Tokenizer
+from jaxformer.interop import hf
+from jaxformer.models import MODEL_KINDS, count_params
+from jaxformer.parallel import Placement, make_placement
+from jaxformer.train.evaluate import check_metrics
+from jaxformer.train.optim import make_optimizer, make_schedule
+from jaxformer.train.run_folder import tensorboard_writer
+from jaxformer.train.steps import (
+    TrainState,
+    create_train_state,
+    make_eval_step,
+    make_train_step,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What `set_up` builds for a run.
+
+    config           the model's config, with the tokenizer's vocabulary
+    requested_vocab  the vocab_size the model config asked for
+    graphdef, state  the model's structure and the fresh TrainState (not laid out)
+    param_count      the model's parameters
+    placement        lays out state and batches, compiles the steps (`jaxformer.parallel`)
+    train_step       (state, batch) -> (state, metrics), compiled, donating the state
+    eval_step        (params, batch) -> LossSums, compiled
+    internals_step   train_step that also returns metrics["internals"]; None unless
+                     `run.runtime.log_internals`
+    """
+
+    run: RunConfig
+    tokenizer: Tokenizer
+    data: TrainingData
+    config: TransformerConfig
+    requested_vocab: int
+    graphdef: nnx.GraphDef
+    state: TrainState
+    param_count: int
+    placement: Placement
+    train_step: Callable
+    eval_step: Callable
+    internals_step: Callable | None
+
+    def step_for(self, done: int) -> Callable:
+        """The step that makes step `done`: with log_internals N the internals variant on
+        step 1 and every Nth (compiled on first use), else the plain one."""
+        n = self.run.runtime.log_internals
+        if n is not None and (done == 1 or done % n == 0):
+            return self.internals_step
+        return self.train_step
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed by this run."""
+        return {
+            "model_kind": self.data.model_kind,
+            "model_config": self.config.to_dict(),
+            "run": self.run.resume_settings(),
+        }
+
+
+def set_up(model_config: TransformerConfig, run: RunConfig) -> Setup:
+    """The run's tokenizer, data, model (a fresh one of `model_config` with the
+    tokenizer's vocabulary, or `run.data.init_from`'s), optimizer, fresh train state, placement
+    and compiled steps; bad input raises here, before anything is written."""
+    if run.data.init_from is None:
+        tokenizer, data = build_data(run)
+        config = _fit_config(model_config, tokenizer, data)
+        model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.runtime.seed))
+    else:
+        model, tokenizer, data = _pretrained(run)
+        config = model_config = model.config
+    check_metrics(data.metrics)
+    if run.eval.final_test and not data.final_test_pairs:
+        raise BadValue(
+            "final_test scores the final model on a separate test set (a Bible dataset's "
+            f"test books); {type(data).__name__} has none: its held-out pairs are the "
+            "ones evaluated"
+        )
+    if run.runtime.tensorboard:
+        tensorboard_writer()  # installed, before the folder exists
+    graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
+    placement = make_placement(run.runtime.mesh, pmap=run.runtime.pmap)
+    placement.check_rows(
+        run.optim.batch_size // run.optim.accum_steps,
+        f"batch_size / accum_steps = {run.optim.batch_size} / {run.optim.accum_steps} =",
+    )
+    return Setup(
+        run=run,
+        tokenizer=tokenizer,
+        data=data,
+        config=config,
+        requested_vocab=model_config.vocab_size,
+        graphdef=graphdef,
+        state=state,
+        param_count=count_params(model),
+        placement=placement,
+        train_step=placement.compile(train_fn, state, donate_state=True),
+        eval_step=placement.compile(eval_fn, state.params),
+        internals_step=internals_fn and placement.compile(internals_fn, state, donate_state=True),
+    )
+
+
+def build_data(
+    run: RunConfig, tokenizer: Tokenizer | None = None
+) -> tuple[Tokenizer, TrainingData]:
+    """The tokenizer (`tokenizer`, else the one the run asks for) and the dataset of a run.
+    A BPE tokenizer learns from the data file, or from a dataset's training books only."""
+    if run.data.dataset:
+        corpus = bible.load(run.data.dataset)
+        tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
+        data = corpus.data(
+            tokenizer, max_len=run.data.seq_len, seed=run.runtime.seed, test_size=run.eval.eval_examples,
+            pad_multiple=run.data.pad_multiple,
+        )  # fmt: skip
+        return tokenizer, data
+
+    def lines():
+        return [line for _, line in read_text_lines(run.data.data_tsv or run.data.data_text)]
+
+    tokenizer = tokenizer or _tokenizer(run, lines)
+    if run.data.task:
+        return tokenizer, TaskData(
+            run.data.task, tokenizer, seed=run.runtime.seed, test_size=run.eval.eval_examples
+        )
+    if run.data.data_tsv:
+        data = TsvData(
+            run.data.data_tsv, tokenizer, max_len=run.data.seq_len, seed=run.runtime.seed,
+            test_size=run.eval.eval_examples, pad_multiple=run.data.pad_multiple,
+        )  # fmt: skip
+        return tokenizer, data
+    return tokenizer, TextData(
+        run.data.data_text, tokenizer, seq_len=run.data.seq_len, seed=run.runtime.seed
+    )
+
+
+def _tokenizer(run: RunConfig, texts: Callable[[], list[str]]) -> Tokenizer:
+    """The run's tokenizer; BPE learns from `texts()`."""
+    if run.data.tokenizer == "bpe":
+        return BPETokenizer.train(texts(), run.data.bpe_vocab_size)
+    return ByteTokenizer()
+
+
+def _pretrained(run: RunConfig) -> tuple[nnx.Module, Tokenizer, TrainingData]:
+    """(model, tokenizer, data) of a run that fine-tunes the Hugging Face folder init_from."""
+    model, tokenizer = hf.load(run.data.init_from)
+    _, data = build_data(run, tokenizer)
+    kind = type(model).__name__
+    if kind != data.model_kind:
+        needs = {
+            "DecoderLM": "text (data_text, or a dataset VER-lm)",
+            "Transformer": "pairs (a task, data_tsv, or a dataset SRC-TGT)",
+        }
+        raise BadValue(f"{run.data.init_from} holds a {kind}, which trains on {needs[kind]}")
+    if model.config.max_len < data.max_len:
+        raise BadValue(
+            f"the data needs sequences of {data.max_len} tokens but {run.data.init_from} takes "
+            f"{model.config.max_len} (max_position_embeddings)"
+        )
+    return model, tokenizer, data
+
+
+def _fit_config(
+    config: TransformerConfig, tokenizer: Tokenizer, data: TrainingData
+) -> TransformerConfig:
+    """`config` with the tokenizer's vocabulary, checked against the data's length."""
+    if config.max_len < data.max_len:
+        raise BadValue(
+            f"the data needs sequences of {data.max_len} tokens but max_len={config.max_len}"
+        )
+    return config.replace(vocab_size=tokenizer.vocab_size)
+
+
+class _Steps(NamedTuple):
+    """A run's fresh train state and its pure step functions."""
+
+    graphdef: nnx.GraphDef
+    state: TrainState
+    train: Callable
+    eval: Callable
+    train_with_internals: Callable | None  # None unless run.runtime.log_internals
+
+
+def _steps(model: nnx.Module, config: TransformerConfig, run: RunConfig) -> _Steps:
+    """The run's optimizer and schedule, its fresh train state and its step functions."""
+    schedule = make_schedule(
+        run.optim.schedule,
+        lr=run.optim.peak_lr,
+        d_model=config.d_model,
+        warmup_steps=run.optim.warmup,
+        total_steps=run.optim.steps,
+    )
+    optimizer = make_optimizer(
+        schedule,
+        name=run.optim.optimizer,
+        weight_decay=run.optim.weight_decay,
+        clip_norm=run.optim.clip_norm,
+    )
+    graphdef, state = create_train_state(model, optimizer, run.runtime.seed)
+    smoothing = config.label_smoothing
+    kw = dict(label_smoothing=smoothing, accum_steps=run.optim.accum_steps)
+    internals_fn = None
+    if run.runtime.log_internals is not None:
+        internals_fn = make_train_step(graphdef, optimizer, schedule, **kw, internals=True)
+    return _Steps(
+        graphdef,
+        state,
+        train=make_train_step(graphdef, optimizer, schedule, **kw),
+        eval=make_eval_step(graphdef, label_smoothing=smoothing),
+        train_with_internals=internals_fn,
+    )
