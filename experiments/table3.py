@@ -40,6 +40,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from jaxformer import sweep  # noqa: E402
 from jaxformer.config import TABLE3_ROWS, TransformerConfig  # noqa: E402
+from jaxformer.markdown import table as markdown_table  # noqa: E402
 from jaxformer.sweep import stats  # noqa: E402
 
 # The paper's Table 3: dev (newstest2013) BLEU. Its perplexities are per word-piece of
@@ -97,6 +98,27 @@ SIZE_COLUMNS = (  # Table 3's: N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, po
     "dropout_rate",
     "label_smoothing",
     "position_embedding",
+)
+COLUMNS = (  # the table's: Table 3's, then the BLEU figures and the verdict
+    "row",
+    "N",
+    "d_model",
+    "d_ff",
+    "h",
+    "d_k",
+    "d_v",
+    "P_drop",
+    "eps_ls",
+    "pos",
+    "params (M)",
+    "paper dev BLEU",
+    "paper Δ",
+    "our dev BLEU",
+    "our Δ dev BLEU [95%]",
+    "Holm p",
+    "paper's finding",
+    "verdict",
+    "seeds",
 )
 BASE_PEAK_LR = 3e-3
 WARMUP_FRACTION = 0.04  # the paper's 4,000 warm-up steps of 100,000
@@ -168,12 +190,7 @@ def verdict(row: str, result: dict | None) -> str:
 def table(results: dict, spec: sweep.Spec) -> str:
     """Table 3's columns (our scaled sizes), the paper's dev BLEU and its change from base,
     ours on the dev books over seeds, and the verdict against the paper's finding."""
-    head = (
-        "| row | N | d_model | d_ff | h | d_k | d_v | P_drop | eps_ls | pos | params (M) | "
-        "paper dev BLEU | paper Δ | our dev BLEU | our Δ dev BLEU [95%] | Holm p | "
-        "paper's finding | verdict | seeds |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    rows = []
     for row, r in results["variants"].items():
         m, fig = spec.variants[row], r["figures"]
         bleu = fig.get("bleu")
@@ -194,8 +211,8 @@ def table(results: dict, spec: sweep.Spec) -> str:
             verdict(row, boot) if row != spec.baseline else "",
             sum(s == "done" for s in r["runs"].values()),
         ]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return "\n".join(markdown_table(COLUMNS, rows, "l" * len(COLUMNS))) + "\n"
 
 
 def _mean(figure: dict) -> str:
