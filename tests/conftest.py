@@ -1,7 +1,8 @@
 """Test set-up. XLA_FLAGS must be set before JAX is imported: 8 virtual CPU devices
 let the parallelism tests run on one machine. jax_numpy_rank_promotion="raise" makes an
 implicit broadcast between arrays of different ranks an error, in every test and in the
-CLI processes the tests start (it is set in the environment). On a GPU the tests that need several devices
+CLI processes the tests start (it is set in the environment); the documentation's examples,
+user code, run with JAX's default (tests/test_docs.py). On a GPU the tests that need several devices
 (marker `devices(n)`) are skipped, and XLA is asked for deterministic reductions: the
 bit-exact resume and determinism tests compare runs to the bit, and GPU scatter-adds
 (the embedding gradient) otherwise sum in a varying order. In that mode "auto" attention
