@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from jaxformer import functional as F  # noqa: E402
+from jaxformer.markdown import table  # noqa: E402
 
 B, H, D = 1, 8, 64
 GIB = 2**30
@@ -290,16 +291,14 @@ def markdown(rows) -> str:
     lines = [
         f"Causal self-attention forward + backward, B={B}, H={H}, D={D}.",
         "",
-        "| T | implementation | dtype | time (ms) | temporaries | max abs diff vs xla |",
-        "|---:|---|---|---:|---:|---:|",
     ]
+    cells = []
     for r in rows:
         ms = f"{r['ms']:.2f}" if r["ran"] else "not run"
         diff = f"{r['max_abs_diff_vs_xla']:.1e}" if "max_abs_diff_vs_xla" in r else ""
-        lines.append(
-            f"| {r['T']} | {r['implementation']} | {r['dtype']} | {ms} | {_temp(r)} | {diff} |"
-        )
-    return "\n".join(lines) + "\n"
+        cells.append([r["T"], r["implementation"], r["dtype"], ms, _temp(r), diff])
+    columns = ["T", "implementation", "dtype", "time (ms)", "temporaries", "max abs diff vs xla"]
+    return "\n".join(lines + table(columns, cells, "rllrrr")) + "\n"
 
 
 if __name__ == "__main__":

@@ -2,13 +2,12 @@
 pairing by content (jaxformer.data.bible.load), for wyc-web and asv-web: every held-out
 pair and 2,000 random training pairs. See docs/data.md, "An independent check".
 
-    PYTHONPATH=. python experiments/bible_alignment.py
+    python experiments/bible_alignment.py
 """
 
 import random
 
 from jaxformer.data import bible
-from tests.data.test_bible import misaligned
 
 for name in ("wyc-web", "asv-web"):
     src, tgt = name.split("-")
@@ -32,11 +31,11 @@ for name in ("wyc-web", "asv-web"):
             name,
             label,
             "held-out flagged",
-            len(misaligned(corpus, tgt, held)),
+            len(bible.misaligned(tgt, held)),
             "of",
             len(held),
             "| training sample flagged",
-            len(misaligned(corpus, tgt, sample)),
+            len(bible.misaligned(tgt, sample)),
             "of",
             len(sample),
         )

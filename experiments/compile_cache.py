@@ -59,13 +59,11 @@ def main() -> None:
             warm = run(cache, pathlib.Path(tmp) / f"warm{i}")
             off = run(cache, pathlib.Path(tmp) / f"off{i}", "--no-compile-cache")
             rows.append(dict(cold=cold, warm=warm, off=off))
-            print(f"cold {cold['first_step']:.2f} s, warm {warm['first_step']:.2f} s, "
-                  f"off {off['first_step']:.2f} s to the first step")  # fmt: skip
-    best = lambda kind: min(r[kind]["first_step"] for r in rows)  # noqa: E731
-    summary = dict(
-        cold_seconds=best("cold"), warm_seconds=best("warm"), off_seconds=best("off"),
-        speedup=round(best("cold") / best("warm"), 2), runs=rows,
-    )  # fmt: skip
+            times = ", ".join(f"{k} {r['first_step']:.2f} s" for k, r in rows[-1].items())
+            print(f"{times} to the first step")
+    best = {kind: min(r[kind]["first_step"] for r in rows) for kind in ("cold", "warm", "off")}
+    summary = {f"{kind}_seconds": s for kind, s in best.items()}
+    summary |= dict(speedup=round(best["cold"] / best["warm"], 2), runs=rows)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compile_cache.json").write_text(json.dumps(summary, indent=2))

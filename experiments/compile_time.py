@@ -33,6 +33,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.data import ByteTokenizer, TaskData, TextData
+from jaxformer.markdown import table
 from jaxformer.train import create_train_state, make_optimizer, make_train_step
 
 matplotlib.use("Agg")
@@ -129,31 +130,40 @@ def tables(rows: list[dict], device: str) -> str:
         "batch; `lm`: N decoder layers, 8 x 128 tokens. Command: "
         "`python experiments/compile_time.py`.",
         "",
-        "| model | N | compile unrolled (s) | compile scan (s) | scan speedup | step unrolled (ms) | step scan (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    text += [
-        f"| {r['model']} | {r['layers']} | {r['compile_s_unrolled']} | {r['compile_s_scan']} | "
-        f"{r['scan_compile_speedup']}x | {r['step_ms_unrolled']} | {r['step_ms_scan']} |"
+    columns = ["model", "N", "compile unrolled (s)", "compile scan (s)", "scan speedup"]
+    columns += ["step unrolled (ms)", "step scan (ms)"]
+    cells = [
+        [
+            r["model"],
+            r["layers"],
+            r["compile_s_unrolled"],
+            r["compile_s_scan"],
+            f"{r['scan_compile_speedup']}x",
+            r["step_ms_unrolled"],
+            r["step_ms_scan"],
+        ]
         for r in rows
     ]
+    text += table(columns, cells, "lrrrrrr")
     text += [
         "",
         "Memory of the compiled step with scan_layers, by remat (XLA's plan, MiB; temporaries "
         "hold what the backward pass keeps), and step time:",
         "",
-        "| model | N | temp none / dots / full | peak none / dots / full | step none / dots / full (ms) |",
-        "|---|---:|---:|---:|---:|",
     ]
-    text += [
-        f"| {r['model']} | {r['layers']} | "
-        + " | ".join(
-            " / ".join(str(r[f"{what}_scan" + ("" if m == "none" else f"_{m}")]) for m in REMATS)
+    by_remat = " / ".join(REMATS)
+    columns = ["model", "N", f"temp {by_remat}", f"peak {by_remat}", f"step {by_remat} (ms)"]
+    suffixes = ["" if m == "none" else f"_{m}" for m in REMATS]
+    cells = [
+        [r["model"], r["layers"]]
+        + [
+            " / ".join(str(r[f"{what}_scan{suffix}"]) for suffix in suffixes)
             for what in ("temp_MiB", "peak_MiB", "step_ms")
-        )
-        + " |"
+        ]
         for r in rows
     ]
+    text += table(columns, cells, "lrrrr")
     return "\n".join(text) + "\n"
 
 

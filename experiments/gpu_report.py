@@ -40,6 +40,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from jaxformer.markdown import table
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = sys.executable
 # `make test-gpu`'s subset: the code that runs differently on a GPU.
@@ -313,11 +315,12 @@ def render(summary: dict, out: pathlib.Path) -> str:
         "",
         f"Command: `{summary['command']}`",
         "",
-        "| step | status | wall (s) | budget (s) |",
-        "|---|---|---:|---:|",
     ]
-    for name, s in summary["steps"].items():
-        lines.append(f"| {name} | {s['status']} | {s['wall_s']} | {s.get('budget_s', '')} |")
+    rows = [
+        [name, s["status"], s["wall_s"], s.get("budget_s", "")]
+        for name, s in summary["steps"].items()
+    ]
+    lines += table(["step", "status", "wall (s)", "budget (s)"], rows, "llrr")
     for title, text in (
         ("Tests (`make test-gpu`'s subset)", _tests(out)),
         ("GPT-2-small training throughput (experiments/lm_throughput.py)", _lm_table(out)),
@@ -354,18 +357,16 @@ def _lm_table(out: pathlib.Path) -> str:
     ]
     if not rows:
         return ""
-    lines = [
-        "| attention | lm_head | batch | remat | tokens/s | MFU | step (ms) | temp (GiB) |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
-    ]
+    cells = []
     for r in rows:
         mfu = "" if r.get("mfu") is None else f"{r['mfu']:.1%}"
         temp = "" if r.get("temp_bytes") is None else f"{r['temp_bytes'] / 2**30:.2f}"
-        lines.append(
-            f"| {r['attention']} | {r['lm_head']} | {r['batch']} | {r['remat']} | "
-            f"{r.get('tokens_per_second', '')} | {mfu} | {r.get('step_ms', '')} | {temp} |"
+        cells.append(
+            [r["attention"], r["lm_head"], r["batch"], r["remat"], r.get("tokens_per_second", "")]
+            + [mfu, r.get("step_ms", ""), temp]
         )
-    return "\n".join(lines)
+    columns = ["attention", "lm_head", "batch", "remat", "tokens/s", "MFU", "step (ms)"]
+    return "\n".join(table([*columns, "temp (GiB)"], cells, "llrlrrrr"))
 
 
 def _throughput(out: pathlib.Path) -> str:
@@ -374,9 +375,7 @@ def _throughput(out: pathlib.Path) -> str:
     if not text:
         return ""
     flat = {k: v for k, v in json.loads(text).items() if isinstance(v, int | float | str)}
-    return "\n".join(
-        ["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in flat.items())]
-    )
+    return "\n".join(table(["figure", "value"], flat.items(), "ll"))
 
 
 if __name__ == "__main__":

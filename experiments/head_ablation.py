@@ -32,6 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from jaxformer import capture  # noqa: E402
 from jaxformer.data import TaskData, encode_pairs  # noqa: E402
 from jaxformer.functional import sites  # noqa: E402
+from jaxformer.markdown import table  # noqa: E402
 from jaxformer.train.checkpoint import restore_model  # noqa: E402
 from jaxformer.train.losses import cross_entropy  # noqa: E402
 
@@ -98,15 +99,26 @@ def main() -> None:
         )
         for i in range(layers):
             for h in range(H):
-                nll, exact = score({f"{stack}/{i}/{sub}/heads": capture.ablate_heads([h])})
-                rows.append(dict(site=f"{stack}/{i}/{sub}", head=h, nll=nll, exact=exact,
-                                 d_nll=nll - base_nll, d_exact=exact - base_exact))  # fmt: skip
-                print(f"{stack}/{i}/{sub} head {h}: NLL {nll:.4f} ({nll - base_nll:+.4f}), "
-                      f"exact match {exact:.1%} ({exact - base_exact:+.1%})")  # fmt: skip
+                site = f"{stack}/{i}/{sub}"
+                nll, exact = score({f"{site}/heads": capture.ablate_heads([h])})
+                d_nll, d_exact = nll - base_nll, exact - base_exact
+                rows.append(
+                    dict(site=site, head=h, nll=nll, exact=exact, d_nll=d_nll, d_exact=d_exact)
+                )
+                print(
+                    f"{site} head {h}: NLL {nll:.4f} ({d_nll:+.4f}), "
+                    f"exact match {exact:.1%} ({d_exact:+.1%})"
+                )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = dict(run=str(args.run), examples=len(data.test_pairs), base_nll=base_nll, base_exact=base_exact,
-                   most_important=max(rows, key=lambda r: r["d_nll"]), rows=rows)  # fmt: skip
+    summary = dict(
+        run=str(args.run),
+        examples=len(data.test_pairs),
+        base_nll=base_nll,
+        base_exact=base_exact,
+        most_important=max(rows, key=lambda r: r["d_nll"]),
+        rows=rows,
+    )
     (out / "head_ablation.json").write_text(json.dumps(summary, indent=2))
     write_table(rows, base_nll, base_exact, out / "head_ablation.md")
     plot_heatmaps(rows, model.config, out / "head_ablation.png")
@@ -122,12 +134,14 @@ def main() -> None:
 
 
 def write_table(rows, base_nll, base_exact, path) -> None:
-    lines = [f"Baseline: NLL {base_nll:.4f} per token, exact match {base_exact:.1%}.", "",
-             "| sub-layer | head | NLL | change | exact match | change |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in rows:
-        lines.append(f"| {r['site']} | {r['head']} | {r['nll']:.4f} | {r['d_nll']:+.4f} | "
-                     f"{r['exact']:.1%} | {r['d_exact']:+.1%} |")  # fmt: skip
-    path.write_text("\n".join(lines) + "\n")
+    cells = [
+        [r["site"], r["head"], f"{r['nll']:.4f}", f"{r['d_nll']:+.4f}"]
+        + [f"{r['exact']:.1%}", f"{r['d_exact']:+.1%}"]
+        for r in rows
+    ]
+    columns = ["sub-layer", "head", "NLL", "change", "exact match", "change"]
+    lines = [f"Baseline: NLL {base_nll:.4f} per token, exact match {base_exact:.1%}.", ""]
+    path.write_text("\n".join(lines + table(columns, cells, "lrrrrr")) + "\n")
 
 
 def plot_heatmaps(rows, config, path) -> None:

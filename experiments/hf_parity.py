@@ -29,37 +29,61 @@ import transformers as tf
 
 from jaxformer import decode
 from jaxformer.interop.hf import from_hf
+from jaxformer.markdown import table
 from jaxformer.models import DecoderLM
 
+GPT2 = (tf.GPT2LMHeadModel, tf.GPT2Config)
+MARIAN = (tf.MarianMTModel, tf.MarianConfig)
+BART = (tf.BartForConditionalGeneration, tf.BartConfig)
+# The small models' settings; each configuration below is (model kind, config settings).
+TINY_GPT2 = dict(
+    vocab_size=101, n_positions=64, n_layer=2, initializer_range=0.2, bos_token_id=0, eos_token_id=0
+)
+UNTIED_GPT2 = TINY_GPT2 | dict(
+    n_embd=24, n_head=2, n_inner=48, activation_function="relu", tie_word_embeddings=False
+)
 SEQ2SEQ = dict(
-    d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-)  # fmt: skip
+    vocab_size=101,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    init_std=0.2,
+)
+TINY_MARIAN = SEQ2SEQ | dict(pad_token_id=100, decoder_start_token_id=100, eos_token_id=0)
 SMALL = {
-    "GPT-2, 2 layers, d 32": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(
-        vocab_size=101, n_positions=64, n_embd=32, n_layer=2, n_head=4, initializer_range=0.2,
-        bos_token_id=0, eos_token_id=0)),
-    "GPT-2 untied, relu, d_ff 48": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(
-        vocab_size=101, n_positions=64, n_embd=24, n_layer=2, n_head=2, n_inner=48,
-        activation_function="relu", tie_word_embeddings=False, initializer_range=0.2,
-        bos_token_id=0, eos_token_id=0)),
-    "Marian, gelu": lambda: tf.MarianMTModel(tf.MarianConfig(
-        vocab_size=101, **SEQ2SEQ, init_std=0.2, pad_token_id=100, decoder_start_token_id=100,
-        eos_token_id=0)),
-    "Marian, swish, scaled embeddings": lambda: tf.MarianMTModel(tf.MarianConfig(
-        vocab_size=101, **SEQ2SEQ, init_std=0.2, activation_function="swish",
-        scale_embedding=True, pad_token_id=100, decoder_start_token_id=100, eos_token_id=0)),
-    "BART": lambda: tf.BartForConditionalGeneration(tf.BartConfig(
-        vocab_size=101, **SEQ2SEQ, init_std=0.2)),
-}  # fmt: skip
+    "GPT-2, 2 layers, d 32": (GPT2, TINY_GPT2 | dict(n_embd=32, n_head=4)),
+    "GPT-2 untied, relu, d_ff 48": (GPT2, UNTIED_GPT2),
+    "Marian, gelu": (MARIAN, TINY_MARIAN),
+    "Marian, swish, scaled embeddings": (
+        MARIAN,
+        TINY_MARIAN | dict(activation_function="swish", scale_embedding=True),
+    ),
+    "BART": (BART, SEQ2SEQ),
+}
+OPUS_MT = dict(
+    vocab_size=58101,
+    decoder_vocab_size=58101,
+    d_model=512,
+    encoder_ffn_dim=2048,
+    decoder_ffn_dim=2048,
+    encoder_attention_heads=8,
+    decoder_attention_heads=8,
+    activation_function="swish",
+    scale_embedding=True,
+    pad_token_id=58100,
+    decoder_start_token_id=58100,
+    eos_token_id=0,
+    max_position_embeddings=512,
+)
 LARGE = {
-    "GPT-2 small (12 layers, d 768, 124M)": lambda: tf.GPT2LMHeadModel(tf.GPT2Config()),
-    "Marian, OPUS-MT size (6+6, d 512)": lambda: tf.MarianMTModel(tf.MarianConfig(
-        vocab_size=58101, decoder_vocab_size=58101, d_model=512, encoder_ffn_dim=2048,
-        decoder_ffn_dim=2048, encoder_attention_heads=8, decoder_attention_heads=8,
-        activation_function="swish", scale_embedding=True, pad_token_id=58100,
-        decoder_start_token_id=58100, eos_token_id=0, max_position_embeddings=512)),
-}  # fmt: skip
+    "GPT-2 small (12 layers, d 768, 124M)": (GPT2, {}),
+    "Marian, OPUS-MT size (6+6, d 512)": (MARIAN, OPUS_MT),
+}
 
 
 def randomise(hf):
@@ -73,9 +97,12 @@ def randomise(hf):
     return hf.eval()
 
 
-def case(make) -> dict:
+def case(kind: tuple, settings: dict) -> dict:
+    """Build the transformers model `kind` (model class, config class) with `settings`,
+    convert it, and compare logits and 20 greedy tokens."""
+    model_class, config_class = kind
     torch.manual_seed(0)
-    hf = randomise(make())
+    hf = randomise(model_class(config_class(**settings)))
     model = from_hf(hf)
     V = hf.config.vocab_size
     rng = np.random.default_rng(0)
@@ -112,7 +139,6 @@ def case(make) -> dict:
                 bos_id=hf.config.decoder_start_token_id,
                 eos_id=None,
             )
-    # fmt: skip
     diff = np.abs(np.asarray(got) - expected)[tgt_valid]
     return dict(
         logits_max_abs_diff=float(diff.max()),
@@ -130,27 +156,39 @@ def main() -> None:
     runs = SMALL | ({} if args.quick else LARGE)
     rows, start = [], time.perf_counter()
     print(f"{'configuration':<40} {'params':>11} {'max |diff|':>10} {'max |logit|':>11} greedy x20")
-    for name, make in runs.items():
-        r = dict(config=name, **case(make))
+    for name, (kind, settings) in runs.items():
+        r = dict(config=name, **case(kind, settings))
         rows.append(r)
-        print(f"{name:<40} {r['parameters']:>11,} {r['logits_max_abs_diff']:>10.1e} "
-              f"{r['logits_max_abs']:>11.2f} {'equal' if r['greedy_20_equal'] else 'DIFFERENT'}")  # fmt: skip
+        greedy = "equal" if r["greedy_20_equal"] else "DIFFERENT"
+        print(
+            f"{name:<40} {r['parameters']:>11,} {r['logits_max_abs_diff']:>10.1e} "
+            f"{r['logits_max_abs']:>11.2f} {greedy}"
+        )
     summary = dict(
         cases=len(rows),
         logits_max_abs_diff=max(r["logits_max_abs_diff"] for r in rows),
         all_greedy_equal=all(r["greedy_20_equal"] for r in rows),
-        transformers=tf.__version__, torch=torch.__version__, jax=jax.__version__,
+        transformers=tf.__version__,
+        torch=torch.__version__,
+        jax=jax.__version__,
         seconds=round(time.perf_counter() - start, 1),
-    )  # fmt: skip
+    )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hf_parity.json").write_text(json.dumps(dict(summary=summary, rows=rows), indent=2))
-    lines = ["# Hugging Face parity (float32, CPU)", "",
-             "| configuration | parameters | max abs logit diff | max abs logit | greedy 20 tokens |",
-             "|---|---:|---:|---:|---|"]  # fmt: skip
-    for r in rows:
-        lines.append(f"| {r['config']} | {r['parameters']:,} | {r['logits_max_abs_diff']:.1e} | "
-                     f"{r['logits_max_abs']:.2f} | {'equal' if r['greedy_20_equal'] else 'different'} |")  # fmt: skip
+    cells = [
+        [
+            r["config"],
+            f"{r['parameters']:,}",
+            f"{r['logits_max_abs_diff']:.1e}",
+            f"{r['logits_max_abs']:.2f}",
+            "equal" if r["greedy_20_equal"] else "different",
+        ]
+        for r in rows
+    ]
+    columns = ["configuration", "parameters", "max abs logit diff", "max abs logit"]
+    columns += ["greedy 20 tokens"]
+    lines = ["# Hugging Face parity (float32, CPU)", "", *table(columns, cells, "lrrrl")]
     (out / "hf_parity.md").write_text("\n".join(lines) + "\n")
     print(json.dumps(summary))
 

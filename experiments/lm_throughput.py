@@ -94,11 +94,18 @@ def main(argv=None) -> dict:
     memory = compiled.memory_analysis()
     device = jax.devices()[0].device_kind
     result = dict(
-        device=device, jax=jax.__version__, params=n_params, **{k: s[k] for k in s},
-        remat=args.remat, scan=args.scan, attention=args.attention, lm_head=args.lm_head,
-        xla_flags=os.environ.get("XLA_FLAGS", ""), compile_seconds=round(compile_s, 2),
+        device=device,
+        jax=jax.__version__,
+        params=n_params,
+        **{k: s[k] for k in s},
+        remat=args.remat,
+        scan=args.scan,
+        attention=args.attention,
+        lm_head=args.lm_head,
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        compile_seconds=round(compile_s, 2),
         temp_bytes=None if memory is None else int(memory.temp_size_in_bytes),
-    )  # fmt: skip
+    )
     if not args.memory_only:
         result |= _timed(compiled, state, batch, args.steps, n_params, s, device)
     out = pathlib.Path(args.out)
@@ -129,13 +136,26 @@ def setup(s: dict, args):
     from jaxformer import train
 
     config = jf.TransformerConfig(
-        vocab_size=s["vocab"], num_encoder_layers=0, num_decoder_layers=s["layers"],
-        d_model=s["d_model"], d_ff=s["d_ff"], num_heads=s["heads"], max_len=s["context"],
-        position_embedding="learned", norm_placement="pre", activation="gelu_tanh",
-        embed_scale=False, attention_bias=True, dropout_rate=0.0, label_smoothing=0.0, dtype="bfloat16",
-        remat=args.remat, scan_layers=args.scan, attention_impl=args.attention,
+        vocab_size=s["vocab"],
+        num_encoder_layers=0,
+        num_decoder_layers=s["layers"],
+        d_model=s["d_model"],
+        d_ff=s["d_ff"],
+        num_heads=s["heads"],
+        max_len=s["context"],
+        position_embedding="learned",
+        norm_placement="pre",
+        activation="gelu_tanh",
+        embed_scale=False,
+        attention_bias=True,
+        dropout_rate=0.0,
+        label_smoothing=0.0,
+        dtype="bfloat16",
+        remat=args.remat,
+        scan_layers=args.scan,
+        attention_impl=args.attention,
         lm_head=args.lm_head,
-    )  # fmt: skip
+    )
     model = jf.DecoderLM(config, rngs=nnx.Rngs(0))
     n_params = jf.count_params(model)
     schedule = optax.constant_schedule(1e-4)
@@ -169,11 +189,13 @@ def _timed(compiled, state, batch, steps: int, n_params: int, s: dict, device: s
     flops = flops_per_token(n_params, s["layers"], T, s["d_model"]) * B * T
     peak = peak_tflops(device)
     return dict(
-        step_ms=round(step_s * 1e3, 2), tokens_per_second=round(B * T / step_s, 1),
-        tflops=round(flops / step_s / 1e12, 3), peak_tflops=peak,
+        step_ms=round(step_s * 1e3, 2),
+        tokens_per_second=round(B * T / step_s, 1),
+        tflops=round(flops / step_s / 1e12, 3),
+        peak_tflops=peak,
         mfu=None if peak is None else round(flops / step_s / 1e12 / peak, 4),
         loss=float(metrics["loss"]),
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.config import TABLE3_ROWS
+from jaxformer.markdown import table as markdown_table
 
 # The paper's "params x 10^6" column (blank rows are not listed).
 PAPER_MILLIONS = {
@@ -65,24 +66,22 @@ def table(vocab_size: int) -> list[dict]:
     return rows
 
 
-def _cell(row: dict):
-    return lambda key: "" if row.get(key) is None else row[key]
+COLUMNS = {
+    "row": "row",
+    "changes": "changes from base",
+    "paper_M": "paper (M)",
+    "ours_M": "ours (M)",
+    "diff_M": "ours - paper (M)",
+    "delta_paper_M": "paper: row - base",
+    "delta_ours_M": "ours: row - base",
+    "delta_mismatch_M": "mismatch (M)",
+}
 
 
 def markdown(rows: list[dict], vocab_size: int) -> str:
-    lines = [
-        f"Shared vocabulary assumed: {vocab_size:,} tokens.",
-        "",
-        "| row | changes from base | paper (M) | ours (M) | ours - paper (M) | paper: row - base | ours: row - base | mismatch (M) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        get = _cell(r)
-        lines.append(
-            f"| {r['row']} | {r['changes']} | {get('paper_M')} | {r['ours_M']} | {get('diff_M')} | "
-            f"{get('delta_paper_M')} | {r['delta_ours_M']} | {get('delta_mismatch_M')} |"
-        )
-    return "\n".join(lines)
+    cells = [["" if r.get(key) is None else r[key] for key in COLUMNS] for r in rows]
+    lines = [f"Shared vocabulary assumed: {vocab_size:,} tokens.", ""]
+    return "\n".join(lines + markdown_table(list(COLUMNS.values()), cells, "l" * len(COLUMNS)))
 
 
 def vocab_intervals() -> dict[str, list[float]]:

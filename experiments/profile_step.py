@@ -35,6 +35,7 @@ import tempfile
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import jaxformer as jf  # noqa: E402
+from jaxformer.markdown import table  # noqa: E402
 from jaxformer.train import loop  # noqa: E402
 
 KINDS = {  # first match wins, on the lower-cased operation name (ynn: XLA CPU's YNNPACK dots)
@@ -182,14 +183,17 @@ def profile_gpt2(argv: list[str], out: pathlib.Path) -> dict:
             by_category[names[e["op"]]] += e["dur"]
     total = sum(by_category.values()) or 1
     summary = dict(
-        device=jax.devices()[0].device_kind, jax=jax.__version__, argv=argv, sizes=s,
+        device=jax.devices()[0].device_kind,
+        jax=jax.__version__,
+        argv=argv,
+        sizes=s,
         operations_ms=round(total / 1e3, 3),
         shares={k: round(by_category[k] / total, 4) for k in CATEGORIES},
-    )  # fmt: skip
+    )
     (out / "profile_gpt2.json").write_text(json.dumps(summary, indent=2))
-    lines = ["| category | share of the step's device operation time |", "|---|---:|"]
-    lines += [f"| {k} | {v:.1%} |" for k, v in summary["shares"].items()]
-    (out / "profile_gpt2.md").write_text("\n".join(lines) + "\n")
+    rows = [[k, f"{v:.1%}"] for k, v in summary["shares"].items()]
+    columns = ["category", "share of the step's device operation time"]
+    (out / "profile_gpt2.md").write_text("\n".join(table(columns, rows, "lr")) + "\n")
     return summary
 
 
@@ -233,9 +237,14 @@ def main(argv=None) -> None:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     with tempfile.TemporaryDirectory() as tmp:
         run = jf.RunConfig.from_options(
-            task="dates", steps=args.steps, profile=f"{args.steps - 1}:{args.steps}",
-            eval_every=10**6, eval_examples=64, log_every=10**6, out=f"{tmp}/run",
-        )  # fmt: skip
+            task="dates",
+            steps=args.steps,
+            profile=f"{args.steps - 1}:{args.steps}",
+            eval_every=10**6,
+            eval_examples=64,
+            log_every=10**6,
+            out=f"{tmp}/run",
+        )
         loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
         trace = next(pathlib.Path(tmp, "run", "profile").rglob("perfetto_trace.json.gz"))
         events = xla_events(trace)
@@ -244,8 +253,8 @@ def main(argv=None) -> None:
     summary = summarise(events)
     plot(events, out / "profile_step.png")
     (out / "profile_step.json").write_text(json.dumps(summary, indent=2))
-    lines = ["| kind | share of the step's XLA time |", "|---|---:|"]
-    lines += [f"| {k} | {v:.0%} |" for k, v in summary["shares"].items()]
+    rows = [[k, f"{v:.0%}"] for k, v in summary["shares"].items()]
+    lines = table(["kind", "share of the step's XLA time"], rows, "lr")
     (out / "profile_step.md").write_text("\n".join(lines) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "top_operations"}))
 

@@ -44,6 +44,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from jaxformer import sweep  # noqa: E402
 from jaxformer.config import TABLE3_ROWS, TransformerConfig  # noqa: E402
+from jaxformer.markdown import table as markdown_table  # noqa: E402
 from jaxformer.sweep import stats  # noqa: E402
 
 # The paper's Table 3: dev (newstest2013) BLEU. Its perplexities are per word-piece of
@@ -103,6 +104,27 @@ SIZE_COLUMNS = (  # Table 3's: N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, po
     "dropout_rate",
     "label_smoothing",
     "position_embedding",
+)
+COLUMNS = (  # the table's: Table 3's, then the BLEU figures and the verdict
+    "row",
+    "N",
+    "d_model",
+    "d_ff",
+    "h",
+    "d_k",
+    "d_v",
+    "P_drop",
+    "eps_ls",
+    "pos",
+    "params (M)",
+    "paper dev BLEU",
+    "paper Δ",
+    "our dev BLEU",
+    "our Δ dev BLEU [95%]",
+    "Holm p",
+    "paper's finding",
+    "verdict",
+    "seeds",
 )
 BASE_PEAK_LR = 3e-3
 WARMUP_FRACTION = 0.04  # the paper's 4,000 warm-up steps of 100,000
@@ -179,12 +201,8 @@ def table(results: dict, spec: sweep.Spec, data: str) -> str:
     metric, title, margin = METRICS[data]
     scale = 100 if metric == "exact_match" else 1
     unit = " (%)" if scale == 100 else ""
-    head = (
-        "| row | N | d_model | d_ff | h | d_k | d_v | P_drop | eps_ls | pos | params (M) | "
-        f"paper dev BLEU | paper Δ | our dev {title}{unit} | our Δ [95%] | Holm p | "
-        "paper's finding | verdict | seeds |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    columns = (*COLUMNS[:13], f"our dev {title}{unit}", "our Δ [95%]", *COLUMNS[15:])
+    rows = []
     for row, r in results["variants"].items():
         m, fig = spec.variants[row], r["figures"]
         score = fig.get(metric)
@@ -205,8 +223,8 @@ def table(results: dict, spec: sweep.Spec, data: str) -> str:
             verdict(row, boot, margin) if row != spec.baseline else "",
             sum(s == "done" for s in r["runs"].values()),
         ]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return "\n".join(markdown_table(columns, rows, "l" * len(columns))) + "\n"
 
 
 def _mean(figure: dict, scale: float) -> str:

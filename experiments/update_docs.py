@@ -22,6 +22,7 @@ import pathlib
 import re
 
 from jaxformer.bench.report import docs_tables
+from jaxformer.markdown import table
 
 SECTION = re.compile(
     r"(<!-- results:(?P<name>[\w-]+):start -->\n).*?(<!-- results:(?P=name):end -->)", re.S
@@ -31,17 +32,6 @@ SECTION = re.compile(
 LAB_SECTION = re.compile(
     r"(<!-- lab:(?P<dir>[\w.-]+):start -->\n).*?(<!-- lab:(?P=dir):end -->)", re.S
 )
-
-
-def table(columns: list[str], align: str, rows: list[list]) -> list[str]:
-    """A markdown table; `align` holds one letter per column, l or r."""
-    if len(align) != len(columns) or any(len(row) != len(columns) for row in rows):
-        raise ValueError(
-            f"a table of {len(columns)} columns got align {align!r} or a row of another length"
-        )
-    rule = ["---:" if a == "r" else "---" for a in align]
-    lines = [columns, rule, *[[str(cell) for cell in row] for row in rows]]
-    return ["| " + " | ".join(cells) + " |" for cells in lines]
 
 
 def provenance(result: dict) -> str:
@@ -64,7 +54,7 @@ def render_result(result: dict) -> str:
     for t in result["tables"]:
         if t.get("caption"):
             lines += [t["caption"], ""]
-        lines += table(t["columns"], t["align"], t["rows"]) + [""]
+        lines += table(t["columns"], t["rows"], t["align"]) + [""]
         for note in t.get("notes", []):
             lines += [note, ""]
     return "\n".join(lines + [provenance(result)]) + "\n"

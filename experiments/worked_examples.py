@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer import functional as F
+from jaxformer.markdown import table
 
 
 def _attend(q, k, v):
@@ -168,20 +169,17 @@ def main() -> None:
     rows = examples()
     for r in rows:
         r["agrees"] = _agrees(r["stated"], r["correct"])
-    lines = [
-        "| example | quantity | stated in the text | correct (jaxformer) | agrees |",
-        "|---|---|---|---|---|",
+    marks = {True: "yes", False: "**no**", None: "—"}
+    cells = [
+        [r["example"], r["quantity"], _fmt(r["stated"]), _fmt(r["correct"]), marks[r["agrees"]]]
+        for r in rows
     ]
-    for r in rows:
-        mark = {True: "yes", False: "**no**", None: "—"}[r["agrees"]]
-        lines.append(
-            f"| {r['example']} | {r['quantity']} | {_fmt(r['stated'])} | {_fmt(r['correct'])} | {mark} |"
-        )
-    table = "\n".join(lines)
-    print(table)
+    columns = ["example", "quantity", "stated in the text", "correct (jaxformer)", "agrees"]
+    text = "\n".join(table(columns, cells, "lllll"))
+    print(text)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "worked_examples.md").write_text(table + "\n")
+    (out / "worked_examples.md").write_text(text + "\n")
     (out / "worked_examples.json").write_text(json.dumps(rows, indent=1))
     wrong = [f"{r['example']}: {r['quantity']}" for r in rows if r["agrees"] is False]
     print(json.dumps({"examples": len(rows), "stated_values_wrong": len(wrong), "wrong": wrong}))

@@ -64,7 +64,7 @@ def scale_heads(heads: Sequence[int], factor: float) -> Callable[[jax.Array], ja
         if out_of_range:
             raise BadValue(f"head {out_of_range[0]} is out of range: the layer has {H} heads")
         scale = jnp.ones((H,), x.dtype).at[jnp.asarray(heads, jnp.int32)].set(factor)
-        return x * scale[:, None]
+        return x * scale[None, None, :, None]
 
     return change
 

@@ -448,9 +448,15 @@ def _sample_jit(graphdef, state, src, src_valid, ids, sampling, n, changes):
     with _intervening(changes):
         logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
         return run_sampling(
-            _cached_step(model), cache, logits, max_new_tokens=n, eos_id=eos_id, choose=choose,
-            rng=key, pad_id=pad_id,
-        )  # fmt: skip
+            _cached_step(model),
+            cache,
+            logits,
+            max_new_tokens=n,
+            eos_id=eos_id,
+            choose=choose,
+            rng=key,
+            pad_id=pad_id,
+        )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7, 8, 9))
@@ -461,9 +467,16 @@ def _beam_jit(graphdef, state, src, src_valid, row_max, alpha, ids, n, beam_size
         logits, cache = _prefill(model, src, src_valid, _cache_len(model, src, n), bos_id)
         cache, logits = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), (cache, logits))
         return run_beam_search(
-            _cached_step(model), cache, logits, beam_size=beam_size, alpha=alpha,
-            row_max_len=row_max, max_new_tokens=n, eos_id=eos_id, pad_id=pad_id,
-        )  # fmt: skip
+            _cached_step(model),
+            cache,
+            logits,
+            beam_size=beam_size,
+            alpha=alpha,
+            row_max_len=row_max,
+            max_new_tokens=n,
+            eos_id=eos_id,
+            pad_id=pad_id,
+        )
 
 
 # --- argument checks ------------------------------------------------------------------------

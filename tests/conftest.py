@@ -1,7 +1,8 @@
 """Test set-up. XLA_FLAGS must be set before JAX is imported: 8 virtual CPU devices
-let the parallelism tests run on one machine. In the tests of the core (RANK_CHECKED),
-jax_numpy_rank_promotion="raise" makes an implicit broadcast between arrays of different
-ranks an error. On a GPU the tests that need several devices
+let the parallelism tests run on one machine. jax_numpy_rank_promotion="raise" makes an
+implicit broadcast between arrays of different ranks an error, in every test and in the
+CLI processes the tests start (it is set in the environment); the documentation's examples,
+user code, run with JAX's default (tests/test_docs.py). On a GPU the tests that need several devices
 (marker `devices(n)`) are skipped, and XLA is asked for deterministic reductions: the
 bit-exact resume and determinism tests compare runs to the bit, and GPU scatter-adds
 (the embedding gradient) otherwise sum in a varying order. In that mode "auto" attention
@@ -24,6 +25,7 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -56,24 +58,3 @@ def pytest_collection_modifyitems(config, items):
         if marker and jax.device_count() < marker.args[0]:
             reason = f"needs {marker.args[0]} devices, {jax.device_count()} present"
             item.add_marker(pytest.mark.skip(reason=reason))
-
-
-# Checked so far; the rest of the suite (and the README's examples, user code that may
-# broadcast as NumPy does) runs with JAX's default.
-RANK_CHECKED = (
-    "tests/functional/",
-    "tests/nn/",
-    "tests/test_models.py",
-    "tests/train/test_steps.py",
-)
-
-
-@pytest.fixture(autouse=True)
-def _no_implicit_rank_promotion(request):
-    """jax_numpy_rank_promotion="raise" in the tests under RANK_CHECKED."""
-    path = pathlib.Path(request.node.fspath).as_posix()
-    if any(f"/{part}" in path for part in RANK_CHECKED):
-        with jax.numpy_rank_promotion("raise"):
-            yield
-    else:
-        yield

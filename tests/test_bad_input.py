@@ -45,9 +45,14 @@ def b(*shape):
 
 def config(**overrides):
     fields = dict(
-        vocab_size=V, num_encoder_layers=1, num_decoder_layers=1, d_model=8, d_ff=16,
-        num_heads=2, max_len=8,
-    )  # fmt: skip
+        vocab_size=V,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        d_model=8,
+        d_ff=16,
+        num_heads=2,
+        max_len=8,
+    )
     return jf.TransformerConfig(**(fields | overrides))
 
 
@@ -526,9 +531,9 @@ def _assert_one_line_error(code, err, match):
 
 SMALL = dict(num_encoder_layers=1, num_decoder_layers=1, d_model=16, num_heads=2, d_ff=32)
 RUN_ARGS = [
-    "--task", "copy", "--steps", "2", "--batch-size", "2", "--schedule", "constant",
-    "--checkpoint-every", "1", "--eval-every", "1000", "--eval-examples", "2",
-]  # fmt: skip
+    *"--task copy --steps 2 --batch-size 2 --schedule constant".split(),
+    *"--checkpoint-every 1 --eval-every 1000 --eval-examples 2".split(),
+]
 
 
 @pytest.fixture(scope="module")
@@ -536,7 +541,17 @@ def finished_run(tmp_path_factory):
     """A 2-step run with checkpoints at steps 1 and 2 (and its model config file)."""
     tmp = tmp_path_factory.mktemp("run")
     (tmp / "small.json").write_text(json.dumps(SMALL | dict(max_len=64)))
-    code = main(["train", *RUN_ARGS, "--config", str(tmp / "small.json"), "--out", str(tmp / "run"), "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            *RUN_ARGS,
+            "--config",
+            str(tmp / "small.json"),
+            "--out",
+            str(tmp / "run"),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     return tmp
 

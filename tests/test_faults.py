@@ -27,11 +27,15 @@ def _logged_step(out) -> int:
 @pytest.mark.slow  # five killed processes: about a minute; test_loop's kill-during-write test covers one kill in make test
 def test_five_sigkills_then_the_same_final_loss(tmp_path):
     args = [
-        "train", "--task", "copy", "--steps", str(STEPS), "--checkpoint-every", "7",
-        "--log-every", "1", "--eval-every", "1000", "--config", config_file(tmp_path),
-        "--batch-size", "8", "--eval-examples", "8", "--schedule", "constant", "--lr", "0.003",
-        "--no-progress", "--resume",
-    ]  # fmt: skip
+        *"train --task copy".split(),
+        "--steps",
+        str(STEPS),
+        *"--checkpoint-every 7 --log-every 1 --eval-every 1000".split(),
+        "--config",
+        config_file(tmp_path),
+        *"--batch-size 8 --eval-examples 8 --schedule constant --lr 0.003".split(),
+        *"--no-progress --resume".split(),
+    ]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run = subprocess.run(
         [sys.executable, "-m", "jaxformer", *args, "--out", str(straight)],

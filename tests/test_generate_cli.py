@@ -109,9 +109,14 @@ def test_beam_and_sampling(seq2seq_run, capsys, monkeypatch):
 def test_lm_continues_prompts(lm_run, capsys, monkeypatch):
     prompts = ["document 3: abc", "doc"]
     code, out, _ = generate(
-        capsys, monkeypatch, "--checkpoint", str(lm_run), "--max-new-tokens", "8",
+        capsys,
+        monkeypatch,
+        "--checkpoint",
+        str(lm_run),
+        "--max-new-tokens",
+        "8",
         stdin="\n".join(prompts),
-    )  # fmt: skip
+    )
     assert code == 0
     assert out == library(lm_run, prompts, decode.greedy, max_new_tokens=8)
 
@@ -223,9 +228,14 @@ def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkey
     capsys.readouterr()  # the training report
     pairs = tasks.test_examples(tasks.get_task("dates"), seed=123, n=20)
     code, out, _ = generate(
-        capsys, monkeypatch, "--checkpoint", str(tmp_path), "--beam", "4",
+        capsys,
+        monkeypatch,
+        "--checkpoint",
+        str(tmp_path),
+        "--beam",
+        "4",
         stdin="\n".join(src for src, _ in pairs),
-    )  # fmt: skip
+    )
     assert code == 0
     correct = sum(got == want for got, (_, want) in zip(out, pairs, strict=True))
     assert correct >= 19, list(zip(out, pairs, strict=True))

@@ -1,6 +1,6 @@
 """Imports flow one way through the package, read from the source with `ast`:
 
-    checks <- data, functional <- config <- nn <- models <- decode, parallel, interop
+    checks <- data, functional, markdown <- config <- nn <- models <- decode, parallel, interop
            <- train <- sweep, bench <- cli
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
@@ -18,6 +18,7 @@ RANKS = {
     "checks": 0,
     "data": 1,
     "functional": 1,
+    "markdown": 1,
     "config": 2,
     "nn": 3,
     "models": 4,

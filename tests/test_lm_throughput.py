@@ -14,9 +14,15 @@ spec.loader.exec_module(lm_throughput)
 
 @pytest.mark.parametrize(
     "kind, peak",
-    [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.0),
-     ("NVIDIA A100-SXM4-80GB", 312.0), ("TPU v5 lite", 197.0), ("cpu", None)],
-)  # fmt: skip
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("TPU v5 lite", 197.0),
+        ("cpu", None),
+    ],
+)
 def test_peaks_by_device_kind(kind, peak):
     assert lm_throughput.peak_tflops(kind) == peak
 

@@ -30,7 +30,7 @@ VARIANTS = {
         embed_norm=True,
         logits_bias=True,
         activation="gelu_tanh",
-    ),  # fmt: skip
+    ),
 }
 
 _MODELS = {}

@@ -24,5 +24,13 @@ def _unit_rms(x):
 def qk_norm_attention(q, k, v, *, mask, bias, scale, dropout_rate, dropout_rng):
     """The plain ("xla") kernel on RMS-normalised queries and keys [B, T|S, H|K, D]."""
     plain = F.ATTENTION["xla"].fn
-    return plain(_unit_rms(q), _unit_rms(k), v, mask=mask, bias=bias, scale=scale,
-                 dropout_rate=dropout_rate, dropout_rng=dropout_rng)  # fmt: skip
+    return plain(
+        _unit_rms(q),
+        _unit_rms(k),
+        v,
+        mask=mask,
+        bias=bias,
+        scale=scale,
+        dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng,
+    )

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+from jaxformer.markdown import table
+
 
 def _ms(ci: dict | None) -> str:
     if ci is None:
@@ -81,11 +83,13 @@ def _header(result: dict) -> list[str]:
 
 
 def _modes(result: dict) -> list[str]:
-    lines = ["", "## Modes: ms per call", "", "| workload | mode | ms |", "|---|---|---:|"]
-    for r in result["workloads"]:
-        for mode, ci in r["timing"].items():
-            if mode != "python":
-                lines.append(f"| {r['workload']} | {mode} | {_ms(ci)} |")
+    rows = [
+        [r["workload"], mode, _ms(ci)]
+        for r in result["workloads"]
+        for mode, ci in r["timing"].items()
+        if mode != "python"
+    ]
+    lines = ["", "## Modes: ms per call", "", *table(["workload", "mode", "ms"], rows, "llr")]
     checked = result["workloads"] + (result.get("scale") or [])
     flagged = [
         f"{r['workload']} {r.get('axis', '')} {r.get('value', '')} {mode} ({a['max_abs_diff']:.2g})"
@@ -109,14 +113,14 @@ def _ratios(result: dict) -> list[str]:
         "",
         "## Paired ratios (slower / faster per round; > 1: the second is faster)",
         "",
-        "| workload | ratio | median (95% interval) | significant |",
-        "|---|---|---:|---|",
     ]
-    for r in result["workloads"]:
-        for name, ci in r["ratios"].items():
-            sig = "no" if ci["low"] <= 1 <= ci["high"] else "yes"
-            lines.append(f"| {r['workload']} | {name} | {_x(ci)} | {sig} |")
-    return lines
+    rows = [
+        [r["workload"], name, _x(ci), "no" if ci["low"] <= 1 <= ci["high"] else "yes"]
+        for r in result["workloads"]
+        for name, ci in r["ratios"].items()
+    ]
+    columns = ["workload", "ratio", "median (95% interval)", "significant"]
+    return lines + table(columns, rows, "llrl")
 
 
 def _break_evens(result: dict) -> list[str]:
@@ -130,19 +134,31 @@ def _break_evens(result: dict) -> list[str]:
         "its first call, is below the other's, from its first call; 'not significant' where "
         "the per-call saving's 95% interval contains 0.",
         "",
-        "| workload | compiled | other's first call s | compiled's first call s | saving ms per "
-        "call | pays off after (calls) |",
-        "|---|---|---:|---:|---:|---:|",
     ]
+    rows = []
     for r in result["workloads"]:
         for fast, b in r["break_even"].items():
             slow = "eager" if fast == "jit" else "torch"
-            lines.append(
-                f"| {r['workload']} | {fast} vs {slow} | {_first(r['fresh'][slow]['first_call_s'])} "
-                f"| {_first(r['fresh'][fast]['first_call_s'])} | {_ms(b['saving_s'])} | "
-                f"{_break_even(b)} |"
+            first = {mode: _first(r["fresh"][mode]["first_call_s"]) for mode in (slow, fast)}
+            rows.append(
+                [
+                    r["workload"],
+                    f"{fast} vs {slow}",
+                    first[slow],
+                    first[fast],
+                    _ms(b["saving_s"]),
+                    _break_even(b),
+                ]
             )
-    return lines
+    columns = [
+        "workload",
+        "compiled",
+        "other's first call s",
+        "compiled's first call s",
+        "saving ms per call",
+        "pays off after (calls)",
+    ]
+    return lines + table(columns, rows, "llrrrr")
 
 
 def _why(result: dict) -> list[str]:
@@ -161,21 +177,42 @@ def _why(result: dict) -> list[str]:
         "",
         "![roofline](roofline.png)",
         "",
-        "| workload | dispatches (primitives + jits) | equations | HLO before | after | "
-        "fusions | MFLOP | MB unfused | MB fused | FLOP/byte | jit GFLOP/s | jit GB/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for r in result["workloads"]:
         c, jit_s = r["counts"], r["timing"]["jit"]["median"]
         d = c["dispatches"]
-        lines.append(
-            f"| {r['workload']} | {d['total']:,} ({d['primitives']:,} + {d['jit_calls']}) | "
-            f"{c['jaxpr_equations']:,} | {c['hlo_ops_before']:,} | {c['hlo_ops_after']:,} | "
-            f"{c['fusions']:,} | {c['flops'] / 1e6:.3g} | {c['bytes_unfused'] / 1e6:.3g} | "
-            f"{c['bytes_fused'] / 1e6:.3g} | {c['flops'] / max(c['bytes_fused'], 1):.2f} | "
-            f"{c['flops'] / jit_s / 1e9:.3g} | {c['bytes_fused'] / jit_s / 1e9:.3g} |"
+        rows.append(
+            [
+                r["workload"],
+                f"{d['total']:,} ({d['primitives']:,} + {d['jit_calls']})",
+                f"{c['jaxpr_equations']:,}",
+                f"{c['hlo_ops_before']:,}",
+                f"{c['hlo_ops_after']:,}",
+                f"{c['fusions']:,}",
+                f"{c['flops'] / 1e6:.3g}",
+                f"{c['bytes_unfused'] / 1e6:.3g}",
+                f"{c['bytes_fused'] / 1e6:.3g}",
+                f"{c['flops'] / max(c['bytes_fused'], 1):.2f}",
+                f"{c['flops'] / jit_s / 1e9:.3g}",
+                f"{c['bytes_fused'] / jit_s / 1e9:.3g}",
+            ]
         )
-    return lines
+    columns = [
+        "workload",
+        "dispatches (primitives + jits)",
+        "equations",
+        "HLO before",
+        "after",
+        "fusions",
+        "MFLOP",
+        "MB unfused",
+        "MB fused",
+        "FLOP/byte",
+        "jit GFLOP/s",
+        "jit GB/s",
+    ]
+    return lines + table(columns, rows, "l" + "r" * 11)
 
 
 def _rate(ci: dict, unit: float) -> str:
@@ -196,20 +233,18 @@ def _split(result: dict) -> list[str]:
         "(its unfused compute, and Python the first two do not hold, such as NNX's own "
         "split/merge inside nnx.value_and_grad and the optimizer).",
         "",
-        "| workload | eager | Python | dispatch | compiled (jit) | rest |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for r in result["workloads"]:
         t, dis = r["timing"], r["counts"]["dispatches"]
         eager, python = t["eager"]["median"] * 1e3, t["python"]["median"] * 1e3
         dispatch = (dis["primitives"] * prim + dis["jit_calls"] * jit_call) / 1e3
         compiled = t["jit"]["median"] * 1e3
         rest = eager - python - dispatch - compiled
-        lines.append(
-            f"| {r['workload']} | {eager:.3g} | {python:.3g} | {dispatch:.3g} | "
-            f"{compiled:.3g} | {rest:.3g} |"
-        )
-    return lines
+        ms = (eager, python, dispatch, compiled, rest)
+        rows.append([r["workload"], *(f"{x:.3g}" for x in ms)])
+    columns = ["workload", "eager", "Python", "dispatch", "compiled (jit)", "rest"]
+    return lines + table(columns, rows, "lrrrrr")
 
 
 def _fit(result: dict) -> list[str]:
@@ -226,15 +261,18 @@ def _fit(result: dict) -> list[str]:
         f"error of the fitted eager times {m['rel_error']:.0%}. The gap eager - jit (median per-round saving) split by the "
         "model: Python, a x (dispatches - 1), b x (unfused - fused bytes), and what is left.",
         "",
-        "| workload | gap ms | Python | dispatch | unfused bytes | residual |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, g in why["gaps"].items():
-        share = {k: f"{g[k] * 1e3:.3g} ({g[k] / g['gap']:.0%})" for k in g if k != "gap"}
-        lines.append(
-            f"| {name} | {g['gap'] * 1e3:.3g} | {share['python']} | {share['dispatch']} | "
-            f"{share['unfused_bytes']} | {share['residual']} |"
-        )
+    parts = ("python", "dispatch", "unfused_bytes", "residual")
+    rows = [
+        [
+            name,
+            f"{g['gap'] * 1e3:.3g}",
+            *(f"{g[k] * 1e3:.3g} ({g[k] / g['gap']:.0%})" for k in parts),
+        ]
+        for name, g in why["gaps"].items()
+    ]
+    columns = ["workload", "gap ms", "Python", "dispatch", "unfused bytes", "residual"]
+    lines += table(columns, rows, "lrrrrr")
     if why["crossovers"]:
         lines += [
             "",
@@ -242,11 +280,12 @@ def _fit(result: dict) -> list[str]:
             "2 (eager's overhead equals the device work), measured (per-round medians, "
             "interpolated) and predicted by the model (marked on scale.png).",
             "",
-            "| axis | measured | predicted |",
-            "|---|---:|---:|",
         ]
-        for axis, c in why["crossovers"].items():
-            lines.append(f"| {axis} | {_where(c['measured'])} | {_where(c['predicted'])} |")
+        rows = [
+            [axis, _where(c["measured"]), _where(c["predicted"])]
+            for axis, c in why["crossovers"].items()
+        ]
+        lines += table(["axis", "measured", "predicted"], rows, "lrr")
     return lines
 
 
@@ -269,23 +308,20 @@ def _memory(result: dict) -> list[str]:
         "trainer does; the nnx modes and 'jit, no donation' do not; torch updates in place. "
         "XLA's plan: temporaries + outputs - aliased bytes of the jit program.",
         "",
-        "| workload | mode | MiB | first call s |",
-        "|---|---|---:|---:|",
     ]
+    rows = []
     for r in result["workloads"]:
         plan = r["counts"]["memory_plan"]
         if plan is not None:
             planned = plan["temporaries"] + plan["outputs"] - plan["aliased"]
-            lines.append(f"| {r['workload']} | XLA's plan (jit) | {_mib(planned)} | |")
+            rows.append([r["workload"], "XLA's plan (jit)", _mib(planned), ""])
         for mode, f in r["fresh"].items():
             if "error" in f:
-                lines.append(f"| {r['workload']} | {mode} | failed: {f['error']} | |")
+                rows.append([r["workload"], mode, f"failed: {f['error']}", ""])
             else:
-                lines.append(
-                    f"| {r['workload']} | {mode} | {_mib(f['peak_rise_bytes'])} | "
-                    f"{f['first_call_s']['median']:.2f} |"
-                )
-    return lines
+                first = f"{f['first_call_s']['median']:.2f}"
+                rows.append([r["workload"], mode, _mib(f["peak_rise_bytes"]), first])
+    return lines + table(["workload", "mode", "MiB", "first call s"], rows, "llrr")
 
 
 def _torch_side(result: dict) -> list[str]:
@@ -306,13 +342,13 @@ def _torch_side(result: dict) -> list[str]:
         "'torch.compile step' compiles the whole train step (zero_grad, loss, backward, "
         f"Adam) as jax.jit does. Inductor's cache is fresh in every process. {graphs}",
         "",
-        "| workload | JAX attention | torch attention (aten ops run) |",
-        "|---|---|---|",
     ]
-    for r in result["workloads"]:
-        p = r["attention_path"]
-        lines.append(f"| {r['workload']} | {p['jax']} | {', '.join(p.get('torch', []))} |")
-    return lines
+    rows = [
+        [r["workload"], r["attention_path"]["jax"], ", ".join(r["attention_path"].get("torch", []))]
+        for r in result["workloads"]
+    ]
+    columns = ["workload", "JAX attention", "torch attention (aten ops run)"]
+    return lines + table(columns, rows, "lll")
 
 
 def _dispatch(result: dict) -> list[str]:
@@ -320,12 +356,12 @@ def _dispatch(result: dict) -> list[str]:
         "",
         "## Dispatch: one trivial call (x + 1 on 8 numbers; an 8x8 nnx.Linear for the modules)",
         "",
-        "| call | us (95% interval) |",
-        "|---|---:|",
     ]
-    for name, ci in result["dispatch_us"].items():
-        lines.append(f"| {name} | {ci['median']:.1f} ({ci['low']:.1f}-{ci['high']:.1f}) |")
-    return lines
+    rows = [
+        [name, f"{ci['median']:.1f} ({ci['low']:.1f}-{ci['high']:.1f})"]
+        for name, ci in result["dispatch_us"].items()
+    ]
+    return lines + table(["call", "us (95% interval)"], rows, "lr")
 
 
 def _scale(result: dict) -> list[str]:
@@ -335,19 +371,19 @@ def _scale(result: dict) -> list[str]:
         "",
         "![scale](scale.png)",
         "",
-        "| axis | value | eager ms | jit ms | torch ms | torch.compile ms | jit speed-up "
-        "(paired) | predicted |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     predicted = _predicted_by_point(result)
+    rows = []
     for r in result["scale"]:
         t = r["timing"]
-        lines.append(
-            f"| {r['axis']} | {r['value']} | {_ms(t['eager'])} | {_ms(t['jit'])} | "
-            f"{_ms(t.get('torch'))} | {_ms(t.get('torch.compile'))} | "
-            f"{_x(r['ratios']['eager / jit'])} | {predicted[(r['axis'], r['value'])]:.2f} |"
+        times = [_ms(t.get(mode)) for mode in ("eager", "jit", "torch", "torch.compile")]
+        ratio = _x(r["ratios"]["eager / jit"])
+        rows.append(
+            [r["axis"], r["value"], *times, ratio, f"{predicted[(r['axis'], r['value'])]:.2f}"]
         )
-    return lines
+    columns = ["axis", "value", "eager ms", "jit ms", "torch ms", "torch.compile ms"]
+    columns += ["jit speed-up (paired)", "predicted"]
+    return lines + table(columns, rows, "l" + "r" * 7)
 
 
 def _predicted_by_point(result: dict) -> dict:

@@ -83,10 +83,14 @@ def encode_pairs(
     (target + EOS), padded to src_len / tgt_len, with the tokenizer's special ids. A None
     pair is an all-padding row."""
     ids = [
-        None if p is None else tuple(_token_ids(tokenizer, x, f"example {i}'s {side}")
-                                     for x, side in zip(p, ("source", "target"), strict=True))
+        None
+        if p is None
+        else tuple(
+            _token_ids(tokenizer, x, f"example {i}'s {side}")
+            for x, side in zip(p, ("source", "target"), strict=True)
+        )
         for i, p in enumerate(pairs)
-    ]  # fmt: skip
+    ]
     for i, p in enumerate(ids):
         if p is not None and (len(p[0]) + 1 > src_len or len(p[1]) + 1 > tgt_len):
             lengths = (len(p[0]) + 1, len(p[1]) + 1)
@@ -290,9 +294,14 @@ class TsvData(PairData):
         if not test:  # a tiny file: hold out its last pair
             test.append(train.pop())
         super().__init__(
-            train, test, tokenizer, max_len=max_len, seed=seed, test_size=test_size,
+            train,
+            test,
+            tokenizer,
+            max_len=max_len,
+            seed=seed,
+            test_size=test_size,
             pad_multiple=pad_multiple,
-        )  # fmt: skip
+        )
 
 
 class DocumentData(TrainingData):

@@ -32,10 +32,9 @@ _TEST_BUCKETS = 10  # one key in ten is held out
 FIRST_DATE = datetime.date(1950, 1, 1)
 LAST_DATE = datetime.date(2049, 12, 31)
 
-MONTHS = [
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
-]  # fmt: skip
+MONTHS = (
+    "January February March April May June July August September October November December"
+).split()
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 
 

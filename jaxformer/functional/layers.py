@@ -293,9 +293,15 @@ def encoder_layer(
 
     def self_attention(h):
         return multi_head_attention(
-            h, h, params.self_attn, mask, dropout_rate=opts.attention_dropout_rate, rng=k_attn,
-            rope_positions=rope, implementation=opts.attention_impl,
-        ).out  # fmt: skip
+            h,
+            h,
+            params.self_attn,
+            mask,
+            dropout_rate=opts.attention_dropout_rate,
+            rng=k_attn,
+            rope_positions=rope,
+            implementation=opts.attention_impl,
+        ).out
 
     x = _sublayer("self_attention", x, self_attention, params.norm1, opts, k_res1)
     ffn = partial(_feed_forward, params=params.ffn, opts=opts)
@@ -345,20 +351,30 @@ def decoder_layer(
 
     def self_attention(h):
         outputs["self"] = attend(
-            h, h, params.self_attn, self_mask, rng=k_self, rope_positions=rope,
-            implementation=opts.attention_impl, cache_positions=cache_positions,
+            h,
+            h,
+            params.self_attn,
+            self_mask,
+            rng=k_self,
+            rope_positions=rope,
+            implementation=opts.attention_impl,
+            cache_positions=cache_positions,
             kv_cache=None if cache is None else cache.self_attn,
-        )  # fmt: skip
+        )
         return outputs["self"].out
 
     def cross_attention(h):
         outputs["cross"] = attend(
-            h, memory, params.cross_attn, cross_mask, rng=k_cross,
+            h,
+            memory,
+            params.cross_attn,
+            cross_mask,
+            rng=k_cross,
             return_weights=return_cross_attention,
             # The weights exist only in the materialised implementation.
             implementation="xla" if return_cross_attention else opts.attention_impl,
             kv_cache=None if cache is None else cache.cross_attn,
-        )  # fmt: skip
+        )
         return outputs["cross"].out
 
     y = _sublayer("self_attention", y, self_attention, params.norm1, opts, k_res1)

@@ -169,8 +169,10 @@ def _gpt2_fields(c: dict) -> dict:
 
 
 def _seq2seq_fields(c: dict) -> dict:
-    for a, b in (("encoder_attention_heads", "decoder_attention_heads"),
-                 ("encoder_ffn_dim", "decoder_ffn_dim")):  # fmt: skip
+    for a, b in (
+        ("encoder_attention_heads", "decoder_attention_heads"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ):
         if c[a] != c[b]:
             raise BadValue(f"{a}={c[a]} differs from {b}={c[b]}: jaxformer's stacks share one")
     ties = {k: c.get(k, True) for k in ("tie_word_embeddings", "share_encoder_decoder_embeddings")}
@@ -367,21 +369,39 @@ def _hf_config(model_type: str, c: TransformerConfig, tokenizer) -> dict:
     common["activation_function"] = activation[c.activation]
     if model_type == "gpt2":
         ids.pop("decoder_start_token_id")
-        return common | ids | dict(
-            architectures=["GPT2LMHeadModel"], n_layer=c.num_decoder_layers, n_embd=c.d_model,
-            n_inner=c.d_ff, n_head=c.num_heads, n_positions=c.max_len, layer_norm_epsilon=c.norm_eps,
-            resid_pdrop=c.dropout_rate, embd_pdrop=c.dropout_rate, attn_pdrop=c.attention_dropout_rate,
-        )  # fmt: skip
+        gpt2 = dict(
+            architectures=["GPT2LMHeadModel"],
+            n_layer=c.num_decoder_layers,
+            n_embd=c.d_model,
+            n_inner=c.d_ff,
+            n_head=c.num_heads,
+            n_positions=c.max_len,
+            layer_norm_epsilon=c.norm_eps,
+            resid_pdrop=c.dropout_rate,
+            embd_pdrop=c.dropout_rate,
+            attn_pdrop=c.attention_dropout_rate,
+        )
+        return common | ids | gpt2
     architecture = {"marian": "MarianMTModel", "bart": "BartForConditionalGeneration"}[model_type]
-    return common | ids | dict(
-        architectures=[architecture], encoder_layers=c.num_encoder_layers,
-        decoder_layers=c.num_decoder_layers, d_model=c.d_model, encoder_ffn_dim=c.d_ff,
-        decoder_ffn_dim=c.d_ff, encoder_attention_heads=c.num_heads,
-        decoder_attention_heads=c.num_heads, max_position_embeddings=c.max_len,
-        dropout=c.dropout_rate, attention_dropout=c.attention_dropout_rate,
-        activation_dropout=0.0, scale_embedding=c.embed_scale, is_encoder_decoder=True,
-        forced_eos_token_id=ids["eos_token_id"], share_encoder_decoder_embeddings=True,
-    )  # fmt: skip
+    seq2seq = dict(
+        architectures=[architecture],
+        encoder_layers=c.num_encoder_layers,
+        decoder_layers=c.num_decoder_layers,
+        d_model=c.d_model,
+        encoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.d_ff,
+        encoder_attention_heads=c.num_heads,
+        decoder_attention_heads=c.num_heads,
+        max_position_embeddings=c.max_len,
+        dropout=c.dropout_rate,
+        attention_dropout=c.attention_dropout_rate,
+        activation_dropout=0.0,
+        scale_embedding=c.embed_scale,
+        is_encoder_decoder=True,
+        forced_eos_token_id=ids["eos_token_id"],
+        share_encoder_decoder_embeddings=True,
+    )
+    return common | ids | seq2seq
 
 
 # --- one table of names, used in both directions -------------------------------------------

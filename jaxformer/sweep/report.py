@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+from jaxformer.markdown import table as markdown_table
 from jaxformer.sweep import stats
 from jaxformer.sweep.spec import Spec, status
 
@@ -209,8 +210,7 @@ def markdown(results: dict) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+    return "\n".join(markdown_table(head, rows, "l" * len(head))) + "\n"
 
 
 def _label(name: str, results: dict) -> str:

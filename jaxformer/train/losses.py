@@ -173,8 +173,9 @@ def _chunk_logits(h, table_c, bias_c, c, V):
     """Chunk c's logits [N, C] float32 (-inf past the vocabulary) and their ids [C]."""
     C = table_c.shape[0]
     ids = c * C + jnp.arange(C)
-    logits = jnp.einsum("ne,ce->nc", h, table_c, preferred_element_type=jnp.float32) + bias_c
-    return jnp.where(ids < V, logits, -jnp.inf), ids
+    logits = jnp.einsum("ne,ce->nc", h, table_c, preferred_element_type=jnp.float32)
+    logits = logits + bias_c[None, :]
+    return jnp.where(ids[None, :] < V, logits, -jnp.inf), ids
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -191,8 +192,8 @@ def _chunked_head_fwd(h, table_c, bias_c, y, eps, V):
         m_c = jnp.max(logits, axis=1)
         m_new = jnp.maximum(m, m_c)
         s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(logits - m_new[:, None]), axis=1)
-        total = total + jnp.sum(jnp.where(ids < V, logits, 0.0), axis=1)
-        target = target + jnp.sum(jnp.where(ids == y[:, None], logits, 0.0), axis=1)
+        total = total + jnp.sum(jnp.where(ids[None, :] < V, logits, 0.0), axis=1)
+        target = target + jnp.sum(jnp.where(ids[None, :] == y[:, None], logits, 0.0), axis=1)
         best = jnp.where(m_c > m, ids[0] + jnp.argmax(logits, axis=1), best)  # first max
         return (m_new, s, total, target, best), None
 
@@ -220,10 +221,10 @@ def _chunked_head_bwd(eps, V, residuals, cotangents):
     def chunk_grads(dh, xs):
         c, t_c, b_c = xs
         logits, ids = _chunk_logits(h, t_c, b_c, c, V)
-        real = (ids < V).astype(jnp.float32)
+        real = (ids[None, :] < V).astype(jnp.float32)
         d = (
             p_coef * jnp.exp(logits - log_z[:, None])
-            - target_coef * (ids == y[:, None])
+            - target_coef * (ids[None, :] == y[:, None])
             - uniform_coef * real
         )
         dh = dh + jnp.einsum("nc,ce->ne", d, t_c, preferred_element_type=jnp.float32)

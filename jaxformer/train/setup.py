@@ -135,9 +135,12 @@ def build_data(
         corpus = bible.load(run.data.dataset)
         tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
         data = corpus.data(
-            tokenizer, max_len=run.data.seq_len, seed=run.runtime.seed, test_size=run.eval.eval_examples,
+            tokenizer,
+            max_len=run.data.seq_len,
+            seed=run.runtime.seed,
+            test_size=run.eval.eval_examples,
             pad_multiple=run.data.pad_multiple,
-        )  # fmt: skip
+        )
         return tokenizer, data
 
     def lines():
@@ -150,9 +153,13 @@ def build_data(
         )
     if run.data.data_tsv:
         data = TsvData(
-            run.data.data_tsv, tokenizer, max_len=run.data.seq_len, seed=run.runtime.seed,
-            test_size=run.eval.eval_examples, pad_multiple=run.data.pad_multiple,
-        )  # fmt: skip
+            run.data.data_tsv,
+            tokenizer,
+            max_len=run.data.seq_len,
+            seed=run.runtime.seed,
+            test_size=run.eval.eval_examples,
+            pad_multiple=run.data.pad_multiple,
+        )
         return tokenizer, data
     return tokenizer, TextData(
         run.data.data_text, tokenizer, seq_len=run.data.seq_len, seed=run.runtime.seed

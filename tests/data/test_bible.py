@@ -155,44 +155,6 @@ def test_quotations_shared_with_training_are_not_held_out(wyc_web):
     assert not spans["test"] & spans["train"]
 
 
-# A pair is misaligned when a neighbouring target matches its source better than its own
-# target by more than this many sentence-chrF points. Measured on wyc-web (see docs/data.md,
-# "An independent check"): pairs matched by id in the renumbered chapters (Ecclesiastes 5
-# and 7) score -16 to -24; after alignment the worst held-out pair scores -11.1 (Esther 9:23,
-# a correct pair whose Wycliffe verse is a long paraphrase).
-CHRF_MARGIN = 12.0
-
-
-def chrf_margin(source: str, target: str, neighbours: list[str]) -> float:
-    """sacrebleu sentence chrF of the target minus the best of its neighbours', each
-    scored against the source."""
-    import sacrebleu
-
-    own = sacrebleu.sentence_chrf(target, [source]).score
-    return own - max(sacrebleu.sentence_chrf(n, [source]).score for n in neighbours)
-
-
-def misaligned(corpus, target_version: str, pairs) -> list[tuple[str, float]]:
-    """(reference, margin) of the (verse id, source, target) pairs that a neighbouring
-    target verse (the one before or after the pair's target in its chapter) matches
-    better by more than CHRF_MARGIN."""
-    text = bible.load_verses(target_version).text
-    order = {}
-    for v in sorted(text):
-        order.setdefault(bible.chapter_of(v), []).append(v)
-    where = {t: (c, k) for c, ids in order.items() for k, t in enumerate(ids)}
-    by_text = {t: v for v, t in text.items()}
-    bad = []
-    for v, src, tgt in pairs:
-        c, k = where[by_text[tgt]]
-        ids = order[c]
-        neighbours = [text[ids[j]] for j in (k - 1, k + 1) if 0 <= j < len(ids) and text[ids[j]]]
-        margin = chrf_margin(src, tgt, neighbours) if neighbours else 0.0
-        if margin < -CHRF_MARGIN:
-            bad.append((bible.reference(v), round(margin, 1)))
-    return bad
-
-
 @pytest.mark.parametrize("name", ["wyc-web", pytest.param("asv-web", marks=pytest.mark.slow)])
 def test_every_held_out_pair_and_a_training_sample_is_aligned(name, wyc_web):
     """An independent check (sacrebleu's chrF, not the alignment's trigram similarity):
@@ -202,14 +164,14 @@ def test_every_held_out_pair_and_a_training_sample_is_aligned(name, wyc_web):
     rng = np.random.default_rng(0)
     train = [corpus.splits["train"][i] for i in rng.choice(len(corpus.splits["train"]), 300)]
     held_out = corpus.splits["dev"] + corpus.splits["test"]
-    assert misaligned(corpus, name.split("-")[1], held_out + train) == []
+    assert bible.misaligned(name.split("-")[1], held_out + train) == []
 
 
 def test_the_chrf_check_finds_the_pairs_matched_by_id(wyc_web):
     """The check can fail: Ecclesiastes 5 paired by id, as before, is flagged."""
     web, wyc = bible.load_verses("web").text, bible.load_verses("wyc").text
     by_id = [(v, wyc[v], web[v]) for v in range(21_005_001, 21_005_020)]
-    assert len(misaligned(wyc_web, "web", by_id)) >= 5
+    assert len(bible.misaligned("web", by_id)) >= 5
 
 
 def test_kjv_bbe_drops_bbe_chapters_whose_spans_drift():
@@ -283,14 +245,18 @@ def test_lm_batches():
 @pytest.mark.parametrize(
     "name, error, match",
     [
-        ("xyz-web", ValueError, r"unknown Bible version 'xyz'; installed versions are .*bbe, kjv, web, wyc"),
+        (
+            "xyz-web",
+            ValueError,
+            r"unknown Bible version 'xyz'; installed versions are .*bbe, kjv, web, wyc",
+        ),
         ("wyc-nope", ValueError, r"unknown Bible version 'nope'; installed versions are"),
         ("web", ValueError, r"dataset 'web' must be SRC-TGT or VER-lm with versions .*web, wyc"),
         ("web-web", ValueError, "must be SRC-TGT or VER-lm"),
         ("lm-web", ValueError, "unknown Bible version 'lm'"),
         (3, TypeError, "dataset must be a string"),
     ],
-)  # fmt: skip
+)
 def test_bad_dataset_names_list_the_valid_ones(name, error, match):
     with pytest.raises(error, match=match):
         bible.parse_dataset(name)
@@ -308,11 +274,18 @@ def test_train_and_generate_on_wyc_web(tmp_path, capsys):
     from jaxformer.cli import main
 
     out = tmp_path / "run"
-    small = ["--num-encoder-layers", "1", "--num-decoder-layers", "1", "--d-model", "32",
-             "--d-ff", "64", "--num-heads", "2"]  # fmt: skip
-    argv = ["train", "--dataset", "wyc-web", "--preset", "tiny", *small, "--seq-len", "64",
-            "--steps", "3", "--batch-size", "4", "--eval-examples", "8", "--out", str(out),
-            "--no-progress"]  # fmt: skip
+    small = [
+        *"--num-encoder-layers 1 --num-decoder-layers 1 --d-model 32 --d-ff 64".split(),
+        *"--num-heads 2".split(),
+    ]
+    argv = [
+        *"train --dataset wyc-web --preset tiny".split(),
+        *small,
+        *"--seq-len 64 --steps 3 --batch-size 4 --eval-examples 8".split(),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["run"]["tokenizer"] == "bpe"

@@ -361,9 +361,12 @@ def _spec(shape, dtype=jnp.float32):
 def _choose(q_shape, k_shape, dtype=jnp.float32, *, Dv=None, masked=True, dropout_rate=0.0):
     v_shape = (*k_shape[:3], Dv or k_shape[3])
     return F.choose_implementation(
-        _spec(q_shape, dtype), _spec(k_shape, dtype), _spec(v_shape, dtype),
-        masked=masked, dropout_rate=dropout_rate,
-    )  # fmt: skip
+        _spec(q_shape, dtype),
+        _spec(k_shape, dtype),
+        _spec(v_shape, dtype),
+        masked=masked,
+        dropout_rate=dropout_rate,
+    )
 
 
 def test_auto_on_cpu_picks_xla_then_chunked_by_the_size_of_the_logits():
@@ -380,9 +383,13 @@ def test_auto_computes_what_the_implementation_it_picks_computes(monkeypatch):
 
     def run(implementation):
         return _value_and_grads(
-            lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v, implementation=implementation, **kw),
-            q, k, v,
-        )  # fmt: skip
+            lambda q, k, v, b: F.scaled_dot_product_attention(
+                q, k, v, implementation=implementation, **kw
+            ),
+            q,
+            k,
+            v,
+        )
 
     _assert_same(run("auto"), run("xla"), atol=0)
     monkeypatch.setattr(attention_module, "AUTO_CHUNKED_BYTES", 1000)  # 2 x 4 x 9 x 9 x 4 > 1000

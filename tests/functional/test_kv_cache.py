@@ -113,9 +113,14 @@ def test_cached_decoder_layer_equals_the_full_layer(placement):
     memory = rng.standard_normal((2, S, E)).astype(np.float32)
     cross_mask = F.padding_mask(None, np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool))
     want, want_weights, no_cache = F.decoder_layer(
-        y, p, F.causal_mask(T), opts, memory=memory, cross_mask=cross_mask,
+        y,
+        p,
+        F.causal_mask(T),
+        opts,
+        memory=memory,
+        cross_mask=cross_mask,
         return_cross_attention=True,
-    )  # fmt: skip
+    )
     assert no_cache is None
 
     cache = F.decoder_layer_cache(p, 2, T, jnp.float32, memory=memory)

@@ -118,11 +118,18 @@ def unregister():
 
 def test_a_variant_trains_saves_restores_and_needs_its_registration(tmp_path, capsys, unregister):
     out = tmp_path / "run"
-    code = main([
-        "train", "--variants", str(VARIANTS / "squared_relu.py"), "--activation", "squared_relu",
-        "--task", "copy", "--steps", "2", "--batch-size", "8", "--eval-examples", "8",
-        "--num-encoder-layers", "1", "--num-decoder-layers", "1", "--out", str(out), "--no-progress",
-    ])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--variants",
+            str(VARIANTS / "squared_relu.py"),
+            *"--activation squared_relu --task copy --steps 2 --batch-size 8".split(),
+            *"--eval-examples 8 --num-encoder-layers 1 --num-decoder-layers 1".split(),
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     model, _ = checkpoint.restore_model(out)
     assert model.config.activation == "squared_relu"

@@ -23,28 +23,70 @@ from jaxformer.interop.hf import config_from_hf, from_hf, to_hf  # noqa: E402
 
 V = 61
 SEQ2SEQ = dict(
-    vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-    decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48,
+    vocab_size=V,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=48,
+    decoder_ffn_dim=48,
     max_position_embeddings=40,
-)  # fmt: skip
+)
 # Each case: a transformers class and its config; together they cover every option the
 # conversion reads (activations, embedding scale, the two position schemes, untied output).
 CASES = {
-    "gpt2": lambda init: transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=V, n_positions=40, n_embd=32, n_layer=2, n_head=4, initializer_range=init,
-        bos_token_id=0, eos_token_id=0)),
-    "gpt2_untied_relu": lambda init: transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=V, n_positions=24, n_embd=24, n_layer=1, n_head=2, n_inner=40,
-        activation_function="relu", tie_word_embeddings=False, initializer_range=init,
-        bos_token_id=0, eos_token_id=0)),
-    "marian_gelu": lambda init: transformers.MarianMTModel(transformers.MarianConfig(
-        **SEQ2SEQ, init_std=init, pad_token_id=V - 1, decoder_start_token_id=V - 1, eos_token_id=0)),
-    "marian_swish_scaled": lambda init: transformers.MarianMTModel(transformers.MarianConfig(
-        **SEQ2SEQ, init_std=init, activation_function="swish", scale_embedding=True, pad_token_id=V - 1,
-        decoder_start_token_id=V - 1, eos_token_id=0)),
+    "gpt2": lambda init: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=V,
+            n_positions=40,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            initializer_range=init,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    ),
+    "gpt2_untied_relu": lambda init: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=V,
+            n_positions=24,
+            n_embd=24,
+            n_layer=1,
+            n_head=2,
+            n_inner=40,
+            activation_function="relu",
+            tie_word_embeddings=False,
+            initializer_range=init,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    ),
+    "marian_gelu": lambda init: transformers.MarianMTModel(
+        transformers.MarianConfig(
+            **SEQ2SEQ,
+            init_std=init,
+            pad_token_id=V - 1,
+            decoder_start_token_id=V - 1,
+            eos_token_id=0,
+        )
+    ),
+    "marian_swish_scaled": lambda init: transformers.MarianMTModel(
+        transformers.MarianConfig(
+            **SEQ2SEQ,
+            init_std=init,
+            activation_function="swish",
+            scale_embedding=True,
+            pad_token_id=V - 1,
+            decoder_start_token_id=V - 1,
+            eos_token_id=0,
+        )
+    ),
     "bart": lambda init: transformers.BartForConditionalGeneration(
-        transformers.BartConfig(**SEQ2SEQ, init_std=init)),
-}  # fmt: skip
+        transformers.BartConfig(**SEQ2SEQ, init_std=init)
+    ),
+}
 INPUTS = {  # batch, source and target lengths, and the real lengths of each row
     "batch3_padded": dict(S=7, T=5, src_len=[7, 4, 1], tgt_len=[5, 2, 3]),
     "batch1": dict(S=3, T=6, src_len=[3], tgt_len=[6]),
@@ -89,9 +131,11 @@ def _hf_logits(hf, src, tgt, src_valid, tgt_valid):
         if hf.config.model_type == "gpt2":
             return hf(t(tgt), attention_mask=t(tgt_valid)).logits.numpy()
         return hf(
-            input_ids=t(src), attention_mask=t(src_valid),
-            decoder_input_ids=t(tgt), decoder_attention_mask=t(tgt_valid),
-        ).logits.numpy()  # fmt: skip
+            input_ids=t(src),
+            attention_mask=t(src_valid),
+            decoder_input_ids=t(tgt),
+            decoder_attention_mask=t(tgt_valid),
+        ).logits.numpy()
 
 
 def _jax_logits(model, src, tgt, src_valid, tgt_valid):
@@ -125,14 +169,20 @@ def test_greedy_tokens_match_generate(name):
             expected = expected[:, tgt.shape[1] :]
         else:
             expected = hf.generate(
-                torch.tensor(src), attention_mask=torch.tensor(src_valid).long(),
-                forced_eos_token_id=None, **settings,
-            )[:, 1:]  # fmt: skip
+                torch.tensor(src),
+                attention_mask=torch.tensor(src_valid).long(),
+                forced_eos_token_id=None,
+                **settings,
+            )[:, 1:]
             start = hf.config.decoder_start_token_id
             got = decode.greedy(
-                model, jnp.asarray(src), jnp.asarray(src_valid), max_new_tokens=20, bos_id=start,
+                model,
+                jnp.asarray(src),
+                jnp.asarray(src_valid),
+                max_new_tokens=20,
+                bos_id=start,
                 eos_id=None,
-            )  # fmt: skip
+            )
     expected = expected.numpy()
     assert len(np.unique(expected)) > 1, "the generated tokens are all one: nothing to test"
     np.testing.assert_array_equal(np.asarray(got), expected)
@@ -163,12 +213,18 @@ def test_to_hf_loads_in_transformers_and_round_trips_exactly(pair, tmp_path):
 def test_a_jaxformer_model_exports_with_parity(kind, tmp_path):
     """A model made in jaxformer (random weights) -> to_hf -> transformers: same logits."""
     fields = {
-        "gpt2": dict(num_encoder_layers=0, position_embedding="learned", norm_placement="pre",
-                     activation="gelu_tanh", embed_scale=False),
+        "gpt2": dict(
+            num_encoder_layers=0,
+            position_embedding="learned",
+            norm_placement="pre",
+            activation="gelu_tanh",
+            embed_scale=False,
+        ),
         "marian": dict(position_embedding="sinusoidal_halves", activation="silu", logits_bias=True),
-        "bart": dict(position_embedding="learned", embed_norm=True, logits_bias=True,
-                     embed_scale=False),
-    }[kind]  # fmt: skip
+        "bart": dict(
+            position_embedding="learned", embed_norm=True, logits_bias=True, embed_scale=False
+        ),
+    }[kind]
     model = _small(kind, fields)
     folder = to_hf(model, tmp_path / "b")
     hf = transformers.AutoModelForCausalLM if kind == "gpt2" else transformers.AutoModelForSeq2SeqLM
@@ -177,8 +233,9 @@ def test_a_jaxformer_model_exports_with_parity(kind, tmp_path):
     np.testing.assert_allclose(
         _jax_logits(model, src, tgt, src_valid, tgt_valid)[tgt_valid],
         _hf_logits(hf, src, tgt, src_valid, tgt_valid)[tgt_valid],
-        rtol=0, atol=1e-5,
-    )  # fmt: skip
+        rtol=0,
+        atol=1e-5,
+    )
     assert from_hf(folder).config == model.config
 
 

@@ -30,18 +30,32 @@ def _folder(tmp_path, kind):
     if kind == "gpt2":
         tok = hf_tokenizers.gpt2_like(tmp_path)
         config = transformers.GPT2Config(
-            vocab_size=tok.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-            bos_token_id=tok.eos_id, eos_token_id=tok.eos_id,
-        )  # fmt: skip
+            vocab_size=tok.vocab_size,
+            n_positions=64,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=tok.eos_id,
+            eos_token_id=tok.eos_id,
+        )
         model = transformers.GPT2LMHeadModel(config)
     else:
         tok = hf_tokenizers.seq2seq(tmp_path, hf_tokenizers.PRINTABLE)
         config = transformers.MarianConfig(
-            vocab_size=tok.vocab_size, d_model=32, encoder_layers=1, decoder_layers=1,
-            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-            decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=tok.pad_id,
-            decoder_start_token_id=tok.bos_id, eos_token_id=tok.eos_id, scale_embedding=True,
-        )  # fmt: skip
+            vocab_size=tok.vocab_size,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=tok.pad_id,
+            decoder_start_token_id=tok.bos_id,
+            eos_token_id=tok.eos_id,
+            scale_embedding=True,
+        )
         model = transformers.MarianMTModel(config)
     torch.manual_seed(0)
     model.save_pretrained(folder)
@@ -102,8 +116,17 @@ def test_a_converted_marian_fine_tunes_on_a_task_and_generates(tmp_path, capsys)
     losses = _losses(out)
     assert losses[-1] < 0.8 * losses[0], losses
     for checkpoint_folder in (out, folder):  # a run folder, and the Hugging Face folder itself
-        code = main(["generate", "--checkpoint", str(checkpoint_folder), "--input", "3 March 2001",
-                     "--max-new-tokens", "12"])  # fmt: skip
+        code = main(
+            [
+                "generate",
+                "--checkpoint",
+                str(checkpoint_folder),
+                "--input",
+                "3 March 2001",
+                "--max-new-tokens",
+                "12",
+            ]
+        )
         printed = capsys.readouterr().out.splitlines()
         assert code == 0 and len(printed) == 1
         assert set(printed[0]) <= set(hf_tokenizers.PRINTABLE), printed

@@ -31,24 +31,16 @@ pytestmark = [
 ]
 
 # Torch's constructor options; activations given in each of torch's accepted forms.
+FIELDS = "d_model nhead dim_feedforward activation layer_norm_eps batch_first norm_first bias"
 CONFIGS = {
-    "post_relu_bias_seqfirst": dict(
-        d_model=16, nhead=4, dim_feedforward=24, activation="relu", layer_norm_eps=1e-5,
-        batch_first=False, norm_first=False, bias=True,
-    ),
-    "pre_gelu_nobias_batchfirst": dict(
-        d_model=16, nhead=2, dim_feedforward=32, activation=torch.nn.functional.gelu,
-        layer_norm_eps=1e-6, batch_first=True, norm_first=True, bias=False,
-    ),
-    "pre_relu_bias_batchfirst_3heads": dict(
-        d_model=12, nhead=3, dim_feedforward=20, activation=tnn.ReLU(), layer_norm_eps=1e-5,
-        batch_first=True, norm_first=True, bias=True,
-    ),
-    "post_gelu_nobias_seqfirst_1head": dict(
-        d_model=8, nhead=1, dim_feedforward=16, activation="gelu", layer_norm_eps=1e-3,
-        batch_first=False, norm_first=False, bias=False,
-    ),
-}  # fmt: skip
+    name: dict(zip(FIELDS.split(), values, strict=True))
+    for name, *values in [
+        ("post_relu_bias_seqfirst", 16, 4, 24, "relu", 1e-5, False, False, True),
+        ("pre_gelu_nobias_batchfirst", 16, 2, 32, tnn.functional.gelu, 1e-6, True, True, False),
+        ("pre_relu_bias_batchfirst_3heads", 12, 3, 20, tnn.ReLU(), 1e-5, True, True, True),
+        ("post_gelu_nobias_seqfirst_1head", 8, 1, 16, "gelu", 1e-3, False, False, False),
+    ]
+}
 
 # padded: source and target key padding and a causal target mask, as float (0 / -inf)
 # masks; batch1: a single row, causal bool masks on both sides, source shorter.
@@ -281,10 +273,18 @@ def random_module(make):
 def test_jaxformer_model_exports_to_torch_with_parity():
     """The other direction: a jaxformer EncoderDecoder, exported, computes the same."""
     c = jf.TransformerConfig(
-        vocab_size=1, num_encoder_layers=2, num_decoder_layers=2, d_model=16, d_ff=32,
-        num_heads=4, norm_placement="pre", norm_eps=1e-5, activation="gelu",
-        attention_bias=True, position_embedding="none",
-    )  # fmt: skip
+        vocab_size=1,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        d_model=16,
+        d_ff=32,
+        num_heads=4,
+        norm_placement="pre",
+        norm_eps=1e-5,
+        activation="gelu",
+        attention_bias=True,
+        position_embedding="none",
+    )
     j = random_module(lambda: jnn.EncoderDecoder(c, rngs=nnx.Rngs(0)))
     m = to_torch(j).eval()
     rng = np.random.default_rng(0)
@@ -371,9 +371,12 @@ REFUSED = [
     ),
     (
         lambda: tnn.Transformer(
-            8, 2, 1, 1, 16, custom_encoder=tnn.TransformerEncoder(
-                tnn.TransformerEncoderLayer(8, 2, 16), 1
-            )
+            8,
+            2,
+            1,
+            1,
+            16,
+            custom_encoder=tnn.TransformerEncoder(tnn.TransformerEncoderLayer(8, 2, 16), 1),
         ),
         "final_norm",
     ),
@@ -381,7 +384,7 @@ REFUSED = [
         lambda: tnn.Transformer(8, 2, 1, 1, 16, custom_decoder=tnn.Linear(8, 8)),
         "custom_decoder: a Linear",
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("make, option", REFUSED, ids=[o for _, o in REFUSED])

@@ -21,9 +21,14 @@ SEQ2SEQ = [data.TaskData("copy", TOK, seed=0, test_size=10).train_batch(i, 8) fo
 
 def config(**overrides):
     fields = dict(
-        num_encoder_layers=2, num_decoder_layers=2, d_model=32, num_heads=2, d_ff=64,
-        max_len=64, dropout_rate=0.1,
-    )  # fmt: skip
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        max_len=64,
+        dropout_rate=0.1,
+    )
     return jf.TransformerConfig.tiny(TOK.vocab_size, **(fields | overrides))
 
 

@@ -15,10 +15,10 @@ from jaxformer.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRAIN = [
-    "-m", "jaxformer", "train", "--task", "copy", "--steps", "5", "--batch-size", "8",
-    "--eval-every", "5", "--log-every", "1", "--checkpoint-every", "5", "--eval-examples", "16",
-    "--no-progress", "--mesh", "data=2,fsdp=2",
-]  # fmt: skip
+    *"-m jaxformer train --task copy --steps 5 --batch-size 8 --eval-every 5".split(),
+    *"--log-every 1 --checkpoint-every 5 --eval-examples 16 --no-progress --mesh".split(),
+    "data=2,fsdp=2",
+]
 
 
 def env(devices: int) -> dict:
@@ -90,13 +90,17 @@ def test_cli_pmap_run_with_scan_layers_and_remat(tmp_path):
     """The loop end to end on the pmap layout, with a scanned, rematerialised model
     (checkpoint, evaluation by greedy decoding, attention plot of stacked layers)."""
     config = tmp_path / "model.json"
-    config.write_text(json.dumps(dict(num_encoder_layers=1, num_decoder_layers=2, d_model=32,
-                                      num_heads=2, d_ff=64, max_len=64)))  # fmt: skip
+    sizes = dict(num_encoder_layers=1, num_decoder_layers=2, d_model=32, num_heads=2, d_ff=64)
+    config.write_text(json.dumps(sizes | dict(max_len=64)))
     args = [
-        "train", "--task", "copy", "--steps", "2", "--batch-size", "8", "--eval-examples", "8",
-        "--checkpoint-every", "2", "--config", str(config), "--no-progress", "--pmap",
-        "--scan-layers", "--remat", "dots", "--out", str(tmp_path / "run"),
-    ]  # fmt: skip
+        *"train --task copy --steps 2 --batch-size 8 --eval-examples 8".split(),
+        *"--checkpoint-every 2".split(),
+        "--config",
+        str(config),
+        *"--no-progress --pmap --scan-layers --remat dots".split(),
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["layout"] == "pmap over 8 devices" and summary["steps"] == 2

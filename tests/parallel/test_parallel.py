@@ -22,9 +22,14 @@ BATCHES = [data.TaskData("copy", TOK, seed=0, test_size=10).train_batch(i, 16) f
 
 def small(**overrides):
     fields = dict(
-        num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=4, d_ff=64,
-        max_len=64, dropout_rate=0.0,
-    )  # fmt: skip
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        max_len=64,
+        dropout_rate=0.0,
+    )
     return jf.TransformerConfig.tiny(TOK.vocab_size, **(fields | overrides))
 
 
@@ -229,7 +234,9 @@ def test_eval_step_sums_agree_across_placements(layout):
     graphdef, state, *_ = setup(small())
     evaluate = train.make_eval_step(graphdef, label_smoothing=0.1)
     expected = jax.jit(evaluate)(state.params, BATCHES[0])
-    placement = parallel.make_placement(pmap=True) if layout == "pmap" else parallel.make_placement(layout)  # fmt: skip
+    placement = (
+        parallel.make_placement(pmap=True) if layout == "pmap" else parallel.make_placement(layout)
+    )
     placed = placement.put(state)
     got = placement.compile(evaluate, placed.params)(placed.params, BATCHES[0])
     np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-5)

@@ -20,9 +20,15 @@ SMALL = dict(
 def _configs(out, **run):
     model = jf.TransformerConfig.tiny(259, **SMALL, dropout_rate=0.1)
     fields = dict(
-        task="copy", steps=6, batch_size=8, eval_every=1000, log_every=1, checkpoint_every=1000,
-        eval_examples=8, out=str(out),
-    )  # fmt: skip
+        task="copy",
+        steps=6,
+        batch_size=8,
+        eval_every=1000,
+        log_every=1,
+        checkpoint_every=1000,
+        eval_examples=8,
+        out=str(out),
+    )
     return model, jf.RunConfig.from_options(**(fields | run))
 
 
@@ -70,10 +76,15 @@ def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched(tmp_path, mo
     monkeypatch.setattr(loop._Meter, "read", logged_read)
     loop.train(*_configs(tmp_path, steps=4, checkpoint_every=3), progress=False)
     assert events == [
-        "dispatch 1", "dispatch 2", "read 1", "dispatch 3", "read 2",
+        "dispatch 1",
+        "dispatch 2",
+        "read 1",
+        "dispatch 3",
+        "read 2",
         "read 3",  # before step 3's checkpoint
-        "dispatch 4", "read 4",  # the last step: evaluated and saved
-    ]  # fmt: skip
+        "dispatch 4",
+        "read 4",  # the last step: evaluated and saved
+    ]
 
 
 def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp_path, monkeypatch):

@@ -65,10 +65,18 @@ def tsv_run(tmp_path_factory):
         259, num_encoder_layers=1, num_decoder_layers=1, d_model=16, num_heads=2, d_ff=32
     )
     run = jf.RunConfig.from_options(
-        data_tsv=str(tmp / "pairs.tsv"), seq_len=16, steps=3, batch_size=8, log_every=1,
-        eval_every=2, checkpoint_every=1, keep_checkpoints=3, average_checkpoints=3,
-        eval_examples=10, out=str(tmp / "run"),
-    )  # fmt: skip
+        data_tsv=str(tmp / "pairs.tsv"),
+        seq_len=16,
+        steps=3,
+        batch_size=8,
+        log_every=1,
+        eval_every=2,
+        checkpoint_every=1,
+        keep_checkpoints=3,
+        average_checkpoints=3,
+        eval_examples=10,
+        out=str(tmp / "run"),
+    )
     summary = loop.train(model, run, progress=False)
     return tmp / "run", summary
 

@@ -16,9 +16,16 @@ STEPS = 4
 def trained_params(seed: int):
     """Build a model and train it for STEPS steps, everything from scratch and from `seed`."""
     config = jf.TransformerConfig.tiny(
-        TOK.vocab_size, num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2,
-        d_ff=64, max_len=64, dropout_rate=0.2, attention_dropout_rate=0.1,
-    )  # fmt: skip
+        TOK.vocab_size,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        max_len=64,
+        dropout_rate=0.2,
+        attention_dropout_rate=0.1,
+    )
     model = jf.Transformer(config, rngs=nnx.Rngs(seed))
     schedule = optax.constant_schedule(3e-3)
     optimizer = train.make_optimizer(schedule)

@@ -17,15 +17,21 @@ from jaxformer.train import setup as train_setup
 
 TOK = data.ByteTokenizer()
 SMALL = dict(
-    num_encoder_layers=1, num_decoder_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=64,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+    d_model=32,
+    num_heads=2,
+    d_ff=64,
+    max_len=64,
     dropout_rate=0.0,
-)  # fmt: skip
+)
 SCHEDULE = optax.constant_schedule(1e-2)
 
 
 def setup(**overrides):
-    model = jf.Transformer(jf.TransformerConfig.tiny(TOK.vocab_size, **SMALL | overrides),
-                           rngs=nnx.Rngs(0))  # fmt: skip
+    model = jf.Transformer(
+        jf.TransformerConfig.tiny(TOK.vocab_size, **SMALL | overrides), rngs=nnx.Rngs(0)
+    )
     optimizer = train.make_optimizer(SCHEDULE)
     graphdef, state = train.create_train_state(model, optimizer, 0)
     batch = data.TaskData("reverse", TOK, seed=0, test_size=4).train_batch(0, 4)
@@ -34,8 +40,7 @@ def setup(**overrides):
 
 
 def internals_of(graphdef, optimizer, state, batch):
-    step = train.make_train_step(graphdef, optimizer, SCHEDULE, label_smoothing=0.1,
-                                 internals=True)  # fmt: skip
+    step = train.make_train_step(graphdef, optimizer, SCHEDULE, label_smoothing=0.1, internals=True)
     new_state, metrics = jax.jit(step)(state, batch)
     return new_state, {k: float(v) for k, v in metrics["internals"].items()}
 
@@ -61,9 +66,13 @@ def test_values_match_norms_and_entropies_computed_by_hand():
 
     grads = jax.jit(jax.grad(loss))(state.params)
     update = jax.tree.map(jnp.subtract, new_state.params, state.params)
-    modules = {"decoder/1/ffn": "decoder/layers/1/ffn/", "encoder/0/self_attention":
-               "encoder/layers/0/self_attn/", "decoder/0/cross_attention": "decoder/layers/0/cross_attn/",
-               "decoder/0/norm2": "decoder/layers/0/norm2/", "src_inputs/embed": "src_inputs/embed/"}  # fmt: skip
+    modules = {
+        "decoder/1/ffn": "decoder/layers/1/ffn/",
+        "encoder/0/self_attention": "encoder/layers/0/self_attn/",
+        "decoder/0/cross_attention": "decoder/layers/0/cross_attn/",
+        "decoder/0/norm2": "decoder/layers/0/norm2/",
+        "src_inputs/embed": "src_inputs/embed/",
+    }
     for name, prefix in modules.items():
         np.testing.assert_allclose(got[f"grad_norm/{name}"], module_norm(grads, prefix), rtol=1e-4)
         np.testing.assert_allclose(
@@ -94,7 +103,9 @@ def test_values_match_norms_and_entropies_computed_by_hand():
             )
     for layer, valid in (("encoder/0", batch["src_valid"]), ("decoder/1", batch["tgt_valid"])):
         x = np.asarray(values[f"{layer}/out"])[np.asarray(valid)]
-        np.testing.assert_allclose(got[f"activation_rms/{layer}"], np.sqrt(np.mean(x**2)), rtol=1e-4)  # fmt: skip
+        np.testing.assert_allclose(
+            got[f"activation_rms/{layer}"], np.sqrt(np.mean(x**2)), rtol=1e-4
+        )
 
 
 def test_stacked_layers_give_the_same_norms_per_layer_and_no_sites():
@@ -109,8 +120,14 @@ def test_stacked_layers_give_the_same_norms_per_layer_and_no_sites():
 
 def test_without_internals_the_step_program_is_unchanged(tmp_path):
     def lowered(log_internals, internals=False):
-        run = jf.RunConfig.from_options(task="reverse", steps=4, batch_size=4, log_internals=log_internals,
-                           eval_examples=4, out=str(tmp_path))  # fmt: skip
+        run = jf.RunConfig.from_options(
+            task="reverse",
+            steps=4,
+            batch_size=4,
+            log_internals=log_internals,
+            eval_examples=4,
+            out=str(tmp_path),
+        )
         model = jf.Transformer(jf.TransformerConfig.tiny(TOK.vocab_size, **SMALL), rngs=nnx.Rngs(0))
         _, state, train_fn, _, internals_fn = train_setup._steps(model, model.config, run)
         batch = data.TaskData("reverse", TOK, seed=0, test_size=4).train_batch(0, 4)
@@ -123,16 +140,23 @@ def test_without_internals_the_step_program_is_unchanged(tmp_path):
 
 def test_cli_writes_internals_records_and_a_plot(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["train", "--task", "reverse", "--steps", "4", "--log-internals", "2", "--batch-size", "4",
-            "--eval-examples", "4", "--eval-every", "100", "--out", str(out), "--no-progress",
-            "--num-encoder-layers", "1", "--num-decoder-layers", "1", "--d-model", "32", "--d-ff", "64",
-            "--num-heads", "2"]  # fmt: skip
+    argv = [
+        *"train --task reverse --steps 4 --log-internals 2 --batch-size 4".split(),
+        *"--eval-examples 4 --eval-every 100".split(),
+        "--out",
+        str(out),
+        *"--no-progress --num-encoder-layers 1 --num-decoder-layers 1 --d-model 32".split(),
+        *"--d-ff 64 --num-heads 2".split(),
+    ]
     assert main(argv) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     internals = [r for r in records if "internals/grad_norm" in r]
     assert [r["step"] for r in internals] == [1, 2, 4]
-    assert {"internals/grad_norm/decoder/0/ffn", "internals/activation_rms/encoder/0",
-            "internals/attention_entropy/decoder/0/cross_attention/head1"} <= internals[0].keys()  # fmt: skip
+    assert {
+        "internals/grad_norm/decoder/0/ffn",
+        "internals/activation_rms/encoder/0",
+        "internals/attention_entropy/decoder/0/cross_attention/head1",
+    } <= internals[0].keys()
     assert all(isinstance(v, float) for r in internals for k, v in r.items() if k != "step")
     assert (out / "internals.png").stat().st_size > 10_000
     assert "internals.png" in capsys.readouterr().out

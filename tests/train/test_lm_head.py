@@ -29,14 +29,14 @@ def _problem(dtype, V=300, E=16, bias=True, seed=0):
     b = jax.random.normal(k[2], (V,)) if bias else None
     targets = jax.random.randint(k[3], (3, 5), 0, V)
     argmax = jnp.argmax(_dense_logits(hidden, table, b), axis=-1)
-    targets = jnp.where(jnp.arange(5) % 3 == 0, argmax, targets)
+    targets = jnp.where(jnp.arange(5)[None, :] % 3 == 0, argmax, targets)
     weights = jax.random.bernoulli(k[4], 0.7, (3, 5))
     return hidden, table, b, targets, weights
 
 
 def _dense_logits(hidden, table, bias):
     logits = tied_logits(hidden, table)
-    return logits if bias is None else logits + bias
+    return logits if bias is None else logits + bias[None, None, :]
 
 
 def _losses(head, eps, targets, weights, chunk_size):
@@ -150,7 +150,7 @@ def _model_and_batch(kind, lm_head, dtype="float32"):
         batch = data.TaskData("copy", TOK, seed=0, test_size=4).train_batch(0, 4)
         return jf.Transformer(config, rngs=nnx.Rngs(0)), batch
     tokens = jax.random.randint(jax.random.key(1), (4, 13), 0, TOK.vocab_size)
-    valid = jnp.arange(12) < jnp.array([[12], [7], [12], [3]])
+    valid = jnp.arange(12)[None, :] < jnp.array([[12], [7], [12], [3]])
     batch = dict(tgt_in=tokens[:, :-1], tgt_out=tokens[:, 1:], tgt_valid=valid)
     return jf.DecoderLM(config, rngs=nnx.Rngs(0)), batch
 

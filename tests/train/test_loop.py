@@ -30,9 +30,15 @@ def small_config(**overrides):
 
 def run_config(out, **overrides):
     fields = dict(
-        task="copy", steps=20, batch_size=8, eval_every=1000, log_every=1, checkpoint_every=10,
-        eval_examples=16, out=str(out),
-    )  # fmt: skip
+        task="copy",
+        steps=20,
+        batch_size=8,
+        eval_every=1000,
+        log_every=1,
+        checkpoint_every=10,
+        eval_examples=16,
+        out=str(out),
+    )
     return jf.RunConfig.from_options(**(fields | overrides))
 
 
@@ -163,10 +169,12 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.slow  # three CLI runs, 31 s; test_resume_is_bit_exact stays in the quick suite
 def test_kill_during_checkpoint_write_then_resume(tmp_path):
     args = [
-        "train", "--task", "copy", "--steps", "12", "--checkpoint-every", "4", "--log-every", "1",
-        "--eval-every", "100", "--config", config_file(tmp_path), "--batch-size", "8",
-        "--eval-examples", "8", "--no-progress",
-    ]  # fmt: skip
+        *"train --task copy --steps 12 --checkpoint-every 4 --log-every 1".split(),
+        *"--eval-every 100".split(),
+        "--config",
+        config_file(tmp_path),
+        *"--batch-size 8 --eval-examples 8 --no-progress".split(),
+    ]
     killed_out, straight_out = tmp_path / "killed", tmp_path / "straight"
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
@@ -197,19 +205,25 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
 def test_ctrl_c_saves_and_exits_130(tmp_path):
     out = tmp_path / "run"
     args = [
-        "train", "--task", "copy", "--steps", "100000",
-        "--checkpoint-every", "100000", "--log-every", "1", "--config", config_file(tmp_path),
-        "--batch-size", "8", "--eval-examples", "8", "--no-progress", "--out", str(out),
-    ]  # fmt: skip
+        *"train --task copy --steps 100000 --checkpoint-every 100000 --log-every 1".split(),
+        "--config",
+        config_file(tmp_path),
+        *"--batch-size 8 --eval-examples 8 --no-progress".split(),
+        "--out",
+        str(out),
+    ]
     # A test run started in the background of a non-interactive shell (as CI may start it)
     # has SIGINT ignored, and a child inherits that: Python then installs no Ctrl-C
     # handler. The run gets the handler a terminal would give it.
     ctrl_c = "import signal, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
     ctrl_c += "runpy.run_module('jaxformer', run_name='__main__')"
     proc = subprocess.Popen(
-        [sys.executable, "-c", ctrl_c, *args], env=cli_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", ctrl_c, *args],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (
@@ -264,10 +278,19 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, match):
 def test_cli_trains_a_language_model_on_text(tmp_path):
     text = tmp_path / "book.txt"
     text.write_text("\n\n".join(f"paragraph {i}: the quick brown fox jumps" for i in range(80)))
-    code = main([
-        "train", "--data-text", str(text), "--seq-len", "32", "--steps", "4", "--batch-size", "4",
-        "--config", config_file(tmp_path), "--out", str(tmp_path / "lm"), "--no-progress",
-    ])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--data-text",
+            str(text),
+            *"--seq-len 32 --steps 4 --batch-size 4".split(),
+            "--config",
+            config_file(tmp_path),
+            "--out",
+            str(tmp_path / "lm"),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "lm" / "summary.json").read_text())
     assert summary["model_kind"] == "DecoderLM" and "exact_match" not in summary

@@ -73,10 +73,16 @@ def test_progress_off_a_terminal_prints_plain_lines(capsys):
 
 def test_the_final_report_aligns_long_cells_and_counts_this_runs_steps(tmp_path, capsys):
     summary = {
-        "steps": 200, "steps_run": 121, "wall_seconds": 26.0, "train_tokens_per_second": 1e4,
-        "params": 1234, "eval_nll": 0.5, "eval_perplexity": 1.65, "token_accuracy": 0.9,
+        "steps": 200,
+        "steps_run": 121,
+        "wall_seconds": 26.0,
+        "train_tokens_per_second": 1e4,
+        "params": 1234,
+        "eval_nll": 0.5,
+        "eval_perplexity": 1.65,
+        "token_accuracy": 0.9,
         "exact_match": 0.5,
-    }  # fmt: skip
+    }
     examples = [("a short input", "2001-03-03 and then some", "2001-03-03"), ("x", "y", "y")]
     report.print_summary(summary, examples, tmp_path)
     lines = capsys.readouterr().out.splitlines()

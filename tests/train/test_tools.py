@@ -64,9 +64,16 @@ def test_the_command_reuses_compiled_programs_from_an_earlier_process(tmp_path):
     )
 
     def run(out, *extra):
-        argv = ["train", "--task", "copy", "--steps", "2", "--batch-size", "8", "--eval-every", "2",
-                "--eval-examples", "8", "--config", str(tmp_path / "model.json"), "--no-progress",
-                "--out", str(tmp_path / out), *extra]  # fmt: skip
+        argv = [
+            *"train --task copy --steps 2 --batch-size 8 --eval-every 2".split(),
+            *"--eval-examples 8".split(),
+            "--config",
+            str(tmp_path / "model.json"),
+            "--no-progress",
+            "--out",
+            str(tmp_path / out),
+            *extra,
+        ]
         done = subprocess.run(
             [sys.executable, "-c", COUNT_HITS, *argv],
             env=env,
