@@ -134,14 +134,7 @@ def build_data(
     if run.data.dataset:
         corpus = bible.load(run.data.dataset)
         tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
-        data = corpus.data(
-            tokenizer,
-            max_len=run.data.seq_len,
-            seed=run.runtime.seed,
-            test_size=run.eval.eval_examples,
-            pad_multiple=run.data.pad_multiple,
-        )
-        return tokenizer, data
+        return tokenizer, corpus.data(tokenizer, **_pair_options(run))
 
     def lines():
         return [line for _, line in read_text_lines(run.data.data_tsv or run.data.data_text)]
@@ -152,17 +145,19 @@ def build_data(
             run.data.task, tokenizer, seed=run.runtime.seed, test_size=run.eval.eval_examples
         )
     if run.data.data_tsv:
-        data = TsvData(
-            run.data.data_tsv,
-            tokenizer,
-            max_len=run.data.seq_len,
-            seed=run.runtime.seed,
-            test_size=run.eval.eval_examples,
-            pad_multiple=run.data.pad_multiple,
-        )
-        return tokenizer, data
+        return tokenizer, TsvData(run.data.data_tsv, tokenizer, **_pair_options(run))
     return tokenizer, TextData(
         run.data.data_text, tokenizer, seq_len=run.data.seq_len, seed=run.runtime.seed
+    )
+
+
+def _pair_options(run: RunConfig) -> dict:
+    """What a translation dataset (a Bible pair or a TSV file) takes from the run."""
+    return dict(
+        max_len=run.data.seq_len,
+        seed=run.runtime.seed,
+        test_size=run.eval.eval_examples,
+        pad_multiple=run.data.pad_multiple,
     )
 
 
