@@ -75,7 +75,10 @@ def train(
     summary = meter.summary(final.scores, setup.data.metrics) | final.evaluations
     summary |= _description(setup) | final.tests
     summary["eval_seconds"] = round(evaluator.seconds, 2)
-    summary["train_seconds"] = round(summary["wall_seconds"] - evaluator.seconds, 2)
+    if final.tests:
+        summary["test_seconds"] = round(evaluator.test_seconds, 2)
+    spent = evaluator.seconds + evaluator.test_seconds
+    summary["train_seconds"] = round(summary["wall_seconds"] - spent, 2)
     _finish(setup, folder, summary, final)
     return summary
 
@@ -186,10 +189,11 @@ def _save_before_stopping(
 
 
 class _Evaluator:
-    """Held-out evaluation of laid-out parameters, and the seconds spent in it so far."""
+    """Held-out evaluation of laid-out parameters, and the seconds spent so far on the
+    held-out (dev) pairs (`seconds`) and on the final test pairs (`test_seconds`)."""
 
     def __init__(self, setup: Setup):
-        self.setup, self.seconds = setup, 0.0
+        self.setup, self.seconds, self.test_seconds = setup, 0.0, 0.0
 
     def in_run(self, context: StepContext) -> None:
         """The in-run evaluation (a hook): the held-out loss and greedy decoding of the
@@ -219,7 +223,7 @@ class _Evaluator:
         pairs = data.final_test_pairs
         predictor = self._predictor(params, beam=eval_beam(self.setup.run, data))
         scores, predictions = score(predictor, pairs, data.metrics)
-        self.seconds += time.perf_counter() - started
+        self.test_seconds += time.perf_counter() - started
         return {f"test_{k}": v for k, v in scores.items()} | {"test_pairs": len(pairs)}, predictions
 
     def _predictor(self, params, beam: int) -> Callable[[list[str]], list[str]]:

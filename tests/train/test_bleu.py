@@ -91,7 +91,8 @@ def test_a_tsv_run_reports_bleu_and_writes_predictions(tsv_run):
     saved = json.loads((out / "summary.json").read_text())
     assert saved["eval_beam"] == 4  # the paper's beam for BLEU-scored data
     assert 0 < saved["eval_seconds"] < saved["wall_seconds"]
-    assert saved["train_seconds"] == pytest.approx(saved["wall_seconds"] - saved["eval_seconds"])
+    train_seconds = saved["wall_seconds"] - saved["eval_seconds"]  # each rounded to 0.01
+    assert saved["train_seconds"] == pytest.approx(train_seconds, abs=0.015)
     assert saved["final_eval"] == {k: v for k, v in evals[1].items() if k != "step"}
     assert saved["averaged_steps"] == [1, 2, 3]
     for key in ("bleu", "chrf", "exact_match", "eval_nll"):  # the delivered model: the average
@@ -139,6 +140,9 @@ def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkey
     folder = out.parent / "final"
     rows = [line.split("\t") for line in (folder / "test_predictions.tsv").read_text().splitlines()]
     assert [(s, t) for s, t, _ in rows] == final and summary["test_pairs"] == 3
+    spent = summary["eval_seconds"] + summary["test_seconds"]  # the test scoring, apart
+    assert summary["test_seconds"] > 0
+    assert summary["train_seconds"] == pytest.approx(summary["wall_seconds"] - spent, abs=0.025)
     dev = (folder / "predictions.tsv").read_text()  # the same dev translations
     assert dev.count("\n") == 8 and dev == (out.parent / "dev/predictions.tsv").read_text()
     predictions = [p for *_, p in rows]
