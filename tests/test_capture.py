@@ -149,6 +149,7 @@ def _greedy_without_cache(model, src, valid, n, interventions):
     return np.asarray(out[:, 1:])
 
 
+@pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it
 def test_interventions_hold_in_every_step_of_cached_decoding(model):
     from jaxformer import decode
 

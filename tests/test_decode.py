@@ -292,6 +292,7 @@ def test_decoding_starts_from_the_tokenizers_bos_and_pads_with_its_pad(tmp_path)
     assert length <= 3 and (np.asarray(stopped[0, length:]) == tok.pad_id).all()
 
 
+@pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it
 def test_beam_default_length_is_the_input_length_plus_50():
     m = model("transformer", "rope")  # no position table, so nothing caps the paper's rule
     src, valid = padded([1, 3], 3, seed=4)

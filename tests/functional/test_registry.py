@@ -116,6 +116,7 @@ def unregister():
     return lambda name: F.ACTIVATIONS._variants.pop(name)
 
 
+@pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it
 def test_a_variant_trains_saves_restores_and_needs_its_registration(tmp_path, capsys, unregister):
     out = tmp_path / "run"
     code = main(

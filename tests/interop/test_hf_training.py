@@ -105,6 +105,7 @@ def test_a_converted_gpt2_fine_tunes_saves_restores_and_exports(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it
 def test_a_converted_marian_fine_tunes_on_a_task_and_generates(tmp_path, capsys):
     folder, tok = _folder(tmp_path, "marian")
     out = tmp_path / "run"

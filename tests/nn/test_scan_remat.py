@@ -89,6 +89,7 @@ def test_decoder_lm_with_scan_and_remat(tmp_path):
     np.testing.assert_allclose(losses, expected, rtol=1e-6)
 
 
+@pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it
 def test_remat_keeps_less_for_the_backward_pass():
     """XLA's memory plan for the compiled step: full < dots < none (temporaries)."""
     temps = {}
@@ -106,6 +107,7 @@ def test_remat_keeps_less_for_the_backward_pass():
 
 
 @pytest.mark.devices(8)
+@pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it
 def test_scanned_model_on_a_mesh_and_in_a_checkpoint(tmp_path):
     """scan_layers on a 2x2x2 mesh trains like the plain model on one device."""
     cfg = config(scan_layers=True)

@@ -86,6 +86,7 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
 
 
 @pytest.mark.devices(8)
+@pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it
 def test_cli_pmap_run_with_scan_layers_and_remat(tmp_path):
     """The loop end to end on the pmap layout, with a scanned, rematerialised model
     (checkpoint, evaluation by greedy decoding, attention plot of stacked layers)."""

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 import jaxformer as jf
@@ -138,6 +139,7 @@ def test_without_internals_the_step_program_is_unchanged(tmp_path):
     assert lowered(3, internals=True) != lowered(None)
 
 
+@pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it
 def test_cli_writes_internals_records_and_a_plot(tmp_path, capsys):
     out = tmp_path / "run"
     argv = [
