@@ -148,8 +148,9 @@ class TaskData(TrainingData):
 
 class PairData(TrainingData):
     """Translation pairs: epoch-wise shuffles of the training pairs; within a pool of 50
-    batches, pairs of similar length are batched together and padded to a multiple of
-    `pad_multiple` tokens (a bound on the shapes XLA compiles for).
+    batches, pairs of similar length (the longer of source and target: sorting by the
+    source alone left wyc-web's targets 43% padding) are batched together and padded to a
+    multiple of `pad_multiple` tokens (a bound on the shapes XLA compiles for).
     `train` and `test` hold (source, target, (source ids, target ids)). The held-out
     pairs evaluated (`test_pairs`) are `test_size` of the test pairs drawn at random
     (seeded), stratified by `test_groups` (e.g. a Bible's books; none: one group), in
@@ -198,11 +199,16 @@ class PairData(TrainingData):
         order, pool = order[:n], 50 * batch_size
         batches = []
         for start in range(0, n, pool):
-            chunk = sorted(order[start : start + pool], key=lambda i: len(self._train[i][2][0]))
+            chunk = sorted(order[start : start + pool], key=self._length)
             batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
         random.Random(f"tsv:{self.seed}:{epoch}:order").shuffle(batches)
         self._epoch_cache = (epoch, batch_size, batches)
         return batches
+
+    def _length(self, i: int) -> int:
+        """The batching length of training pair `i`: its longer side, in tokens."""
+        source_ids, target_ids = self._train[i][2]
+        return max(len(source_ids), len(target_ids))
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
         check_int("batch_size", batch_size)
