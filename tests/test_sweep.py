@@ -125,6 +125,19 @@ def test_a_difference_smaller_than_the_seed_spread_gets_no_verdict():
     assert stats.verdict(two_level._replace(seeds=1), 0.001) == "no verdict (one seed)"
 
 
+def test_a_verdict_needs_the_seed_paired_t_interval_too():
+    """With a few seeds the two-level bootstrap redraws only those, so a clear bootstrap
+    interval is not enough: the t-interval of the seed-by-seed differences must agree."""
+    base = seed_stats("bleu", [0.6, 0.62, 0.58], 0)
+    better = seed_stats("bleu", [0.8, 0.82, 0.78], 10)
+    result = stats.bootstrap("bleu", base, better, samples=200)
+    assert stats.verdict(result, result.p, (4.0, 30.0)) == "better"
+    assert stats.verdict(result, result.p, (-2.0, 30.0)) == "no detectable difference"
+    worse = stats.bootstrap("bleu", better, base, samples=200)
+    assert stats.verdict(worse, worse.p, (-30.0, -4.0)) == "worse"
+    assert stats.verdict(worse, worse.p, (-30.0, 1.0)) == "no detectable difference"
+
+
 def test_holm_adjusts_step_down_and_keeps_the_floor_a_bound():
     adjusted = stats.holm([0.01, 0.04, 0.03], [False] * 3)
     assert [p for p, _ in adjusted] == pytest.approx([0.03, 0.06, 0.06])
@@ -237,10 +250,11 @@ def finished(folder, summary, predictions=None, file="predictions.tsv"):
 
 def test_the_report_pairs_seeds_and_reports_failed_ones(tmp_path):
     """Three seeds: `better` clearly beats the baseline on every seed; `same` translates
-    as the baseline; `broken` failed on its first seed (and the others compare)."""
-    spec = sweep.Spec.load(
-        write_spec(tmp_path, variants={"base": {}, "better": {}, "same": {}, "broken": {}}, seeds=3)
-    )
+    as the baseline; `broken` failed on its first seed (and the others compare);
+    `unsteady` beats it on the sentences but its seeds' BLEU differences (+9, -6, +9)
+    give a t-interval across 0, so no verdict."""
+    names = ("base", "better", "same", "broken", "unsteady")
+    spec = sweep.Spec.load(write_spec(tmp_path, variants={n: {} for n in names}, seeds=3))
     for seed in range(3):
         base = system(0.6, seed)
         finished(spec.folder("base", seed), {"bleu": 10.0 + seed, "chrf": 30.0}, base)
@@ -250,6 +264,8 @@ def test_the_report_pairs_seeds_and_reports_failed_ones(tmp_path):
             system(0.85, 10 + seed),
         )
         finished(spec.folder("same", seed), {"bleu": 10.0 + seed, "chrf": 30.0}, base)
+        unsteady = {"bleu": 10.0 + seed + (9, -6, 9)[seed], "chrf": 33.0}
+        finished(spec.folder("unsteady", seed), unsteady, system(0.85, 30 + seed))
         if seed == 0:
             spec.folder("broken", 0).mkdir(parents=True)
             (spec.folder("broken", 0) / "failed.json").write_text(
@@ -267,11 +283,15 @@ def test_the_report_pairs_seeds_and_reports_failed_ones(tmp_path):
     assert v["better"]["paired"]["differences"]["bleu"]["ci95"] == pytest.approx(0.0)
     better, same = v["better"]["paired"]["bootstrap"], v["same"]["paired"]["bootstrap"]
     assert better["bleu"]["verdict"] == "better" and better["bleu"]["at_floor"]
-    assert better["bleu"]["p_holm"] == pytest.approx(3 / 1001) and better["bleu"]["p_holm_bound"]
+    assert better["bleu"]["p_holm"] == pytest.approx(4 / 1001) and better["bleu"]["p_holm_bound"]
     assert same["bleu"]["p"] == 1 and same["bleu"]["verdict"] == "no detectable difference"
+    unsteady = v["unsteady"]["paired"]["bootstrap"]["bleu"]
+    assert unsteady["low"] > 0 and unsteady["p_holm"] < 0.05  # the bootstrap alone: better
+    assert unsteady["verdict"] == "no detectable difference"
+    assert v["unsteady"]["paired"]["bootstrap"]["chrf"]["verdict"] == "better"  # +3 each seed
     text = sweep.report.markdown(results)
     assert "Against base on the dev set" in text and "| Δ dev BLEU [95%] |" in text
-    assert "| better | 3 | 450 |" in text and "< 0.003 | better |" in text
+    assert "| better | 3 | 450 |" in text and "< 0.004 | better |" in text
     assert "- broken seed 0: failed: MemoryError" in text
     assert "| broken | 2/3, 1 failed |" in text
 

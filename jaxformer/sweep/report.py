@@ -60,7 +60,7 @@ def summarize(spec: Spec) -> dict:
     for name in spec.variants:
         if name != spec.baseline:
             variants[name]["paired"] = _paired(spec, name, base_summaries)
-    _adjust(variants)
+    _adjust(variants, prefix="test_" if spec.on_test else "")
     return {
         "out": str(spec.out),
         "baseline": spec.baseline,
@@ -158,15 +158,20 @@ def _paired_rows(spec: Spec, name: str, seeds: list[int]) -> dict[int, list]:
     return rows
 
 
-def _adjust(variants: dict) -> None:
-    """Holm's adjustment, per metric, across the variants compared, and each verdict."""
+def _adjust(variants: dict, prefix: str) -> None:
+    """Holm's adjustment, per metric, across the variants compared, and each verdict (with
+    the t-interval of the seed-paired differences of the summaries' `prefix + metric`)."""
     compared = [r["paired"] for r in variants.values() if "paired" in r]
     for metric in stats.METRICS:
-        results = [p["bootstrap"][metric] for p in compared if metric in p["bootstrap"]]
-        adjusted = stats.holm([r["p"] for r in results], [r["at_floor"] for r in results])
-        for r, (p, bound) in zip(results, adjusted, strict=True):
+        pairs = [(p, p["bootstrap"][metric]) for p in compared if metric in p["bootstrap"]]
+        adjusted = stats.holm([r["p"] for _, r in pairs], [r["at_floor"] for _, r in pairs])
+        for (paired, r), (p, bound) in zip(pairs, adjusted, strict=True):
             r["p_holm"], r["p_holm_bound"] = p, bound
-            r["verdict"] = stats.verdict(stats.Bootstrap(**_fields(r)), p)
+            seeds = paired["differences"].get(prefix + metric)
+            interval = None
+            if seeds and seeds["ci95"] is not None:
+                interval = (seeds["mean"] - seeds["ci95"], seeds["mean"] + seeds["ci95"])
+            r["verdict"] = stats.verdict(stats.Bootstrap(**_fields(r)), p, interval)
 
 
 def _fields(result: dict) -> dict:
@@ -277,7 +282,8 @@ def _verdict_table(results: dict) -> str:
         "the seeds both finished, then the sentences within each seed) of the mean over seeds "
         "of the corpus-score difference; its 95% interval, p-value, Holm's adjustment over "
         f"the {len(paired)} variant(s), and the verdict (better/worse when the Holm p < "
-        f"{stats.ALPHA} and the interval excludes 0). Secondary, not a verdict: the "
+        f"{stats.ALPHA} and both this interval and the seed-paired t-interval of the "
+        "differences table exclude 0). Secondary, not a verdict: the "
         "sentence-level paired bootstrap (seeds fixed, so training variance is ignored; "
         f"so it understates the uncertainty when seeds disagree). A p of < {1 / (n + 1):.2g} is at the "
         "bootstrap's floor.\n\n" + _table(head, body)

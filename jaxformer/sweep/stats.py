@@ -166,15 +166,24 @@ def holm(p_values: list[float], at_floor: list[bool]) -> list[tuple[float, bool]
     return out
 
 
-def verdict(result: Bootstrap, p_adjusted: float, alpha: float = ALPHA) -> str:
+def verdict(
+    result: Bootstrap,
+    p_adjusted: float,
+    seed_interval: tuple[float, float] | None = None,
+    alpha: float = ALPHA,
+) -> str:
     """ "better" / "worse" (the variant against the baseline) when the adjusted p is below
-    `alpha` and the 95% interval excludes 0 on that side, else "no detectable difference";
-    one paired seed gives no verdict (the variance between training runs is unknown)."""
+    `alpha`, the 95% interval excludes 0 on that side and so does `seed_interval`, the
+    (low, high) t-interval of the seed-by-seed differences, where given: with a few seeds
+    the two-level bootstrap can only redraw those few, so it can understate the spread
+    between training runs, and a verdict needs both. Else "no detectable difference"; one
+    paired seed gives no verdict (the variance between training runs is unknown)."""
     if result.seeds < 2:
         return "no verdict (one seed)"
-    if p_adjusted < alpha and result.low > 0:
+    low, high = seed_interval or (result.low, result.high)
+    if p_adjusted < alpha and result.low > 0 and low > 0:
         return "better"
-    if p_adjusted < alpha and result.high < 0:
+    if p_adjusted < alpha and result.high < 0 and high < 0:
         return "worse"
     return "no detectable difference"
 
