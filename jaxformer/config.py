@@ -286,7 +286,7 @@ class DataOptions:
     pad_multiple: int = option(
         16,
         "translation batches are padded to a multiple of this many tokens: larger means "
-        "fewer shapes to compile (wyc-web, batch 64: 21 at 16, 9 at 32, 3 at 64) and more padding",
+        "fewer shapes to compile (wyc-web, batch 64: 10 at 16, 6 at 32, 3 at 64) and more padding",
     )
 
     def __post_init__(self):
