@@ -339,6 +339,19 @@ def test_each_run_is_an_ordinary_train_command(tmp_path):
     assert model["activation"] == "squared_relu" and model["d_model"] == 16
 
 
+def test_a_fine_tuning_sweep_leaves_the_tokenizer_to_the_model(tmp_path):
+    """A base with init_from: the tokenizer comes with the model, and `jaxformer train`
+    refuses --tokenizer beside --init-from, so the run's command must not pass it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    (tmp_path / "text.txt").write_text("hello world\n" * 20)
+    base = {"init_from": str(tmp_path / "gpt2"), "data_text": str(tmp_path / "text.txt")}
+    spec = sweep.Spec.load(write_spec(tmp_path, base=base, variants={"a": {}}, variant_files=[]))
+    args = sweep.train_command(spec, "a", 0)
+    assert "--tokenizer" not in args and args[args.index("--init-from") + 1] == base["init_from"]
+
+
 FAKE_TRAIN = """#!/bin/sh
 while [ $# -gt 0 ]; do case "$1" in --out) out="$2";; esac; shift; done
 case "$out" in *"$FAKE_FAIL"*) echo "the fake run failed"; exit 3;; esac

@@ -44,6 +44,8 @@ def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
         flag = "--" + name.replace("_", "-")
         if value == defaults[name] and name not in SWEEP_OWNS:
             continue  # the command's default (config.json records every field)
+        if name == "tokenizer" and run.data.init_from is not None:
+            continue  # the model given by init_from brings its own (the command refuses one)
         if isinstance(value, bool):
             args.append(flag if value else "--no-" + flag[2:])
         else:
