@@ -15,7 +15,6 @@ empties and reruns failed and diverged runs. Then `results.json`, `results.md` a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -24,28 +23,22 @@ import sys
 import time
 
 from jaxformer.checks import BadValue
-from jaxformer.config import RunConfig
 from jaxformer.sweep import report
-from jaxformer.sweep.spec import HASH_FILE, SWEEP_OWNS, Spec, status
+from jaxformer.sweep.spec import HASH_FILE, Spec, status
 
 
 def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
-    """`jaxformer train ...` for one run: the model as a JSON file in the run folder, each
-    run field that differs from its default as an option, and --resume (a fresh folder
+    """`jaxformer train ...` for one run: the model as a JSON file in the run folder, the
+    run options as the spec gives them (the command derives the same defaults as the
+    spec's RunConfig; config.json records every field), and --resume (a fresh folder
     starts at step 0)."""
-    model, run = spec.configs(variant, seed)
+    model, _ = spec.configs(variant, seed)  # checks the variant's fields
     folder = spec.folder(variant, seed)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.json").write_text(json.dumps(model.to_dict(), indent=2))
     args = ["train", "--config", str(folder / "model.json"), "--resume", "--no-progress"]
-    groups = RunConfig.groups().values()
-    defaults = {f.name: f.default for group in groups for f in dataclasses.fields(group)}
-    for name, value in run.to_dict().items():
+    for name, value in spec.run_options(variant, seed).items():
         flag = "--" + name.replace("_", "-")
-        if value == defaults[name] and name not in SWEEP_OWNS:
-            continue  # the command's default (config.json records every field)
-        if name == "tokenizer" and run.data.init_from is not None:
-            continue  # the model given by init_from brings its own (the command refuses one)
         if isinstance(value, bool):
             args.append(flag if value else "--no-" + flag[2:])
         else:

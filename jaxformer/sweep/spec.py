@@ -111,14 +111,18 @@ class Spec:
             model = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(
                 **{k: v for k, v in fields.items() if k in MODEL_FIELDS}
             )
-            run = RunConfig.from_options(
-                **{k: v for k, v in fields.items() if k in RUN_FIELDS},
-                seed=seed,
-                out=str(self.folder(variant, seed)),
-            )
+            run = RunConfig.from_options(**self.run_options(variant, seed))
         except (TypeError, ValueError) as e:
             raise type(e)(f"{where}: {e}") from None
         return model, run
+
+    def run_options(self, variant: str, seed: int) -> dict:
+        """The run options of one run as the spec gives them (base, then the variant's),
+        with the sweep's seed and folder; defaults that depend on other options are left
+        for `RunConfig.from_options` to derive."""
+        fields = self.base | self.variants[variant]
+        given = {k: v for k, v in fields.items() if k in RUN_FIELDS}
+        return given | {"seed": seed, "out": str(self.folder(variant, seed))}
 
     def config_hash(self, variant: str, seed: int) -> str:
         """A hash of the run's resolved model and run configuration (its folder aside) and
