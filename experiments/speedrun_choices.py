@@ -10,7 +10,8 @@ Two measurements on the real wyc-web training batches (the BPE the default run l
    epoch's shapes at pad multiple 16): the default tiny model in float32, with bfloat16
    compute, without dropout, with 4 encoder layers and 1 decoder layer, and 2x wider.
    Rounds alternate over the candidates, so a busy machine slows them alike; each
-   figure is the median over rounds, with the range.
+   figure is the median over rounds, with the range, and a candidate's speed against
+   the default is the ratio of their times within each round.
 
 These are speed figures only: how fast each candidate learns per minute needs training
 runs (`jaxformer sweep`).
@@ -46,7 +47,6 @@ from jaxformer.data import bible  # noqa: E402
 from jaxformer.train.setup import build_data  # noqa: E402
 
 BATCH = 64
-TINY = dict(num_encoder_layers=2, num_decoder_layers=2, d_model=128, d_ff=512, num_heads=4)
 CANDIDATES = {  # name: changes to the default tiny model (float32, dropout 0.1)
     "tiny (the default), float32": {},
     "tiny, bfloat16 compute": dict(dtype="bfloat16"),
@@ -84,14 +84,13 @@ def spread(data, epoch_batches: int, n: int) -> list[dict]:
 
 
 def candidate_step(vocab_size: int, changes: dict):
-    config = jf.TransformerConfig(
-        vocab_size=vocab_size, max_len=256, dropout_rate=0.1, label_smoothing=0.1, **TINY
-    ).replace(**changes)
+    config = jf.TransformerConfig.tiny(vocab_size, **changes)  # the run's default model
     model = jf.Transformer(config, rngs=nnx.Rngs(0))
     schedule = train.make_schedule("cosine", lr=3e-3, warmup_steps=100, total_steps=1000)
     optimizer = train.make_optimizer(schedule)
     graphdef, state = train.create_train_state(model, optimizer, seed=0)
-    step = jax.jit(train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1))
+    smoothing = config.label_smoothing
+    step = jax.jit(train.make_train_step(graphdef, optimizer, schedule, label_smoothing=smoothing))
     return state, step
 
 
@@ -115,18 +114,21 @@ def time_steps(batches, rounds: int, vocab_size: int) -> dict[str, list[float]]:
 
 
 def step_rows(times: dict[str, list[float]], batches) -> list[list]:
+    """Per candidate: ms per step and target tokens/s (medians over rounds, range), and its
+    speed against the default measured within each round (the default's time over the
+    candidate's, so the machine's drift between rounds cancels): median and range."""
     target_tokens = sum(int(b["tgt_valid"].sum()) for b in batches)
-    base = statistics.median(times[next(iter(times))])
+    default = times[next(iter(times))]
     rows = []
     for name, seconds in times.items():
-        median = statistics.median(seconds)
+        ms = [t / len(batches) * 1000 for t in seconds]
+        speed = [d / t for d, t in zip(default, seconds, strict=True)]
         rows.append(
             [
                 name,
-                f"{median / len(batches) * 1000:.0f} ({min(seconds) / len(batches) * 1000:.0f}"
-                f"-{max(seconds) / len(batches) * 1000:.0f})",
-                f"{target_tokens / median:,.0f}",
-                f"{base / median:.2f}",
+                f"{statistics.median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f})",
+                f"{target_tokens / statistics.median(seconds):,.0f}",
+                f"{statistics.median(speed):.2f} ({min(speed):.2f}-{max(speed):.2f})",
             ]
         )
     return rows
@@ -164,7 +166,8 @@ def main(argv=None) -> dict:
             {
                 "caption": f"Train step of each candidate on the same {len(batches)} real "
                 f"batches (batch {BATCH}; source/target lengths {shapes}), median over "
-                f"{args.rounds} alternating rounds (range):",
+                f"{args.rounds} alternating rounds (range over the rounds); the speed "
+                "against the default is taken within each round:",
                 "columns": ["model", "ms / step", "target tokens / s", "speed vs the default"],
                 "align": "lrrr",
                 "rows": times,
