@@ -1,0 +1,156 @@
+"""The wyc-web speedrun's tables from its run folders: the speedrun command's run first,
+then any runs of it with other options, each read from its summary.json, config.json and
+metrics.jsonl.
+
+    jaxformer train --dataset wyc-web --steps 2000 --eval-every 500 --final-test --out runs/speedrun
+    jaxformer train ... --dropout-rate 0 --out runs/speedrun-no-dropout
+    python experiments/speedrun_table.py runs/speedrun runs/speedrun-no-dropout \
+        [--device "..."] [--out docs/results/speedrun_wyc_web.json]
+
+A run's configuration is named by the options in which it differs from the first run.
+An evaluation's time is the wall clock when it ended: the first training record logged
+after it (which includes the evaluation), or, for the final one, the run's end less the
+test scoring. Writes --out in the docs/results format and prints a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+
+import flax
+import jax
+
+SPEEDRUN = "jaxformer train --dataset wyc-web --steps 2000 --eval-every 500 --final-test"
+TARGETS = (15, 20)
+
+
+def load(folder: pathlib.Path) -> dict:
+    """A run's summary, flat config (model and run fields) and metrics records."""
+    missing = [
+        n for n in ("summary.json", "config.json", "metrics.jsonl") if not (folder / n).exists()
+    ]
+    if missing:
+        raise SystemExit(f"{folder}: not a finished run (no {', '.join(missing)})")
+    summary = json.loads((folder / "summary.json").read_text())
+    if "test_seconds" not in summary:
+        raise SystemExit(f"{folder}: the run did not score the test set (--final-test)")
+    config = json.loads((folder / "config.json").read_text())
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return {"summary": summary, "config": config["model"] | config["run"], "records": records}
+
+
+def options(run: dict, first: dict) -> str:
+    """The command-line options in which `run` differs from `first` ("" if none)."""
+    differ = [(k, v) for k, v in run["config"].items() if k != "out" and v != first["config"][k]]
+    return " ".join(_option(k, v) for k, v in differ)
+
+
+def _option(field: str, value) -> str:
+    flag = field.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{flag}" if value else f"--no-{flag}"
+    return f"--{flag} {value}"
+
+
+def evaluations(run: dict) -> list[dict]:
+    """Each dev evaluation with the minutes at its end, the final one (beam, every pair)
+    last."""
+    records, out = run["records"], []
+    for i, r in enumerate(records):
+        if "bleu" in r and "loss" not in r:
+            after = next((x["wall_seconds"] for x in records[i + 1 :] if "loss" in x), None)
+            out.append(r | {"minutes": after / 60 if after else None})
+    s = run["summary"]
+    final = s["final_eval"] | {"step": s["steps"]}
+    return out + [final | {"minutes": (s["wall_seconds"] - s["test_seconds"]) / 60}]
+
+
+def minutes_to(evals: list[dict], bleu: float) -> str:
+    """The minutes at the end of the first evaluation reaching dev BLEU `bleu`."""
+    reached = [e["minutes"] for e in evals if e["bleu"] >= bleu and e["minutes"]]
+    return f"{reached[0]:.1f}" if reached else "not reached"
+
+
+def speedrun_row(run: dict, first: dict) -> list[str]:
+    s, evals = run["summary"], evaluations(run)
+    final = s["final_eval"]
+    return [
+        options(run, first) or "the speedrun command",
+        f"{s['wall_seconds'] / 60:.1f}",
+        *(minutes_to(evals, t) for t in TARGETS),
+        f"{final['bleu']:.2f} / {final['chrf']:.2f}",
+        f"{s['test_bleu']:.2f} / {s['test_chrf']:.2f}",
+        f"{s['eval_seconds'] / s['wall_seconds']:.1%} + {s['test_seconds'] / s['wall_seconds']:.1%}",
+    ]
+
+
+def curve_rows(run: dict, first: dict) -> list[list[str]]:
+    label = options(run, first) or "the speedrun command"
+    rows = []
+    for e in evaluations(run):
+        kind = (
+            f"greedy, {e['eval_pairs']} sampled"
+            if e["eval_beam"] == 1
+            else f"beam {e['eval_beam']}, all {e['eval_pairs']}"
+        )
+        rows.append(
+            [label, str(e["step"]), f"{e['minutes']:.1f}", kind]
+            + [f"{e['eval_perplexity']:.1f}", f"{e['bleu']:.2f}", f"{e['chrf']:.2f}"]
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=pathlib.Path)
+    parser.add_argument("--device", default="2-core CPU", help="the machine, in words")
+    parser.add_argument("--source", default="the run folders named by the command")
+    parser.add_argument("--out", default="docs/results/speedrun_wyc_web.json")
+    args = parser.parse_args(argv)
+    runs = [load(folder) for folder in args.runs]
+    first = runs[0]
+    result = {
+        "command": f"{SPEEDRUN} [options], then python experiments/speedrun_table.py RUN...",
+        "device": args.device,
+        "versions": {"jax": jax.__version__, "flax": flax.__version__},
+        "date": datetime.date.today().isoformat(),
+        "source": args.source,
+        "tables": [
+            {
+                "caption": "The speedrun target: dev BLEU >= 20 on wyc-web within 30 minutes "
+                "on 2 cores, evaluation included; one seed each:",
+                "columns": [
+                    "configuration",
+                    "minutes",
+                    *(f"minutes to dev BLEU {t}" for t in TARGETS),
+                    "final dev BLEU / chrF",
+                    "test BLEU / chrF",
+                    "evaluating: dev + test",
+                ],
+                "align": "lrrrrrr",
+                "rows": [speedrun_row(run, first) for run in runs],
+            },
+            {
+                "caption": "Each dev evaluation (minutes at its end):",
+                "columns": ["configuration", "step", "minutes", "evaluation"]
+                + ["dev perplexity", "dev BLEU", "dev chrF"],
+                "align": "lrrlrrr",
+                "rows": [row for run in runs for row in curve_rows(run, first)],
+            },
+        ],
+    }
+    path = pathlib.Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        json.dumps(
+            {str(f): row for f, row in zip(args.runs, result["tables"][0]["rows"], strict=True)}
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""experiments/speedrun_table.py on constructed run folders: what a configuration is named,
+when an evaluation counts as done, and the refusal of a run without test scores."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+PATH = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "speedrun_table.py"
+spec = importlib.util.spec_from_file_location("speedrun_table", PATH)
+speedrun_table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(speedrun_table)
+
+
+def make_run(folder: pathlib.Path, dropout: float, bleus: list[float], final: float) -> None:
+    """A finished run: evaluations at steps 10, 20 (BLEU `bleus`), each followed by a
+    training record 60 s later, then a final evaluation and 30 s of test scoring."""
+    folder.mkdir()
+    config = {"model": {"dropout_rate": dropout}, "run": {"final_test": True, "out": str(folder)}}
+    (folder / "config.json").write_text(json.dumps(config))
+    records = []
+    for i, bleu in enumerate(bleus):
+        step = 10 * (i + 1)
+        records.append({"step": step, "loss": 1.0, "wall_seconds": 600.0 * (i + 1)})
+        evaluation = {"step": step, "bleu": bleu, "chrf": 40.0, "eval_perplexity": 9.0}
+        records.append(evaluation | {"eval_pairs": 200, "eval_beam": 1})
+        records.append({"step": step + 1, "loss": 1.0, "wall_seconds": 600.0 * (i + 1) + 60})
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    final_eval = {"bleu": final, "chrf": 45.0, "eval_perplexity": 8.0}
+    summary = {
+        "steps": 30,
+        "wall_seconds": 1800.0,
+        "eval_seconds": 150.0,
+        "test_seconds": 30.0,
+        "test_bleu": final + 1,
+        "test_chrf": 46.0,
+        "final_eval": final_eval | {"eval_pairs": 400, "eval_beam": 4},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_rows_name_the_options_and_the_minutes_at_which_each_target_was_reached(tmp_path):
+    make_run(tmp_path / "a", 0.1, [12.0, 16.0], 18.0)
+    make_run(tmp_path / "b", 0.0, [15.5, 19.0], 21.0)
+    out = tmp_path / "speedrun.json"
+    speedrun_table.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
+    table, curves = json.loads(out.read_text())["tables"]
+    a, b = table["rows"]
+    # Reached at step 20's evaluation, which ended 21 min in (the next training record).
+    assert a[:4] == ["the speedrun command", "30.0", "21.0", "not reached"]
+    # b reaches 20 only in the final evaluation, which ends when the test scoring starts.
+    assert b[:4] == ["--dropout-rate 0.0", "30.0", "11.0", "29.5"]
+    assert a[4:] == ["18.00 / 45.00", "19.00 / 46.00", "8.3% + 1.7%"]
+    assert [row[1:4] for row in curves["rows"][:3]] == [
+        ["10", "11.0", "greedy, 200 sampled"],
+        ["20", "21.0", "greedy, 200 sampled"],
+        ["30", "29.5", "beam 4, all 400"],
+    ]
+
+
+def test_a_run_without_test_scores_is_refused(tmp_path):
+    make_run(tmp_path / "a", 0.1, [12.0], 13.0)
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    del summary["test_seconds"]
+    (tmp_path / "a" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="did not score the test set"):
+        speedrun_table.main([str(tmp_path / "a")])
