@@ -8,9 +8,9 @@ metrics.jsonl.
         [--device "..."] [--out docs/results/speedrun_wyc_web.json]
 
 A run's configuration is named by the options in which it differs from the first run.
-An evaluation's time is the wall clock when it ended: the first training record logged
-after it (which includes the evaluation), or, for the final one, the run's end less the
-test scoring. Writes --out in the docs/results format and prints a JSON line.
+An evaluation's time is the wall clock when it ended: that of the first training record
+logged after it (which includes the evaluation), or, for the final one, the run's end
+less the test scoring. Writes --out in the docs/results format and prints a JSON line.
 """
 
 from __future__ import annotations
@@ -56,21 +56,20 @@ def _option(field: str, value) -> str:
 
 
 def evaluations(run: dict) -> list[dict]:
-    """Each dev evaluation with the minutes at its end, the final one (beam, every pair)
-    last."""
-    records, out = run["records"], []
+    """Each dev evaluation in metrics.jsonl (the final one, beam on every pair, last) with
+    the minutes at its end."""
+    s, records, out = run["summary"], run["records"], []
+    end = s["wall_seconds"] - s["test_seconds"]
     for i, r in enumerate(records):
         if "bleu" in r and "loss" not in r:
-            after = next((x["wall_seconds"] for x in records[i + 1 :] if "loss" in x), None)
-            out.append(r | {"minutes": after / 60 if after else None})
-    s = run["summary"]
-    final = s["final_eval"] | {"step": s["steps"]}
-    return out + [final | {"minutes": (s["wall_seconds"] - s["test_seconds"]) / 60}]
+            after = next((x["wall_seconds"] for x in records[i + 1 :] if "loss" in x), end)
+            out.append(r | {"minutes": after / 60})
+    return out
 
 
 def minutes_to(evals: list[dict], bleu: float) -> str:
     """The minutes at the end of the first evaluation reaching dev BLEU `bleu`."""
-    reached = [e["minutes"] for e in evals if e["bleu"] >= bleu and e["minutes"]]
+    reached = [e["minutes"] for e in evals if e["bleu"] >= bleu]
     return f"{reached[0]:.1f}" if reached else "not reached"
 
 
