@@ -13,11 +13,20 @@ speedrun_table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(speedrun_table)
 
 
-def make_run(folder: pathlib.Path, dropout: float, bleus: list[float], final: float) -> None:
+REFERENCES = ["the king said to her", "be doers of the word", "I hope to send him"]
+
+
+def make_run(
+    folder: pathlib.Path, dropout: float, bleus: list[float], final: float, exact: bool = False
+) -> None:
     """A finished run: evaluations at steps 10, 20 (BLEU `bleus`), each followed by a
     training record 60 s later, then the final evaluation (BLEU `final`) and 30 s of test
-    scoring, as metrics.jsonl and summary.json record them."""
+    scoring, as metrics.jsonl and summary.json record them; its dev translations are
+    the references (`exact`) or each with its last word dropped."""
     folder.mkdir()
+    translate = (lambda ref: ref) if exact else (lambda ref: ref.rsplit(" ", 1)[0])
+    rows = [f"src {i}\t{ref}\t{translate(ref)}\n" for i, ref in enumerate(REFERENCES)]
+    (folder / "predictions.tsv").write_text("".join(rows))
     config = {"model": {"dropout_rate": dropout}, "run": {"final_test": True, "out": str(folder)}}
     (folder / "config.json").write_text(json.dumps(config))
     records = []
@@ -44,7 +53,7 @@ def make_run(folder: pathlib.Path, dropout: float, bleus: list[float], final: fl
 
 def test_rows_name_the_options_and_the_minutes_at_which_each_target_was_reached(tmp_path):
     make_run(tmp_path / "a", 0.1, [12.0, 16.0], 18.0)
-    make_run(tmp_path / "b", 0.0, [15.5, 19.0], 21.0)
+    make_run(tmp_path / "b", 0.0, [15.5, 19.0], 21.0, exact=True)
     out = tmp_path / "speedrun.json"
     speedrun_table.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
     table, curves = json.loads(out.read_text())["tables"]
@@ -53,7 +62,10 @@ def test_rows_name_the_options_and_the_minutes_at_which_each_target_was_reached(
     assert a[:4] == ["the speedrun command", "30.0", "21.0", "not reached"]
     # b reaches 20 only in the final evaluation, which ends when the test scoring starts.
     assert b[:4] == ["--dropout-rate 0.0", "30.0", "11.0", "29.5"]
-    assert a[4:] == ["18.00 / 45.00", "19.00 / 46.00", "8.3% + 1.7%"]
+    assert a[4:] == ["18.00 / 45.00", "", "19.00 / 46.00", "8.3% + 1.7%"]
+    # b's translations are exact, a's each miss a word: b is better on every resample.
+    difference, interval = b[5].split(" ", 1)
+    assert float(difference) > 0 and float(interval[1:].split(",")[0]) > 0
     assert [row[1:4] for row in curves["rows"][:3]] == [
         ["10", "11.0", "greedy, 200 sampled"],
         ["20", "21.0", "greedy, 200 sampled"],

@@ -150,12 +150,17 @@ def _paired_rows(spec: Spec, name: str, seeds: list[int]) -> dict[int, list]:
     file = "test_predictions.tsv" if spec.on_test else "predictions.tsv"
     rows = {}
     for s in seeds:
-        a = _predictions(spec.folder(spec.baseline, s) / file)
-        b = _predictions(spec.folder(name, s) / file)
-        common = _common(a, b) if a is not None and b is not None else []
+        common = paired(spec.folder(spec.baseline, s) / file, spec.folder(name, s) / file)
         if common:
             rows[s] = common
     return rows
+
+
+def paired(a: pathlib.Path, b: pathlib.Path) -> list[tuple[str, str, str]]:
+    """(reference, prediction in a, prediction in b) of the sentences two finished runs'
+    prediction files both hold, in a's order; [] if either run has none."""
+    rows_a, rows_b = _predictions(a), _predictions(b)
+    return _common(rows_a, rows_b) if rows_a is not None and rows_b is not None else []
 
 
 def _adjust(variants: dict, prefix: str) -> None:
