@@ -469,6 +469,7 @@ class BibleTranslation(PairData):
             if len(tokenizer.encode(src)) + 1 <= max_len
         ]
         self.counts["too long test"] = len(corpus.splits["test"]) - len(test)
+        require_dev(corpus.name, len(kept["dev"]), self.counts)
         self.description = corpus.description() + (
             f"; longer than max_len={max_len} tokens, dropped: "
             + ", ".join(f"{k} {self.counts[f'too long {k}']:,}" for k in ("train", "dev", "test"))
@@ -493,6 +494,20 @@ class BibleLM(DocumentData):
     def __init__(self, corpus: BibleCorpus, tokenizer: Tokenizer, *, seq_len: int, seed: int = 0):
         self.counts = dict(corpus.counts)
         self.description = corpus.description()
+        require_dev(corpus.name, len(corpus.splits["dev"]), self.counts)
         super().__init__(
             corpus.splits["train"], corpus.splits["dev"], tokenizer, seq_len=seq_len, seed=seed
         )
+
+
+def require_dev(name: str, kept: int, counts: dict[str, int]) -> None:
+    """Refuse a dataset left with nothing in its dev books: a run could not evaluate."""
+    if kept:
+        return
+    why = ", ".join(
+        f"{k} {n:,}" for k, n in counts.items() if n and k.startswith(("dropped", "too long"))
+    )
+    raise BadValue(
+        f"dataset {name} keeps nothing in its dev books ({', '.join(DEV_BOOKS.values())}) "
+        f"to evaluate on ({why}); choose another dataset"
+    )

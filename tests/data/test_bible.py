@@ -7,6 +7,7 @@ import pytest
 
 import jaxformer as jf
 from jaxformer import data
+from jaxformer.checks import BadValue
 from jaxformer.data import bible
 from jaxformer.train import setup
 
@@ -179,6 +180,9 @@ def test_kjv_bbe_drops_bbe_chapters_whose_spans_drift():
     corpus = bible.load("kjv-bbe")
     assert corpus.counts["dropped garbled in bbe"] > 29_000
     assert _pair(corpus, "Genesis 1:1") is not None and _pair(corpus, "Genesis 46:10") is None
+    # Nothing is left in the dev books: training on it is refused, not crashed on.
+    with pytest.raises(BadValue, match="kjv-bbe keeps nothing in its dev books .* garbled"):
+        corpus.data(TOK, max_len=128)
 
 
 @pytest.mark.parametrize("name", ["wyc-web", pytest.param("asv-web", marks=pytest.mark.slow)])
