@@ -7,7 +7,8 @@ metrics.jsonl and predictions.tsv.
     python experiments/speedrun_table.py runs/speedrun runs/speedrun-no-dropout \
         [--device "..."] [--source "..."] [--note "..."] [--out docs/results/speedrun_wyc_web.json]
 
-A run's configuration is named by the options in which it differs from the first run,
+The first run must be the speedrun command's (its folder aside; else the script says how
+it differs). A run's configuration is named by the options in which it differs from it,
 and its final dev BLEU is compared with the first run's on the same dev sentences: the
 difference with the 95% interval of the paired bootstrap over sentences
 (jaxformer.sweep.stats). One seed each: the variance between training runs is not in that
@@ -27,9 +28,11 @@ import pathlib
 import flax
 import jax
 
+from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.sweep import report, stats
 
 SPEEDRUN = "jaxformer train --dataset wyc-web --steps 2000 --eval-every 500 --final-test"
+SPEEDRUN_OPTIONS = dict(dataset="wyc-web", steps=2000, eval_every=500, final_test=True)
 TARGETS = (15, 20)
 
 
@@ -49,9 +52,24 @@ def load(folder: pathlib.Path) -> dict:
     return {"folder": folder, "summary": summary, "config": flat, "records": records}
 
 
+def check_speedrun(run: dict) -> None:
+    """Refuse a first run that is not the speedrun command's (its folder aside): the other
+    runs are named by how they differ from it."""
+    expected = RunConfig.from_options(**SPEEDRUN_OPTIONS).to_dict()
+    expected |= TransformerConfig.tiny(run["config"]["vocab_size"]).to_dict()
+    differ = sorted(k for k, v in expected.items() if k != "out" and run["config"].get(k) != v)
+    if differ:
+        raise SystemExit(
+            f"{run['folder']}: the first run must be the speedrun command's ({SPEEDRUN}); "
+            f"it differs in {', '.join(differ)}"
+        )
+
+
 def options(run: dict, first: dict) -> str:
     """The command-line options in which `run` differs from `first` ("" if none)."""
-    differ = [(k, v) for k, v in run["config"].items() if k != "out" and v != first["config"][k]]
+    differ = [
+        (k, v) for k, v in run["config"].items() if k != "out" and v != first["config"].get(k)
+    ]
     return " ".join(_option(k, v) for k, v in differ)
 
 
@@ -134,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     runs = [load(folder) for folder in args.runs]
     first = runs[0]
+    check_speedrun(first)
     result = {
         "command": f"{SPEEDRUN} [options], then python experiments/speedrun_table.py RUN...",
         "device": args.device,

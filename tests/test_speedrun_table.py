@@ -1,11 +1,14 @@
 """experiments/speedrun_table.py on constructed run folders: what a configuration is named,
-when an evaluation counts as done, and the refusal of a run without test scores."""
+when an evaluation counts as done, and the refusal of a first run that is not the
+speedrun command's or of a run without test scores."""
 
 import importlib.util
 import json
 import pathlib
 
 import pytest
+
+import jaxformer as jf
 
 PATH = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "speedrun_table.py"
 spec = importlib.util.spec_from_file_location("speedrun_table", PATH)
@@ -27,8 +30,11 @@ def make_run(
     translate = (lambda ref: ref) if exact else (lambda ref: ref.rsplit(" ", 1)[0])
     rows = [f"src {i}\t{ref}\t{translate(ref)}\n" for i, ref in enumerate(REFERENCES)]
     (folder / "predictions.tsv").write_text("".join(rows))
-    config = {"model": {"dropout_rate": dropout}, "run": {"final_test": True, "out": str(folder)}}
-    (folder / "config.json").write_text(json.dumps(config))
+    run = jf.RunConfig.from_options(**speedrun_table.SPEEDRUN_OPTIONS, out=str(folder))
+    model = jf.TransformerConfig.tiny(300, dropout_rate=dropout)
+    (folder / "config.json").write_text(
+        json.dumps({"model": model.to_dict(), "run": run.to_dict()})
+    )
     records = []
     for i, bleu in enumerate(bleus):
         step = 10 * (i + 1)
@@ -71,6 +77,14 @@ def test_rows_name_the_options_and_the_minutes_at_which_each_target_was_reached(
         ["20", "21.0", "greedy, 200 sampled"],
         ["30", "29.5", "beam 4, all 400"],
     ]
+
+
+def test_a_first_run_that_is_not_the_speedrun_command_is_refused(tmp_path):
+    make_run(tmp_path / "a", 0.0, [12.0], 13.0)
+    with pytest.raises(
+        SystemExit, match="must be the speedrun command's .* differs in dropout_rate"
+    ):
+        speedrun_table.main([str(tmp_path / "a"), "--out", str(tmp_path / "t.json")])
 
 
 def test_a_run_without_test_scores_is_refused(tmp_path):
