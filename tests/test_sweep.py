@@ -339,6 +339,15 @@ def test_each_run_is_an_ordinary_train_command(tmp_path):
     assert model["activation"] == "squared_relu" and model["d_model"] == 16
 
 
+@pytest.mark.parametrize("path", sorted(VARIANT.parents[1].rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_committed_spec_resolves_each_run(path, monkeypatch):
+    monkeypatch.chdir(VARIANT.parents[2])  # the specs name their files from the repository
+    spec = sweep.Spec.load(path)
+    for variant in spec.variants:
+        model, run = spec.configs(variant, spec.seeds[0])
+        assert run.runtime.seed == spec.seeds[0] and model.vocab_size > 0
+
+
 def test_a_fine_tuning_sweep_leaves_the_tokenizer_to_the_model(tmp_path):
     """A base with init_from: the tokenizer comes with the model, and `jaxformer train`
     refuses --tokenizer beside --init-from, so the run's command must not pass it."""
