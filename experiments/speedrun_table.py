@@ -65,10 +65,15 @@ def check_speedrun(run: dict) -> None:
         )
 
 
+NOT_OPTIONS = ("out", "vocab_size")  # training takes the vocabulary size from the tokenizer
+
+
 def options(run: dict, first: dict) -> str:
     """The command-line options in which `run` differs from `first` ("" if none)."""
     differ = [
-        (k, v) for k, v in run["config"].items() if k != "out" and v != first["config"].get(k)
+        (k, v)
+        for k, v in run["config"].items()
+        if k not in NOT_OPTIONS and v != first["config"].get(k)
     ]
     return " ".join(_option(k, v) for k, v in differ)
 

@@ -20,7 +20,12 @@ REFERENCES = ["the king said to her", "be doers of the word", "I hope to send hi
 
 
 def make_run(
-    folder: pathlib.Path, dropout: float, bleus: list[float], final: float, exact: bool = False
+    folder: pathlib.Path,
+    dropout: float,
+    bleus: list[float],
+    final: float,
+    exact: bool = False,
+    bpe_vocab_size: int | None = None,
 ) -> None:
     """A finished run: evaluations at steps 10, 20 (BLEU `bleus`), each followed by a
     training record 60 s later, then the final evaluation (BLEU `final`) and 30 s of test
@@ -30,8 +35,9 @@ def make_run(
     translate = (lambda ref: ref) if exact else (lambda ref: ref.rsplit(" ", 1)[0])
     rows = [f"src {i}\t{ref}\t{translate(ref)}\n" for i, ref in enumerate(REFERENCES)]
     (folder / "predictions.tsv").write_text("".join(rows))
-    run = jf.RunConfig.from_options(**speedrun_table.SPEEDRUN_OPTIONS, out=str(folder))
-    model = jf.TransformerConfig.tiny(300, dropout_rate=dropout)
+    options = speedrun_table.SPEEDRUN_OPTIONS | {"bpe_vocab_size": bpe_vocab_size}
+    run = jf.RunConfig.from_options(**options, out=str(folder))
+    model = jf.TransformerConfig.tiny(bpe_vocab_size or 300, dropout_rate=dropout)
     (folder / "config.json").write_text(
         json.dumps({"model": model.to_dict(), "run": run.to_dict()})
     )
@@ -59,7 +65,7 @@ def make_run(
 
 def test_rows_name_the_options_and_the_minutes_at_which_each_target_was_reached(tmp_path):
     make_run(tmp_path / "a", 0.1, [12.0, 16.0], 18.0)
-    make_run(tmp_path / "b", 0.0, [15.5, 19.0], 21.0, exact=True)
+    make_run(tmp_path / "b", 0.0, [15.5, 19.0], 21.0, exact=True, bpe_vocab_size=320)
     out = tmp_path / "speedrun.json"
     speedrun_table.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
     table, curves = json.loads(out.read_text())["tables"]
@@ -67,7 +73,8 @@ def test_rows_name_the_options_and_the_minutes_at_which_each_target_was_reached(
     # Reached at step 20's evaluation, which ended 21 min in (the next training record).
     assert a[:4] == ["the speedrun command", "30.0", "21.0", "not reached"]
     # b reaches 20 only in the final evaluation, which ends when the test scoring starts.
-    assert b[:4] == ["--dropout-rate 0.0", "30.0", "11.0", "29.5"]
+    # Named by its options, not by the vocabulary size its tokenizer gave the model.
+    assert b[:4] == ["--dropout-rate 0.0 --bpe-vocab-size 320", "30.0", "11.0", "29.5"]
     assert a[4:] == ["18.00 / 45.00", "", "19.00 / 46.00", "8.3% + 1.7%"]
     # b's translations are exact, a's each miss a word: b is better on every resample.
     difference, interval = b[5].split(" ", 1)
