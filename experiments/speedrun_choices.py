@@ -29,7 +29,6 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ from flax import nnx
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import jaxformer as jf  # noqa: E402
+from experiments.throughput import machine_info  # noqa: E402  one description of the machine
 from jaxformer import train  # noqa: E402
 from jaxformer.data import bible  # noqa: E402
 from jaxformer.train.setup import build_data  # noqa: E402
@@ -150,8 +150,7 @@ def main(argv=None) -> dict:
     result = {
         "command": "python experiments/speedrun_choices.py"
         + (f" --rounds {args.rounds}" if args.rounds != 5 else ""),
-        "device": f"{platform.machine()} CPU, {jax.device_count()} device(s), "
-        f"{len(os.sched_getaffinity(0))} cores",
+        "device": f"{machine_info()['processor']}, {len(os.sched_getaffinity(0))} cores",
         "versions": {"jax": jax.__version__, "flax": flax.__version__},
         "date": datetime.date.today().isoformat(),
         "source": "the speed levers of the wyc-web speedrun, side by side in one process",
