@@ -5,14 +5,16 @@ metrics.jsonl and predictions.tsv.
     jaxformer train --dataset wyc-web --steps 2000 --eval-every 500 --final-test --out runs/speedrun
     jaxformer train ... --dropout-rate 0 --out runs/speedrun-no-dropout
     python experiments/speedrun_table.py runs/speedrun runs/speedrun-no-dropout \
-        [--device "..."] [--source "..."] [--note "..."] [--out docs/results/speedrun_wyc_web.json]
+        [--pair BASE RUN] [--device "..."] [--source "..."] [--note "..."] \
+        [--out docs/results/speedrun_wyc_web.json]
 
 The first run must be the speedrun command's (its folder aside; else the script says how
 it differs). A run's configuration is named by the options in which it differs from it,
 and its final dev BLEU is compared with the first run's on the same dev sentences: the
 difference with the 95% interval of the paired bootstrap over sentences
 (jaxformer.sweep.stats). One seed each: the variance between training runs is not in that
-interval, so it is no verdict (`jaxformer sweep` with seeds gives one).
+interval, so it is no verdict (`jaxformer sweep` with seeds gives one). `--pair BASE RUN`
+compares two of the runs the same way, for a run that changes another than the first.
 An evaluation's time is the wall clock when it ended: that of the first training record
 logged after it (which includes the evaluation), or, for the final one, the run's end
 less the test scoring. Writes --out in the docs/results format and prints a JSON line.
@@ -103,14 +105,14 @@ def minutes_to(evals: list[dict], bleu: float) -> str:
     return f"{reached[0]:.1f}" if reached else "not reached"
 
 
-def against_first(run: dict, first: dict) -> str:
-    """The final dev BLEU's difference from the first run's, with the 95% interval of the
-    paired bootstrap over the dev sentences (one seed: training variance not included)."""
-    if run is first:
+def against(run: dict, base: dict) -> str:
+    """The final dev BLEU's difference from `base`'s, with the 95% interval of the paired
+    bootstrap over the dev sentences they share (one seed: training variance not included)."""
+    if run is base:
         return ""
-    rows = report.paired(first["folder"] / "predictions.tsv", run["folder"] / "predictions.tsv")
+    rows = report.paired(base["folder"] / "predictions.tsv", run["folder"] / "predictions.tsv")
     if not rows:
-        raise SystemExit(f"{run['folder']} and {first['folder']} share no dev sentences")
+        raise SystemExit(f"{run['folder']} and {base['folder']} share no dev sentences")
     refs, a, b = zip(*rows, strict=True)
     base, other = (stats.sentence_stats("bleu", list(h), list(refs)) for h in (a, b))
     r = stats.bootstrap("bleu", [base], [other], resample_seeds=False)
@@ -125,10 +127,26 @@ def speedrun_row(run: dict, first: dict) -> list[str]:
         f"{s['wall_seconds'] / 60:.1f}",
         *(minutes_to(evals, t) for t in TARGETS),
         f"{final['bleu']:.2f} / {final['chrf']:.2f}",
-        against_first(run, first),
+        against(run, first),
         f"{s['test_bleu']:.2f} / {s['test_chrf']:.2f}",
         f"{s['eval_seconds'] / s['wall_seconds']:.1%} + {s['test_seconds'] / s['wall_seconds']:.1%}",
     ]
+
+
+def pair_rows(runs: list[dict], pairs: list[list[pathlib.Path]]) -> list[list[str]]:
+    """For each --pair BASE RUN (folders among `runs`): RUN against BASE on the dev
+    sentences they share."""
+    by_folder, first = {r["folder"].resolve(): r for r in runs}, runs[0]
+    rows = []
+    for folders in pairs:
+        missing = [str(f) for f in folders if f.resolve() not in by_folder]
+        if missing:
+            raise SystemExit(f"--pair {' '.join(missing)}: not among the runs given")
+        base, run = (by_folder[f.resolve()] for f in folders)
+        label = [options(r, first) or "the speedrun command" for r in (run, base)]
+        bleus = [f"{r['summary']['final_eval']['bleu']:.2f}" for r in (run, base)]
+        rows.append([*label, " against ".join(bleus), against(run, base)])
+    return rows
 
 
 def curve_rows(run: dict, first: dict) -> list[list[str]]:
@@ -147,49 +165,65 @@ def curve_rows(run: dict, first: dict) -> list[list[str]]:
     return rows
 
 
+def tables(runs: list[dict], pairs: list[list[pathlib.Path]], notes: list[str]) -> list[dict]:
+    """The speedrun table, the --pair comparisons (if any) and every dev evaluation."""
+    first = runs[0]
+    speedrun = {
+        "caption": "The speedrun target: dev BLEU >= 20 on wyc-web within 30 minutes on 2 cores, "
+        "evaluation included; one seed each, so a difference between rows has an interval "
+        "over the dev sentences only, not over training runs:",
+        "columns": ["configuration", "minutes"]
+        + [f"minutes to dev BLEU {t}" for t in TARGETS]
+        + ["final dev BLEU / chrF", "dev BLEU against the first [95% over sentences]"]
+        + ["test BLEU / chrF", "evaluating: dev + test"],
+        "align": "lrrrrrrr",
+        "rows": [speedrun_row(run, first) for run in runs],
+        "notes": notes,
+    }
+    paired = {
+        "caption": "Runs compared with another than the first, on the dev sentences they "
+        "share (one seed each):",
+        "columns": ["configuration", "against", "final dev BLEU"]
+        + ["difference [95% over sentences]"],
+        "align": "llrr",
+        "rows": pair_rows(runs, pairs),
+    }
+    curves = {
+        "caption": "Each dev evaluation (minutes at its end):",
+        "columns": ["configuration", "step", "minutes", "evaluation"]
+        + ["dev perplexity", "dev BLEU", "dev chrF"],
+        "align": "lrrlrrr",
+        "rows": [row for run in runs for row in curve_rows(run, first)],
+    }
+    return [speedrun, *([paired] if pairs else []), curves]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=pathlib.Path)
     parser.add_argument("--device", default="2-core CPU", help="the machine, in words")
     parser.add_argument("--source", default="the run folders named by the command")
     parser.add_argument("--note", action="append", default=[], help="a note under the table")
+    parser.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        default=[],
+        type=pathlib.Path,
+        metavar=("BASE", "RUN"),
+        help="also compare RUN with BASE (two of the runs), not only with the first",
+    )
     parser.add_argument("--out", default="docs/results/speedrun_wyc_web.json")
     args = parser.parse_args(argv)
     runs = [load(folder) for folder in args.runs]
-    first = runs[0]
-    check_speedrun(first)
+    check_speedrun(runs[0])
     result = {
         "command": f"{SPEEDRUN} [options], then python experiments/speedrun_table.py RUN...",
         "device": args.device,
         "versions": {"jax": jax.__version__, "flax": flax.__version__},
         "date": datetime.date.today().isoformat(),
         "source": args.source,
-        "tables": [
-            {
-                "caption": "The speedrun target: dev BLEU >= 20 on wyc-web within 30 minutes "
-                "on 2 cores, evaluation included; one seed each, so a difference between rows has "
-                "an interval over the dev sentences only, not over training runs:",
-                "columns": [
-                    "configuration",
-                    "minutes",
-                    *(f"minutes to dev BLEU {t}" for t in TARGETS),
-                    "final dev BLEU / chrF",
-                    "dev BLEU against the first [95% over sentences]",
-                    "test BLEU / chrF",
-                    "evaluating: dev + test",
-                ],
-                "align": "lrrrrrrr",
-                "rows": [speedrun_row(run, first) for run in runs],
-                "notes": args.note,
-            },
-            {
-                "caption": "Each dev evaluation (minutes at its end):",
-                "columns": ["configuration", "step", "minutes", "evaluation"]
-                + ["dev perplexity", "dev BLEU", "dev chrF"],
-                "align": "lrrlrrr",
-                "rows": [row for run in runs for row in curve_rows(run, first)],
-            },
-        ],
+        "tables": tables(runs, args.pair, args.note),
     }
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -101,3 +101,23 @@ def test_a_run_without_test_scores_is_refused(tmp_path):
     (tmp_path / "a" / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match="did not score the test set"):
         speedrun_table.main([str(tmp_path / "a")])
+
+
+def test_a_pair_compares_two_runs_and_a_pair_outside_the_runs_is_refused(tmp_path):
+    make_run(tmp_path / "a", 0.1, [12.0], 13.0)
+    make_run(tmp_path / "b", 0.0, [12.0], 14.0)
+    make_run(tmp_path / "c", 0.0, [12.0], 16.0, exact=True, bpe_vocab_size=320)
+    out = tmp_path / "speedrun.json"
+    runs = [str(tmp_path / name) for name in "abc"]
+    speedrun_table.main([*runs, "--pair", runs[1], runs[2] + "/", "--out", str(out)])
+    table, paired, curves = json.loads(out.read_text())["tables"]
+    [row] = paired["rows"]
+    assert row[:3] == [
+        "--dropout-rate 0.0 --bpe-vocab-size 320",
+        "--dropout-rate 0.0",
+        "16.00 against 14.00",
+    ]
+    # c's translations are exact, b's each miss a word: c is better on every resample.
+    assert float(row[3].split(" [")[1].split(",")[0]) > 0
+    with pytest.raises(SystemExit, match=r"--pair .*elsewhere: not among the runs given"):
+        speedrun_table.main([*runs, "--pair", runs[0], str(tmp_path / "elsewhere")])
