@@ -66,8 +66,8 @@ def train(
     setup = set_up(model_config, run)  # everything that can fail before the folder exists
     folder = RunFolder(run.runtime.out, keep_checkpoints=run.runtime.keep_checkpoints)
     state, first = _start(setup, folder, resume=resume)
-    evaluator = _Evaluator(setup)
-    meter = _Meter(first, started, folder.resumed_wall_seconds)
+    evaluator = _Evaluator(setup, earlier=folder.resumed_seconds["eval_seconds"])
+    meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
     shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
     hooks = [*_default_hooks(run, evaluator), *hooks]
     state = _run_steps(setup, folder, meter, shown, state, hooks)
@@ -190,16 +190,19 @@ def _save_before_stopping(
 
 class _Evaluator:
     """Held-out evaluation of laid-out parameters, and the seconds spent so far on the
-    held-out (dev) pairs (`seconds`) and on the final test pairs (`test_seconds`)."""
+    held-out (dev) pairs (`seconds`, from `earlier` on: a resumed run's kept evaluations)
+    and on the final test pairs (`test_seconds`)."""
 
-    def __init__(self, setup: Setup):
-        self.setup, self.seconds, self.test_seconds = setup, 0.0, 0.0
+    def __init__(self, setup: Setup, *, earlier: float = 0.0):
+        self.setup, self.seconds, self.test_seconds = setup, earlier, 0.0
 
     def in_run(self, context: StepContext) -> None:
         """The in-run evaluation (a hook): the held-out loss and greedy decoding of the
-        first `eval_sample` held-out pairs, logged and shown."""
+        first `eval_sample` held-out pairs, logged (with the evaluations' seconds so far,
+        for a resume) and shown."""
         sampled, _ = self.held_out(context.state.params, sample=True)
-        context.folder.log({"step": context.step, **sampled})
+        seconds = round(self.seconds, 2)
+        context.folder.log({"step": context.step, **sampled, "eval_seconds": seconds})
         context.say(report.eval_line(context.step, sampled))
 
     def held_out(self, params, *, sample: bool = False) -> tuple[dict[str, float], list[str]]:

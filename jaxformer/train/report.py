@@ -75,9 +75,9 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
         for row in rows:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths + [0], strict=True)))
     first = summary["steps"] - summary["steps_run"] + 1
-    span = f"steps {first}-{summary['steps']}" if first > 1 else f"{summary['steps']} steps"
+    resumed = f" in all, steps {first}-{summary['steps']} in this process" if first > 1 else ""
     print(
-        f"\n{span} in {summary['wall_seconds']:.0f} s "
+        f"\n{summary['steps']} steps in {summary['wall_seconds']:.0f} s{resumed} "
         f"({summary['train_tokens_per_second']:,.0f} target tokens/s), "
         f"{summary['params']:,} parameters"
     )

@@ -26,6 +26,10 @@ from jaxformer.parallel import is_main_process
 from jaxformer.train.checkpoint import AVERAGED, Checkpointer
 from jaxformer.train.steps import TrainState
 
+# Clocks that metrics.jsonl records carry as running totals (a resume continues them):
+# the run's wall time (step records) and the dev evaluations' (in-run evaluation records).
+CLOCKS = ("wall_seconds", "eval_seconds")
+
 
 class RunFolder:
     """The folder `path` of one run, created on opening (an existing file is an error)."""
@@ -38,7 +42,8 @@ class RunFolder:
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
         self.tensorboard = None
-        self.resumed_wall_seconds = 0.0  # set by restore: the wall time of the steps kept
+        # set by restore: the seconds the kept steps took, in all and evaluating
+        self.resumed_seconds = dict.fromkeys(CLOCKS, 0.0)
 
     def start(self, *, resume: bool) -> bool:
         """Whether to resume from the latest checkpoint. A fresh start empties the metrics;
@@ -67,8 +72,11 @@ class RunFolder:
             lines = self.metrics_path.read_text().splitlines()
             kept = [line for line in lines if line and json.loads(line)["step"] <= step]
             self._write("metrics.jsonl", "".join(line + "\n" for line in kept))
-            walls = [json.loads(line).get("wall_seconds") for line in kept]
-            self.resumed_wall_seconds = max((w for w in walls if w is not None), default=0.0)
+            records = [json.loads(line) for line in kept]
+            self.resumed_seconds = {
+                clock: max((r[clock] for r in records if clock in r), default=0.0)
+                for clock in CLOCKS
+            }
         self.say(f"resumed from step {step} in {self.checkpoints.directory}")
         return state
 

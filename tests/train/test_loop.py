@@ -92,6 +92,26 @@ def test_resume_is_bit_exact(tmp_path):
     assert (split / "loss.png").stat().st_size > 0 and (split / "attention.png").stat().st_size > 0
 
 
+def test_a_resumed_run_adds_its_time_to_the_kept_steps_time(tmp_path):
+    """wall_seconds and eval_seconds are the whole run's: a resume continues the running
+    totals of the records it keeps (here edited to 2,000 s and 1,000 s), so train_seconds
+    (the difference) is not inflated by an earlier process's evaluations."""
+    paper = dict(schedule="paper", lr=0.5, eval_every=5)  # no horizon: may be extended
+    loop.train(small_config(), run_config(tmp_path, steps=10, **paper), progress=False)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval_seconds" in r] == [5]  # 10: the final one
+    for r in records:
+        if r["step"] == 10 and "wall_seconds" in r:
+            r["wall_seconds"] = 2000.0
+        if "eval_seconds" in r:
+            r["eval_seconds"] = 1000.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = loop.train(small_config(), run_config(tmp_path, **paper), resume=True, progress=False)
+    assert 2000 < summary["wall_seconds"] < 2000 + 120
+    assert 1000 < summary["eval_seconds"] < 1000 + 60
+    assert 0 < summary["train_seconds"] < 1000 + 120
+
+
 def test_existing_checkpoints_need_resume_and_matching_config(tmp_path):
     loop.train(small_config(), run_config(tmp_path, steps=3, checkpoint_every=3), progress=False)
     with pytest.raises(ValueError, match="already holds checkpoints"):

@@ -28,7 +28,9 @@ def test_a_fresh_folder_then_a_refusal_then_a_resume(tmp_path):
     folder = RunFolder(out)
     assert folder.start(resume=False) is False  # nothing to resume: a fresh start
     for step in (1, 2, 3):
-        folder.log({"step": step, "loss": 1.0 / step})
+        folder.log({"step": step, "loss": 1.0 / step, "wall_seconds": 10.0 * step})
+    folder.log({"step": 2, "bleu": 1.0, "eval_seconds": 4.0})
+    folder.log({"step": 3, "bleu": 2.0, "eval_seconds": 9.0})
     folder.save(tiny_state(2), META)
     folder.close()
     with pytest.raises(ValueError, match=r"already holds checkpoints \(latest step 2\)"):
@@ -38,7 +40,8 @@ def test_a_fresh_folder_then_a_refusal_then_a_resume(tmp_path):
     state = again.restore(abstract_train_state(tiny_state(0)), META)
     assert int(state.step) == 2
     steps = [json.loads(line)["step"] for line in again.metrics_path.read_text().splitlines()]
-    assert steps == [1, 2]  # step 3 will run again: its record is dropped
+    assert steps == [1, 2, 2]  # step 3 will run again: its records are dropped
+    assert again.resumed_seconds == {"wall_seconds": 20.0, "eval_seconds": 4.0}
     with pytest.raises(ValueError, match=r"different configuration: seed=0 \(checkpoint\) vs 1"):
         again.restore(abstract_train_state(tiny_state(0)), META | {"run": {"seed": 1}})
     again.close()
@@ -91,4 +94,4 @@ def test_the_final_report_aligns_long_cells_and_counts_this_runs_steps(tmp_path,
     for row, cells in ((first, examples[0][1:] + ("NO",)), (second, ("y", "y", "yes"))):
         for column, cell in zip(at.values(), cells, strict=True):
             assert row[column:].startswith(cell), (row, cell)
-    assert "steps 80-200 in 26 s" in "\n".join(lines)
+    assert "200 steps in 26 s in all, steps 80-200 in this process" in "\n".join(lines)
