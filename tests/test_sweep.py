@@ -294,6 +294,11 @@ def test_the_report_pairs_seeds_and_reports_failed_ones(tmp_path):
     assert "| better | 3 | 450 |" in text and "< 0.004 | better |" in text
     assert "- broken seed 0: failed: MemoryError" in text
     assert "| broken | 2/3, 1 failed |" in text
+    assert "Dev BLEU of each run: base 10.00, 11.00, 12.00 (seeds 0, 1, 2);" in text
+    assert "broken 9.00, 9.00 (seeds 1, 2); unsteady 19.00, 5.00, 21.00 (seeds 0, 1, 2)." in text
+    figures, differences, verdicts = sweep.report.tables(results)
+    assert figures["align"] == "llrr" and differences["columns"][:2] == ["variant", "paired seeds"]
+    assert [row[0] for row in verdicts["rows"]] == ["better", "same", "broken", "unsteady"]
 
 
 def test_a_sweep_on_the_test_set_says_so(tmp_path):

@@ -207,27 +207,36 @@ def _predictions(path: pathlib.Path) -> list[tuple[str, str, str]] | None:
 
 
 def markdown(results: dict) -> str:
-    """Three tables: the figures per variant; the seed-paired differences; the bootstrap
-    verdicts on the compared set. Then the runs that were left out."""
-    return "\n".join(
-        [
-            _figures_table(results),
-            _differences_table(results),
-            _verdict_table(results),
-            _notes(results),
-        ]
-    )
+    """The report's tables, each with its caption and notes, as markdown."""
+    lines: list[str] = []
+    for t in tables(results):
+        lines += [t["caption"], "", *markdown_table(t["columns"], t["rows"], t["align"]), ""]
+        for note in t["notes"]:
+            lines += [note, ""]
+    return "\n".join(lines)
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(markdown_table(head, rows, "l" * len(head))) + "\n"
+def tables(results: dict) -> list[dict]:
+    """The report as tables, each {caption, columns, rows, align, notes} (the format of
+    docs/results): the figures per variant, with each seed's value of the compared metric
+    and the runs left out; then, once a variant is paired with the baseline, the
+    seed-paired differences and the bootstrap verdicts on the compared set."""
+    return [
+        t
+        for t in (_figures_table(results), _differences_table(results), _verdict_table(results))
+        if t is not None
+    ]
+
+
+def _table(caption: str, head: list[str], rows: list[list[str]], align: str, notes=()) -> dict:
+    return {"caption": caption, "columns": head, "rows": rows, "align": align, "notes": list(notes)}
 
 
 def _label(name: str, results: dict) -> str:
     return name + (" (baseline)" if name == results["baseline"] and name != "baseline" else "")
 
 
-def _figures_table(results: dict) -> str:
+def _figures_table(results: dict) -> dict:
     rows = results["variants"]
     shown = [f for f in FIGURES if any(f[0] in r["figures"] for r in rows.values())]
     body = [
@@ -235,17 +244,45 @@ def _figures_table(results: dict) -> str:
         + [_cell(r["figures"].get(k), fmt) for k, _, fmt in shown]
         for name, r in rows.items()
     ]
-    return (
+    caption = (
         "Each variant: mean ± half-width of the 95% t-interval over its finished seeds "
-        f"{results['seeds']}.\n\n" + _table(["variant", "runs"] + [t for _, t, _ in shown], body)
+        f"{results['seeds']}."
+    )
+    notes = [n for n in (_per_seed(results), _left_out(results)) if n]
+    head = ["variant", "runs"] + [t for _, t, _ in shown]
+    return _table(caption, head, body, "ll" + "r" * len(shown), notes)
+
+
+def _per_seed(results: dict) -> str:
+    """Each variant's value of the compared metric, seed by seed ("" if none has one)."""
+    metric = ("test_" if results["set"] == "test" else "") + _compared_metric(results)
+    title, fmt = next((t, f) for k, t, f in FIGURES if k == metric)
+    parts = []
+    for name, r in results["variants"].items():
+        done = [s for s, state in r["runs"].items() if state == "done"]
+        figure = r["figures"].get(metric)
+        if figure and len(figure["values"]) == len(done):
+            values = ", ".join(fmt.format(v) for v in figure["values"])
+            seeds = ", ".join(str(seed) for seed in done)
+            parts.append(f"{name} {values} (seeds {seeds})")
+    return f"{title[0].upper()}{title[1:]} of each run: " + "; ".join(parts) + "." if parts else ""
+
+
+def _compared_metric(results: dict) -> str:
+    """bleu where any run reports it, else exact_match."""
+    runs = results["variants"].values()
+    return (
+        "bleu"
+        if any("bleu" in r["figures"] or "test_bleu" in r["figures"] for r in runs)
+        else "exact_match"
     )
 
 
-def _differences_table(results: dict) -> str:
+def _differences_table(results: dict) -> dict | None:
     paired = {n: r["paired"] for n, r in results["variants"].items() if "paired" in r}
     shown = [f for f in FIGURES if any(f[0] in p["differences"] for p in paired.values())]
     if not paired or not shown:
-        return ""
+        return None
     body = [
         [name, str(len(p["seeds"]))]
         + [
@@ -254,18 +291,19 @@ def _differences_table(results: dict) -> str:
         ]
         for name, p in paired.items()
     ]
-    return (
+    caption = (
         f"Variant minus {results['baseline']}, seed by seed (same seed, same data order): the "
-        "mean difference ± half-width of its 95% t-interval over the paired seeds.\n\n"
-        + _table(["variant", "paired seeds"] + [f"Δ {t}" for _, t, _ in shown], body)
+        "mean difference ± half-width of its 95% t-interval over the paired seeds."
     )
+    head = ["variant", "paired seeds"] + [f"Δ {t}" for _, t, _ in shown]
+    return _table(caption, head, body, "lr" + "r" * len(shown))
 
 
-def _verdict_table(results: dict) -> str:
+def _verdict_table(results: dict) -> dict | None:
     paired = {n: r["paired"] for n, r in results["variants"].items() if "paired" in r}
     metrics = [m for m in stats.METRICS if any(m in p["bootstrap"] for p in paired.values())]
     if not metrics:
-        return ""
+        return None
     where = "on the TEST set" if results["set"] == "test" else "on the dev set"
     head = ["variant", "paired seeds", "sentences"]
     for m in metrics:
@@ -282,8 +320,8 @@ def _verdict_table(results: dict) -> str:
         row += [_p(p["sentence_level"][m]) if m in p["sentence_level"] else "" for m in metrics]
         body.append(row)
     n = results["bootstrap_samples"]
-    return (
-        f"Against {results['baseline']} {where}: two-level paired bootstrap ({n} resamples: "
+    caption = (
+        f"Against {results['baseline']} {where}: two-level paired bootstrap ({n:,} resamples: "
         "the seeds both finished, then the sentences within each seed) of the mean over seeds "
         "of the corpus-score difference; its 95% interval, p-value, Holm's adjustment over "
         f"the {len(paired)} variant(s), and the verdict (better/worse when the Holm p < "
@@ -291,8 +329,10 @@ def _verdict_table(results: dict) -> str:
         "differences table exclude 0). Secondary, not a verdict: the "
         "sentence-level paired bootstrap (seeds fixed, so training variance is ignored; "
         f"so it understates the uncertainty when seeds disagree). A p of < {1 / (n + 1):.2g} is at the "
-        "bootstrap's floor.\n\n" + _table(head, body)
+        "bootstrap's floor."
     )
+    align = "lrr" + "rrrl" * len(metrics) + "r" * len(metrics)
+    return _table(caption, head, body, align)
 
 
 def _bootstrap_cells(result: dict | None, fmt: str) -> list[str]:
@@ -307,7 +347,7 @@ def _p(result: dict) -> str:
     return stats.format_p(result["p"], result["at_floor"])
 
 
-def _notes(results: dict) -> str:
+def _left_out(results: dict) -> str:
     lines = [
         f"- {name} seed {seed}: {why}"
         for name, r in results["variants"].items()
@@ -315,10 +355,8 @@ def _notes(results: dict) -> str:
     ]
     if not lines:
         return ""
-    return (
-        "Runs not compared (each comparison uses the seeds both runs finished):\n\n"
-        + "\n".join(lines)
-        + "\n"
+    return "Runs not compared (each comparison uses the seeds both runs finished):\n\n" + "\n".join(
+        lines
     )
 
 

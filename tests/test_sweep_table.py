@@ -1,0 +1,53 @@
+"""experiments/sweep_table.py on a constructed sweep: the report's tables in the
+docs/results format, recomputed from the run folders, rendered by update_docs."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from jaxformer import sweep
+from tests.test_sweep import finished, system, write_spec
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _module(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sweep_table, update_docs = _module("sweep_table"), _module("update_docs")
+
+
+def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
+    path = write_spec(tmp_path, variants={"base": {}, "better": {}}, seeds=3)
+    spec = sweep.Spec.load(path)
+    for seed in range(3):
+        base = {"bleu": 10.0 + seed, "chrf": 30.0}
+        finished(spec.folder("base", seed), base, system(0.6, seed))
+        better = {"bleu": 13.0 + seed, "chrf": 33.0}
+        finished(spec.folder("better", seed), better, system(0.85, 10 + seed))
+    out = tmp_path / "docs" / "sweep.json"
+    line = sweep_table.main(
+        [str(path), "--about", "A toy.", "--note", "Read it.", "--out", str(out)]
+    )
+    assert line["verdicts"] == {"better": {"bleu": "better", "chrf": "better"}}
+    result = json.loads(out.read_text())
+    assert result["command"] == f"jaxformer sweep {path}"
+    figures, differences, verdicts = result["tables"]
+    assert figures["caption"].startswith("A toy. Each variant: mean")
+    assert figures["rows"][1][:3] == ["better", "3/3", "14.00 ± 2.48"]
+    assert differences["rows"] == [["better", "3", "+3.00 ± 0.00", "+3.00 ± 0.00"]]
+    assert verdicts["notes"] == ["Read it."] and verdicts["rows"][0][6] == "better"
+    text = update_docs.render_result(result)
+    assert "| better | 3/3 | 14.00 ± 2.48 | 33.00 |" in text and "Read it." in text
+
+
+def test_a_missing_sweep_folder_is_named(tmp_path):
+    path = write_spec(tmp_path)
+    with pytest.raises(SystemExit, match="no such sweep folder"):
+        sweep_table.main([str(path), "--out", str(tmp_path / "x.json")])
