@@ -3,18 +3,21 @@ from a results.json that an earlier version of the report may have written):
 
     jaxformer sweep experiments/wyc_web_speedrun.yaml
     python experiments/sweep_table.py experiments/wyc_web_speedrun.yaml \
-        [--sweep-out DIR] [--about "..."] [--device "..."] [--source "..."] [--note "..."] \
+        [--sweep-out DIR] [--baseline NAME] [--about "..."] [--device "..."] \
+        [--source "..."] [--note "..."] \
         --out docs/results/sweep_wyc_web_speedrun.json
 
 The tables are the report's own (jaxformer.sweep.report.tables): the figures per variant
 with each run's compared metric, the seed-paired differences, and the verdicts. --about
 (what was trained, on what) goes before the first table's caption, each --note under the
-last table. Prints a JSON line: the verdicts.
+last table. --baseline compares the same runs with another of the variants than the
+spec's baseline (Holm's adjustment is then over the others). Prints a JSON line: the verdicts.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import pathlib
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("spec", type=pathlib.Path, help="the sweep's spec (YAML or JSON)")
     parser.add_argument("--sweep-out", help="the sweep's folder, if not the spec's out")
+    parser.add_argument("--baseline", help="compare with this variant, not the spec's baseline")
     parser.add_argument("--about", default="", help="what the sweep trained, on what")
     parser.add_argument("--device", default="2-core CPU", help="the machine, in words")
     parser.add_argument("--source", default="the sweep's run folders")
@@ -45,6 +49,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", required=True, help="the docs/results JSON to write")
     args = parser.parse_args(argv)
     spec = sweep.Spec.load(args.spec, out=args.sweep_out)
+    if args.baseline is not None:
+        if args.baseline not in spec.variants:
+            raise SystemExit(f"--baseline {args.baseline!r} is not one of {list(spec.variants)}")
+        spec = dataclasses.replace(spec, baseline=args.baseline)
     if not spec.out.is_dir():
         raise SystemExit(f"{spec.out}: no such sweep folder (run `jaxformer sweep {args.spec}`)")
     results = sweep.report.summarize(spec)

@@ -46,8 +46,13 @@ def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
     text = update_docs.render_result(result)
     assert "| better | 3/3 | 14.00 ± 2.48 | 33.00 |" in text and "Read it." in text
 
+    line = sweep_table.main([str(path), "--baseline", "better", "--out", str(out)])
+    assert line["verdicts"] == {"base": {"bleu": "worse", "chrf": "worse"}}
 
-def test_a_missing_sweep_folder_is_named(tmp_path):
+
+def test_a_missing_sweep_folder_or_baseline_is_named(tmp_path):
     path = write_spec(tmp_path)
     with pytest.raises(SystemExit, match="no such sweep folder"):
         sweep_table.main([str(path), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="--baseline 'base' is not one of"):
+        sweep_table.main([str(path), "--baseline", "base", "--out", str(tmp_path / "x.json")])
