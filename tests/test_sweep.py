@@ -237,6 +237,22 @@ def test_predictions_with_any_character_pair_up(tmp_path):
     assert rows == [("abc", "abc", "a\x1cb\x85"), ("de", "ed", "e d")]
 
 
+def test_curves_keep_each_evaluation_protocol_apart():
+    """The in-run greedy sample and the final beam set are different measurements: two series."""
+    seed = [
+        {"step": 500, "bleu": 3.0, "eval_beam": 1, "eval_pairs": 200},
+        {"step": 1000, "bleu": 7.0, "eval_beam": 1, "eval_pairs": 200},
+        {"step": 1000, "bleu": 9.0, "eval_beam": 4, "eval_pairs": 416},
+    ]
+    other = [dict(r, bleu=r["bleu"] + 1) for r in seed]
+    series = sweep.report._series([seed, other, [{"step": 10, "eval_loss": 2.0}]], "bleu")
+    assert series == {
+        "greedy, 200 pairs": {500: [3.0, 4.0], 1000: [7.0, 8.0]},
+        "beam 4, 416 pairs": {1000: [9.0, 10.0]},
+    }
+    assert sweep.report._series([[{"step": 5, "bleu": 1.0}]], "bleu") == {"": {5: [1.0]}}
+
+
 def finished(folder, summary, predictions=None, file="predictions.tsv"):
     """A run folder as a finished run leaves it: summary.json and its predictions."""
     from jaxformer.train.report import write_predictions

@@ -415,18 +415,33 @@ def _evals(folder: pathlib.Path) -> list[dict]:
     return [r for r in records if "eval_loss" in r]
 
 
-def _band(ax, evals: list[list[dict]], key: str, label: str, color: str) -> None:
-    """Mean and min-max over the seeds that logged `key` at each step."""
-    by_step: dict[int, list[float]] = {}
+def _series(evals: list[list[dict]], key: str) -> dict[str, dict[int, list[float]]]:
+    """`key`'s values over the seeds' evaluation records, by protocol ("greedy, 200 pairs":
+    an in-run sample and the final set are different measurements), then by step."""
+    series: dict[str, dict[int, list[float]]] = {}
     for records in evals:
         for r in records:
-            if r.get(key) is not None:
-                by_step.setdefault(r["step"], []).append(r[key])
-    if not by_step:
-        return
-    steps = sorted(by_step)
-    values = [by_step[s] for s in steps]
-    ax.plot(steps, [sum(v) / len(v) for v in values], "o-", color=color, label=label)
-    ax.fill_between(
-        steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2
-    )
+            if r.get(key) is None:
+                continue
+            beam, pairs = r.get("eval_beam"), r.get("eval_pairs")
+            protocol = ""
+            if beam is not None and pairs is not None:
+                protocol = f"{'greedy' if beam == 1 else f'beam {beam}'}, {pairs} pairs"
+            series.setdefault(protocol, {}).setdefault(r["step"], []).append(r[key])
+    return series
+
+
+def _band(ax, evals: list[list[dict]], key: str, label: str, color: str) -> None:
+    """Mean and min-max over the seeds that logged `key` at each step, one series per
+    evaluation protocol; a lone point (the final evaluation) is a square, its bar the range."""
+    for protocol, by_step in _series(evals, key).items():
+        steps = sorted(by_step)
+        mean = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+        low, high = [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps]
+        name = f"{label} ({protocol})" if protocol else label
+        if len(steps) == 1:
+            bar = [[mean[0] - low[0]], [high[0] - mean[0]]]
+            ax.errorbar(steps, mean, yerr=bar, fmt="s", color=color, capsize=4, label=name)
+        else:
+            ax.plot(steps, mean, "o-", color=color, label=name)
+            ax.fill_between(steps, low, high, color=color, alpha=0.2)
