@@ -376,8 +376,9 @@ def _cell(figure: dict | None, fmt: str, signed: bool = False) -> str:
 
 
 def curves(spec: Spec, out_png: pathlib.Path) -> None:
-    """Dev loss, and BLEU (or exact match), against steps: each variant's mean over its
-    seeds, with a band from the lowest to the highest seed."""
+    """Dev loss, and BLEU (or exact match), against steps (against examples seen when the
+    variants' batch sizes differ): each variant's mean over its seeds, with a band from the
+    lowest to the highest seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -391,12 +392,15 @@ def curves(spec: Spec, out_png: pathlib.Path) -> None:
         "bleu": "dev BLEU",
         "exact_match": "dev exact match",
     }
+    rows = {name: spec.configs(name, spec.seeds[0])[1].optim.batch_size for name in spec.variants}
+    per_example = len(set(rows.values())) > 1
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for i, (name, runs) in enumerate(evals.items()):
         for ax, key in zip(axes, keys, strict=True):
-            _band(ax, runs, key, name, f"C{i}")
+            _band(ax, runs, key, name, f"C{i}", rows[name] if per_example else 1)
     for ax, key in zip(axes, keys, strict=True):
-        ax.set(xlabel="step", title=titles[key])
+        xlabel = "examples seen (steps x batch size)" if per_example else "step"
+        ax.set(xlabel=xlabel, title=titles[key])
         if ax.get_legend_handles_labels()[0]:  # some run logged an evaluation
             ax.legend(fontsize=8)
     fig.suptitle(
@@ -431,17 +435,19 @@ def _series(evals: list[list[dict]], key: str) -> dict[str, dict[int, list[float
     return series
 
 
-def _band(ax, evals: list[list[dict]], key: str, label: str, color: str) -> None:
-    """Mean and min-max over the seeds that logged `key` at each step, one series per
-    evaluation protocol; a lone point (the final evaluation) is a square, its bar the range."""
+def _band(ax, evals: list[list[dict]], key: str, label: str, color: str, rows: int) -> None:
+    """Mean and min-max over the seeds that logged `key` at each step (x: step * rows), one
+    series per evaluation protocol; a lone point (the final evaluation) is a square, its bar
+    the range."""
     for protocol, by_step in _series(evals, key).items():
         steps = sorted(by_step)
+        x = [s * rows for s in steps]
         mean = [sum(by_step[s]) / len(by_step[s]) for s in steps]
         low, high = [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps]
         name = f"{label} ({protocol})" if protocol else label
         if len(steps) == 1:
             bar = [[mean[0] - low[0]], [high[0] - mean[0]]]
-            ax.errorbar(steps, mean, yerr=bar, fmt="s", color=color, capsize=4, label=name)
+            ax.errorbar(x, mean, yerr=bar, fmt="s", color=color, capsize=4, label=name)
         else:
-            ax.plot(steps, mean, "o-", color=color, label=name)
-            ax.fill_between(steps, low, high, color=color, alpha=0.2)
+            ax.plot(x, mean, "o-", color=color, label=name)
+            ax.fill_between(x, low, high, color=color, alpha=0.2)
