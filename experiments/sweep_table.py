@@ -12,6 +12,8 @@ with each run's compared metric, the seed-paired differences, and the verdicts. 
 (what was trained, on what) goes before the first table's caption, each --note under the
 last table. --baseline compares the same runs with another of the variants than the
 spec's baseline (Holm's adjustment is then over the others). Prints a JSON line: the verdicts.
+Bad input (a missing or invalid spec, an unknown --baseline, no sweep folder) is one error
+line, exit 2.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import flax
 import jax
 
 from jaxformer import sweep
+from jaxformer.checks import InputError
 
 
 def verdicts(results: dict) -> dict[str, dict[str, str]]:
@@ -48,13 +51,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--note", action="append", default=[], help="a note under the tables")
     parser.add_argument("--out", required=True, help="the docs/results JSON to write")
     args = parser.parse_args(argv)
-    spec = sweep.Spec.load(args.spec, out=args.sweep_out)
+    try:
+        spec = sweep.Spec.load(args.spec, out=args.sweep_out)
+    except InputError as e:
+        parser.error(str(e))
     if args.baseline is not None:
         if args.baseline not in spec.variants:
-            raise SystemExit(f"--baseline {args.baseline!r} is not one of {list(spec.variants)}")
+            parser.error(f"--baseline {args.baseline!r} is not one of {list(spec.variants)}")
         spec = dataclasses.replace(spec, baseline=args.baseline)
     if not spec.out.is_dir():
-        raise SystemExit(f"{spec.out}: no such sweep folder (run `jaxformer sweep {args.spec}`)")
+        parser.error(f"{spec.out}: no such sweep folder (run `jaxformer sweep {args.spec}`)")
     results = sweep.report.summarize(spec)
     tables = sweep.report.tables(results)
     tables[0]["caption"] = f"{args.about} {tables[0]['caption']}".strip()

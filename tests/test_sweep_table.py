@@ -50,9 +50,13 @@ def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
     assert line["verdicts"] == {"base": {"bleu": "worse", "chrf": "worse"}}
 
 
-def test_a_missing_sweep_folder_or_baseline_is_named(tmp_path):
-    path = write_spec(tmp_path)
-    with pytest.raises(SystemExit, match="no such sweep folder"):
-        sweep_table.main([str(path), "--out", str(tmp_path / "x.json")])
-    with pytest.raises(SystemExit, match="--baseline 'base' is not one of"):
-        sweep_table.main([str(path), "--baseline", "base", "--out", str(tmp_path / "x.json")])
+def test_bad_input_is_one_error_line_with_exit_2(tmp_path, capsys):
+    path, out = write_spec(tmp_path), str(tmp_path / "x.json")
+    for argv, message in [
+        ([str(path), "--out", out], "no such sweep folder"),
+        ([str(path), "--baseline", "nope", "--out", out], "--baseline 'nope' is not one of"),
+        ([str(tmp_path / "missing.yaml"), "--out", out], "missing.yaml: no such config file"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            sweep_table.main(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
