@@ -253,6 +253,20 @@ def test_curves_keep_each_evaluation_protocol_apart():
     assert sweep.report._series([[{"step": 5, "bleu": 1.0}]], "bleu") == {"": {5: [1.0]}}
 
 
+def test_curves_name_the_seeds_each_variant_finished(tmp_path, monkeypatch):
+    """A variant with fewer finished seeds than the spec's says so in its legend."""
+    spec = sweep.Spec.load(write_spec(tmp_path))
+    for name, seeds in (("baseline", (0, 1)), ("sq", (0,))):
+        for seed in seeds:
+            finished(spec.folder(name, seed), {"bleu": 1.0})
+    labels = []
+    monkeypatch.setattr(
+        sweep.report, "_band", lambda ax, runs, key, label, *a: labels.append(label)
+    )
+    sweep.report.curves(spec, tmp_path / "curves.png")
+    assert set(labels) == {"baseline (2 of 2 seeds)", "sq (1 of 2 seeds)"}
+
+
 def finished(folder, summary, predictions=None, file="predictions.tsv"):
     """A run folder as a finished run leaves it: summary.json and its predictions."""
     from jaxformer.train.report import write_predictions

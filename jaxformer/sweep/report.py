@@ -396,16 +396,16 @@ def curves(spec: Spec, out_png: pathlib.Path) -> None:
     per_example = len(set(rows.values())) > 1
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for i, (name, runs) in enumerate(evals.items()):
+        done = len(_done(spec, name))
+        label = f"{name} ({done} of {len(spec.seeds)} seeds)"
         for ax, key in zip(axes, keys, strict=True):
-            _band(ax, runs, key, name, f"C{i}", rows[name] if per_example else 1)
+            _band(ax, runs, key, label, f"C{i}", rows[name] if per_example else 1)
     for ax, key in zip(axes, keys, strict=True):
         xlabel = "examples seen (steps x batch size)" if per_example else "step"
         ax.set(xlabel=xlabel, title=titles[key])
         if ax.get_legend_handles_labels()[0]:  # some run logged an evaluation
             ax.legend(fontsize=8)
-    fig.suptitle(
-        f"sweep {spec.out.name}: {len(spec.seeds)} seed(s) per variant (line: mean; band: min to max)"
-    )
+    fig.suptitle(f"sweep {spec.out.name}: mean over the finished seeds (line), min to max (band)")
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
