@@ -4,14 +4,15 @@ from a results.json that an earlier version of the report may have written):
     jaxformer sweep experiments/wyc_web_speedrun.yaml
     python experiments/sweep_table.py experiments/wyc_web_speedrun.yaml \
         [--sweep-out DIR] [--baseline NAME] [--about "..."] [--device "..."] \
-        [--source "..."] [--note "..."] \
+        [--source "..."] [--note "..."] [--curves docs/speedrun_sweep.png] \
         --out docs/results/sweep_wyc_web_speedrun.json
 
 The tables are the report's own (jaxformer.sweep.report.tables): the figures per variant
 with each run's compared metric, the seed-paired differences, and the verdicts. --about
 (what was trained, on what) goes before the first table's caption, each --note under the
-last table. --baseline compares the same runs with another of the variants than the
-spec's baseline (Holm's adjustment is then over the others). Prints a JSON line: the verdicts.
+last table. --curves also draws the runs' curves (the sweep's curves.png) to that file.
+--baseline compares the same runs with another of the variants than the spec's baseline
+(Holm's adjustment is then over the others). Prints a JSON line: the verdicts.
 Bad input (a missing or invalid spec, an unknown --baseline, no sweep folder) is one error
 line, exit 2.
 """
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="2-core CPU", help="the machine, in words")
     parser.add_argument("--source", default="the sweep's run folders")
     parser.add_argument("--note", action="append", default=[], help="a note under the tables")
+    parser.add_argument("--curves", help="also draw the runs' curves to this PNG")
     parser.add_argument("--out", required=True, help="the docs/results JSON to write")
     args = parser.parse_args(argv)
     try:
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    if args.curves:
+        sweep.report.curves(spec, pathlib.Path(args.curves))
     line = {"sweep": str(spec.out), "verdicts": verdicts(results), "out": str(path)}
     print(json.dumps(line))
     return line

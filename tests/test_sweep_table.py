@@ -46,8 +46,12 @@ def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
     text = update_docs.render_result(result)
     assert "| better | 3/3 | 14.00 ± 2.48 | 33.00 |" in text and "Read it." in text
 
-    line = sweep_table.main([str(path), "--baseline", "better", "--out", str(out)])
+    png = tmp_path / "curves.png"
+    line = sweep_table.main(
+        [str(path), "--baseline", "better", "--curves", str(png), "--out", str(out)]
+    )
     assert line["verdicts"] == {"base": {"bleu": "worse", "chrf": "worse"}}
+    assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_bad_input_is_one_error_line_with_exit_2(tmp_path, capsys):
