@@ -403,10 +403,13 @@ def curves(spec: Spec, out_png: pathlib.Path) -> None:
     for ax, key in zip(axes, keys, strict=True):
         xlabel = "examples seen (steps x batch size)" if per_example else "step"
         ax.set(xlabel=xlabel, title=titles[key])
-        if ax.get_legend_handles_labels()[0]:  # some run logged an evaluation
-            ax.legend(fontsize=8)
     fig.suptitle(f"sweep {spec.out.name}: mean over the finished seeds (line), min to max (band)")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    legend_rows = -(-len(labels) // 2)  # one legend under both plots, two entries a row
+    fig.set_figheight(4.2 + 0.25 * legend_rows)
+    if labels:  # some run logged an evaluation
+        fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.25 * legend_rows / fig.get_figheight(), 1, 1))
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
 
