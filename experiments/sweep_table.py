@@ -4,7 +4,7 @@ from a results.json that an earlier version of the report may have written):
     jaxformer sweep experiments/wyc_web_speedrun.yaml
     python experiments/sweep_table.py experiments/wyc_web_speedrun.yaml \
         [--sweep-out DIR] [--baseline NAME] [--about "..."] [--device "..."] \
-        [--source "..."] [--note "..."] [--curves docs/speedrun_sweep.png] \
+        [--source "..."] [--note "..."] [--curves PNG] \
         --out docs/results/sweep_wyc_web_speedrun.json
 
 The tables are the report's own (jaxformer.sweep.report.tables): the figures per variant
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     if args.curves:
+        pathlib.Path(args.curves).parent.mkdir(parents=True, exist_ok=True)
         sweep.report.curves(spec, pathlib.Path(args.curves))
     line = {"sweep": str(spec.out), "verdicts": verdicts(results), "out": str(path)}
     print(json.dumps(line))

@@ -46,7 +46,7 @@ def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
     text = update_docs.render_result(result)
     assert "| better | 3/3 | 14.00 ± 2.48 | 33.00 |" in text and "Read it." in text
 
-    png = tmp_path / "curves.png"
+    png = tmp_path / "figures" / "curves.png"  # a folder not yet made
     line = sweep_table.main(
         [str(path), "--baseline", "better", "--curves", str(png), "--out", str(out)]
     )
