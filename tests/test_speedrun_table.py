@@ -121,3 +121,16 @@ def test_a_pair_compares_two_runs_and_a_pair_outside_the_runs_is_refused(tmp_pat
     assert float(row[3].split(" [")[1].split(",")[0]) > 0
     with pytest.raises(SystemExit, match=r"--pair .*elsewhere: not among the runs given"):
         speedrun_table.main([*runs, "--pair", runs[0], str(tmp_path / "elsewhere")])
+
+
+ROOT = PATH.parents[1]
+RECORDS = ROOT / "docs" / "results" / "speedruns" / "wyc-web-avx512"
+
+
+def test_the_committed_avx512_tables_are_what_the_committed_run_records_compute(tmp_path):
+    runs = [str(RECORDS / name) for name in ("speedrun", "wide", "wide_10000")]
+    out = tmp_path / "speedrun.json"
+    speedrun_table.main([*runs, "--pair", runs[1], runs[2], "--out", str(out)])
+    committed = json.loads((ROOT / "docs/results/speedrun_wyc_web_avx512.json").read_text())
+    computed = json.loads(out.read_text())
+    assert [t["rows"] for t in computed["tables"]] == [t["rows"] for t in committed["tables"]]
