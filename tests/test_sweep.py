@@ -145,6 +145,9 @@ def test_holm_adjusts_step_down_and_keeps_the_floor_a_bound():
     adjusted = stats.holm([floor, 0.5], [True, False])
     assert adjusted == [(pytest.approx(2 * floor), True), (0.5, False)]
     assert stats.format_p(*adjusted[0]) == "< 0.002" and stats.format_p(0.5, False) == "0.500"
+    # a floor p whose adjusted value an exact p equals: that value is exact, not a bound
+    adjusted = stats.holm([floor, floor, floor, 4 / 1001], [True, True, True, False])
+    assert adjusted == [(pytest.approx(4 * floor), True)] * 3 + [(pytest.approx(4 * floor), False)]
 
 
 @pytest.mark.parametrize(

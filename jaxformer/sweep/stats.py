@@ -153,14 +153,14 @@ def bootstrap(
 
 def holm(p_values: list[float], at_floor: list[bool]) -> list[tuple[float, bool]]:
     """Holm's step-down adjustment: (adjusted p, whether it is an upper bound because it
-    comes from a p at the bootstrap floor), in the order given."""
+    comes from a p at the bootstrap floor and no exact p ties it), in the order given."""
     if len(p_values) != len(at_floor):
         raise BadValue(f"holm needs a floor flag per p, got {len(p_values)} and {len(at_floor)}")
     m, out = len(p_values), [(1.0, False)] * len(p_values)
     running, bound = 0.0, False
     for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
         candidate = min(1.0, (m - rank) * p_values[i])
-        if candidate > running:
+        if candidate > running or (candidate == running and not at_floor[i]):
             running, bound = candidate, at_floor[i]
         out[i] = (running, bound)
     return out
