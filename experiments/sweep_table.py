@@ -4,7 +4,7 @@ from a results.json that an earlier version of the report may have written):
     jaxformer sweep experiments/wyc_web_speedrun.yaml
     python experiments/sweep_table.py experiments/wyc_web_speedrun.yaml \
         [--sweep-out DIR] [--baseline NAME] [--about "..."] [--device "..."] \
-        [--source "..."] [--note "..."] [--curves PNG] \
+        [--source "..."] [--note "..."] [--curves PNG] [--comparisons-only] \
         --out docs/results/sweep_wyc_web_speedrun.json
 
 The tables are the report's own (jaxformer.sweep.report.tables): the figures per variant
@@ -12,7 +12,8 @@ with each run's compared metric, the seed-paired differences, and the verdicts. 
 (what was trained, on what) goes before the first table's caption, each --note under the
 last table. --curves also draws the runs' curves (the sweep's curves.png) to that file.
 --baseline compares the same runs with another of the variants than the spec's baseline
-(Holm's adjustment is then over the others). Prints a JSON line: the verdicts.
+(Holm's adjustment is then over the others); --comparisons-only leaves out the figures per
+variant, for a second reading of runs whose figures another results file shows. Prints a JSON line: the verdicts.
 Bad input (a missing or invalid spec, an unknown --baseline, no sweep folder) is one error
 line, exit 2.
 """
@@ -51,6 +52,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--source", default="the sweep's run folders")
     parser.add_argument("--note", action="append", default=[], help="a note under the tables")
     parser.add_argument("--curves", help="also draw the runs' curves to this PNG")
+    parser.add_argument(
+        "--comparisons-only",
+        action="store_true",
+        help="leave out the figures per variant (the differences and verdicts only)",
+    )
     parser.add_argument("--out", required=True, help="the docs/results JSON to write")
     args = parser.parse_args(argv)
     try:
@@ -64,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not spec.out.is_dir():
         parser.error(f"{spec.out}: no such sweep folder (run `jaxformer sweep {args.spec}`)")
     results = sweep.report.summarize(spec)
-    tables = sweep.report.tables(results)
+    tables = sweep.report.tables(results)[1 if args.comparisons_only else 0 :]
     tables[0]["caption"] = f"{args.about} {tables[0]['caption']}".strip()
     tables[-1]["notes"] += args.note
     result = {
@@ -79,7 +85,6 @@ def main(argv: list[str] | None = None) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     if args.curves:
-        pathlib.Path(args.curves).parent.mkdir(parents=True, exist_ok=True)
         sweep.report.curves(spec, pathlib.Path(args.curves))
     line = {"sweep": str(spec.out), "verdicts": verdicts(results), "out": str(path)}
     print(json.dumps(line))

@@ -52,6 +52,9 @@ def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
     )
     assert line["verdicts"] == {"base": {"bleu": "worse", "chrf": "worse"}}
     assert png.read_bytes().startswith(b"\x89PNG")
+    sweep_table.main([str(path), "--comparisons-only", "--about", "Again.", "--out", str(out)])
+    differences, verdicts = json.loads(out.read_text())["tables"]
+    assert differences["caption"].startswith("Again. Variant minus base")
 
 
 def test_bad_input_is_one_error_line_with_exit_2(tmp_path, capsys):
@@ -64,3 +67,28 @@ def test_bad_input_is_one_error_line_with_exit_2(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             sweep_table.main(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, baseline",
+    [
+        ("sweep_wyc_web_speedrun", None),
+        ("sweep_wyc_web_speedrun_batch", "no_dropout"),
+        ("sweep_wyc_web_speedrun_levers", "no_dropout_batch_32"),
+    ],
+)
+def test_the_committed_speedrun_sweep_tables_are_what_its_committed_records_compute(
+    tmp_path, name, baseline
+):
+    out = tmp_path / "sweep.json"
+    records = ROOT / "docs" / "results" / "sweeps" / "wyc-web-speedrun"
+    argv = [str(ROOT / "experiments" / "wyc_web_speedrun.yaml"), "--sweep-out", str(records)]
+    if baseline:
+        argv += ["--baseline", baseline, "--comparisons-only"]
+    sweep_table.main([*argv, "--out", str(out)])
+    committed = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())["tables"]
+    computed = json.loads(out.read_text())["tables"]
+    for table in committed + computed:  # the words around the tables are options
+        table.pop("caption")
+        table.pop("notes", None)
+    assert computed == committed

@@ -394,7 +394,8 @@ def curves(spec: Spec, out_png: pathlib.Path) -> None:
     }
     rows = {name: spec.configs(name, spec.seeds[0])[1].optim.batch_size for name in spec.variants}
     per_example = len(set(rows.values())) > 1
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    legend_rows = len(spec.variants)  # under both plots: up to 2 entries a variant, 2 a row
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2 + 0.25 * legend_rows), layout="constrained")
     for i, (name, runs) in enumerate(evals.items()):
         done = len(_done(spec, name))
         label = f"{name} ({done} of {len(spec.seeds)} seeds)"
@@ -405,11 +406,9 @@ def curves(spec: Spec, out_png: pathlib.Path) -> None:
         ax.set(xlabel=xlabel, title=titles[key])
     fig.suptitle(f"sweep {spec.out.name}: mean over the finished seeds (line), min to max (band)")
     handles, labels = axes[0].get_legend_handles_labels()
-    legend_rows = -(-len(labels) // 2)  # one legend under both plots, two entries a row
-    fig.set_figheight(4.2 + 0.25 * legend_rows)
     if labels:  # some run logged an evaluation
-        fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.25 * legend_rows / fig.get_figheight(), 1, 1))
+        fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
 
