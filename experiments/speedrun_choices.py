@@ -8,7 +8,8 @@ Two measurements on the real wyc-web training batches (the BPE the default run l
    paper's ~25k tokens) could save on a CPU, where a step's time follows its padded size.
 2. **Train-step time** of candidate models on the same fixed batches (a spread of the
    epoch's shapes at pad multiple 16): the default tiny model in float32, with bfloat16
-   compute, without dropout, with 4 encoder layers and 1 decoder layer, and 2x wider.
+   compute, without dropout, with 4 encoder layers and 1 decoder layer, and 2x wider
+   (in float32 and with bfloat16 compute).
    Rounds alternate over the candidates, so a busy machine slows them alike; each
    figure is the median over rounds, with the range, and a candidate's speed against
    the default is the ratio of their times within each round.
@@ -41,7 +42,7 @@ from flax import nnx
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import jaxformer as jf  # noqa: E402
-from experiments.throughput import machine_info  # noqa: E402  one description of the machine
+from experiments.throughput import VECTOR_FLAGS, machine_info  # noqa: E402  one description
 from jaxformer import train  # noqa: E402
 from jaxformer.data import bible  # noqa: E402
 from jaxformer.train.setup import build_data  # noqa: E402
@@ -53,6 +54,7 @@ CANDIDATES = {  # name: changes to the default tiny model (float32, dropout 0.1)
     "tiny, no dropout": dict(dropout_rate=0.0),
     "4 encoder + 1 decoder layers": dict(num_encoder_layers=4, num_decoder_layers=1),
     "d_model 256, d_ff 1024": dict(d_model=256, d_ff=1024),
+    "d_model 256, d_ff 1024, bfloat16 compute": dict(d_model=256, d_ff=1024, dtype="bfloat16"),
 }
 
 
@@ -134,6 +136,13 @@ def step_rows(times: dict[str, list[float]], batches) -> list[list]:
     return rows
 
 
+def device_name() -> str:
+    """The CPU, its cores and the vector extensions its matmul speed hangs on."""
+    machine = machine_info()
+    extensions = ", ".join(machine["vector_extensions"]) or "none of " + ", ".join(VECTOR_FLAGS)
+    return f"{machine['processor']}, {len(os.sched_getaffinity(0))} cores ({extensions})"
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
@@ -150,7 +159,7 @@ def main(argv=None) -> dict:
     result = {
         "command": "python experiments/speedrun_choices.py"
         + (f" --rounds {args.rounds}" if args.rounds != 5 else ""),
-        "device": f"{machine_info()['processor']}, {len(os.sched_getaffinity(0))} cores",
+        "device": device_name(),
         "versions": {"jax": jax.__version__, "flax": flax.__version__},
         "date": datetime.date.today().isoformat(),
         "source": "the speed levers of the wyc-web speedrun, side by side in one process",

@@ -49,6 +49,7 @@ from jaxformer import data, train  # noqa: E402
 
 SIZES = dict(V=1000, E=256, H=4, F=1024, layers=2, B=32, S=64, T=64)
 LR = 1e-4
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what a CPU's matmuls hang on
 PEAK_N = 2048  # the GEMM that measures the machine's float32 peak: [N, N] @ [N, N]
 
 
@@ -317,7 +318,8 @@ def main(argv=None):
 def machine_info(torch=None) -> dict:
     info = {
         "platform": platform.platform(),
-        "processor": _cpu_name(),
+        "processor": _cpuinfo("model name") or platform.processor(),
+        "vector_extensions": [f for f in VECTOR_FLAGS if f in _cpuinfo("flags").split()],
         "cpu_count": os.cpu_count(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
@@ -332,14 +334,15 @@ def machine_info(torch=None) -> dict:
     return info
 
 
-def _cpu_name() -> str:
+def _cpuinfo(field: str) -> str:
+    """The first value of `field` in /proc/cpuinfo, or "" where there is none (off Linux)."""
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return ""
 
 
 if __name__ == "__main__":
