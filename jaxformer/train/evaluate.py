@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxformer import decode
 from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.config import RunConfig
 from jaxformer.data import TrainingData
@@ -96,6 +97,32 @@ def score(
     predictions = predict_fn([src for src, _ in pairs])
     targets = [tgt for _, tgt in pairs]
     return {name: METRICS[name](predictions, targets) for name in metrics}, predictions
+
+
+def translate(
+    model,
+    tokenizer,
+    sources: list[str],
+    run: RunConfig,
+    data: TrainingData,
+    *,
+    beam: int,
+    alpha: float | None = None,
+) -> list[str]:
+    """Translations of `sources` as a run's evaluation decodes them: greedy for beam 1,
+    else beam search with the run's length penalty (or `alpha`), at most `data.tgt_len`
+    tokens, in batches of the run's batch size padded to its pad multiple."""
+    return decode.generate(
+        model,
+        tokenizer,
+        sources,
+        "beam" if beam > 1 else "greedy",
+        beam_size=beam,
+        alpha=run.eval.eval_alpha if alpha is None else alpha,
+        max_new_tokens=data.tgt_len,
+        batch_size=run.optim.batch_size,
+        pad_multiple=run.data.pad_multiple,
+    )
 
 
 def eval_beam(run: RunConfig, data: TrainingData) -> int:

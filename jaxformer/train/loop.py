@@ -25,13 +25,12 @@ from typing import Any, NamedTuple
 import jax
 from flax import nnx
 
-from jaxformer import decode
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.models import Transformer
 from jaxformer.parallel import host_copy
 from jaxformer.train import report
 from jaxformer.train.checkpoint import abstract_train_state, save_averaged
-from jaxformer.train.evaluate import eval_beam, evaluate, score
+from jaxformer.train.evaluate import eval_beam, evaluate, score, translate
 from jaxformer.train.hooks import Hook, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup, set_up
@@ -235,17 +234,7 @@ class _Evaluator:
 
         def predictions(sources):
             model = nnx.merge(setup.graphdef, setup.placement.one_copy(params))
-            return decode.generate(
-                model,
-                setup.tokenizer,
-                sources,
-                "beam" if beam > 1 else "greedy",
-                beam_size=beam,
-                alpha=run.eval.eval_alpha,
-                max_new_tokens=setup.data.tgt_len,
-                batch_size=run.optim.batch_size,
-                pad_multiple=run.data.pad_multiple,
-            )
+            return translate(model, setup.tokenizer, sources, run, setup.data, beam=beam)
 
         return predictions
 

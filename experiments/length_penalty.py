@@ -1,0 +1,226 @@
+"""The beam's length penalty, tuned on dev: each run's final model (its checkpoint
+average, if it made one) decodes every dev pair with the run's beam at each length
+penalty alpha, and each alpha's dev BLEU is compared with the first's.
+
+    python experiments/length_penalty.py RUN [RUN...] [--alphas 0.6 0.8 1.0 1.2 1.5] \
+        [--device "..."] [--source "..."] [--note "..."] [--out results/length_penalty.json]
+
+The runs are the seeds of one configuration (the script refuses runs that differ in
+more). The paper chose its alpha 0.6 on its development set; so does this, and the test
+books stay unseen (score them with the alpha chosen: `jaxformer train ... --eval-alpha A
+--final-test`). A larger alpha favours longer outputs, and BLEU's brevity penalty punishes
+outputs shorter than the references, so the table shows the length ratio beside the
+scores. Against the first alpha: the difference seed by seed (its 95% t-interval), the
+two-level bootstrap (jaxformer.sweep.stats: the seeds, then the dev sentences; with one
+run the sentences alone, so training variance is not in it), Holm's p over the alphas and
+the verdict. The best of several alphas on the same sentences flatters itself a little:
+confirm a chosen alpha on runs of other seeds. Writes --out in the docs/results format
+and prints a JSON line: each alpha's dev BLEU, run by run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+
+import flax
+import jax
+import sacrebleu
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from jaxformer.checks import BadValue, MissingFile  # noqa: E402
+from jaxformer.config import RunConfig  # noqa: E402
+from jaxformer.decode import check_beam_options  # noqa: E402
+from jaxformer.sweep import stats  # noqa: E402
+from jaxformer.train.checkpoint import restore_model  # noqa: E402
+from jaxformer.train.evaluate import eval_beam, translate  # noqa: E402
+from jaxformer.train.setup import build_data  # noqa: E402
+
+
+def load_run(folder: pathlib.Path):
+    """The run's final model, tokenizer, RunConfig, data and summary."""
+    if not (folder / "summary.json").is_file():
+        raise MissingFile(f"{folder}: no summary.json; is it a finished `jaxformer train` run?")
+    run = RunConfig.from_options(**json.loads((folder / "config.json").read_text())["run"])
+    model, tokenizer = restore_model(folder)
+    _, data = build_data(run, tokenizer)
+    if "bleu" not in data.metrics:
+        raise BadValue(f"{folder}: its data is not scored by BLEU; tune alpha on a translation run")
+    return model, tokenizer, run, data, json.loads((folder / "summary.json").read_text())
+
+
+def decode_at(folder: pathlib.Path, alphas: list[float]) -> dict:
+    """A run's dev translations at each alpha, scored: per alpha its sacrebleu BLEU and
+    chrF and its per-sentence BLEU statistics [N, K]."""
+    model, tokenizer, run, data, _ = load_run(folder)
+    sources, references = (list(x) for x in zip(*data.test_pairs, strict=True))
+    out = {}
+    for alpha in alphas:
+        hyps = translate(
+            model, tokenizer, sources, run, data, beam=eval_beam(run, data), alpha=alpha
+        )
+        out[alpha] = {
+            "bleu": sacrebleu.corpus_bleu(hyps, [references]),
+            "chrf": sacrebleu.corpus_chrf(hyps, [references]).score,
+            "sentences": stats.sentence_stats("bleu", hyps, references),
+        }
+    return out
+
+
+def _mean(values: list[float], digits: int, sign: str = "") -> str:
+    """The mean, and ± the half-width of its 95% t-interval with several values."""
+    mean, half = stats.mean_ci(values)
+    return f"{mean:{sign}.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+
+
+def rows_by_alpha(scored: list[dict], alphas: list[float]) -> list[list[str]]:
+    """One row per alpha, over the runs (the seeds of one configuration): mean dev BLEU,
+    chrF and length ratio (± the 95% t-interval's half-width with several runs), and
+    against the first alpha the seed-by-seed difference, the bootstrap's interval (seeds,
+    then sentences; sentences alone for one run), Holm's p over the alphas and the verdict."""
+    first, compared = alphas[0], alphas[1:]
+    results = [
+        stats.bootstrap(
+            "bleu",
+            [s[first]["sentences"] for s in scored],
+            [s[alpha]["sentences"] for s in scored],
+            resample_seeds=len(scored) > 1,
+        )
+        for alpha in compared
+    ]
+    adjusted = stats.holm([r.p for r in results], [r.at_floor for r in results])
+    rows = []
+    for alpha in alphas:
+        bleu = [s[alpha]["bleu"] for s in scored]
+        row = [
+            f"{alpha:g}",
+            _mean([b.score for b in bleu], 2),
+            _mean([s[alpha]["chrf"] for s in scored], 2),
+            _mean([b.sys_len / b.ref_len for b in bleu], 3),
+        ]
+        if alpha == first:
+            rows.append(row + [""] * 4)
+            continue
+        r, (p, bound) = results[compared.index(alpha)], adjusted[compared.index(alpha)]
+        per_seed = [b.score - s[first]["bleu"].score for b, s in zip(bleu, scored, strict=True)]
+        mean, half = stats.mean_ci(per_seed)
+        seed_interval = None if half is None else (mean - half, mean + half)
+        rows.append(
+            row
+            + [
+                _mean(per_seed, 2, sign="+"),
+                f"{r.difference:+.2f} [{r.low:+.2f}, {r.high:+.2f}]",
+                stats.format_p(p, bound),
+                stats.verdict(r, p, seed_interval),
+            ]
+        )
+    return rows
+
+
+def check_seeds(folders: list[pathlib.Path]) -> list[int]:
+    """The runs' seeds; refuse runs that differ in more than their seed and folder."""
+    configs = []
+    for folder in folders:
+        if not (folder / "config.json").is_file():
+            raise MissingFile(f"{folder}: no config.json; is it a finished `jaxformer train` run?")
+        config = json.loads((folder / "config.json").read_text())
+        configs.append(config["model"] | config["run"])
+    for folder, config in zip(folders[1:], configs[1:], strict=True):
+        differ = sorted(
+            k for k in config if k not in ("seed", "out") and config[k] != configs[0].get(k)
+        )
+        if differ:
+            raise BadValue(
+                f"{folder} differs from {folders[0]} in {', '.join(differ)}: give the seeds "
+                "of one configuration"
+            )
+    return [c["seed"] for c in configs]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "runs",
+        type=pathlib.Path,
+        nargs="+",
+        help="finished `jaxformer train` run folders: the seeds of one configuration",
+    )
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 1.0, 1.2, 1.5])
+    parser.add_argument("--device", default="2-core CPU", help="the machine, in words")
+    parser.add_argument("--source", default="the run folders named by the command")
+    parser.add_argument("--note", action="append", default=[], help="a note under the table")
+    parser.add_argument("--out", default="results/length_penalty.json")
+    args = parser.parse_args(argv)
+    try:
+        for alpha in args.alphas:
+            check_beam_options(4, alpha)
+        seeds = check_seeds(args.runs)
+        scored = [decode_at(folder, args.alphas) for folder in args.runs]
+        rows = rows_by_alpha(scored, args.alphas)
+    except (BadValue, MissingFile) as error:
+        parser.error(str(error))
+    pairs = len(scored[0][args.alphas[0]]["sentences"])
+    beam = json.loads((args.runs[0] / "summary.json").read_text())["eval_beam"]
+    first, several = f"{args.alphas[0]:g}", len(args.runs) > 1
+    caption = (
+        f"The final model of each run (seeds {', '.join(map(str, seeds))}; beam "
+        f"{beam}), decoding every dev pair ({pairs}) at each "
+        "length penalty alpha: "
+        + ("the mean over the seeds ± the half-width of its 95% t-interval; " if several else "")
+        + f"against alpha {first}, "
+        + (
+            "the seed-by-seed difference, and the two-level bootstrap (the seeds, then the "
+            "sentences) with its 95% interval, "
+            if several
+            else "the difference with the 95% interval of the bootstrap over the dev "
+            "sentences (one model: training variance not in it), "
+        )
+        + f"Holm's p over the {len(args.alphas) - 1} alphas compared, and the verdict:"
+    )
+    per_run = "; ".join(
+        f"alpha {a:g}: " + ", ".join(f"{s[a]['bleu'].score:.2f}" for s in scored)
+        for a in args.alphas
+    )
+    result = {
+        "command": "python experiments/length_penalty.py "
+        + " ".join([*map(str, args.runs), "--alphas", *map(str, args.alphas)]),
+        "device": args.device,
+        "versions": {"jax": jax.__version__, "flax": flax.__version__},
+        "date": datetime.date.today().isoformat(),
+        "source": args.source,
+        "tables": [
+            {
+                "caption": caption,
+                "columns": [
+                    "alpha",
+                    "dev BLEU",
+                    "dev chrF",
+                    "output / reference length",
+                    f"Δ dev BLEU against {first}, per seed",
+                    "Δ dev BLEU [95%]",
+                    "Holm p",
+                    "verdict",
+                ],
+                "rows": rows,
+                "notes": [f"Dev BLEU of each run (seeds {', '.join(map(str, seeds))}): {per_run}."]
+                + args.note,
+            }
+        ],
+    }
+    path = pathlib.Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    line = {
+        "runs": [str(r) for r in args.runs],
+        "dev_bleu": {a: [round(s[a]["bleu"].score, 2) for s in scored] for a in args.alphas},
+    }
+    print(json.dumps(line))
+    return line
+
+
+if __name__ == "__main__":
+    main()
