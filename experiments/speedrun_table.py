@@ -10,14 +10,14 @@ metrics.jsonl and predictions.tsv.
 
 The first run must be the speedrun command's (its folder aside; else the script says how
 it differs). A run's configuration is named by the options in which it differs from it,
-and its final dev BLEU is compared with the first run's on the same dev sentences: the
+and the dev BLEU of its final model (with --average-checkpoints, the average's) is compared with the first run's on the same dev sentences: the
 difference with the 95% interval of the paired bootstrap over sentences
 (jaxformer.sweep.stats). One seed each: the variance between training runs is not in that
 interval, so it is no verdict (`jaxformer sweep` with seeds gives one). `--pair BASE RUN`
 compares two of the runs the same way, for a run that changes another than the first.
 An evaluation's time is the wall clock when it ended: that of the first training record
-logged after it (which includes the evaluation), or, for the final one, the run's end
-less the test scoring. Writes --out in the docs/results format and prints a JSON line.
+logged after it (which includes the evaluation), or, for the final ones (the last
+checkpoint's and the average's), the run's end less the test scoring. Writes --out in the docs/results format and prints a JSON line.
 """
 
 from __future__ import annotations
@@ -121,12 +121,11 @@ def against(run: dict, base: dict) -> str:
 
 def speedrun_row(run: dict, first: dict) -> list[str]:
     s, evals = run["summary"], evaluations(run)
-    final = s["final_eval"]
     return [
         options(run, first) or "the speedrun command",
         f"{s['wall_seconds'] / 60:.1f}",
         *(minutes_to(evals, t) for t in TARGETS),
-        f"{final['bleu']:.2f} / {final['chrf']:.2f}",
+        f"{s['bleu']:.2f} / {s['chrf']:.2f}",
         against(run, first),
         f"{s['test_bleu']:.2f} / {s['test_chrf']:.2f}",
         f"{s['eval_seconds'] / s['wall_seconds']:.1%} + {s['test_seconds'] / s['wall_seconds']:.1%}",
@@ -144,7 +143,7 @@ def pair_rows(runs: list[dict], pairs: list[list[pathlib.Path]]) -> list[list[st
             raise SystemExit(f"--pair {' '.join(missing)}: not among the runs given")
         base, run = (by_folder[f.resolve()] for f in folders)
         label = [options(r, first) or "the speedrun command" for r in (run, base)]
-        bleus = [f"{r['summary']['final_eval']['bleu']:.2f}" for r in (run, base)]
+        bleus = [f"{r['summary']['bleu']:.2f}" for r in (run, base)]
         rows.append([*label, " against ".join(bleus), against(run, base)])
     return rows
 
@@ -158,6 +157,8 @@ def curve_rows(run: dict, first: dict) -> list[list[str]]:
             if e["eval_beam"] == 1
             else f"beam {e['eval_beam']}, all {e['eval_pairs']}"
         )
+        if "averaged_steps" in e:
+            kind += f", mean of the last {len(e['averaged_steps'])} checkpoints"
         rows.append(
             [label, str(e["step"]), f"{e['minutes']:.1f}", kind]
             + [f"{e['eval_perplexity']:.1f}", f"{e['bleu']:.2f}", f"{e['chrf']:.2f}"]

@@ -28,9 +28,11 @@ def make_run(
     final: float,
     exact: bool = False,
     bpe_vocab_size: int | None = None,
+    averaged: float | None = None,
 ) -> None:
     """A finished run: evaluations at steps 10, 20 (BLEU `bleus`), each followed by a
-    training record 60 s later, then the final evaluation (BLEU `final`) and 30 s of test
+    training record 60 s later, then the final evaluation (BLEU `final`; with `averaged`,
+    that of the mean of the last 4 checkpoints after it, the final model) and 30 s of test
     scoring, as metrics.jsonl and summary.json record them; its dev translations are
     the references (`exact`) or each with its last word dropped."""
     folder.mkdir()
@@ -38,6 +40,8 @@ def make_run(
     rows = [f"src {i}\t{ref}\t{translate(ref)}\n" for i, ref in enumerate(REFERENCES)]
     (folder / "predictions.tsv").write_text("".join(rows))
     options = speedrun_table.SPEEDRUN_OPTIONS | {"bpe_vocab_size": bpe_vocab_size}
+    if averaged is not None:
+        options |= {"checkpoint_every": 5, "keep_checkpoints": 4, "average_checkpoints": 4}
     run = jf.RunConfig.from_options(**options, out=str(folder))
     model = jf.TransformerConfig.tiny(bpe_vocab_size or 300, dropout_rate=dropout)
     (folder / "config.json").write_text(
@@ -51,7 +55,12 @@ def make_run(
         records.append(evaluation | {"eval_pairs": 200, "eval_beam": 1})
         records.append({"step": step + 1, "loss": 1.0, "wall_seconds": 600.0 * (i + 1) + 60})
     final_eval = {"bleu": final, "chrf": 45.0, "eval_perplexity": 8.0, "eval_pairs": 400}
-    records += [{"step": 30} | final_eval | {"eval_beam": 4}, {"step": 30, "test_bleu": 1.0}]
+    records.append({"step": 30} | final_eval | {"eval_beam": 4})
+    final_model = final_eval
+    if averaged is not None:
+        final_model = final_eval | {"bleu": averaged, "eval_beam": 4}
+        records.append({"step": 30, "averaged_steps": [15, 20, 25, 30]} | final_model)
+    records.append({"step": 30, "test_bleu": 1.0})
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
     summary = {
         "steps": 30,
@@ -61,6 +70,8 @@ def make_run(
         "test_bleu": final + 1,
         "test_chrf": 46.0,
         "final_eval": final_eval | {"eval_beam": 4},
+        "bleu": final_model["bleu"],  # the final model's (the average's, with averaging)
+        "chrf": final_model["chrf"],
     }
     (folder / "summary.json").write_text(json.dumps(summary))
 
@@ -135,3 +146,17 @@ def test_the_committed_avx512_tables_are_what_the_committed_run_records_compute(
     for table in computed["tables"] + committed["tables"]:
         table.pop("notes", None)  # given as options
     assert computed["tables"] == committed["tables"]
+
+
+def test_with_checkpoint_averaging_the_final_model_is_the_average(tmp_path):
+    make_run(tmp_path / "a", 0.1, [12.0], 13.0)
+    make_run(tmp_path / "b", 0.1, [12.0], 14.0, averaged=15.0)
+    out = tmp_path / "speedrun.json"
+    speedrun_table.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
+    table, curves = json.loads(out.read_text())["tables"]
+    name = "--average-checkpoints 4 --checkpoint-every 5 --keep-checkpoints 4"
+    assert table["rows"][1][0] == name and table["rows"][1][4] == "15.00 / 45.00"
+    assert [row[3:6] for row in curves["rows"] if row[0] == name][-2:] == [
+        ["beam 4, all 400", "8.0", "14.00"],
+        ["beam 4, all 400, mean of the last 4 checkpoints", "8.0", "15.00"],
+    ]
