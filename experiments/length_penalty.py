@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "Holm p",
                     "verdict",
                 ],
+                "align": "rrrrrrrl",
                 "rows": rows,
                 "notes": [f"Dev BLEU of each run (seeds {', '.join(map(str, seeds))}): {per_run}."]
                 + args.note,
