@@ -32,9 +32,8 @@ import sacrebleu
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from jaxformer.checks import BadValue, MissingFile  # noqa: E402
+from jaxformer.checks import BadValue, MissingFile, check_number  # noqa: E402
 from jaxformer.config import RunConfig  # noqa: E402
-from jaxformer.decode import check_beam_options  # noqa: E402
 from jaxformer.sweep import stats  # noqa: E402
 from jaxformer.train.checkpoint import restore_model  # noqa: E402
 from jaxformer.train.evaluate import eval_beam, translate  # noqa: E402
@@ -60,6 +59,7 @@ def decode_at(folder: pathlib.Path, alphas: list[float]) -> dict:
     sources, references = (list(x) for x in zip(*data.test_pairs, strict=True))
     out = {}
     for alpha in alphas:
+        print(f"{folder}: decoding {len(sources)} dev pairs at alpha {alpha:g}", file=sys.stderr)
         hyps = translate(
             model, tokenizer, sources, run, data, beam=eval_beam(run, data), alpha=alpha
         )
@@ -141,37 +141,14 @@ def check_seeds(folders: list[pathlib.Path]) -> list[int]:
     return [c["seed"] for c in configs]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "runs",
-        type=pathlib.Path,
-        nargs="+",
-        help="finished `jaxformer train` run folders: the seeds of one configuration",
-    )
-    parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 1.0, 1.2, 1.5])
-    parser.add_argument("--device", default="2-core CPU", help="the machine, in words")
-    parser.add_argument("--source", default="the run folders named by the command")
-    parser.add_argument("--note", action="append", default=[], help="a note under the table")
-    parser.add_argument("--out", default="results/length_penalty.json")
-    args = parser.parse_args(argv)
-    try:
-        for alpha in args.alphas:
-            check_beam_options(4, alpha)
-        seeds = check_seeds(args.runs)
-        scored = [decode_at(folder, args.alphas) for folder in args.runs]
-        rows = rows_by_alpha(scored, args.alphas)
-    except (BadValue, MissingFile) as error:
-        parser.error(str(error))
-    pairs = len(scored[0][args.alphas[0]]["sentences"])
-    beam = json.loads((args.runs[0] / "summary.json").read_text())["eval_beam"]
-    first, several = f"{args.alphas[0]:g}", len(args.runs) > 1
-    caption = (
-        f"The final model of each run (seeds {', '.join(map(str, seeds))}; beam "
-        f"{beam}), decoding every dev pair ({pairs}) at each "
-        "length penalty alpha: "
+def caption(seeds: list[int], beam: int, pairs: int, alphas: list[float]) -> str:
+    """What the table shows, worded for one run or for several seeds."""
+    several = len(seeds) > 1
+    return (
+        f"The final model of each run (seeds {', '.join(map(str, seeds))}; beam {beam}), "
+        f"decoding every dev pair ({pairs}) at each length penalty alpha: "
         + ("the mean over the seeds ± the half-width of its 95% t-interval; " if several else "")
-        + f"against alpha {first}, "
+        + f"against alpha {alphas[0]:g}, "
         + (
             "the seed-by-seed difference, and the two-level bootstrap (the seeds, then the "
             "sentences) with its 95% interval, "
@@ -179,13 +156,20 @@ def main(argv: list[str] | None = None) -> dict:
             else "the difference with the 95% interval of the bootstrap over the dev "
             "sentences (one model: training variance not in it), "
         )
-        + f"Holm's p over the {len(args.alphas) - 1} alphas compared, and the verdict:"
+        + f"Holm's p over the {len(alphas) - 1} alphas compared, and the verdict:"
     )
+
+
+def results_file(args: argparse.Namespace, seeds: list[int], scored: list[dict], rows) -> dict:
+    """The docs/results file: the command, the machine, the table and each run's scores."""
+    pairs = len(scored[0][args.alphas[0]]["sentences"])
+    beam = json.loads((args.runs[0] / "summary.json").read_text())["eval_beam"]
+    first = f"{args.alphas[0]:g}"
     per_run = "; ".join(
         f"alpha {a:g}: " + ", ".join(f"{s[a]['bleu'].score:.2f}" for s in scored)
         for a in args.alphas
     )
-    result = {
+    return {
         "command": "python experiments/length_penalty.py "
         + " ".join([*map(str, args.runs), "--alphas", *map(str, args.alphas)]),
         "device": args.device,
@@ -194,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
         "source": args.source,
         "tables": [
             {
-                "caption": caption,
+                "caption": caption(seeds, beam, pairs, args.alphas),
                 "columns": [
                     "alpha",
                     "dev BLEU",
@@ -212,6 +196,31 @@ def main(argv: list[str] | None = None) -> dict:
             }
         ],
     }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "runs",
+        type=pathlib.Path,
+        nargs="+",
+        help="finished `jaxformer train` run folders: the seeds of one configuration",
+    )
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 1.0, 1.2, 1.5])
+    parser.add_argument("--device", default="2-core CPU", help="the machine, in words")
+    parser.add_argument("--source", default="the run folders named by the command")
+    parser.add_argument("--note", action="append", default=[], help="a note under the table")
+    parser.add_argument("--out", default="results/length_penalty.json")
+    args = parser.parse_args(argv)
+    try:
+        for alpha in args.alphas:
+            check_number("alpha", alpha, "[0, inf)")
+        seeds = check_seeds(args.runs)
+        scored = [decode_at(folder, args.alphas) for folder in args.runs]
+        rows = rows_by_alpha(scored, args.alphas)
+    except (BadValue, MissingFile) as error:
+        parser.error(str(error))
+    result = results_file(args, seeds, scored, rows)
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
