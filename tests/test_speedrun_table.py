@@ -12,7 +12,6 @@ import jaxformer as jf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PATH = ROOT / "experiments" / "speedrun_table.py"
-RECORDS = ROOT / "docs" / "results" / "speedruns" / "wyc-web-avx512"
 spec = importlib.util.spec_from_file_location("speedrun_table", PATH)
 speedrun_table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(speedrun_table)
@@ -136,18 +135,6 @@ def test_a_pair_compares_two_runs_and_a_pair_outside_the_runs_is_refused(tmp_pat
         speedrun_table.main([*runs, "--pair", runs[0], str(tmp_path / "elsewhere")])
 
 
-def test_the_committed_avx512_tables_are_what_the_committed_run_records_compute(tmp_path):
-    runs = [str(RECORDS / name) for name in ("speedrun", "wide", "wide_10000", "wider")]
-    out = tmp_path / "speedrun.json"
-    pairs = ["--pair", runs[1], runs[2], "--pair", runs[1], runs[3]]
-    speedrun_table.main([*runs, *pairs, "--out", str(out)])
-    committed = json.loads((ROOT / "docs/results/speedrun_wyc_web_avx512.json").read_text())
-    computed = json.loads(out.read_text())
-    for table in computed["tables"] + committed["tables"]:
-        table.pop("notes", None)  # given as options
-    assert computed["tables"] == committed["tables"]
-
-
 def test_with_checkpoint_averaging_the_final_model_is_the_average(tmp_path):
     make_run(tmp_path / "a", 0.1, [12.0], 13.0)
     make_run(tmp_path / "b", 0.1, [12.0], 14.0, averaged=15.0)
@@ -162,17 +149,27 @@ def test_with_checkpoint_averaging_the_final_model_is_the_average(tmp_path):
     ]
 
 
-def test_the_committed_xeon_tables_are_what_the_committed_run_records_compute(tmp_path):
-    records = ROOT / "docs" / "results" / "speedruns" / "wyc-web-xeon"
-    names = ("speedrun", "wide_avg_s0", "wide_avg_s1", "wide_avg_s2", "wide_avg_alpha1")
-    names += ("wide_4500", "wide_bf16", "ceiling")
+XEON = ("speedrun", "wide_avg_s0", "wide_avg_s1", "wide_avg_s2", "wide_avg_alpha1")
+XEON += ("wide_4500", "wide_bf16", "ceiling")
+
+
+@pytest.mark.parametrize(
+    "machine, names, pairs",
+    [
+        # pairs: indices into names, each (against, run)
+        ("avx512", ("speedrun", "wide", "wide_10000", "wider"), [(1, 2), (1, 3)]),
+        ("xeon", XEON, [(1, 4), (4, 5), (4, 6), (4, 7)]),
+    ],
+)
+def test_the_committed_tables_are_what_the_committed_run_records_compute(
+    machine, names, pairs, tmp_path
+):
+    records = ROOT / "docs" / "results" / "speedruns" / f"wyc-web-{machine}"
     runs = [str(records / name) for name in names]
+    options = [x for a, b in pairs for x in ("--pair", runs[a], runs[b])]
     out = tmp_path / "speedrun.json"
-    pairs = ["--pair", runs[1], runs[4]]
-    for other in runs[5:]:
-        pairs += ["--pair", runs[4], other]
-    speedrun_table.main([*runs, *pairs, "--out", str(out)])
-    committed = json.loads((ROOT / "docs/results/speedrun_wyc_web_xeon.json").read_text())
+    speedrun_table.main([*runs, *options, "--out", str(out)])
+    committed = json.loads((ROOT / f"docs/results/speedrun_wyc_web_{machine}.json").read_text())
     computed = json.loads(out.read_text())
     for table in computed["tables"] + committed["tables"]:
         table.pop("notes", None)  # given as options
