@@ -201,15 +201,16 @@ def choose_implementation(
 
     - the first row of `AUTO_RULES` (functional/kernels.py) for this device whose kernel
       takes the call: tokamax's Mosaic kernel on TPUs (causal flag only) and on Hopper and
-      Blackwell GPUs (bfloat16/float16), "cudnn" on NVIDIA GPUs (see `_cudnn_problem`:
+      Blackwell GPUs (bfloat16/float16) where it builds with the installed JAX (checked
+      once per process: `kernels.kernel_failure`), "cudnn" on NVIDIA GPUs (see `_cudnn_problem`:
       bfloat16/float16, head dim <= 128 and a multiple of 8, D = Dv, no attention
       dropout, even lengths when masked; not under --xla_gpu_deterministic_ops=true, where
       XLA (jax 0.11.2, H100) fails to compile a train step holding cuDNN attention);
     - else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES;
     - else "xla". CPUs (and devices whose kernels refuse the call) run XLA's code.
 
-    A missing tokamax is a reason logged, not an error. Decided from shapes, dtypes and
-    the device alone, so at trace time; the choice and its reason are logged (logger
+    A missing tokamax is a reason logged, not an error. Decided at trace time from shapes,
+    dtypes, the device and whether the kernel builds there; the choice and its reason are logged (logger
     "jaxformer.attention", INFO) once per shape.
     """
     B, T, H, _ = q.shape
@@ -231,7 +232,7 @@ def choose_implementation(
             choice, reason = "chunked", f"plain logits need {logits_mib:.0f} MiB > {budget:.0f} MiB"
         else:
             choice, reason = "xla", f"plain logits need {logits_mib:.1f} MiB"
-        reason = "; ".join([reason, *refused])
+    reason = "; ".join([reason, *refused])
     key = (q.shape, k.shape, v.shape, str(q.dtype), masked, padded, explicit, dropout_rate > 0)
     if key not in _logged:
         _logged.add(key)

@@ -17,7 +17,9 @@ kernel is first traced, so jaxformer works without it.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 import re
 from typing import NamedTuple
 
@@ -105,12 +107,43 @@ def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float
             return TypeError, f"on a TPU takes bfloat16 or float32 q, k, v; got {dtypes}"
         if padded or explicit:
             return BadValue, "on a TPU takes the causal flag only: no key lengths, masks, bias"
-        return None
+        return _fails_here("mosaic")
     if families[0] in ("gpu_sm90", "gpu_sm100"):
         if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
             return TypeError, f"takes bfloat16 or float16 q, k, v (all one dtype); got {dtypes}"
-        return None
+        return _fails_here("mosaic")
     return ValueError, f"needs a Hopper or Blackwell GPU or a TPU, found {families[0]!r}"
+
+
+def _fails_here(name: str):
+    """(RuntimeError, reason) when tokamax's `name` kernel does not build here, else None."""
+    failure = kernel_failure(name)
+    if failure is None:
+        return None
+    versions = f"tokamax {importlib.metadata.version('tokamax')} with jax {jax.__version__}"
+    return RuntimeError, f"fails to build with {versions} on this device ({failure})"
+
+
+@functools.cache
+def kernel_failure(name: str) -> str | None:
+    """Why tokamax's `name` kernel fails to build on the default device, or None: its
+    forward and backward on one small bfloat16 causal call ([1, 128, 2, 64]) are traced,
+    lowered and compiled once per process. A release of tokamax can lag a release of JAX
+    (tokamax 0.0.12's Mosaic GPU kernel fails at trace time under jax 0.11.2); "auto" then
+    runs the next row of its table rather than a kernel that cannot run. Shapes other than
+    the probe's are not checked."""
+    tokamax = tokamax_or_none()
+    x = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16)
+
+    def total(q, k, v):
+        out = tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=name)
+        return out.astype(jnp.float32).sum()
+
+    try:
+        jax.jit(jax.grad(total, argnums=(0, 1, 2))).lower(x, x, x).compile()
+    except Exception as error:  # any failure to build means: do not run it here
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+    return None
 
 
 def _tokamax_kernel(name: str):

@@ -91,11 +91,13 @@ def test_without_tokamax_a_forced_name_says_how_to_install_and_auto_falls_back(m
 
 
 def _pretend(monkeypatch, backend, kind, capability=None):
+    """Pretend the default device is `kind`, and that tokamax's kernels build on it."""
     device = types.SimpleNamespace(platform=backend, device_kind=kind)
     if capability is not None:
         device.compute_capability = capability
     monkeypatch.setattr(attention_module.jax, "default_backend", lambda: backend)
     monkeypatch.setattr(attention_module.jax, "devices", lambda *a: [device])
+    monkeypatch.setattr(kernels, "kernel_failure", lambda name: None)
     monkeypatch.setenv("XLA_FLAGS", "")
 
 
@@ -148,7 +150,41 @@ def test_auto_follows_the_table(monkeypatch):
     assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "tokamax_mosaic"
 
 
-def test_forced_mosaic_off_its_devices_is_a_clear_error():
+def test_auto_skips_a_kernel_that_does_not_build_here(monkeypatch, caplog):
+    """tokamax 0.0.12's Mosaic GPU kernel fails to trace under jax 0.11.2 (H200, 2026-11-26):
+    "auto" runs cuDNN there, and says why; a forced call is one clear error."""
+    _pretend(monkeypatch, "gpu", "NVIDIA H200", "9.0")
+    failure = "TypeError: Mesh.__init__() got an unexpected keyword argument 'out_shape'"
+    monkeypatch.setattr(kernels, "kernel_failure", lambda name: failure)
+    caplog.set_level("INFO", logger="jaxformer.attention")
+    spec = [jax.ShapeDtypeStruct((2, 96, 4, 64), jnp.bfloat16)] * 3
+    assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "cudnn"
+    assert any("fails to build with tokamax" in r.getMessage() for r in caplog.records)
+    q, k, v = (jnp.zeros((1, 8, 2, 64), jnp.bfloat16),) * 3
+    with pytest.raises(RuntimeError, match=r"tokamax_mosaic' fails to build .*'out_shape'"):
+        F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_mosaic")
+
+
+def test_the_build_check_traces_compiles_and_reports_a_failure(monkeypatch):
+    """kernel_failure builds the kernel's forward and backward once per name, also when
+    asked while another function is being traced, and names a failure in one line."""
+    kernels.kernel_failure.cache_clear()
+    jax.jit(lambda x: x + (kernels.kernel_failure("xla") is None))(1.0)  # asked in a trace
+    assert kernels.kernel_failure("xla") is None
+    assert kernels.kernel_failure("mosaic").startswith("NotImplementedError")  # CPU
+    tokamax = kernels.tokamax_or_none()
+
+    def broken(*args, **kwargs):
+        raise AttributeError("pl.dot was removed\nmore lines")
+
+    monkeypatch.setattr(tokamax, "dot_product_attention", broken)
+    kernels.kernel_failure.cache_clear()
+    assert kernels.kernel_failure("triton") == "AttributeError: pl.dot was removed"
+    kernels.kernel_failure.cache_clear()
+
+
+def test_forced_mosaic_off_its_devices_is_a_clear_error(monkeypatch):
+    _pretend(monkeypatch, "gpu", "NVIDIA A100-SXM4-80GB", "8.0")  # also on a Hopper machine
     q, k, v = _qkv()
     with pytest.raises(
         ValueError, match="tokamax_mosaic' needs a Hopper or Blackwell GPU or a TPU"
