@@ -150,7 +150,7 @@ def test_with_checkpoint_averaging_the_final_model_is_the_average(tmp_path):
 
 
 XEON = ("speedrun", "wide_avg_s0", "wide_avg_s1", "wide_avg_s2", "wide_avg_alpha1")
-XEON += ("wide_4500", "wide_bf16", "ceiling")
+XEON += ("wide_4500", "wide_bf16", "ceiling", "wide_b16", "wide_lr001", "wide_lr003")
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ XEON += ("wide_4500", "wide_bf16", "ceiling")
     [
         # pairs: indices into names, each (against, run)
         ("avx512", ("speedrun", "wide", "wide_10000", "wider"), [(1, 2), (1, 3)]),
-        ("xeon", XEON, [(1, 4), (4, 5), (4, 6), (4, 7)]),
+        ("xeon", XEON, [(1, 4), (4, 5), (4, 6), (4, 7), (4, 8), (4, 9), (4, 10)]),
     ],
 )
 def test_the_committed_tables_are_what_the_committed_run_records_compute(
