@@ -135,8 +135,7 @@ class TransformerConfig:
     dtype: str = option("float32", "compute dtype (parameters stay float32)", tuple(DTYPES))
     param_dtype: str = option("float32", "parameter dtype", tuple(DTYPES))
     attention_impl: str = option(
-        "auto",
-        "attention kernel: auto (tokamax Mosaic, cudnn, chunked or xla by device and size), or registered",
+        "auto", "attention kernel: auto (tokamax, cudnn, chunked or xla by device), or registered"
     )
     remat: str = option("none", "recompute layers in the backward pass", REMAT)
     lm_head: str = option(

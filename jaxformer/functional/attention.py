@@ -210,8 +210,8 @@ def choose_implementation(
     - else "xla". CPUs (and devices whose kernels refuse the call) run XLA's code.
 
     A missing tokamax is a reason logged, not an error. Decided at trace time from shapes,
-    dtypes, the device and whether the kernel builds there; the choice and its reason are logged (logger
-    "jaxformer.attention", INFO) once per shape.
+    dtypes, the device and whether the kernel builds there; the choice and its reasons
+    (the rows refused too) are logged (logger "jaxformer.attention", INFO) once per shape.
     """
     B, T, H, _ = q.shape
     S = k.shape[1]
