@@ -52,7 +52,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = jf.RunConfig.from_options(task="dates", log_internals=args.every, out=tmp)
         job = set_up(jf.TransformerConfig.tiny(259), run)
-        state = job.placement.put(job.state)
+        state = job.placement.put(job.state, like=job.layout)
         batches = [job.data.train_batch(i, run.optim.batch_size) for i in range(args.every)]
         times = {False: [], True: []}
         plain_steps, internals_steps = [], []

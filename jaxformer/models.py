@@ -396,7 +396,7 @@ def count_params(model: nnx.Module) -> int:
 def _logits(model, inputs: _Inputs, y: jax.Array) -> jax.Array:
     """y [B, T, E] -> logits [B, T, V] (float32): the output projection (the embedding
     matrix unless untied), plus the logits bias if the model has one."""
-    logits = (model.output_embed or inputs.embed).attend(y)
+    logits = (model.output_embed or inputs.embed).attend(y).astype(jnp.float32)
     if model.logits_bias is not None:
         logits = logits + model.logits_bias[...].astype(jnp.float32)[None, None, :]
     return logits

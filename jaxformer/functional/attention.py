@@ -39,7 +39,7 @@ from jaxformer.functional.kernels import (
     zero_rows_without_keys,
 )
 from jaxformer.functional.masks import AttentionMask, check_lengths, fold_masks, split_heads
-from jaxformer.functional.matmul import einsum_f32
+from jaxformer.functional.matmul import einsum_f32, einsum_to_f32
 from jaxformer.functional.positions import apply_rope
 from jaxformer.functional.registry import ATTENTION
 
@@ -173,7 +173,7 @@ def _weights(q, k, mask, bias, scale):
     K = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q_BTKGD = q.reshape(B, T, K, H // K, D)
-    logits = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k, preferred_element_type=jnp.float32)
+    logits = einsum_to_f32("btkgd,bskd->bkgts", q_BTKGD, k)
     logits = logits * jnp.float32(scale)
     if bias is not None:
         logits = logits + split_heads(bias.astype(jnp.float32), H, K)
@@ -187,9 +187,7 @@ def _weighted_values(weights_BKGTS, v, dtype, dropout_rate, dropout_rng):
     if dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-    out = jnp.einsum(
-        "bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
-    )
+    out = einsum_f32("bkgts,bskd->btkgd", probs.astype(v.dtype), v)
     return out.reshape(B, T, K * G, v.shape[-1]).astype(dtype)
 
 

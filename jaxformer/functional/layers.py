@@ -264,13 +264,16 @@ def embed(tokens: jax.Array, table: jax.Array, *, scale: bool = True) -> jax.Arr
 
 
 def tied_logits(x: jax.Array, table: jax.Array) -> jax.Array:
-    """Pre-softmax projection with the embedding matrix: x [..., E] @ table[V, E]^T, float32."""
+    """Pre-softmax projection with the embedding matrix: x [..., E] @ table[V, E]^T ->
+    [..., V] in x's dtype, accumulated in float32 (`einsum_f32`: in bfloat16 the backward
+    products take bfloat16 operands too)."""
     check_rank("table", table, 2, "[V, E]")
     if x.shape[-1] != table.shape[1]:
         raise BadValue(
             f"x has model dim {x.shape[-1]}, table {table.shape} expects {table.shape[1]}"
         )
-    return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
+    logits_NV = einsum_f32("ne,ve->nv", x.reshape(-1, x.shape[-1]), table)
+    return logits_NV.reshape(*x.shape[:-1], table.shape[0])
 
 
 def encoder_layer(

@@ -1,14 +1,25 @@
-"""Matrix products that accumulate in float32 whatever the input dtype.
+"""Matrix products that accumulate in float32 and take bfloat16 operands in both passes.
 
-`einsum_f32(spec, x, w, bias)` is `jnp.einsum(spec, x, w, preferred_element_type=float32)`
-(+ bias, in float32) cast back to x's dtype. For float32 inputs that is all it is. For
-bfloat16 inputs its gradient is written out (a `jax.custom_vjp`) so that the backward
-pass's two products also take bfloat16 inputs and accumulate in float32. The arithmetic
-is what autodiff would do (the incoming cotangent is the float32 image of a bfloat16
-value, so rounding it back is exact), but XLA's CPU backend, left to itself, converts the
-operands of those products to float32 and multiplies at half the speed of the bfloat16
-dot instructions of CPUs with AVX512-BF16. (Forward-mode `jax.jvp` is therefore not
-defined through bfloat16 products.)
+A GEMM with bfloat16 operands accumulates in float32 inside itself. Two products:
+
+- `einsum_f32(spec, x, w, bias)`: the product (+ bias) returned in x's dtype.
+- `einsum_to_f32(spec, x, w)`: the product returned in float32, for what a softmax reads
+  (attention logits).
+
+For float32 operands both are plain float32 products with autodiff's gradients. For
+bfloat16 operands their gradients are written out (`jax.custom_vjp`) so that the backward
+products take bfloat16 operands too: autodiff would give them a float32 cotangent wherever
+the product is accumulated into float32 (the transpose keeps `preferred_element_type`,
+jax-ml/jax#23797), which makes a GPU run TF32 GEMMs and a CPU convert to float32. The
+cotangent is rounded to bfloat16 first, as flash attention's backward does; a bias's
+gradient is summed in float32.
+
+Where a bfloat16 product is written before it is cast depends on the backend
+(`gemm_output_dtype`): a GPU's or TPU's GEMM writes bfloat16 from its float32
+accumulator (a float32 result plus a cast would be a separate, slower GEMM fusion on a
+GPU), while XLA's CPU backend multiplies bfloat16 at full speed only into float32, so
+there the product is written in float32, the bias added, and the sum rounded once.
+Forward-mode `jax.jvp` is not defined through the written-out gradients.
 """
 
 from __future__ import annotations
@@ -19,38 +30,90 @@ import jax
 import jax.numpy as jnp
 
 
+def gemm_output_dtype(dtype):
+    """What a product of `dtype` (low-precision) operands is written in before it is cast
+    to `dtype`: float32 on a CPU, `dtype` itself on a GPU or TPU."""
+    return jnp.float32 if jax.default_backend() == "cpu" else dtype
+
+
 def einsum_f32(spec: str, x: jax.Array, w: jax.Array, bias: jax.Array | None = None):
-    """einsum(spec, x, w) (+ bias) accumulated in float32, returned in x's dtype.
+    """einsum(spec, x, w) (+ bias over the trailing axes) accumulated in float32, returned
+    in x's dtype. bias: any float dtype, e.g. [F] for "ne,ef->nf".
 
     spec: "A,B->C" with no ellipsis and every index used once per operand.
     """
     if x.dtype == jnp.float32 and w.dtype == jnp.float32:
         out = jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
-    else:
-        out = _low_precision_einsum(spec, x, w)
-    if bias is not None:  # over the trailing axes of out, shaped explicitly
-        out = out + bias.reshape((1,) * (out.ndim - bias.ndim) + bias.shape)
-    return out.astype(x.dtype)
+        return out if bias is None else out + _trailing(bias, out.ndim)
+    return _low_precision(spec, x, w, bias)
+
+
+def _trailing(bias: jax.Array, ndim: int) -> jax.Array:
+    """bias shaped to add over the trailing axes of a rank-`ndim` array."""
+    return bias.reshape((1,) * (ndim - bias.ndim) + bias.shape)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _low_precision_einsum(spec, x, w):
-    """[float32] einsum of low-precision x and w."""
-    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+def _low_precision(spec, x, w, bias):
+    out = _product(spec, x, w, x.dtype)
+    if bias is not None:
+        out = out + _trailing(bias.astype(out.dtype), out.ndim)
+    return out.astype(x.dtype)
 
 
-def _fwd(spec, x, w):
-    return _low_precision_einsum(spec, x, w), (x, w)
+def _product(spec, x, w, dtype):
+    """einsum(spec, x, w) of low-precision operands, written as `gemm_output_dtype`."""
+    return jnp.einsum(spec, x, w, preferred_element_type=gemm_output_dtype(dtype))
 
 
-def _bwd(spec, residuals, ct):
-    x, w = residuals
+def _low_precision_fwd(spec, x, w, bias):
+    return _low_precision(spec, x, w, bias), (x, w, bias)
+
+
+def _low_precision_bwd(spec, residuals, ct):
+    x, w, bias = residuals
+    dx, dw = _operand_grads(spec, x, w, ct)
+    if bias is None:
+        return dx, dw, None
+    rows = tuple(range(ct.ndim - bias.ndim))
+    return dx, dw, jnp.sum(ct.astype(jnp.float32), axis=rows).astype(bias.dtype)
+
+
+def _operand_grads(spec, x, w, ct):
+    """The two backward products of einsum(spec, x, w), on `ct` rounded to x's dtype."""
     inputs, out = spec.replace(" ", "").split("->")
     a, b = inputs.split(",")
     ct = ct.astype(x.dtype)
-    dx = jnp.einsum(f"{out},{b}->{a}", ct, w, preferred_element_type=jnp.float32)
-    dw = jnp.einsum(f"{a},{out}->{b}", x, ct, preferred_element_type=jnp.float32)
-    return dx.astype(x.dtype), dw.astype(w.dtype)
+    dx = _product(f"{out},{b}->{a}", ct, w, x.dtype).astype(x.dtype)
+    dw = _product(f"{a},{out}->{b}", x, ct, w.dtype).astype(w.dtype)
+    return dx, dw
 
 
-_low_precision_einsum.defvjp(_fwd, _bwd)
+_low_precision.defvjp(_low_precision_fwd, _low_precision_bwd)
+
+
+def einsum_to_f32(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    """einsum(spec, x, w) accumulated and returned in float32; for low-precision x and w
+    the backward products take x's and w's dtype.
+
+    spec: "A,B->C" with no ellipsis and every index used once per operand.
+    """
+    if x.dtype == jnp.float32 and w.dtype == jnp.float32:
+        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+    return _to_f32(spec, x, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _to_f32(spec, x, w):
+    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+
+
+def _to_f32_fwd(spec, x, w):
+    return _to_f32(spec, x, w), (x, w)
+
+
+def _to_f32_bwd(spec, residuals, ct):
+    return _operand_grads(spec, *residuals, ct)
+
+
+_to_f32.defvjp(_to_f32_fwd, _to_f32_bwd)

@@ -12,4 +12,4 @@ from jaxformer.nn.blocks import (
     make_norm,
 )
 from jaxformer.nn.embeddings import Embed, LearnedPositions
-from jaxformer.nn.parameters import LOGICAL_AXES
+from jaxformer.nn.parameters import LOGICAL_AXES, plain

@@ -43,11 +43,11 @@ class Embed(nnx.Module):
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """tokens [...] (int) -> [..., E] in the compute dtype."""
         check_int_array("tokens", tokens)
-        table = gather_whole(self.table[...])
-        return F.embed(tokens, table.astype(self.dtype), scale=self.scale)
+        rows = F.embed(tokens, gather_whole(self.table[...]), scale=self.scale)
+        return rows.astype(self.dtype)  # the gradient summed into the table in its dtype
 
     def attend(self, x: jax.Array) -> jax.Array:
-        """x [..., E] -> logits [..., V] (float32)."""
+        """x [..., E] -> logits [..., V] in the compute dtype (accumulated in float32)."""
         return F.tied_logits(x, self.table[...].astype(self.dtype))
 
 

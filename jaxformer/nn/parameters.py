@@ -1,7 +1,9 @@
-"""Declaring parameters: initializer, dtype and logical sharding axis names in one call."""
+"""Declaring parameters: initializer, dtype and logical sharding axis names in one call;
+and `plain`, the same trees as plain arrays."""
 
 from __future__ import annotations
 
+import jax
 from flax import nnx
 
 from jaxformer.checks import BadValue, check_choice
@@ -36,3 +38,16 @@ def dropout_rng(deterministic: bool, rng):
     if rng is None:
         raise BadValue("deterministic=False needs rng=<a jax.random key> for dropout")
     return rng
+
+
+def plain(tree):
+    """`tree` with every nnx.State as a dict and every nnx.Variable as its value: plain
+    arrays, which cross `jit` without the Variables' Python-side flattening. `nnx.merge`
+    takes such a dict of parameters; the logical axes stay with the graph (`nnx.split`)."""
+
+    def convert(x):
+        if isinstance(x, nnx.State):
+            return nnx.to_pure_dict(x)
+        return x.get_value() if isinstance(x, nnx.Variable) else x
+
+    return jax.tree.map(convert, tree, is_leaf=lambda x: isinstance(x, nnx.State | nnx.Variable))

@@ -3,8 +3,9 @@ and compile any step over one device, a mesh or pmap, and multi-host start-up. O
 path from one CPU to many hosts:
 
     placement = parallel.make_placement("data=2,fsdp=2,tensor=2")
-    state = placement.put(state)
-    step = placement.compile(train_step, state, donate_state=True)
+    layout = train.state_layout(graphdef, state)  # the parameters' logical axes
+    state = placement.put(state, like=layout)
+    step = placement.compile(train_step, layout, donate_state=True)
     state, metrics = step(state, batch)
 """
 

@@ -1,11 +1,14 @@
 """Where a run keeps its state and batches, and how its step functions compile.
 
 A `Placement` lays out any pytree state and compiles any step function
-`fn(state, batch)`; it knows nothing about training:
+`fn(state, batch)`; it knows nothing about training. The logical axes that say how to
+split each parameter ride on nnx Variables: `like` is a tree holding them (for a train
+state, `train.state_layout(graphdef, state)`), and what a placement lays out, takes and
+returns is plain arrays (Variables replaced by their values, `nn.plain`):
 
     placement = parallel.make_placement("data=2,fsdp=2,tensor=2")  # None: one device
-    state = placement.put(state)                  # laid out by the logical-axis rules
-    step = placement.compile(train_step, state, donate_state=True)
+    state = placement.put(state, like=layout)     # laid out by the logical-axis rules
+    step = placement.compile(train_step, layout, donate_state=True)
     state, metrics = step(state, batch)           # batch: the global batch, on the host
 
 `MeshPlacement` jits with NamedShardings over a mesh (one device is a one-device mesh);
@@ -21,10 +24,12 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxformer.checks import BadValue
+from jaxformer.nn.parameters import plain
 from jaxformer.nn.sharding import activation_sharding
 from jaxformer.parallel.mesh import make_mesh, parse_mesh
 from jaxformer.parallel.pmap import AXIS, replica_axis, replicate, split_batch, unreplicate
@@ -48,12 +53,14 @@ class Placement(abc.ABC):
     mesh: Mesh | None = None
 
     @abc.abstractmethod
-    def put(self, tree):
-        """A tree as created or restored (one copy) -> laid out on the devices."""
+    def put(self, tree, *, like=None):
+        """A tree as created or restored (one copy) -> laid out on the devices as `like`
+        (default: `tree` itself; its Variables' logical axes) says, as plain arrays."""
 
     @abc.abstractmethod
     def compile(self, fn: Callable, like, *, donate_state: bool = False) -> Callable:
-        """`fn(state, batch)`, compiled for states laid out like `like` and host batches.
+        """`fn(state, batch)`, compiled for plain states laid out as `like` (a tree of
+        arrays or shapes whose Variables carry logical axes) and host batches.
 
         With donate_state, fn returns (new state, outputs) and the state passed in is
         donated; otherwise it returns outputs. Outputs (metrics, sums) come back whole.
@@ -88,11 +95,11 @@ class MeshPlacement(Placement):
                 f"each batch in {batch_shards(mesh, rules)} slices"
             )
 
-    def put(self, tree):
-        return put(tree, state_shardings(tree, self.mesh, self.rules))
+    def put(self, tree, *, like=None):
+        return put(plain(tree), self._shardings(tree if like is None else like))
 
     def compile(self, fn, like, *, donate_state=False):
-        tree_sharding = state_shardings(like, self.mesh, self.rules)
+        tree_sharding = self._shardings(like)
         whole = NamedSharding(self.mesh, PartitionSpec())
 
         def traced(tree, batch):
@@ -118,6 +125,16 @@ class MeshPlacement(Placement):
     def check_rows(self, rows, name):
         check_batch_size(rows, self.mesh, self.rules, name=name)
 
+    def _shardings(self, like):
+        """Plain NamedShardings of the tree `like`, from its Variables' logical axes. On
+        several devices a tree without Variables is refused: it would be replicated whole."""
+        if self.mesh.size > 1 and not _has_variables(like):
+            raise BadValue(
+                "the tree to lay out holds no nnx Variables, so nothing says how to split "
+                "it; pass like=train.state_layout(graphdef, state) (or like=its params)"
+            )
+        return plain(state_shardings(like, self.mesh, self.rules))
+
 
 class PmapPlacement(Placement):
     """Data parallel with `jax.pmap` over the local devices: the state replicated with a
@@ -127,8 +144,8 @@ class PmapPlacement(Placement):
         self.devices = list(jax.local_devices() if devices is None else devices)
         self.description = f"pmap over {len(self.devices)} devices"
 
-    def put(self, tree):
-        return replicate(tree, self.devices)
+    def put(self, tree, *, like=None):
+        return replicate(plain(tree), self.devices)
 
     def compile(self, fn, like, *, donate_state=False):
         def traced(tree, batch):
@@ -152,6 +169,11 @@ class PmapPlacement(Placement):
             raise BadValue(
                 f"{name} {rows} is not divisible by the {len(self.devices)} devices of pmap"
             )
+
+
+def _has_variables(tree) -> bool:
+    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    return any(is_variable(x) for x in jax.tree.leaves(tree, is_leaf=is_variable))
 
 
 def make_placement(

@@ -14,4 +14,5 @@ from jaxformer.train.steps import (
     make_train_step,
     model_logits,
     model_loss_sums,
+    state_layout,
 )

@@ -50,11 +50,11 @@ class Checkpointer:
     def save(self, state: TrainState, meta: dict[str, Any]) -> None:
         """Write the checkpoint of `state.step` and wait until it is complete on disk."""
         step = int(state.step)
-        train = {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
+        params, train = _on_disk(state)
         self.manager.save(
             step,
             args=ocp.args.Composite(
-                params=ocp.args.StandardSave(state.params),
+                params=ocp.args.StandardSave(params),
                 train=ocp.args.StandardSave(train),
                 meta=ocp.args.JsonSave(meta),
             ),
@@ -72,17 +72,20 @@ class Checkpointer:
             raise MissingFile(f"no checkpoint to resume from in {self.directory}")
         meta = self.read_meta(step)
         check_compatible(meta, expected_meta, self.directory)
-        train = {"step": abstract.step, "opt_state": abstract.opt_state, "rng": abstract.rng}
+        params, train = _on_disk(abstract)
         restored = self._restore(
             step,
             ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract.params),
+                params=ocp.args.StandardRestore(params),
                 train=ocp.args.StandardRestore(train),
             ),
         )
-        t = restored.train
+        t = _from_disk(restored.train)
         state = TrainState(
-            step=t["step"], params=restored.params, opt_state=t["opt_state"], rng=t["rng"]
+            step=t["step"],
+            params=_from_disk(restored.params),
+            opt_state=t["opt_state"],
+            rng=t["rng"],
         )
         return state, meta
 
@@ -97,8 +100,10 @@ class Checkpointer:
             )
         total = params = None
         for step in steps:
-            args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
-            params = self._restore(step, args).params
+            args = ocp.args.Composite(
+                params=ocp.args.StandardRestore(_as_variables(abstract_params))
+            )
+            params = _from_disk(self._restore(step, args).params)
             total = _as_float32(params) if total is None else _add_float32(total, params)
         return _mean(total, params, count), steps
 
@@ -164,11 +169,41 @@ def check_compatible(saved: dict, expected: dict, where) -> None:
         )
 
 
+def _as_variables(params):
+    """Parameters (plain arrays) as checkpoints hold them: each under the key "value", as
+    nnx Variables are written (so folders written before the state was plain resume)."""
+    return jax.tree.map(lambda x: {"value": x}, params)
+
+
+def _on_disk(state: TrainState) -> tuple[Any, dict]:
+    """(params, the rest) of a TrainState as a checkpoint holds them: the parameters and
+    every optimizer-state entry shaped like them (Adam's moments) `_as_variables`."""
+    structure = jax.tree.structure(state.params)
+
+    def as_variables(tree):
+        return _as_variables(tree) if jax.tree.structure(tree) == structure else tree
+
+    opt_state = jax.tree.map(
+        as_variables, state.opt_state, is_leaf=lambda t: jax.tree.structure(t) == structure
+    )
+    return _as_variables(state.params), {
+        "step": state.step,
+        "opt_state": opt_state,
+        "rng": state.rng,
+    }
+
+
+def _from_disk(tree):
+    """`tree` with each {"value": x} of `_as_variables` as x."""
+    is_variable = lambda t: isinstance(t, dict) and list(t) == ["value"]  # noqa: E731
+    return jax.tree.map(lambda t: t["value"] if is_variable(t) else t, tree, is_leaf=is_variable)
+
+
 def save_averaged(run_dir: str | pathlib.Path, params) -> None:
     """Write averaged parameters to run_dir/averaged, replacing any there (every process
     calls this)."""
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(pathlib.Path(run_dir).resolve() / AVERAGED, params, force=True)
+    checkpointer.save(pathlib.Path(run_dir).resolve() / AVERAGED, _as_variables(params), force=True)
     checkpointer.wait_until_finished()
     checkpointer.close()
 

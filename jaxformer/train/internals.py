@@ -71,7 +71,7 @@ def activation_sums(values: dict[str, jax.Array], batch: dict) -> dict[str, tupl
     for path, x in values.items():
         x = jax.lax.stop_gradient(x).astype(jnp.float32)
         stack, layer = path.split("/")[:2]
-        valid = batch["src_valid" if stack == "encoder" else "tgt_valid"].astype(jnp.float32)
+        valid = _real_tokens(batch, "src" if stack == "encoder" else "tgt")
         if path.endswith("/weights"):
             entropy = -jnp.sum(x * jnp.log(jnp.where(x > 0, x, 1.0)), axis=-1)  # [B, H, T]
             key = f"attention_entropy/{path.removesuffix('/weights')}"
@@ -80,6 +80,15 @@ def activation_sums(values: dict[str, jax.Array], batch: dict) -> dict[str, tupl
             squares = jnp.einsum("bte,bt->", jnp.square(x), valid)
             out[f"activation_rms/{stack}/{layer}"] = (squares, valid.sum() * x.shape[-1])
     return out
+
+
+def _real_tokens(batch: dict, side: str) -> jax.Array:
+    """[B, S] or [B, T] float32: 1 for a real token of the source ("src") or target ("tgt")
+    side, 0 for padding (all 1 where the batch has no validity array)."""
+    valid = batch.get(f"{side}_valid")
+    if valid is None:
+        return jnp.ones(batch["src" if side == "src" else "tgt_in"].shape, jnp.float32)
+    return valid.astype(jnp.float32)
 
 
 def dynamics(grads, old_params, new_params, sums: dict[str, tuple]) -> dict[str, jax.Array]:

@@ -86,10 +86,10 @@ def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState
     """The laid-out state to start from (fresh or restored) and its step; writes the
     tokenizer and config.json, and opens TensorBoard (with run.runtime.tensorboard)."""
     placement, config = setup.placement, setup.config
-    state = placement.put(setup.state)
+    state = placement.put(setup.state, like=setup.layout)
     if folder.start(resume=resume):
         abstract = abstract_train_state(placement.one_copy(state))
-        state = placement.put(folder.restore(abstract, setup.meta))
+        state = placement.put(folder.restore(abstract, setup.meta), like=setup.layout)
     if folder.is_main:
         setup.tokenizer.save(folder.path)
     folder.write_json("config.json", {"model": config.to_dict(), "run": setup.run.to_dict()})
@@ -294,7 +294,7 @@ def _average(setup: Setup, folder: RunFolder, state: TrainState) -> tuple[Any, l
     abstract = abstract_train_state(setup.placement.one_copy(state)).params
     mean, steps = folder.checkpoints.average_params(abstract, setup.run.eval.average_checkpoints)
     save_averaged(folder.path, mean)
-    return setup.placement.put(mean), steps
+    return setup.placement.put(mean, like=setup.layout.params), steps
 
 
 def _description(setup: Setup) -> dict[str, Any]:

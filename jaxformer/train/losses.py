@@ -6,8 +6,12 @@ as in Szegedy et al., 2016). Its cross-entropy with p = softmax(logits) is
     H(q, p) = (1 - eps) * NLL + eps * (logsumexp(logits) - mean(logits)),
 
 computed in float32 without materialising q. NLL, perplexity and accuracy are reported
-without smoothing.
+without smoothing; a token counts as correct when its target's logit is the row's maximum
+(ties included), so no argmax is taken.
 
+`cross_entropy` reads the logits twice (the row maximum, then the sum of exponentials,
+and the sum of the logits only when eps > 0); its gradient is written out as
+softmax - (1 - eps) one_hot(y) - eps / V, one pass with no scatter.
 `chunked_cross_entropy` computes the same sums from the last hidden states and the output
 projection without the [B, T, V] float32 logits: it walks the vocabulary in chunks with an
 online logsumexp, and its backward pass recomputes each chunk's logits. `lm_head_choice`
@@ -33,6 +37,7 @@ from jaxformer.checks import (
     check_rank,
 )
 from jaxformer.config import LM_HEADS
+from jaxformer.functional.matmul import einsum_f32
 
 # "auto" takes the chunked head from this many logits B*T*V up (256 MiB in float32, e.g. a
 # batch of 2 x 640 tokens over GPT-2's 50,304 ids); smaller heads keep the dense path.
@@ -45,7 +50,7 @@ class LossSums(NamedTuple):
 
     loss: jax.Array  # label-smoothed cross-entropy, summed
     nll: jax.Array  # negative log-likelihood of the targets, summed
-    correct: jax.Array  # targets that are the argmax of the logits
+    correct: jax.Array  # targets whose logit is the row's maximum
     tokens: jax.Array  # number of real target tokens
 
     def means(self) -> dict[str, jax.Array]:
@@ -61,36 +66,79 @@ class LossSums(NamedTuple):
 
 
 def cross_entropy(
-    logits: jax.Array, targets: jax.Array, weights: jax.Array, *, label_smoothing: float = 0.0
+    logits: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array | None = None,
+    *,
+    label_smoothing: float = 0.0,
 ) -> LossSums:
-    """logits [B, T, V], targets [B, T] int, weights [B, T] (bool or 0/1: False = padding)."""
+    """logits [B, T, V] (any float dtype; read in float32), targets [B, T] int, weights
+    [B, T] (bool or 0/1: False = padding; None = every token is real)."""
     check_float_array("logits", logits)
     check_int_array("targets", targets)
-    if logits.shape[:-1] != targets.shape or targets.shape != weights.shape:
+    if logits.shape[:-1] != targets.shape or _shape(weights, targets) != targets.shape:
         raise BadValue(
             f"logits {logits.shape} must be [B, T, V] with targets and weights [B, T]; "
-            f"got targets {targets.shape}, weights {weights.shape}"
+            f"got targets {targets.shape}, weights {_shape(weights, targets)}"
         )
     check_number("label_smoothing", label_smoothing, "[0, 1)")
     with jax.named_scope("loss"):  # named in profiles (experiments/profile_step.py)
-        return _dense_sums(logits, targets, weights, label_smoothing)
+        V = logits.shape[-1]
+        per_token = _token_losses(logits.reshape(-1, V), targets.reshape(-1), label_smoothing)
+        return _weighted_sums(per_token, weights)
 
 
-def _dense_sums(logits, targets, weights, label_smoothing) -> LossSums:
-    logits = logits.astype(jnp.float32)
-    w = weights.astype(jnp.float32)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    nll = log_z - target_logit
-    smooth = log_z - jnp.mean(logits, axis=-1)
-    loss = (1.0 - label_smoothing) * nll + label_smoothing * smooth
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-    return LossSums(
-        loss=jnp.sum(loss * w),
-        nll=jnp.sum(nll * w),
-        correct=jnp.sum(correct * w),
-        tokens=jnp.sum(w),
+def _shape(weights, targets) -> tuple[int, ...]:
+    """The weights' shape; the targets' when there are none (every token real)."""
+    return targets.shape if weights is None else weights.shape
+
+
+def _weighted_sums(per_token, weights) -> LossSums:
+    """LossSums of per-token (loss, nll, correct) [N] with weights [B, T] (None: all 1)."""
+    loss, nll, correct = per_token
+    if weights is None:
+        n = jnp.float32(loss.shape[0])
+        return LossSums(jnp.sum(loss), jnp.sum(nll), jnp.sum(correct), n)
+    w = weights.astype(jnp.float32).reshape(-1)
+    return LossSums(jnp.sum(loss * w), jnp.sum(nll * w), jnp.sum(correct * w), jnp.sum(w))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _token_losses(logits, y, eps):
+    """Per-token (loss, nll, correct) [N] of logits [N, V] and targets y [N]."""
+    return _token_losses_fwd(logits, y, eps)[0]
+
+
+def _token_losses_fwd(logits, y, eps):
+    x = logits.astype(jnp.float32)
+    m = jnp.max(x, axis=-1)  # read 1
+    log_z = m + jnp.log(jnp.sum(jnp.exp(x - m[:, None]), axis=-1))  # read 2
+    target = jnp.take_along_axis(x, y[:, None], axis=-1)[:, 0]  # one logit per row
+    nll = log_z - target
+    loss = nll
+    if eps > 0.0:  # the mean logit, in read 2 (XLA fuses the two sums)
+        loss = (1.0 - eps) * nll + eps * (log_z - jnp.mean(x, axis=-1))
+    correct = (target >= m).astype(jnp.float32)
+    return (loss, nll, correct), (logits, y, log_z)
+
+
+def _token_losses_bwd(eps, residuals, cotangents):
+    """d loss / d logits = p - (1 - eps) one_hot(y) - eps / V, d nll = p - one_hot(y), each
+    times its per-token cotangent: one elementwise pass."""
+    logits, y, log_z = residuals
+    g_loss, g_nll, _ = cotangents  # `correct` has no gradient
+    V = logits.shape[-1]
+    p = jnp.exp(logits.astype(jnp.float32) - log_z[:, None])
+    is_target = jnp.arange(V)[None, :] == y[:, None]
+    d = (g_loss + g_nll)[:, None] * p - jnp.where(
+        is_target, ((1.0 - eps) * g_loss + g_nll)[:, None], 0.0
     )
+    if eps > 0.0:
+        d = d - (eps / V * g_loss)[:, None]
+    return d.astype(logits.dtype), None
+
+
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 def lm_head_choice(lm_head: str, tokens: int, vocab_size: int) -> str:
@@ -107,7 +155,7 @@ def chunked_cross_entropy(
     table: jax.Array,
     bias: jax.Array | None,
     targets: jax.Array,
-    weights: jax.Array,
+    weights: jax.Array | None = None,
     *,
     label_smoothing: float = 0.0,
     chunk_size: int = 4096,
@@ -116,7 +164,8 @@ def chunked_cross_entropy(
     [B * T, chunk_size] of them at a time (forward and backward).
 
     hidden [B, T, E], table [V, E] (the output projection, in hidden's dtype), bias [V] or
-    None, targets [B, T] int, weights [B, T] (bool or 0/1: False = padding).
+    None, targets [B, T] int, weights [B, T] (bool or 0/1: False = padding; None = every
+    token is real).
     """
     check_rank("hidden", hidden, 3, "[B, T, E]")
     check_float_array("hidden", hidden)
@@ -131,9 +180,10 @@ def chunked_cross_entropy(
             f"table {table.dtype}{list(table.shape)} must be [V, E={E}] in hidden's dtype "
             f"{hidden.dtype}"
         )
-    if targets.shape != (B, T) or weights.shape != (B, T):
+    if targets.shape != (B, T) or _shape(weights, targets) != (B, T):
         raise BadValue(
-            f"targets {targets.shape} and weights {weights.shape} must be [B, T] = {(B, T)}"
+            f"targets {targets.shape} and weights {_shape(weights, targets)} must be "
+            f"[B, T] = {(B, T)}"
         )
     if bias is not None and bias.shape != (V,):
         raise BadValue(f"bias {bias.shape} must be [V] = {(V,)}")
@@ -147,16 +197,10 @@ def _chunked_sums(hidden, table, bias, targets, weights, label_smoothing, chunk_
     table_c = jnp.pad(table, ((0, n * C - V), (0, 0))).reshape(n, C, E)
     bias = jnp.zeros((V,), jnp.float32) if bias is None else bias.astype(jnp.float32)
     bias_c = jnp.pad(bias, (0, n * C - V)).reshape(n, C)
-    loss, nll, correct = _chunked_head(
+    per_token = _chunked_head(
         hidden.reshape(B * T, E), table_c, bias_c, targets.reshape(-1), label_smoothing, V
     )
-    w = weights.astype(jnp.float32).reshape(-1)
-    return LossSums(
-        loss=jnp.sum(loss * w),
-        nll=jnp.sum(nll * w),
-        correct=jnp.sum(correct * w),
-        tokens=jnp.sum(w),
-    )
+    return _weighted_sums(per_token, weights)
 
 
 def _vocab_chunks(V: int, chunk_size: int) -> tuple[int, int]:
@@ -187,25 +231,24 @@ def _chunked_head(h, table_c, bias_c, y, eps, V):
 
 def _chunked_head_fwd(h, table_c, bias_c, y, eps, V):
     def add_chunk(carry, xs):
-        m, s, total, target, best = carry  # running max, sum of exp(l - m), ..., argmax
+        m, s, total, target = carry  # running max, sum of exp(l - m), of l, target logit
         logits, ids = _chunk_logits(h, xs[1], xs[2], xs[0], V)
-        m_c = jnp.max(logits, axis=1)
-        m_new = jnp.maximum(m, m_c)
+        m_new = jnp.maximum(m, jnp.max(logits, axis=1))
         s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(logits - m_new[:, None]), axis=1)
-        total = total + jnp.sum(jnp.where(ids[None, :] < V, logits, 0.0), axis=1)
+        if eps > 0.0:
+            total = total + jnp.sum(jnp.where(ids[None, :] < V, logits, 0.0), axis=1)
         target = target + jnp.sum(jnp.where(ids[None, :] == y[:, None], logits, 0.0), axis=1)
-        best = jnp.where(m_c > m, ids[0] + jnp.argmax(logits, axis=1), best)  # first max
-        return (m_new, s, total, target, best), None
+        return (m_new, s, total, target), None
 
     N = h.shape[0]
     zeros = jnp.zeros((N,), jnp.float32)
-    init = (jnp.full((N,), -jnp.inf), zeros, zeros, zeros, jnp.zeros((N,), jnp.int32))
+    init = (jnp.full((N,), -jnp.inf), zeros, zeros, zeros)
     chunks = (jnp.arange(table_c.shape[0]), table_c, bias_c)
-    (m, s, total, target, best), _ = jax.lax.scan(add_chunk, init, chunks)
+    (m, s, total, target), _ = jax.lax.scan(add_chunk, init, chunks)
     log_z = m + jnp.log(s)
     nll = log_z - target
-    loss = (1.0 - eps) * nll + eps * (log_z - total / V)
-    correct = (best == y).astype(jnp.float32)
+    loss = (1.0 - eps) * nll + eps * (log_z - total / V) if eps > 0.0 else nll
+    correct = (target >= m).astype(jnp.float32)
     return (loss, nll, correct), (h, table_c, bias_c, y, log_z)
 
 
@@ -216,20 +259,17 @@ def _chunked_head_bwd(eps, V, residuals, cotangents):
     g_loss, g_nll, _ = cotangents  # `correct` has no gradient
     p_coef = (g_loss + g_nll)[:, None]
     target_coef = ((1.0 - eps) * g_loss + g_nll)[:, None]
-    uniform_coef = (eps / V * g_loss)[:, None]
 
     def chunk_grads(dh, xs):
         c, t_c, b_c = xs
         logits, ids = _chunk_logits(h, t_c, b_c, c, V)
-        real = (ids[None, :] < V).astype(jnp.float32)
-        d = (
-            p_coef * jnp.exp(logits - log_z[:, None])
-            - target_coef * (ids[None, :] == y[:, None])
-            - uniform_coef * real
-        )
-        dh = dh + jnp.einsum("nc,ce->ne", d, t_c, preferred_element_type=jnp.float32)
-        dt = jnp.einsum("nc,ne->ce", d, h, preferred_element_type=jnp.float32)
-        return dh, (dt.astype(t_c.dtype), jnp.sum(d, axis=0))
+        d = p_coef * jnp.exp(logits - log_z[:, None]) - target_coef * (ids[None, :] == y[:, None])
+        if eps > 0.0:  # the uniform part, over the real ids
+            d = d - (eps / V * g_loss)[:, None] * (ids[None, :] < V)
+        d_low = d.astype(h.dtype)  # the products' operands in the compute dtype
+        dh = dh + jnp.einsum("nc,ce->ne", d_low, t_c, preferred_element_type=jnp.float32)
+        dt = einsum_f32("nc,ne->ce", d_low, h)
+        return dh, (dt, jnp.sum(d, axis=0))
 
     dh = jnp.zeros(h.shape, jnp.float32)
     chunks = (jnp.arange(table_c.shape[0]), table_c, bias_c)

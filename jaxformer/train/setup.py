@@ -35,6 +35,7 @@ from jaxformer.train.steps import (
     create_train_state,
     make_eval_step,
     make_train_step,
+    state_layout,
 )
 
 
@@ -44,7 +45,10 @@ class Setup:
 
     config           the model's config, with the tokenizer's vocabulary
     requested_vocab  the vocab_size the model config asked for
-    graphdef, state  the model's structure and the fresh TrainState (not laid out)
+    graphdef, state  the model's structure and the fresh TrainState (plain arrays, not
+                     laid out)
+    layout           the state's shapes with the parameters' logical axes
+                     (`state_layout`): how the placement lays it out
     param_count      the model's parameters
     placement        lays out state and batches, compiles the steps (`jaxformer.parallel`)
     train_step       (state, batch) -> (state, metrics), compiled, donating the state
@@ -60,6 +64,7 @@ class Setup:
     requested_vocab: int
     graphdef: nnx.GraphDef
     state: TrainState
+    layout: TrainState
     param_count: int
     placement: Placement
     train_step: Callable
@@ -105,6 +110,7 @@ def set_up(model_config: TransformerConfig, run: RunConfig) -> Setup:
     if run.runtime.tensorboard:
         tensorboard_writer()  # installed, before the folder exists
     graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
+    layout = state_layout(graphdef, state)
     placement = make_placement(run.runtime.mesh, pmap=run.runtime.pmap)
     placement.check_rows(
         run.optim.batch_size // run.optim.accum_steps,
@@ -118,11 +124,12 @@ def set_up(model_config: TransformerConfig, run: RunConfig) -> Setup:
         requested_vocab=model_config.vocab_size,
         graphdef=graphdef,
         state=state,
+        layout=layout,
         param_count=count_params(model),
         placement=placement,
-        train_step=placement.compile(train_fn, state, donate_state=True),
-        eval_step=placement.compile(eval_fn, state.params),
-        internals_step=internals_fn and placement.compile(internals_fn, state, donate_state=True),
+        train_step=placement.compile(train_fn, layout, donate_state=True),
+        eval_step=placement.compile(eval_fn, layout.params),
+        internals_step=internals_fn and placement.compile(internals_fn, layout, donate_state=True),
     )
 
 

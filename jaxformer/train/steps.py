@@ -4,9 +4,10 @@ compiled by `jax.jit` or a `jaxformer.parallel` placement.
 A batch is a dict of arrays. The decoder side is shared by both model kinds:
     tgt_in [B, T] int     decoder input (the target shifted right, starting with BOS)
     tgt_out [B, T] int    the tokens to predict
-    tgt_valid [B, T] bool real target tokens (loss weights; False = padding)
-`Transformer` batches add src [B, S] int and src_valid [B, S] bool; `DecoderLM` batches
-may add segment_ids and positions [B, T] int for packed rows.
+    tgt_valid [B, T] bool real target tokens (loss weights; False = padding); leave it out
+                          when every token is real, and the step does no padding work
+`Transformer` batches add src [B, S] int and src_valid [B, S] bool (optional likewise);
+`DecoderLM` batches may add segment_ids and positions [B, T] int for packed rows.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx, struct
 
 from jaxformer.checks import BadType, BadValue, check_instance, check_int, check_number
 from jaxformer.functional import sites
+from jaxformer.functional.layers import tied_logits
 from jaxformer.models import DecoderLM, Transformer
+from jaxformer.nn.parameters import plain
 from jaxformer.nn.sharding import constrain_batch
 from jaxformer.parallel import per_replica_key, sum_over_replicas
 from jaxformer.train.internals import activation_sums, dynamics, site_patterns
@@ -37,21 +41,23 @@ Batch = dict[str, jax.Array]
 
 @struct.dataclass
 class TrainState:
-    """Everything a run needs to continue: restoring it resumes bit-exactly."""
+    """Everything a run needs to continue, as plain arrays (what crosses `jit`):
+    restoring it resumes bit-exactly."""
 
     step: jax.Array  # int32 []: updates applied so far
-    params: nnx.State  # the model's parameters
-    opt_state: optax.OptState
+    params: dict  # the model's parameters: nested dicts of arrays (`nnx.merge` takes them)
+    opt_state: optax.OptState  # over params
     rng: jax.Array  # uint32 [2]: base dropout key; step s uses fold_in(rng, s)
 
 
 def create_train_state(
     model: nnx.Module, optimizer: optax.GradientTransformation, seed: int
 ) -> tuple[nnx.GraphDef, TrainState]:
-    """Split `model` into its static graph and a fresh TrainState."""
+    """Split `model` into its static graph and a fresh TrainState of plain arrays."""
     check_instance("model", model, (Transformer, DecoderLM))
     check_int("seed", seed, minimum=None)
-    graphdef, params = nnx.split(model)
+    graphdef, variables = nnx.split(model)
+    params = plain(variables)
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -59,6 +65,26 @@ def create_train_state(
         rng=jax.random.PRNGKey(seed),
     )
     return graphdef, state
+
+
+def state_layout(graphdef: nnx.GraphDef, state: TrainState) -> TrainState:
+    """The shapes of `state` with each parameter, and each optimizer-state entry shaped
+    like the parameters (Adam's moments), as an `nnx.Variable` that carries the
+    parameter's logical axes: what a placement reads to lay `state` out
+    (`placement.put(state, like=layout)`, `placement.compile(step, layout)`)."""
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state)
+    _, variables = nnx.split(nnx.merge(graphdef, abstract.params))
+    structure = jax.tree.structure(abstract.params)
+
+    def as_variables(tree):
+        if jax.tree.structure(tree) != structure:
+            return tree
+        return jax.tree.unflatten(jax.tree.structure(variables), jax.tree.leaves(tree))
+
+    opt_state = jax.tree.map(
+        as_variables, abstract.opt_state, is_leaf=lambda t: jax.tree.structure(t) == structure
+    )
+    return abstract.replace(params=variables, opt_state=opt_state)
 
 
 def model_logits(model: nnx.Module, batch: Batch, *, rng: jax.Array | None) -> jax.Array:
@@ -70,19 +96,22 @@ def model_loss_sums(
     model: nnx.Module, batch: Batch, *, rng: jax.Array | None, label_smoothing: float
 ) -> LossSums:
     """The teacher-forced `LossSums` of `batch`, through the output head that the model's
-    `config.lm_head` picks for this batch (`lm_head_choice`): the dense logits and
-    `cross_entropy`, or the last hidden states and `chunked_cross_entropy`."""
+    `config.lm_head` picks for this batch (`lm_head_choice`): the dense logits (in the
+    compute dtype, read by `cross_entropy` in float32), or `chunked_cross_entropy` of the
+    last hidden states."""
     check_batch(model, batch)
-    targets, weights = batch["tgt_out"], batch["tgt_valid"]
+    targets, weights = batch["tgt_out"], batch.get("tgt_valid")
     head = lm_head_choice(model.config.lm_head, targets.size, model.config.vocab_size)
-    if head == "dense":
-        logits = model_logits(model, batch, rng=rng)
-        return cross_entropy(logits, targets, weights, label_smoothing=label_smoothing)
     hidden = _teacher_forced(model, batch, rng, hidden=True)
     table, bias = model.output_head()
-    return chunked_cross_entropy(
-        hidden, table, bias, targets, weights, label_smoothing=label_smoothing
-    )
+    if head == "chunked":
+        return chunked_cross_entropy(
+            hidden, table, bias, targets, weights, label_smoothing=label_smoothing
+        )
+    logits = tied_logits(hidden, table)
+    if bias is not None:
+        logits = logits.astype(jnp.float32) + bias[None, None, :]
+    return cross_entropy(logits, targets, weights, label_smoothing=label_smoothing)
 
 
 def _teacher_forced(model: nnx.Module, batch: Batch, rng, *, hidden: bool) -> jax.Array:
@@ -92,12 +121,14 @@ def _teacher_forced(model: nnx.Module, batch: Batch, rng, *, hidden: bool) -> ja
     kw = dict(deterministic=rng is None, rng=rng)
     if isinstance(model, Transformer):
         fn = model.hidden if hidden else model
-        return fn(batch["src"], batch["tgt_in"], batch["src_valid"], batch["tgt_valid"], **kw)
+        return fn(
+            batch["src"], batch["tgt_in"], batch.get("src_valid"), batch.get("tgt_valid"), **kw
+        )
     if isinstance(model, DecoderLM):
         fn = model.hidden if hidden else model
         return fn(
             batch["tgt_in"],
-            batch["tgt_valid"],
+            batch.get("tgt_valid"),
             positions=batch.get("positions"),
             segment_ids=batch.get("segment_ids"),
             **kw,
@@ -105,9 +136,9 @@ def _teacher_forced(model: nnx.Module, batch: Batch, rng, *, hidden: bool) -> ja
     raise BadType(f"training needs a Transformer or DecoderLM, got {type(model).__name__}")
 
 
-REQUIRED_KEYS = {
-    Transformer: ("src", "src_valid", "tgt_in", "tgt_out", "tgt_valid"),
-    DecoderLM: ("tgt_in", "tgt_out", "tgt_valid"),
+REQUIRED_KEYS = {  # src_valid and tgt_valid may be left out: then every token is real
+    Transformer: ("src", "tgt_in", "tgt_out"),
+    DecoderLM: ("tgt_in", "tgt_out"),
 }
 
 
@@ -209,7 +240,7 @@ def make_eval_step(graphdef: nnx.GraphDef, *, label_smoothing: float):
     add the sums over batches."""
     check_number("label_smoothing", label_smoothing, "[0, 1)")
 
-    def evaluate(params: nnx.State, batch: Batch) -> LossSums:
+    def evaluate(params: dict, batch: Batch) -> LossSums:
         return sum_over_replicas(_loss_sums(graphdef, params, batch, None, label_smoothing))
 
     return evaluate

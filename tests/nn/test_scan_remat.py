@@ -118,12 +118,13 @@ def test_scanned_model_on_a_mesh_and_in_a_checkpoint(tmp_path):
         jf.Transformer(cfg, rngs=nnx.Rngs(0)), optimizer, seed=0
     )
     placement = parallel.make_placement(mesh)
-    state = placement.put(state)
+    layout = train.state_layout(graphdef, state)
+    state = placement.put(state, like=layout)
     wq = state.params["decoder"]["layers"]["self_attn"]["wq"]
     assert wq.sharding.spec == P(None, "fsdp", "tensor", None)  # the layer axis stays whole
     step = placement.compile(
         train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1),
-        state,
+        layout,
         donate_state=True,
     )
     losses = []

@@ -48,8 +48,9 @@ def placed_losses(config, placement, accum_steps=1):
     step = train.make_train_step(
         graphdef, optimizer, schedule, label_smoothing=0.1, accum_steps=accum_steps
     )
-    state = placement.put(state)
-    compiled = placement.compile(step, state, donate_state=True)
+    layout = train.state_layout(graphdef, state)
+    state = placement.put(state, like=layout)
+    compiled = placement.compile(step, layout, donate_state=True)
     losses = []
     for batch in BATCHES:
         state, m = compiled(state, batch)
@@ -122,7 +123,7 @@ def check_layout(state, mesh):
     for path, x in jax.tree_util.tree_leaves_with_path((state.params, state.opt_state)):
         if x.ndim == 0:  # step counters
             continue
-        name = path[-2].key  # [..., DictKey(name), GetAttrKey("value")]
+        name = path[-1].key  # [..., DictKey(name)]: plain arrays
         spec = EXPECTED_SPECS[name]
         assert x.sharding.spec == spec, (jax.tree_util.keystr(path), x.sharding.spec)
         split = [math.prod(mesh.shape[a] for a in ([axis] if axis else [])) for axis in spec]
@@ -160,10 +161,11 @@ def test_sharded_steps_match_one_device(shape, accum):
 def test_fsdp_divides_parameter_and_optimizer_bytes_by_its_size():
     config = small(ffn_bias=False)  # every parameter then has a d_model axis
     graphdef, state, *_ = setup(config)
+    layout = train.state_layout(graphdef, state)
     total = sum(x.nbytes for x in jax.tree.leaves((state.params, state.opt_state)))
     for fsdp in (2, 4, 8):
         mesh = parallel.make_mesh(data=-1, fsdp=fsdp)
-        placed = parallel.make_placement(mesh).put(state)
+        placed = parallel.make_placement(mesh).put(state, like=layout)
         per_device = sum(
             x.addressable_shards[0].data.nbytes
             for x in jax.tree.leaves((placed.params, placed.opt_state))
@@ -175,18 +177,22 @@ def test_fsdp_divides_parameter_and_optimizer_bytes_by_its_size():
 @pytest.mark.devices(8)
 def test_layouts_that_do_not_divide_are_clear_errors():
     graphdef, state, *_ = setup(small(num_heads=4, num_kv_heads=2))
+    layout = train.state_layout(graphdef, state)
     with pytest.raises(
         ValueError, match=r"wk.*dimension 1 \(heads\) of size 2 .* tensor of size 4"
     ):
+        parallel.make_placement(parallel.make_mesh(data=2, tensor=4)).put(state, like=layout)
+    with pytest.raises(ValueError, match="holds no nnx Variables, so nothing says how to split"):
         parallel.make_placement(parallel.make_mesh(data=2, tensor=4)).put(state)
     graphdef, state, *_ = setup(small(d_model=36))
+    layout = train.state_layout(graphdef, state)
     with pytest.raises(ValueError, match=r"dimension \d \(embed\) of size 36 .* fsdp of size 8"):
-        parallel.make_placement(parallel.make_mesh(data=1, fsdp=8)).put(state)
+        parallel.make_placement(parallel.make_mesh(data=1, fsdp=8)).put(state, like=layout)
     mesh = parallel.make_mesh(data=4, fsdp=2)
     with pytest.raises(ValueError, match="rows 12 is not divisible by data\\*fsdp = 8"):
         parallel.shard_batch({k: v[:12] for k, v in BATCHES[0].items()}, mesh)
     with pytest.raises(ValueError, match="not a mesh axis"):
-        parallel.state_shardings(state, mesh, parallel.DEFAULT_RULES | {"mlp": "model"})
+        parallel.state_shardings(layout, mesh, parallel.DEFAULT_RULES | {"mlp": "model"})
 
 
 @pytest.mark.devices(8)
@@ -208,11 +214,12 @@ def test_pmap_step_equals_the_single_device_step():
 def test_sharded_checkpoint_restores_onto_another_mesh_and_one_device(tmp_path):
     """Orbax writes the pieces; restoring takes the target's layout, whatever the saved one."""
     graphdef, state, *_ = setup(small())
-    saved = parallel.make_placement("data=2,fsdp=2,tensor=2").put(state)
+    layout = train.state_layout(graphdef, state)
+    saved = parallel.make_placement("data=2,fsdp=2,tensor=2").put(state, like=layout)
     meta = {"model_kind": "Transformer", "model_config": small().to_dict(), "run": {}}
     ckpt = checkpoint.Checkpointer(tmp_path)
     ckpt.save(saved, meta)
-    target = parallel.make_placement("data=1,fsdp=8").put(state)
+    target = parallel.make_placement("data=1,fsdp=8").put(state, like=layout)
     restored, _ = ckpt.restore(checkpoint.abstract_train_state(target), meta)
     ckpt.close()
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
@@ -237,6 +244,7 @@ def test_eval_step_sums_agree_across_placements(layout):
     placement = (
         parallel.make_placement(pmap=True) if layout == "pmap" else parallel.make_placement(layout)
     )
-    placed = placement.put(state)
-    got = placement.compile(evaluate, placed.params)(placed.params, BATCHES[0])
+    layout = train.state_layout(graphdef, state)
+    placed = placement.put(state, like=layout)
+    got = placement.compile(evaluate, layout.params)(placed.params, BATCHES[0])
     np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-5)

@@ -41,7 +41,7 @@ def test_losses_and_parameters_equal_a_loop_that_reads_every_step(tmp_path):
     model_config, run = _configs(tmp_path)
     loop.train(model_config, run, progress=False)
     job = setup.set_up(model_config, run)
-    state = job.placement.put(job.state)
+    state = job.placement.put(job.state, like=job.layout)
     blocking = {}
     for step in range(run.optim.steps):
         state, metrics = job.train_step(state, job.data.train_batch(step, run.optim.batch_size))

@@ -95,3 +95,36 @@ def test_the_final_report_aligns_long_cells_and_counts_this_runs_steps(tmp_path,
         for column, cell in zip(at.values(), cells, strict=True):
             assert row[column:].startswith(cell), (row, cell)
     assert "200 steps in 26 s in all, steps 80-200 in this process" in "\n".join(lines)
+
+
+def test_a_checkpoint_written_with_nnx_variables_resumes_as_plain_arrays(tmp_path):
+    """Before the train state was plain arrays, checkpoints held the parameters and Adam's
+    moments as nnx Variables (each array under "value"): such a folder still resumes, and
+    a checkpoint written now has the same layout on disk."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    config = jf.TransformerConfig.tiny(11, num_decoder_layers=1, d_model=8, num_heads=2, d_ff=16)
+    _, variables = nnx.split(jf.DecoderLM(config, rngs=nnx.Rngs(0)))
+    old = {"step": jax.numpy.array(7), "opt_state": optax.adam(1e-3).init(variables)}
+    old["rng"] = jax.random.PRNGKey(0)
+    manager = ocp.CheckpointManager(tmp_path / "checkpoints")
+    items = dict(params=variables, train=old, meta=META)
+    args = {
+        k: ocp.args.JsonSave(v) if k == "meta" else ocp.args.StandardSave(v)
+        for k, v in items.items()
+    }
+    manager.save(7, args=ocp.args.Composite(**args))
+    manager.wait_until_finished()
+    folder = RunFolder(tmp_path)
+    assert folder.start(resume=True)
+    state = folder.restore(abstract_train_state(tiny_state(0)), META)
+    assert int(state.step) == 7 and isinstance(state.params["inputs"]["embed"]["table"], jax.Array)
+    want = jax.tree.leaves(variables)
+    for got, expected in zip(jax.tree.leaves(state.params), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    folder.save(state.replace(step=state.step + 1), META)
+    saved = manager.item_metadata(8)["params"]
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(saved)[0]]
+    assert len(paths) == len(want) and all(p.endswith("['value']") for p in paths)

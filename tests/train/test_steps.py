@@ -81,3 +81,48 @@ def test_bfloat16_compute_trains_with_float32_params():
         state, m = step(state, d.train_batch(i, 8))
     assert np.isfinite(float(m["loss"]))
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {np.dtype("float32")}
+
+
+def _gradients(dtype: str, lm_head: str) -> list[np.ndarray]:
+    """The loss gradients of a small GPT-2-shaped model in `dtype` compute: the same
+    parameters and batch whatever the dtype (parameters are float32)."""
+    V = 1024
+    config = jf.TransformerConfig(
+        vocab_size=V,
+        num_encoder_layers=0,
+        num_decoder_layers=2,
+        d_model=128,
+        d_ff=512,
+        num_heads=4,
+        max_len=64,
+        position_embedding="learned",
+        norm_placement="pre",
+        activation="gelu_tanh",
+        embed_scale=False,
+        attention_bias=True,
+        dtype=dtype,
+        attention_impl="xla",
+        lm_head=lm_head,
+    )
+    graphdef, params = nnx.split(jf.DecoderLM(config, rngs=nnx.Rngs(0)))
+    tokens = np.random.default_rng(0).integers(0, V, (8, 65), dtype=np.int32)
+    batch = {"tgt_in": tokens[:, :-1], "tgt_out": tokens[:, 1:]}
+
+    def loss(params):
+        model = nnx.merge(graphdef, params)
+        sums = train.model_loss_sums(model, batch, rng=None, label_smoothing=0.1)
+        return sums.loss / sums.tokens
+
+    return [np.asarray(g, np.float64) for g in jax.tree.leaves(jax.jit(jax.grad(loss))(params))]
+
+
+@pytest.mark.parametrize("lm_head", ["dense", "chunked"])
+def test_bfloat16_gradients_stay_within_the_float32_models_error(lm_head):
+    """All products on bfloat16 operands, forward and backward: the gradient's error against
+    the float32 model, |g_bf16 - g_f32| / |g_f32| over every parameter, is 1.08% here for
+    both heads (on a CPU); it was 1.06% when the backward products of the LM head and the
+    attention took the float32 cotangent of their float32 results."""
+    low, full = _gradients("bfloat16", lm_head), _gradients("float32", lm_head)
+    error = sum(((a - b) ** 2).sum() for a, b in zip(low, full, strict=True))
+    relative = np.sqrt(error / sum((b**2).sum() for b in full))
+    assert 0.005 < relative < 0.0115
