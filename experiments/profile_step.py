@@ -401,8 +401,9 @@ def profile_gpt2(argv: list[str], out: pathlib.Path) -> dict:
     import jax
 
     lm_throughput = _lm_throughput()
-    s = lm_throughput.sizes(lm_throughput.parse_args(argv))
-    step, state, batch, _ = lm_throughput.setup(s, lm_throughput.parse_args(argv))
+    args = lm_throughput.parse_args(argv)
+    s = lm_throughput.sizes(args)
+    step, state, batch, _ = lm_throughput.setup(s, args)
     compiled = step.lower(state, batch).compile()
     trace, hlo = out / "profile_gpt2.perfetto.json.gz", out / "profile_gpt2.hlo.txt.gz"
     hlo.write_bytes(gzip.compress(compiled.as_text().encode()))
