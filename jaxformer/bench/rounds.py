@@ -1,0 +1,108 @@
+"""Programs timed in rounds, each in a worker process of its own.
+
+JAX and torch in one process fight over an accelerator's memory (JAX takes 75% of it when
+it starts), and compiling one program after another costs the sum of their compile times.
+So each program runs in its own worker: the coordinator starts them all at once (they
+build and compile in parallel), then asks each in turn for a round of k steps
+(`stats.time_interleaved` times the round trip: the steps plus one line each way through
+a pipe, well under a millisecond).
+
+The worker's side is `serve(build)`; the coordinator's is `Worker`. Messages are JSON
+lines on the worker's original stdout; anything else it prints goes to its stderr (the
+coordinator's log file for it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import IO, NamedTuple
+
+
+class Program(NamedTuple):
+    """A training step ready to run: run(k) takes k steps, waits for the device and returns
+    the last step's loss; params is its parameter count; info, what it is (JSON values)."""
+
+    run: Callable[[int], float]
+    params: int
+    info: dict
+
+
+class WorkerError(RuntimeError):
+    """A worker that failed or exited; the message names its log."""
+
+
+def serve(build: Callable[[], Program]) -> None:
+    """The worker's side: build the program, take its first step (compiling), send
+    {ready, setup_s, first_step_s, initial_loss, params, **info, ready_at}, then for each line k on
+    stdin take k steps and send {loss}. On an error, send {error} and raise it."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints (libraries' included) go to the log, not the channel
+
+    def send(**message) -> None:
+        channel.write(json.dumps(message) + "\n")
+
+    try:
+        t0 = time.perf_counter()
+        program = build()
+        t1 = time.perf_counter()
+        loss = program.run(1)
+        first = dict(setup_s=t1 - t0, first_step_s=time.perf_counter() - t1, initial_loss=loss)
+        send(ready=True, **first, params=program.params, **program.info, ready_at=time.time())
+        for line in sys.stdin:
+            send(loss=program.run(int(line)))
+    except Exception as error:
+        send(error=f"{type(error).__name__}: {error}"[-2000:])
+        traceback.print_exc()
+        raise
+
+
+class Worker:
+    """The coordinator's handle on one worker process, started at once; `log` takes its
+    stderr (and is closed with it)."""
+
+    def __init__(self, name: str, command: list[str], env: dict, log: IO[str]):
+        self.name, self.log = name, log
+        self.started = time.time()  # the worker's clock too: ready_at is its time.time()
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True
+        )
+
+    def ready(self) -> dict:
+        """The worker's ready message, with ready_s: seconds from its start to its ready
+        message (imports, building and the first step)."""
+        message = self._receive()
+        ready_at = message.pop("ready_at")
+        return message | {"ready_s": ready_at - self.started}
+
+    def run(self, steps: int) -> float:
+        """Take `steps` steps in the worker; the last loss."""
+        self.process.stdin.write(f"{steps}\n")
+        self.process.stdin.flush()
+        return self._receive()["loss"]
+
+    def close(self) -> None:
+        """End the worker (its stdin closes), wait for it, close its log."""
+        if self.process.stdin and not self.process.stdin.closed:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+    def _receive(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise WorkerError(f"worker {self.name} exited ({code}); see {self.log.name}")
+        message = json.loads(line)
+        if "error" in message:
+            raise WorkerError(f"worker {self.name}: {message['error']} (see {self.log.name})")
+        return message
