@@ -14,16 +14,16 @@ compute, float32 parameters and AdamW state) on the same batch:
                needs a C++ toolchain and minutes); skipped, with a note, without torch
 
 The two peers start from the same weights (their losses at initialisation agree to
-bfloat16's precision; jaxformer's own initialisation differs). Each program runs in its own worker process
-(jaxformer.bench.rounds: no fight over GPU memory, JAX's preallocation off; the workers
-compile in parallel); after two warm-up rounds each round asks every worker in turn
-(order rotated by one each round) for --steps steps and times it (`time_interleaved`:
-the steps are dispatched back to back and waited for once, plus a pipe round trip of
-well under a millisecond). Per program: the median ms/step over rounds with its 95%
-interval, tokens/s, MFU (lm_throughput's FLOP formula and peak table); per peer: the
-ratio of jaxformer's time to the peer's, the median of the per-round ratios with its
-95% interval (the rounds are the pairs: what varied is the round). Compile seconds are
-each worker's first step less its median step.
+bfloat16's precision; jaxformer's own initialisation differs). Each program runs in its
+own worker process (jaxformer.bench.rounds: no fight over GPU memory, JAX's preallocation
+off; the workers compile in parallel); after two warm-up rounds each round asks every
+worker in turn (order rotated by one each round) for --steps steps and times it
+(`time_interleaved`: the steps are dispatched back to back and waited for once, plus a
+pipe round trip of well under a millisecond). Per program: the median ms/step over
+rounds with its 95% interval, tokens/s, MFU (lm_throughput's FLOP formula and peak
+table); per peer: the ratio of jaxformer's time to the peer's, the median of the
+per-round ratios with its 95% interval (the rounds are the pairs: what varied is the
+round). Compile seconds are each worker's first step less its median step.
 
 Writes --out/gpt2_peers.json (device, versions, date, command, what jaxformer's "auto"
 resolved to) and gpt2_peers.md; prints a final JSON line.
