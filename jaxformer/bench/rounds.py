@@ -7,9 +7,9 @@ build and compile in parallel), then asks each in turn for a round of k steps
 (`stats.time_interleaved` times the round trip: the steps plus one line each way through
 a pipe, well under a millisecond).
 
-The worker's side is `serve(build)`; the coordinator's is `Worker`. Messages are JSON
-lines on the worker's original stdout; anything else it prints goes to its stderr (the
-coordinator's log file for it).
+The worker's side is `serve(build)`; the coordinator's is `Worker` and `ready_all`.
+Messages are JSON lines on the worker's original stdout; anything else it prints goes to
+its stderr (the coordinator's log file for it).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import IO, NamedTuple
 
 
@@ -80,6 +81,10 @@ class Worker:
         ready_at = message.pop("ready_at")
         return message | {"ready_s": ready_at - self.started}
 
+    def kill(self) -> None:
+        """Stop the worker now (a pending `ready` or `run` then raises WorkerError)."""
+        self.process.kill()
+
     def run(self, steps: int) -> float:
         """Take `steps` steps in the worker; the last loss."""
         self.process.stdin.write(f"{steps}\n")
@@ -106,3 +111,22 @@ class Worker:
         if "error" in message:
             raise WorkerError(f"worker {self.name}: {message['error']} (see {self.log.name})")
         return message
+
+
+def ready_all(workers: dict[str, Worker], timeout_s: float) -> dict[str, dict]:
+    """Each worker's ready message, waited for together, or {error} for one that failed
+    or was not ready within timeout_s (it is killed, so the others need not wait)."""
+    with ThreadPoolExecutor(len(workers)) as pool:
+        futures = {name: pool.submit(w.ready) for name, w in workers.items()}
+        wait(futures.values(), timeout=timeout_s)
+        late = [name for name, f in futures.items() if not f.done()]
+        for name in late:
+            workers[name].kill()
+        messages = {}
+        for name, future in futures.items():
+            try:
+                messages[name] = future.result()
+            except WorkerError as error:
+                slow = f"not ready within {timeout_s:.0f} s (stopped)"
+                messages[name] = {"error": slow if name in late else str(error)}
+    return messages

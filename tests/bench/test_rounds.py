@@ -45,3 +45,11 @@ def test_a_failing_worker_says_why(tmp_path):
     worker.close()
     assert worker.process.returncode != 0
     assert "Traceback" in (tmp_path / "fake.log").read_text()
+
+
+def test_a_worker_not_ready_in_time_is_stopped_and_reported(tmp_path):
+    slow = {"slow": start(tmp_path, "__import__('time').sleep(120)")}
+    messages = rounds.ready_all(slow, timeout_s=1)
+    slow["slow"].close()
+    assert messages == {"slow": {"error": "not ready within 1 s (stopped)"}}
+    assert slow["slow"].process.returncode is not None
