@@ -194,13 +194,15 @@ def summarize(args, ready: dict, times: dict, command: str) -> dict:
         if "jaxformer" in times and peer in times
     }
     versions = {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax", "torch")}
+    ok = [p for p in programs.values() if p["status"] == "ok"]
     return dict(
         benchmark="gpt2_peers",
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command=command,
-        device=programs["jaxformer"].get("device"),
+        device=next((p["device"] for p in ok), None),
         versions=versions,
         sizes=s,
+        params=next((p["params"] for p in ok), None),  # the same in each (tested)
         rounds=args.rounds,
         steps_per_round=args.steps,
         warmup_rounds=2,
@@ -262,7 +264,7 @@ def markdown(r: dict) -> str:
     s, v = r["sizes"], r["versions"]
     columns = ["program", "ms / step [95%]", "tokens / s", "MFU", "compile (s)", "loss at init"]
     lines = [
-        f"GPT-2 training step, {r['programs']['jaxformer'].get('params', '?'):,} parameters, "
+        f"GPT-2 training step, {r['params'] or 0:,} parameters, "
         f"batch {s['batch']} x {s['context']} tokens, bfloat16 compute, float32 parameters "
         f"and AdamW state; {r['rounds']} paired rounds of {r['steps_per_round']} steps per "
         "program (each in its own process, order rotated each round):",

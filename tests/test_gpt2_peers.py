@@ -69,6 +69,11 @@ def test_ratios_are_medians_of_paired_rounds_and_a_missing_peer_is_a_note():
     assert result["programs"]["torch"]["status"] == "failed"
     text = gpt2_peers.markdown(result)
     assert "| PyTorch | skipped: torch is not installed (the `torch` extra) |" in text
+    assert result["params"] == 100 and result["device"] == "cpu"
+    found["jaxformer"] = {"error": "worker jaxformer exited (1); see jaxformer.log"}
+    result = gpt2_peers.summarize(args, found, {"jax": jax}, "gpt2_peers.py --quick")
+    assert result["ratios"] == {} and result["programs"]["jax"]["status"] == "ok"
+    assert "| jaxformer | worker jaxformer exited (1)" in gpt2_peers.markdown(result)
 
 
 def test_too_few_rounds_for_an_interval_are_refused(capsys):
