@@ -8,8 +8,9 @@ build and compile in parallel), then asks each in turn for a round of k steps
 a pipe, well under a millisecond).
 
 The worker's side is `serve(build)`; the coordinator's is `Worker` and `ready_all`.
-Messages are JSON lines on the worker's original stdout; anything else it prints goes to
-its stderr (the coordinator's log file for it).
+Messages are JSON lines, marked with MARK, on the worker's original stdout; anything it
+prints once serving goes to its stderr (the coordinator's log file for it), and unmarked
+lines printed before (while importing) are copied there by the coordinator.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import IO, NamedTuple
+
+MARK = "@rounds "  # starts every message line
 
 
 class Program(NamedTuple):
@@ -46,7 +49,7 @@ def serve(build: Callable[[], Program]) -> None:
     os.dup2(2, 1)  # stray prints (libraries' included) go to the log, not the channel
 
     def send(**message) -> None:
-        channel.write(json.dumps(message) + "\n")
+        channel.write(MARK + json.dumps(message) + "\n")
 
     try:
         t0 = time.perf_counter()
@@ -103,11 +106,15 @@ class Worker:
         self.log.close()
 
     def _receive(self) -> dict:
+        """The next message; unmarked lines go to the log."""
         line = self.process.stdout.readline()
+        while line and not line.startswith(MARK):
+            self.log.write(line)
+            line = self.process.stdout.readline()
         if not line:
             code = self.process.wait()
             raise WorkerError(f"worker {self.name} exited ({code}); see {self.log.name}")
-        message = json.loads(line)
+        message = json.loads(line.removeprefix(MARK))
         if "error" in message:
             raise WorkerError(f"worker {self.name}: {message['error']} (see {self.log.name})")
         return message
