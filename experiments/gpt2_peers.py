@@ -22,12 +22,14 @@ worker in turn (order rotated by one each round) for --steps steps and times it
 (`time_interleaved`: the steps are dispatched back to back and waited for once, plus a
 pipe round trip of well under a millisecond). Per program: the median ms/step over
 rounds with its 95% interval, tokens/s, MFU (lm_throughput's FLOP formula and peak
-table); per peer: the ratio of jaxformer's time to the peer's, the median of the
-per-round ratios with its 95% interval (the rounds are the pairs: what varied is the
-round). Compile seconds are each worker's first step less its median step. A program
-not ready (started, built, first step taken) within --ready-timeout seconds is stopped
-and reported as such, and the others run their rounds without it: inside the GPU
-report's 4-minute part a slow torch.compile does not cost the whole table.
+table), the most device memory it held (GPUs); per peer: the ratio of jaxformer's time
+to the peer's, the median of the per-round ratios with its 95% interval (the rounds are
+the pairs: what varied is the round). Compile seconds are each worker's first step less
+its median step. A program not ready (started, built, first step taken) within
+--ready-timeout seconds is stopped and reported as such, and the others run their rounds
+without it: inside the GPU report's 4-minute part a slow torch.compile does not cost the
+whole table. The three share one GPU's memory; one that does not fit fails its first
+step, and its row says so.
 
 Writes --out/gpt2_peers.json (device, versions, date, command, what jaxformer's "auto"
 resolved to) and gpt2_peers.md; prints a final JSON line.
@@ -161,6 +163,7 @@ def jaxformer_program(s: dict, ns) -> rounds.Program:
     import jax
     import jax.numpy as jnp
 
+    from jaxformer.bench.gpt2_jax import peak_bytes
     from jaxformer.functional.attention import choose_implementation
     from jaxformer.train.losses import lm_head_choice
 
@@ -181,7 +184,7 @@ def jaxformer_program(s: dict, ns) -> rounds.Program:
         attention=attention if ns.attention == "auto" else ns.attention,
         lm_head=lm_head_choice(ns.lm_head, B * T, s["vocab"]),
     )
-    return rounds.Program(run, n_params, info)
+    return rounds.Program(run, n_params, info, peak_bytes)
 
 
 def summarize(args, ready: dict, times: dict, command: str) -> dict:
@@ -246,7 +249,7 @@ def markdown(r: dict) -> str:
     rows = []
     for name, p in r["programs"].items():
         if p["status"] != "ok":
-            rows.append([TITLES[name], p["error"], "", "", "", "", ""])
+            rows.append([TITLES[name], p["error"], "", "", "", "", "", ""])
             continue
         ms, ratio = p["step_ms"], r["ratios"].get(f"jaxformer/{name}")
         mfu = "" if p["mfu"] is None else f"{p['mfu']:.1%}"
@@ -258,18 +261,27 @@ def markdown(r: dict) -> str:
                 mfu,
                 f"{p['compile_s']:.1f}",
                 f"{p['initial_loss']:.4f}",
+                "" if p["peak_bytes"] is None else f"{p['peak_bytes'] / 2**30:.1f}",
                 "" if ratio is None else _interval(ratio),
             ]
         )
     s, v = r["sizes"], r["versions"]
-    columns = ["program", "ms / step [95%]", "tokens / s", "MFU", "compile (s)", "loss at init"]
+    columns = [
+        "program",
+        "ms / step [95%]",
+        "tokens / s",
+        "MFU",
+        "compile (s)",
+        "loss at init",
+        "peak GiB",
+    ]
     lines = [
         f"GPT-2 training step, {r['params'] or 0:,} parameters, "
         f"batch {s['batch']} x {s['context']} tokens, bfloat16 compute, float32 parameters "
         f"and AdamW state; {r['rounds']} paired rounds of {r['steps_per_round']} steps per "
         "program (each in its own process, order rotated each round):",
         "",
-        *table([*columns, "jaxformer / program [95%]"], rows, "lrrrrrr"),
+        *table([*columns, "jaxformer / program [95%]"], rows, "lrrrrrrr"),
         "",
         f"*Command: `{r['command']}`; device: {r['device']}; versions: "
         + ", ".join(f"{k} {x}" for k, x in v.items() if x)

@@ -47,7 +47,14 @@ def test_quick_run_writes_a_consistent_record(tmp_path):
 
 
 def ready(params=100, device="cpu"):
-    return dict(ready=True, params=params, device=device, first_step_s=2.0, initial_loss=6.9)
+    return dict(
+        ready=True,
+        params=params,
+        device=device,
+        first_step_s=2.0,
+        initial_loss=6.9,
+        peak_bytes=None,
+    )
 
 
 def test_ratios_are_medians_of_paired_rounds_and_a_missing_peer_is_a_note():

@@ -134,8 +134,11 @@ def program(s: dict, *, dtype="bfloat16", lr: float = 1e-4, seed: int = 0) -> Pr
             state[0], value = step(state[0], tokens)
         return float(value)
 
-    info = dict(
-        device=jax.devices()[0].device_kind,
-        attention=implementation or "xla",
-    )
-    return Program(run, sum(a.size for a in jax.tree.leaves(params)), info)
+    info = dict(device=jax.devices()[0].device_kind, attention=implementation or "xla")
+    return Program(run, sum(a.size for a in jax.tree.leaves(params)), info, peak_bytes)
+
+
+def peak_bytes() -> int | None:
+    """The most memory the default device has held (None where it does not say: CPUs)."""
+    stats = jax.devices()[0].memory_stats()
+    return stats.get("peak_bytes_in_use") if stats else None

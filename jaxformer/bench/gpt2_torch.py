@@ -121,4 +121,8 @@ def program(
 
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     info = dict(device=name, mode=mode, attention="F.scaled_dot_product_attention")
-    return Program(run, sum(p.numel() for p in model.parameters()), info)
+
+    def peak_bytes() -> int | None:
+        return torch.cuda.max_memory_allocated() if device == "cuda" else None
+
+    return Program(run, sum(p.numel() for p in model.parameters()), info, peak_bytes)

@@ -30,11 +30,13 @@ MARK = "@rounds "  # starts every message line
 
 class Program(NamedTuple):
     """A training step ready to run: run(k) takes k steps, waits for the device and returns
-    the last step's loss; params is its parameter count; info, what it is (JSON values)."""
+    the last step's loss; params is its parameter count; info, what it is (JSON values);
+    peak_bytes(), the most device memory it has held (None where the device does not say)."""
 
     run: Callable[[int], float]
     params: int
     info: dict
+    peak_bytes: Callable[[], int | None] = lambda: None
 
 
 class WorkerError(RuntimeError):
@@ -43,8 +45,9 @@ class WorkerError(RuntimeError):
 
 def serve(build: Callable[[], Program]) -> None:
     """The worker's side: build the program, take its first step (compiling), send
-    {ready, setup_s, first_step_s, initial_loss, params, **info, ready_at}, then for each line k on
-    stdin take k steps and send {loss}. On an error, send {error} and raise it."""
+    {ready, setup_s, first_step_s, initial_loss, params, peak_bytes, **info, ready_at},
+    then for each line k on stdin take k steps and send {loss}. On an error, send {error}
+    and raise it."""
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints (libraries' included) go to the log, not the channel
 
@@ -57,7 +60,8 @@ def serve(build: Callable[[], Program]) -> None:
         t1 = time.perf_counter()
         loss = program.run(1)
         first = dict(setup_s=t1 - t0, first_step_s=time.perf_counter() - t1, initial_loss=loss)
-        send(ready=True, **first, params=program.params, **program.info, ready_at=time.time())
+        memory = dict(params=program.params, peak_bytes=program.peak_bytes())
+        send(ready=True, **first, **memory, **program.info, ready_at=time.time())
         for line in sys.stdin:
             send(loss=program.run(int(line)))
     except Exception as error:

@@ -31,6 +31,7 @@ def test_a_worker_runs_rounds_and_its_prints_go_to_the_log(tmp_path):
     try:
         ready = worker.ready()
         assert ready["ready"] and ready["params"] == 7 and ready["device"] == "fake"
+        assert ready["peak_bytes"] is None  # the program does not say
         assert ready["initial_loss"] == 0.5 and ready["ready_s"] >= ready["first_step_s"] >= 0
         assert [worker.run(3), worker.run(4)] == [1.5, 2.0]
     finally:
