@@ -43,12 +43,17 @@ test-gpu:
 		tests/test_models.py tests/test_decode.py tests/train/test_steps.py tests/train/test_lm_head.py \
 		tests/interop
 
-# Every GPU table in one command (about 20 minutes on one H100/H200), on the GPU machine as
-# test-gpu (a CUDA build of JAX already installed; tokamax from the wheels: see the docstring
-# of experiments/gpu_report.py): results/gpu_report/{summary.json,gpu_tables.md} and each
-# step's files. `python experiments/gpu_report.py --dry-run` checks on a CPU that every step starts.
+# The GPU tables in parts of at most 4 minutes each (compile included), in priority order,
+# jaxformer against its pure-JAX and PyTorch peers first, on the GPU machine as test-gpu (a
+# CUDA build of JAX already installed; tokamax from the wheels: see the docstring of
+# experiments/gpu_report.py). Resumable: each call runs the parts not yet finished while
+# they fit in 9 minutes, and merges them into results/gpu_report/{summary.json,gpu_tables.md};
+# call again until its last line says "left": []. `make gpu-report PARTS=peers` runs part
+# one alone (about 3 minutes); FORCE=1 reruns finished parts. `python
+# experiments/gpu_report.py --dry-run` checks on a CPU that every part starts.
 gpu-report:
-	PYTHONPATH=.:$$PWD/.site $(PYTHON) experiments/gpu_report.py --out results/gpu_report
+	PYTHONPATH=.:$$PWD/.site $(PYTHON) experiments/gpu_report.py --out results/gpu_report \
+		$(if $(PARTS),--parts $(PARTS)) $(if $(FORCE),--force)
 
 # Benchmarks run with tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) preloaded
 # when it is installed, else with glibc tuned as the jaxformer command tunes it: XLA's CPU

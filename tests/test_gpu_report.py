@@ -1,5 +1,7 @@
-"""experiments/gpu_report.py on a CPU: the dry run starts every step, a step keeps to its
-budget, and the markdown is rendered from the steps' files."""
+"""experiments/gpu_report.py on a CPU: the parts (peers first, each within 4 minutes),
+the dry run starts every part, a part keeps to its budget, calls resume where the last
+one stopped and merge into one summary and one markdown, and the markdown is rendered
+from the parts' files."""
 
 import importlib.util
 import json
@@ -15,40 +17,136 @@ spec = importlib.util.spec_from_file_location("gpu_report", PATH)
 gpu_report = sys.modules["gpu_report"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_report)
 
+ORDER = [
+    "peers",
+    "tests-kernels",
+    "tests-rest",
+    "lm-kernels",
+    "lm-heads",
+    "lm-remat",
+    "profile",
+    "attention_bench",
+    "xla_vs_eager",
+    "throughput",
+    "table3",
+]
 
-def test_the_dry_run_starts_every_step(tmp_path):
-    summary = gpu_report.main(["--dry-run", "--out", str(tmp_path)])
-    names = [s.name for s in gpu_report.steps(tmp_path, 1)]
-    assert list(summary["steps"]) == names
-    assert {s["status"] for s in summary["steps"].values()} == {"started"}
-    saved = json.loads((tmp_path / "summary.json").read_text())
+
+def test_parts_run_in_priority_order_within_four_minutes(tmp_path):
+    parts = gpu_report.parts(tmp_path, 3)
+    assert [p.name for p in parts] == ORDER
+    assert all(0 < p.budget_s <= gpu_report.MAX_PART_S == 240 for p in parts)
+    peers = parts[0].commands[0]
+    assert peers[1].endswith("experiments/gpt2_peers.py") and "--batch" in peers
+
+
+def test_the_test_parts_are_make_test_gpus_subset():
+    makefile = (PATH.parents[1] / "Makefile").read_text()
+    line = makefile[makefile.index("test-gpu:") : makefile.index("# The GPU tables")]
+    paths = [p for paths in gpu_report.GPU_TESTS.values() for p in paths]
+    assert sorted(paths) == sorted(w for w in line.split() if w.startswith("tests/"))
+
+
+def test_the_dry_run_starts_every_part(tmp_path):
+    result = gpu_report.main(["--dry-run", "--out", str(tmp_path)])
+    assert list(result["parts"]) == ORDER
+    assert {s["status"] for s in result["parts"].values()} == {"started"}
+    saved = json.loads((tmp_path / "dry_run.json").read_text())
     assert saved["machine"]["jax"] and saved["date"] and "--dry-run" in saved["command"]
-    tables = (tmp_path / "gpu_tables.md").read_text()
-    assert all(f"| {name} | started |" in tables for name in names)
+    assert not (tmp_path / "summary.json").exists()  # a dry run touches no result
 
 
 def test_lm_throughput_runs_every_registered_attention_kernel(tmp_path):
-    argvs = gpu_report.lm_throughput_argvs(tmp_path)
-    kernels = {a[a.index("--attention") + 1] for a in argvs}
-    assert kernels == {"auto", *ATTENTION.names}
-    grid = {(a[3], a[5]) for a in argvs if a[1] == "auto" and a[7] == "auto"}
-    assert grid == {(str(b), r) for b in gpu_report.LM_BATCHES for r in gpu_report.LM_REMATS}
-    assert len({a[-1] for a in argvs}) == len(argvs)  # each run has its own folder
+    runs = gpu_report.lm_runs()
+    everything = [r for part in runs.values() for r in part]
+    assert {r[0] for r in runs["lm-kernels"]} == {"auto", *ATTENTION.names}
+    grid = {(b, r) for a, b, r, h in everything if a == "auto" and h == "auto"}
+    assert grid == {(b, r) for b in gpu_report.LM_BATCHES for r in gpu_report.LM_REMATS}
+    assert {h for *_, h in everything} == {"auto", "dense", "chunked"}
+    folders = [gpu_report.lm_throughput_argv(r, tmp_path)[-1] for r in everything]
+    assert len(set(folders)) == len(everything)  # each run has its own folder
 
 
-def test_a_step_keeps_to_its_budget_and_reports_failures(tmp_path):
+def test_a_part_keeps_to_its_budget_and_reports_failures(tmp_path):
     slow = [sys.executable, "-c", "import time; time.sleep(30)"]
     fails = [sys.executable, "-c", "raise SystemExit(3)"]
     ok = [sys.executable, "-c", "print('fine')"]
-    timed = gpu_report.run_step(gpu_report.Step("slow", 6, [slow, ok], ok), tmp_path, 6)
+    timed = gpu_report.run_part(gpu_report.Part("slow", 6, [slow, ok], ok), tmp_path, 6)
     assert timed["status"] == "timed out" and timed["wall_s"] < 20
-    failed = gpu_report.run_step(gpu_report.Step("f", 60, [ok, fails, ok], ok), tmp_path, 60)
+    failed = gpu_report.run_part(gpu_report.Part("f", 60, [ok, fails, ok], ok), tmp_path, 60)
     assert failed["status"] == "failed (exit 3)"
     assert [r["status"] for r in failed["runs"]] == ["ok", "failed (exit 3)"]
     assert (tmp_path / "f" / "log0.txt").read_text() == "fine\n"
+    going = gpu_report.Part("g", 60, [ok, fails, ok], ok, keep_going=True)
+    assert gpu_report.run_part(going, tmp_path, 60)["status"] == "some failed"
 
 
-def test_the_markdown_is_rendered_from_the_steps_files(tmp_path):
+def fake_parts(out, jobs, budgets=(30, 30, 30)):
+    """Parts named as the report's first three; each appends a line to runs.txt; the peers
+    part writes its table, the first test part prints pytest's closing line."""
+    names = ORDER[:3]
+    code = (
+        "import pathlib, sys; out = pathlib.Path(sys.argv[1]); name = sys.argv[2]\n"
+        "with open(out / 'runs.txt', 'a') as f: f.write(name + '\\n')\n"
+        "if name == 'peers':\n"
+        "    (out / 'peers').mkdir(exist_ok=True)\n"
+        "    (out / 'peers/gpt2_peers.md').write_text('| program | ms |\\n')\n"
+        "print('3 passed in 1.00s')\n"
+    )
+    return [
+        gpu_report.Part(n, b, [[sys.executable, "-c", code, str(out), n]], ["true"])
+        for n, b in zip(names, budgets, strict=True)
+    ]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(gpu_report, "parts", fake_parts)
+    monkeypatch.setattr(gpu_report, "machine", lambda: {"device": "Fake GPU", "jax": "0"})
+
+
+def runs(out):
+    return (out / "runs.txt").read_text().split()
+
+
+def test_calls_resume_and_merge_into_one_summary(tmp_path, fake, capsys):
+    gpu_report.main(["--parts", "peers", "--out", str(tmp_path)])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {
+        "ran": {"peers": "ok"},
+        "left": ["tests-kernels", "tests-rest"],
+    }
+    summary = gpu_report.main(["--out", str(tmp_path)])  # the finished part is skipped
+    assert runs(tmp_path) == ORDER[:3]
+    assert [c["ran"] for c in summary["calls"]] == [["peers"], ["tests-kernels", "tests-rest"]]
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert {p["status"] for p in summary["parts"].values()} == {"ok"}
+    assert summary["parts"]["peers"]["device"] == "Fake GPU"
+    tables = (tmp_path / "gpu_tables.md").read_text()  # both calls' parts, in one file
+    assert "## jaxformer against its peers" in tables and "| program | ms |" in tables
+    assert "- tests-kernels (tests/functional tests/nn): `3 passed in 1.00s`" in tables
+    assert tables.index("| peers | ok |") < tables.index("| tests-rest | ok |")
+    gpu_report.main(["--out", str(tmp_path)])
+    assert runs(tmp_path) == ORDER[:3]  # nothing left to run
+
+
+def test_a_forced_part_reruns_and_a_killed_one_resumes(tmp_path, fake):
+    gpu_report.main(["--out", str(tmp_path)])
+    gpu_report.main(["--parts", "tests-rest", "--force", "--out", str(tmp_path)])
+    assert runs(tmp_path) == [*ORDER[:3], "tests-rest"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary["parts"]["peers"]["status"] = "running"  # its call was killed
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    gpu_report.main(["--out", str(tmp_path)])
+    assert runs(tmp_path) == [*ORDER[:3], "tests-rest", "peers"]
+
+
+def test_a_call_stops_at_the_first_part_its_time_cannot_hold(tmp_path, fake, monkeypatch):
+    monkeypatch.setattr(gpu_report, "parts", lambda out, jobs: fake_parts(out, jobs, (30, 600, 30)))
+    gpu_report.main(["--budget-minutes", "1", "--out", str(tmp_path)])
+    assert runs(tmp_path) == ["peers"]  # tests-kernels needs 600 s of 60; order is kept
+
+
+def test_the_markdown_is_rendered_from_the_parts_files(tmp_path):
     run = tmp_path / "lm_throughput" / "auto-b32-none-auto"
     run.mkdir(parents=True)
     row = dict(
@@ -62,23 +160,23 @@ def test_the_markdown_is_rendered_from_the_steps_files(tmp_path):
         temp_bytes=3 * 2**30,
     )
     (run / "lm_throughput.json").write_text(json.dumps(row))
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "log0.txt").write_text("....\n7 passed, 1 failed in 9.10s\n")
+    (tmp_path / "tests-rest").mkdir()
+    (tmp_path / "tests-rest" / "log0.txt").write_text("....\n7 passed, 1 failed in 9.10s\n")
+    record = dict(status="ok", wall_s=9.5, budget_s=240, date="2026-01-01", device="H100")
     summary = dict(
-        date="2026-01-01T00:00:00+00:00",
-        command="gpu_report.py",
-        machine=dict(device="H100"),
-        steps={"tests": dict(status="ok", wall_s=9.5, budget_s=300)},
+        calls=[dict(date="2026-01-01T00:00:00+00:00", command="gpu_report.py", machine={})],
+        parts={"tests-rest": record},
     )
+    summary["calls"][0]["machine"] = dict(device="H100")
     text = gpu_report.render(summary, tmp_path)
-    assert "# GPU report: H100" in text and "| tests | ok | 9.5 | 300 |" in text
+    assert "# GPU report: H100" in text and "| tests-rest | ok | 9.5 | 240 |" in text
     assert "| auto | auto | 32 | none | 389000.5 | 31.4% | 84.2 | 3.00 |" in text
     assert "`7 passed, 1 failed in 9.10s`" in text
     assert "Attention kernels" not in text  # no file, no section
 
 
-def test_unknown_steps_are_refused(tmp_path, capsys):
+def test_unknown_parts_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        gpu_report.main(["--dry-run", "--only", "tests", "bogus", "--out", str(tmp_path)])
+        gpu_report.main(["--dry-run", "--parts", "peers", "bogus", "--out", str(tmp_path)])
     assert exit_.value.code == 2
-    assert "unknown steps ['bogus']" in capsys.readouterr().err
+    assert "unknown parts ['bogus']" in capsys.readouterr().err
