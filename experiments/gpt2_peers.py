@@ -161,11 +161,8 @@ def torch_mode(mode: str) -> str:
 def jaxformer_program(s: dict, ns) -> rounds.Program:
     """lm_throughput's step, and what its "auto" attention and LM head resolve to."""
     import jax
-    import jax.numpy as jnp
 
     from jaxformer.bench.gpt2_jax import peak_bytes
-    from jaxformer.functional.attention import choose_implementation
-    from jaxformer.train.losses import lm_head_choice
 
     step, state, batch, n_params = lm_throughput.setup(s, ns)
     box = [state]
@@ -175,15 +172,8 @@ def jaxformer_program(s: dict, ns) -> rounds.Program:
             box[0], metrics = step(box[0], batch)
         return float(metrics["loss"])
 
-    B, T, H = s["batch"], s["context"], s["heads"]
-    q = jax.ShapeDtypeStruct((B, T, H, s["d_model"] // H), jnp.bfloat16)
-    # The model's call: the causal flag and key lengths (from tgt_valid), no dropout.
-    attention = choose_implementation(q, q, q, masked=True, padded=True, dropout_rate=0.0)
-    info = dict(
-        device=jax.devices()[0].device_kind,
-        attention=attention if ns.attention == "auto" else ns.attention,
-        lm_head=lm_head_choice(ns.lm_head, B * T, s["vocab"]),
-    )
+    info = dict(device=jax.devices()[0].device_kind)
+    info |= lm_throughput.resolved(s, ns.attention, ns.lm_head)
     return rounds.Program(run, n_params, info, peak_bytes)
 
 

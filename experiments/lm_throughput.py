@@ -102,6 +102,7 @@ def main(argv=None) -> dict:
         scan=args.scan,
         attention=args.attention,
         lm_head=args.lm_head,
+        resolved=resolved(s, args.attention, args.lm_head),
         xla_flags=os.environ.get("XLA_FLAGS", ""),
         compile_seconds=round(compile_s, 2),
         temp_bytes=None if memory is None else int(memory.temp_size_in_bytes),
@@ -113,6 +114,22 @@ def main(argv=None) -> dict:
     (out / "lm_throughput.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
     return result
+
+
+def resolved(s: dict, attention: str, lm_head: str) -> dict:
+    """What "auto" picks for the model of sizes `s` on this device: the attention kernel
+    of its causal, unpadded self-attention in bfloat16, and the LM head."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxformer.functional.attention import choose_implementation
+    from jaxformer.train.losses import lm_head_choice
+
+    B, T, H = s["batch"], s["context"], s["heads"]
+    q = jax.ShapeDtypeStruct((B, T, H, s["d_model"] // H), jnp.bfloat16)
+    if attention == "auto":
+        attention = choose_implementation(q, q, q, masked=True, padded=False, dropout_rate=0.0)
+    return dict(attention=attention, lm_head=lm_head_choice(lm_head, B * T, s["vocab"]))
 
 
 def sizes(args) -> dict:
@@ -167,7 +184,7 @@ def setup(s: dict, args):
     B, T = s["batch"], s["context"]
     tokens = np.random.default_rng(0).integers(0, s["vocab"], (B, T + 1), dtype=np.int32)
     batch = jax.device_put(
-        {"tgt_in": tokens[:, :-1], "tgt_out": tokens[:, 1:], "tgt_valid": np.ones((B, T), bool)}
+        {"tgt_in": tokens[:, :-1], "tgt_out": tokens[:, 1:]}  # no padding: no tgt_valid
     )
     return step, state, batch, n_params
 

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from jaxformer.bench import gpt2_jax
 from jaxformer.bench.rounds import Program
-from jaxformer.checks import check_choice
+from jaxformer.checks import BadValue, check_choice
 
 MODES = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -78,7 +78,7 @@ class GPT2(nn.Module):
                 pairs += [(dense.weight, p[f"{name}_w"].T), (dense.bias, p[f"{name}_b"])]
         for tensor, array in pairs:
             if tuple(tensor.shape) != array.shape:
-                raise ValueError(f"parameter {tuple(tensor.shape)} given {array.shape}")
+                raise BadValue(f"parameter {tuple(tensor.shape)} given {array.shape}")
             tensor.copy_(torch.from_numpy(np.ascontiguousarray(array)))
 
 

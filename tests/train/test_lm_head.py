@@ -15,7 +15,7 @@ from jaxformer.train import (
     lm_head_choice,
     model_loss_sums,
 )
-from jaxformer.train.losses import AUTO_CHUNKED_LOGITS
+from jaxformer.train.losses import AUTO_CHUNKED_LOGITS, auto_chunked_logits
 
 TOK = data.ByteTokenizer()
 
@@ -120,6 +120,21 @@ def test_auto_is_dense_for_small_heads_and_chunked_for_large():
         lm_head_choice("fused", 1, 2)
     with pytest.raises(ValueError, match="lm_head must be one of"):
         jf.TransformerConfig.tiny(100, lm_head="fused")
+
+
+class _Device:
+    def __init__(self, stats):
+        self.stats = stats
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_auto_keeps_the_dense_head_while_its_logits_fit_an_eighth_of_the_device():
+    h100 = _Device({"bytes_limit": 80 * 10**9, "bytes_in_use": 0})
+    assert auto_chunked_logits(h100) == 2_500_000_000 > 32 * 1024 * 50304  # GPT-2, batch 32
+    assert auto_chunked_logits(_Device(None)) == AUTO_CHUNKED_LOGITS  # a CPU reports none
+    assert auto_chunked_logits(_Device({"bytes_limit": 10**6})) == AUTO_CHUNKED_LOGITS
 
 
 def test_bad_input_to_the_chunked_head():
