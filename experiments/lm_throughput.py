@@ -5,8 +5,9 @@
                                         [--attention auto] [--lm-head auto|dense|chunked]
                                         [--layers 12] [--context 1024] [--memory-only]
 
-The model: 12 layers, d_model 768, 12 heads, d_ff 3072, context 1024, vocabulary 50304,
-pre-LN, learned positions, tied output (124M parameters); bfloat16 compute with float32
+The model: `TransformerConfig.gpt2_small()`, 12 layers, d_model 768, 12 heads, d_ff 3072,
+context 1024, vocabulary 50304, pre-LN, learned positions, tied output (124M parameters);
+bfloat16 compute with float32
 parameters and AdamW state; one jitted step with donated state. --quick is a small model
 (2 layers, d_model 128, context 128, vocabulary 1024) that runs on a CPU in seconds.
 
@@ -152,22 +153,13 @@ def setup(s: dict, args):
     import jaxformer as jf
     from jaxformer import train
 
-    config = jf.TransformerConfig(
-        vocab_size=s["vocab"],
-        num_encoder_layers=0,
+    config = jf.TransformerConfig.gpt2_small(
+        s["vocab"],
         num_decoder_layers=s["layers"],
         d_model=s["d_model"],
         d_ff=s["d_ff"],
         num_heads=s["heads"],
         max_len=s["context"],
-        position_embedding="learned",
-        norm_placement="pre",
-        activation="gelu_tanh",
-        embed_scale=False,
-        attention_bias=True,
-        dropout_rate=0.0,
-        label_smoothing=0.0,
-        dtype="bfloat16",
         remat=args.remat,
         scan_layers=args.scan,
         attention_impl=args.attention,

@@ -34,7 +34,7 @@ from jaxformer.functional.registry import POSITIONS
 # Positions built into the model; fixed tables (the sinusoids, or your own) are the
 # registered functional.POSITIONS.
 MODEL_POSITIONS = ("learned", "rope", "none")
-PRESETS = ("tiny", "paper_base", "paper_big")  # TransformerConfig's constructors
+PRESETS = ("tiny", "paper_base", "paper_big", "gpt2_small")  # TransformerConfig's constructors
 SCHEDULES = ("paper", "cosine", "constant")
 OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("byte", "bpe")
@@ -219,6 +219,30 @@ class TransformerConfig:
             d_ff=512,
             num_heads=4,
             max_len=256,
+        )
+        return cls(vocab_size=vocab_size, **(fields | overrides))
+
+    @classmethod
+    def gpt2_small(cls, vocab_size: int = 50304, **overrides) -> TransformerConfig:
+        """GPT-2-small's shape as a decoder-only model (124M parameters with V = 50304):
+        12 pre-LN layers, d_model=768, d_ff=3072, h=12, context 1024, learned positions,
+        gelu_tanh, biases, no embedding scale, no dropout or label smoothing, bfloat16
+        compute."""
+        fields = dict(
+            num_encoder_layers=0,
+            num_decoder_layers=12,
+            d_model=768,
+            d_ff=3072,
+            num_heads=12,
+            max_len=1024,
+            position_embedding="learned",
+            norm_placement="pre",
+            activation="gelu_tanh",
+            embed_scale=False,
+            attention_bias=True,
+            dropout_rate=0.0,
+            label_smoothing=0.0,
+            dtype="bfloat16",
         )
         return cls(vocab_size=vocab_size, **(fields | overrides))
 

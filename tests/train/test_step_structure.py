@@ -26,25 +26,10 @@ B, T, V, E, F = 32, 1024, 50304, 768, 3072
 
 
 def _config(**overrides) -> jf.TransformerConfig:
-    gpt2 = dict(
-        vocab_size=V,
-        num_encoder_layers=0,
-        num_decoder_layers=2,
-        d_model=E,
-        d_ff=F,
-        num_heads=12,
-        max_len=T,
-        position_embedding="learned",
-        norm_placement="pre",
-        activation="gelu_tanh",
-        embed_scale=False,
-        attention_bias=True,
-        dropout_rate=0.0,
-        label_smoothing=0.0,
-        dtype="bfloat16",
-        attention_impl="xla",
+    """GPT-2-small with two of its layers, on the attention a CPU runs."""
+    return jf.TransformerConfig.gpt2_small(
+        V, num_decoder_layers=2, attention_impl="xla", **overrides
     )
-    return jf.TransformerConfig(**(gpt2 | overrides))
 
 
 def _abstract_state(config: jf.TransformerConfig, optimizer):
