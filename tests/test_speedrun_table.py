@@ -164,7 +164,7 @@ XEON += ("wide_4500", "wide_bf16", "ceiling", "wide_b16", "wide_lr001", "wide_lr
 def test_the_committed_tables_are_what_the_committed_run_records_compute(
     machine, names, pairs, tmp_path
 ):
-    records = ROOT / "docs" / "results" / "speedruns" / f"wyc-web-{machine}"
+    records = ROOT / "records" / "speedruns" / f"wyc-web-{machine}"
     runs = [str(records / name) for name in names]
     options = [x for a, b in pairs for x in ("--pair", runs[a], runs[b])]
     out = tmp_path / "speedrun.json"

@@ -81,7 +81,7 @@ def test_the_committed_speedrun_sweep_tables_are_what_its_committed_records_comp
     tmp_path, name, baseline
 ):
     out = tmp_path / "sweep.json"
-    records = ROOT / "docs" / "results" / "sweeps" / "wyc-web-speedrun"
+    records = ROOT / "records" / "sweeps" / "wyc-web-speedrun"
     argv = [str(ROOT / "experiments" / "wyc_web_speedrun.yaml"), "--sweep-out", str(records)]
     if baseline:
         argv += ["--baseline", baseline, "--comparisons-only"]
