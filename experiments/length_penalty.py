@@ -10,11 +10,13 @@ more). The paper chose its alpha 0.6 on its development set; so does this, and t
 books stay unseen (score them with the alpha chosen: `jaxformer train ... --eval-alpha A
 --final-test`). A larger alpha favours longer outputs, and BLEU's brevity penalty punishes
 outputs shorter than the references, so the table shows the length ratio beside the
-scores. Against the first alpha: the difference seed by seed (its 95% t-interval), the
-two-level bootstrap (jaxformer.sweep.stats: the seeds, then the dev sentences; with one
-run the sentences alone, so training variance is not in it), Holm's p over the alphas and
-the verdict. The best of several alphas on the same sentences flatters itself a little:
-confirm a chosen alpha on runs of other seeds. Writes --out in the docs/results format
+scores. Against the first alpha, the verdict rule of jaxformer.sweep.stats over the alphas
+compared: the difference seed by seed with its 95% t-interval and exact p, the crossed
+two-level bootstrap (the seeds, and one draw of dev sentences every seed shares; with one
+run the sentences alone, so training variance is not in it and there is no verdict), each
+p Holm-adjusted over the alphas, better or worse only when both are below 0.05. The best
+of several alphas on the same sentences flatters itself: confirm a chosen alpha on the
+test books or on runs of other seeds. Writes --out in the docs/results format
 and prints a JSON line: each alpha's dev BLEU, run by run.
 """
 
@@ -80,9 +82,15 @@ def _mean(values: list[float], digits: int, sign: str = "") -> str:
 def rows_by_alpha(scored: list[dict], alphas: list[float]) -> list[list[str]]:
     """One row per alpha, over the runs (the seeds of one configuration): mean dev BLEU,
     chrF and length ratio (± the 95% t-interval's half-width with several runs), and
-    against the first alpha the seed-by-seed difference, the bootstrap's interval (seeds,
-    then sentences; sentences alone for one run), Holm's p over the alphas and the verdict."""
+    against the first alpha the verdict of jaxformer.sweep.stats over the alphas compared:
+    the seed-paired difference with its t-interval and p, the crossed bootstrap's
+    interval and p (the seeds and one draw of sentences; sentences alone for one run),
+    each p beside its Holm adjustment over the alphas."""
     first, compared = alphas[0], alphas[1:]
+    tests = [
+        stats.t_test([s[alpha]["bleu"].score - s[first]["bleu"].score for s in scored])
+        for alpha in compared
+    ]
     results = [
         stats.bootstrap(
             "bleu",
@@ -92,7 +100,7 @@ def rows_by_alpha(scored: list[dict], alphas: list[float]) -> list[list[str]]:
         )
         for alpha in compared
     ]
-    adjusted = stats.holm([r.p for r in results], [r.at_floor for r in results])
+    verdicts = stats.verdicts(list(zip(tests, results, strict=True)))
     rows = []
     for alpha in alphas:
         bleu = [s[alpha]["bleu"] for s in scored]
@@ -103,22 +111,26 @@ def rows_by_alpha(scored: list[dict], alphas: list[float]) -> list[list[str]]:
             _mean([b.sys_len / b.ref_len for b in bleu], 3),
         ]
         if alpha == first:
-            rows.append(row + [""] * 4)
+            rows.append(row + [""] * 5)
             continue
-        r, (p, bound) = results[compared.index(alpha)], adjusted[compared.index(alpha)]
-        per_seed = [b.score - s[first]["bleu"].score for b, s in zip(bleu, scored, strict=True)]
-        mean, half = stats.mean_ci(per_seed)
-        seed_interval = None if half is None else (mean - half, mean + half)
-        rows.append(
-            row
-            + [
-                _mean(per_seed, 2, sign="+"),
-                f"{r.difference:+.2f} [{r.low:+.2f}, {r.high:+.2f}]",
-                stats.format_p(p, bound),
-                stats.verdict(r, p, seed_interval),
-            ]
-        )
+        i = compared.index(alpha)
+        t, r, v = tests[i], results[i], verdicts[i]
+        rows.append(row + _verdict_cells(t, r, v))
     return rows
+
+
+def _verdict_cells(t: stats.SeedTest, r: stats.Bootstrap, v: stats.Verdict) -> list[str]:
+    """Δ [95% t], t p / Holm, the bootstrap's [95%] and p / Holm, and the verdict."""
+    delta = f"{t.difference:+.2f}"
+    if t.half_width is not None:
+        delta += f" [{t.difference - t.half_width:+.2f}, {t.difference + t.half_width:+.2f}]"
+    return [
+        delta,
+        "" if t.seeds < 2 else f"{t.p:.3f} / {v.t_p_holm:.3f}",
+        f"[{r.low:+.2f}, {r.high:+.2f}]",
+        f"{stats.format_p(r.p, r.at_floor)} / {stats.format_p(v.p_holm, v.p_holm_bound)}",
+        v.verdict,
+    ]
 
 
 def check_seeds(folders: list[pathlib.Path]) -> list[int]:
@@ -150,13 +162,17 @@ def caption(seeds: list[int], beam: int, pairs: int, alphas: list[float]) -> str
         + ("the mean over the seeds ± the half-width of its 95% t-interval; " if several else "")
         + f"against alpha {alphas[0]:g}, "
         + (
-            "the seed-by-seed difference, and the two-level bootstrap (the seeds, then the "
-            "sentences) with its 95% interval, "
+            "the seed-by-seed difference with its 95% t-interval and exact p, the crossed "
+            "bootstrap (the seeds, and one draw of sentences that every seed shares) with its "
+            "95% interval and p, "
             if several
-            else "the difference with the 95% interval of the bootstrap over the dev "
-            "sentences (one model: training variance not in it), "
+            else "the difference and the 95% interval and p of the bootstrap over the dev "
+            "sentences (one model: training variance not in it, so no verdict), "
         )
-        + f"Holm's p over the {len(alphas) - 1} alphas compared, and the verdict:"
+        + f"each p beside its Holm adjustment over the {len(alphas) - 1} alphas compared, "
+        "and the verdict (better or worse only when both adjusted p's are below 0.05 on the "
+        "same side). Alpha is chosen on these dev sentences and scored on them: the best of "
+        "several flatters itself; the test books are its fair score:"
     )
 
 
@@ -184,12 +200,13 @@ def results_file(args: argparse.Namespace, seeds: list[int], scored: list[dict],
                     "dev BLEU",
                     "dev chrF",
                     "output / reference length",
-                    f"Δ dev BLEU against {first}, per seed",
-                    "Δ dev BLEU [95%]",
-                    "Holm p",
+                    f"Δ dev BLEU against {first} [95% t]",
+                    "t p / Holm",
+                    "bootstrap [95%]",
+                    "bootstrap p / Holm",
                     "verdict",
                 ],
-                "align": "rrrrrrrl",
+                "align": "rrrrrrrrl",
                 "rows": rows,
                 "notes": [f"Dev BLEU of each run (seeds {', '.join(map(str, seeds))}): {per_run}."]
                 + args.note,

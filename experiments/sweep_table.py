@@ -11,9 +11,13 @@ The tables are the report's own (jaxformer.sweep.report.tables): the figures per
 with each run's compared metric, the seed-paired differences, and the verdicts. --about
 (what was trained, on what) goes before the first table's caption, each --note under the
 last table. --curves also draws the runs' curves (the sweep's curves.png) to that file.
---baseline compares the same runs with another of the variants than the spec's baseline
-(Holm's adjustment is then over the others); --comparisons-only leaves out the figures per
-variant, for a second reading of runs whose figures another results file shows. Prints a JSON line: the verdicts.
+--baseline compares the same runs with another of the variants than the spec's baseline:
+another reading of them. Every reading of one sweep is one family: the spec's `readings`
+name the baselines its results are read against, and Holm's adjustment covers every
+comparison of all of them (a --baseline the spec does not name joins the family, and the
+caption counts it). --comparisons-only leaves out the figures per variant, for a second
+reading of runs whose figures another results file shows. Prints a JSON line: the
+verdicts.
 Bad input (a missing or invalid spec, an unknown --baseline, no sweep folder) is one error
 line, exit 2.
 """
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.baseline is not None:
         if args.baseline not in spec.variants:
             parser.error(f"--baseline {args.baseline!r} is not one of {list(spec.variants)}")
-        spec = dataclasses.replace(spec, baseline=args.baseline)
+        spec = dataclasses.replace(spec, baseline=args.baseline, readings=spec.baselines)
     if not spec.out.is_dir():
         parser.error(f"{spec.out}: no such sweep folder (run `jaxformer sweep {args.spec}`)")
     results = sweep.report.summarize(spec)

@@ -21,7 +21,8 @@ names no clipping).
 
 Every row trains for the same steps and seeds; the variants are compared with base on
 the dev set, seed by seed (see jaxformer.sweep.report): the difference in dev BLEU (or
-exact match) with its two-level bootstrap interval and Holm-adjusted p, and a verdict
+exact match) with its two-level bootstrap interval, the Holm-adjusted p's of the
+seed-paired t-test and of the bootstrap (the sweep's verdict needs both), and a verdict
 against the paper's finding for the row: reproduces / contradicts / inconclusive.
 
 --quick runs rows base, A1, C1 and D1 on 3 seeds (a verdict needs the seed-paired
@@ -121,7 +122,7 @@ COLUMNS = (  # the table's: Table 3's, then the BLEU figures and the verdict
     "paper Δ",
     "our dev BLEU",
     "our Δ dev BLEU [95%]",
-    "Holm p",
+    "Holm p (t / bootstrap)",
     "paper's finding",
     "verdict",
     "seeds",
@@ -208,7 +209,7 @@ def table(results: dict, spec: sweep.Spec, data: str) -> str:
         score = fig.get(metric)
         boot = r.get("paired", {}).get("bootstrap", {}).get(metric)
         delta = "" if boot is None else _interval(boot, scale)
-        holm = "" if boot is None else stats.format_p(boot["p_holm"], boot["p_holm_bound"])
+        holm = "" if boot is None else _holm(boot)
         finding = FINDINGS.get(row, ("", ""))
         cells = [
             row,
@@ -225,6 +226,11 @@ def table(results: dict, spec: sweep.Spec, data: str) -> str:
         ]
         rows.append(cells)
     return "\n".join(markdown_table(columns, rows, "l" * len(columns))) + "\n"
+
+
+def _holm(result: dict) -> str:
+    """The verdict's two Holm-adjusted p's: the seed-paired t-test's and the bootstrap's."""
+    return f"{result['t_p_holm']:.3f} / {stats.format_p(result['p_holm'], result['p_holm_bound'])}"
 
 
 def _mean(figure: dict, scale: float) -> str:

@@ -117,7 +117,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         description="Run every (variant, seed) of a sweep spec as a `jaxformer train` run in "
         "its own folder (finished runs are kept, others resume), then write results.md, "
         "results.json and curves.png: mean and 95% CI over seeds, and against the baseline, "
-        "seed by seed, the two-level bootstrap with Holm's correction and a verdict. See "
+        "seed by seed on dev, the seed-paired t-test and the crossed two-level bootstrap, "
+        "both Holm-adjusted over every comparison reported, and a verdict. See "
         "jaxformer.sweep.spec for the spec.",
     )
     w.add_argument("spec", metavar="SPEC", help="YAML or JSON: base, variants, seeds, ...")

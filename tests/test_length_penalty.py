@@ -55,15 +55,12 @@ def test_the_runs_own_alpha_gives_its_dev_scores_and_others_are_compared(transla
         f"{summary['bleu']:.2f}",
         f"{summary['chrf']:.2f}",
         first[3],
-        "",
-        "",
-        "",
-        "",
+        *[""] * 5,
     ]
-    interval = r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]"
-    assert second[0] == "2" and float(second[3]) > 0 and re.fullmatch(interval, second[5])
-    assert second[4] == f"{float(second[1]) - float(first[1]):+.2f}"
-    assert second[7] == "no verdict (one seed)"  # training variance unknown from one run
+    interval = r"\[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]"
+    assert second[0] == "2" and float(second[3]) > 0 and re.fullmatch(interval, second[6])
+    assert second[4] == f"{float(second[1]) - float(first[1]):+.2f}" and second[5] == ""
+    assert second[8] == "no verdict (one seed)"  # training variance unknown from one run
     assert (
         table["notes"][0]
         == f"Dev BLEU of each run (seeds 0): alpha 0.6: {first[1]}; alpha 2: {second[1]}."

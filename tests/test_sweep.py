@@ -5,6 +5,7 @@ that one."""
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import pathlib
 import signal
@@ -54,12 +55,58 @@ def write_spec(tmp_path, **fields):
 
 
 def test_mean_ci_is_the_t_interval():
-    mean, half = stats.mean_ci([1.0, 2.0, 3.0])  # sd 1, t(2) = 4.303
-    assert mean == 2.0 and half == pytest.approx(4.303 / 3**0.5)
+    mean, half = stats.mean_ci([1.0, 2.0, 3.0])  # sd 1, t(2) = 4.3027
+    assert mean == 2.0 and half == pytest.approx(4.302652729749462 / 3**0.5, rel=1e-12)
     assert stats.mean_ci([5.0]) == (5.0, None)
     assert stats.mean_ci([1.0] * 40)[1] == 0.0
     with pytest.raises(ValueError, match="at least one value"):
         stats.mean_ci([])
+
+
+# The 97.5% quantiles of Student's t (the t-tables' 12.706, 4.303, ...), to the digits
+# scipy.stats.t.ppf(0.975, df) gives.
+T_975 = {
+    1: 12.706204736174694,
+    2: 4.302652729749462,
+    3: 3.1824463052837078,
+    5: 2.5705818356363146,
+    10: 2.228138851986274,
+    30: 2.0422724563012378,
+    120: 1.9799304050824402,
+}
+
+
+@pytest.mark.parametrize("t", [0.0, 1e-9, 0.3, 1.0, 2.5, 7.0, 60.0, 1e5])
+def test_the_t_p_value_is_exact_where_a_closed_form_exists(t):
+    """Two-sided p of Student's t with 1, 2 and 3 degrees of freedom, written in closed form."""
+    root3 = math.sqrt(3)
+    assert stats.t_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), rel=1e-12, abs=1e-15)
+    assert stats.t_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-10, abs=1e-15)
+    three = 1 - 2 / math.pi * (math.atan(t / root3) + root3 * t / (3 + t * t))
+    assert stats.t_p(t, 3) == pytest.approx(three, rel=1e-9, abs=1e-14)
+    assert stats.t_p(-t, 3) == stats.t_p(t, 3)
+
+
+def test_the_t_quantiles_are_the_tables_and_invert_the_p_value():
+    for df, t in T_975.items():
+        assert stats.t_critical(df) == pytest.approx(t, rel=1e-11)
+        assert stats.t_p(t, df) == pytest.approx(0.05, rel=1e-11)
+    assert stats.t_p(1.959963984540054, 10**6) == pytest.approx(0.05, rel=1e-5)  # the normal
+    assert stats.t_p(math.inf, 4) == 0.0
+    with pytest.raises(ValueError, match="df >= 1"):
+        stats.t_p(1.0, 0)
+
+
+def test_the_t_test_is_significant_exactly_when_its_interval_excludes_0():
+    result = stats.t_test([1.0, 2.0, 3.0])  # t = 2 / (1 / sqrt 3), 2 degrees of freedom
+    assert result.p == pytest.approx(1 - 12**0.5 / 14**0.5, rel=1e-12) and result.seeds == 3
+    assert stats.t_test([3.0]) == stats.SeedTest(3.0, None, 1.0, 1)
+    assert stats.t_test([2.0, 2.0]).p == 0.0 and stats.t_test([0.0, 0.0]).p == 1.0
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        values = list(rng.normal(0.5, 1.0, rng.integers(2, 9)))
+        t = stats.t_test(values)
+        assert (t.p < 0.05) == (abs(t.difference) > t.half_width)
 
 
 WORDS = "the a cat dog sat on mat near house river over under and then".split()
@@ -93,11 +140,20 @@ def test_sentence_statistics_reaggregate_to_the_corpus_score(metric, corpus):
     )
 
 
+def seed_test(base, variant, metric="bleu"):
+    """The seed-paired t-test of two systems' per-seed corpus scores."""
+    score = stats.scorer(metric)
+    return stats.t_test(
+        [float(score(v.sum(0)) - score(b.sum(0))) for b, v in zip(base, variant, strict=True)]
+    )
+
+
 def test_identical_systems_give_p_one():
     same = seed_stats("bleu", [0.6, 0.7, 0.8], 0)
     result = stats.bootstrap("bleu", same, same, samples=200)
     assert result.difference == 0 and result.p == 1 and not result.at_floor
-    assert stats.verdict(result, result.p) == "no detectable difference"
+    [read] = stats.verdicts([(seed_test(same, same), result)])
+    assert read.verdict == "no detectable difference" and read.t_p_holm == 1.0
 
 
 def test_a_real_shift_is_detected_with_its_interval():
@@ -106,9 +162,12 @@ def test_a_real_shift_is_detected_with_its_interval():
     result = stats.bootstrap("bleu", base, better, samples=200)
     assert 10 < result.low < result.difference < result.high and result.at_floor
     assert result.p == 1 / 201 and stats.format_p(result.p, result.at_floor) == "< 0.005"
-    assert stats.verdict(result, result.p) == "better"
+    assert result.sentences == len(REFS) and result.seeds == 3
+    [read] = stats.verdicts([(seed_test(base, better), result)])
+    assert read.verdict == "better" and read.t_p_holm < 0.01
     worse = stats.bootstrap("bleu", better, base, samples=200)
-    assert worse.high < 0 and stats.verdict(worse, worse.p) == "worse"
+    [read] = stats.verdicts([(seed_test(better, base), worse)])
+    assert worse.high < 0 and read.verdict == "worse"
 
 
 def test_a_difference_smaller_than_the_seed_spread_gets_no_verdict():
@@ -121,21 +180,45 @@ def test_a_difference_smaller_than_the_seed_spread_gets_no_verdict():
     sentence_level = stats.bootstrap("bleu", base, variant, samples=300, resample_seeds=False)
     assert sentence_level.p < 0.05 and sentence_level.low > 0
     assert two_level.low < 0 < two_level.high and two_level.p > 0.2
-    assert stats.verdict(two_level, two_level.p) == "no detectable difference"
-    assert stats.verdict(two_level._replace(seeds=1), 0.001) == "no verdict (one seed)"
+    [read] = stats.verdicts([(seed_test(base, variant), two_level)])
+    assert read.verdict == "no detectable difference"
+    one = stats.SeedTest(5.0, None, 1.0, 1)
+    assert stats.verdict(one, 0.001, two_level._replace(seeds=1), 0.001) == "no verdict (one seed)"
 
 
-def test_a_verdict_needs_the_seed_paired_t_interval_too():
-    """With a few seeds the two-level bootstrap redraws only those, so a clear bootstrap
-    interval is not enough: the t-interval of the seed-by-seed differences must agree."""
-    base = seed_stats("bleu", [0.6, 0.62, 0.58], 0)
-    better = seed_stats("bleu", [0.8, 0.82, 0.78], 10)
-    result = stats.bootstrap("bleu", base, better, samples=200)
-    assert stats.verdict(result, result.p, (4.0, 30.0)) == "better"
-    assert stats.verdict(result, result.p, (-2.0, 30.0)) == "no detectable difference"
-    worse = stats.bootstrap("bleu", better, base, samples=200)
-    assert stats.verdict(worse, worse.p, (-30.0, -4.0)) == "worse"
-    assert stats.verdict(worse, worse.p, (-30.0, 1.0)) == "no detectable difference"
+def test_the_sentence_draw_is_shared_by_the_seeds():
+    """Seeds that translate alike add no information about the sentences: with one
+    sentence draw for every seed, four identical seeds give the interval of one, where
+    drawing each seed's sentences apart would shrink it by about sqrt(4)."""
+    rng = np.random.default_rng(0)
+    base = np.column_stack([rng.random(400) < 0.5, np.ones(400)]).astype(float)
+    variant = np.column_stack([rng.random(400) < 0.5, np.ones(400)]).astype(float)
+    one = stats.bootstrap("exact_match", [base], [variant])
+    four = stats.bootstrap("exact_match", [base] * 4, [variant] * 4)
+    assert four.difference == one.difference
+    assert (four.high - four.low) == pytest.approx(one.high - one.low, rel=0.1)
+    with pytest.raises(ValueError, match="the same sentences"):
+        stats.bootstrap("exact_match", [base, base], [variant, variant[:-1]])
+
+
+def test_a_verdict_needs_both_tests_each_adjusted_over_the_family():
+    """The t-test carries the spread between training runs, the bootstrap the choice of
+    sentences: each alone can be clear while the other is not."""
+    clear = stats.Bootstrap(2.0, 1.0, 3.0, 0.001, True, 1000, 3, 400)
+    unclear = clear._replace(low=-1.0, p=0.3, at_floor=False)
+    steady, unsteady = stats.SeedTest(2.0, 0.5, 0.004, 3), stats.SeedTest(2.0, 4.0, 0.2, 3)
+    assert [v.verdict for v in stats.verdicts([(steady, clear)])] == ["better"]
+    assert stats.verdicts([(unsteady, clear)])[0].verdict == "no detectable difference"
+    assert stats.verdicts([(steady, unclear)])[0].verdict == "no detectable difference"
+    # 0.004 survives Holm over 12 comparisons (0.048), not over 13 (0.052)
+    null = (stats.SeedTest(0.1, 1.0, 0.9, 3), unclear._replace(p=0.9))
+    reads = stats.verdicts([(steady, clear)] + [null] * 11)
+    assert reads[0].verdict == "better" and reads[0].t_p_holm == pytest.approx(0.048)
+    assert reads[0].p_holm == pytest.approx(0.012) and reads[0].p_holm_bound
+    assert stats.verdicts([(steady, clear)] + [null] * 12)[0].verdict == "no detectable difference"
+    worse = (steady._replace(difference=-2.0), clear._replace(difference=-2, low=-3, high=-1))
+    assert stats.verdicts([worse])[0].verdict == "worse"
+    assert stats.verdicts([(worse[0], clear)])[0].verdict == "no detectable difference"
 
 
 def test_holm_adjusts_step_down_and_keeps_the_floor_a_bound():
@@ -316,15 +399,19 @@ def test_the_report_pairs_seeds_and_reports_failed_ones(tmp_path):
     assert v["better"]["paired"]["differences"]["bleu"]["ci95"] == pytest.approx(0.0)
     better, same = v["better"]["paired"]["bootstrap"], v["same"]["paired"]["bootstrap"]
     assert better["bleu"]["verdict"] == "better" and better["bleu"]["at_floor"]
-    assert better["bleu"]["p_holm"] == pytest.approx(4 / 1001) and better["bleu"]["p_holm_bound"]
+    # one family: 4 variants x 2 metrics, each p Holm-adjusted over the 8
+    assert results["comparisons"] == 8 and results["readings"] == {}
+    assert better["bleu"]["p_holm"] == pytest.approx(8 / 1001) and better["bleu"]["p_holm_bound"]
+    assert better["bleu"]["t_p"] == 0.0  # +3 on every seed: no spread
     assert same["bleu"]["p"] == 1 and same["bleu"]["verdict"] == "no detectable difference"
     unsteady = v["unsteady"]["paired"]["bootstrap"]["bleu"]
     assert unsteady["low"] > 0 and unsteady["p_holm"] < 0.05  # the bootstrap alone: better
-    assert unsteady["verdict"] == "no detectable difference"
+    assert unsteady["t_p_holm"] > 0.05 and unsteady["verdict"] == "no detectable difference"
     assert v["unsteady"]["paired"]["bootstrap"]["chrf"]["verdict"] == "better"  # +3 each seed
     text = sweep.report.markdown(results)
-    assert "Against base on the dev set" in text and "| Δ dev BLEU [95%] |" in text
-    assert "| better | 3 | 450 |" in text and "< 0.004 | better |" in text
+    assert "Against base on the dev set" in text and "| Δ dev BLEU [95% t] |" in text
+    assert "| better | 3 | 150 | +3.00 [+3.00, +3.00] | 0.000 / 0.000 |" in text
+    assert "| < 0.001 / < 0.008 | better |" in text and "over the 8 comparisons" in text
     assert "- broken seed 0: failed: MemoryError" in text
     assert "| broken | 2/3, 1 failed |" in text
     assert "Dev BLEU of each run: base 10.00, 11.00, 12.00 (seeds 0, 1, 2);" in text
@@ -334,21 +421,51 @@ def test_the_report_pairs_seeds_and_reports_failed_ones(tmp_path):
     assert [row[0] for row in verdicts["rows"]] == ["better", "same", "broken", "unsteady"]
 
 
-def test_a_sweep_on_the_test_set_says_so(tmp_path):
+def test_a_sweep_that_scores_test_keeps_its_verdicts_on_dev(tmp_path):
+    """final_test: the test figures are shown beside the dev verdicts, and tested by none."""
     spec = sweep.Spec.load(write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=2))
     spec = dataclasses.replace(spec, base=spec.base | {"final_test": True})
     for seed in range(2):
-        for name, quality in (("base", 0.6), ("other", 0.6)):
-            summary = {"bleu": 1.0, "test_bleu": 2.0, "final_test": True}
-            finished(
-                spec.folder(name, seed), summary, system(quality, seed), "test_predictions.tsv"
+        for name, quality, test in (("base", 0.6, 2.0), ("other", 0.9, 2.5 + seed)):
+            summary = {"bleu": 1.0 + quality, "test_bleu": test, "final_test": True}
+            finished(spec.folder(name, seed), summary, system(0.6, seed))
+            dev = spec.folder(name, seed) / "predictions.tsv"
+            (dev.parent / "test_predictions.tsv").write_text(
+                dev.read_text().replace("src", "test")  # unread: tuning never looks at test
             )
-    text = sweep.report.markdown(sweep.report.summarize(spec))
-    assert "on the TEST set" in text and "| Δ test BLEU [95%] |" in text
-    assert (
-        "| other | 2 | 300 | +0.00 [+0.00, +0.00] | 1.000 | 1.000 | no detectable difference |"
-        in text
+    results = sweep.report.summarize(spec)
+    other = results["variants"]["other"]["paired"]
+    assert results["set"] == "dev" and other["bootstrap"]["bleu"]["difference"] == 0.0
+    assert other["differences"]["test_bleu"]["values"] == [0.5, 1.5]
+    figures, differences, verdicts = sweep.report.tables(results)
+    assert "Δ test BLEU [95% t], no verdict" in verdicts["columns"]
+    assert verdicts["rows"][0][-2] == "+1.00 [-5.35, +7.35]"  # +1.00 ± 12.706 * 0.5
+    assert "tested by no verdict" in verdicts["caption"]
+
+
+def test_every_reading_of_the_runs_is_one_family(tmp_path):
+    """Read against two baselines, the runs give 3 pairs x 2 metrics = 6 comparisons, and
+    a pair read the other way round is the same comparison negated."""
+    spec = sweep.Spec.load(
+        write_spec(tmp_path, variants={"a": {}, "b": {}, "c": {}}, seeds=2, readings=["b"])
     )
+    for seed in range(2):
+        for name, quality in (("a", 0.6), ("b", 0.7), ("c", 0.8)):
+            summary = {"bleu": 10 * quality + seed, "chrf": 30.0 + 10 * quality}
+            finished(spec.folder(name, seed), summary, system(quality, 10 * seed))
+    results = sweep.report.summarize(spec)
+    assert spec.baselines == ("a", "b") and results["comparisons"] == 6
+    ab = results["variants"]["b"]["paired"]["bootstrap"]["bleu"]
+    ba = results["readings"]["b"]["a"]["bootstrap"]["bleu"]
+    assert ba["difference"] == -ab["difference"] and ba["p_holm"] == ab["p_holm"]
+    assert ab["verdict"] == "better" and ba["verdict"] == "worse"
+    again = sweep.report.summarize(dataclasses.replace(spec, baseline="b", readings=spec.baselines))
+    fresh = again["variants"]["a"]["paired"]["bootstrap"]["bleu"]
+    assert fresh == pytest.approx(ba) and again["comparisons"] == 6
+    with pytest.raises(ValueError, match="baseline 'd' is not one of the variants"):
+        sweep.Spec.load(write_spec(tmp_path, readings=["d"]))
+    with pytest.raises(ValueError, match="readings must be a list of variant names"):
+        sweep.Spec.load(write_spec(tmp_path, readings="b"))
 
 
 def test_the_config_hash_reads_the_flat_run_options(tmp_path):

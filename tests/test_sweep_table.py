@@ -42,7 +42,7 @@ def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
     assert figures["caption"].startswith("A toy. Each variant: mean")
     assert figures["rows"][1][:3] == ["better", "3/3", "14.00 ± 2.48"]
     assert differences["rows"] == [["better", "3", "+3.00 ± 0.00", "+3.00 ± 0.00"]]
-    assert verdicts["notes"] == ["Read it."] and verdicts["rows"][0][6] == "better"
+    assert verdicts["notes"] == ["Read it."] and verdicts["rows"][0][7] == "better"
     text = update_docs.render_result(result)
     assert "| better | 3/3 | 14.00 ± 2.48 | 33.00 |" in text and "Read it." in text
 

@@ -136,7 +136,7 @@ def test_the_table_from_hand_made_runs(tmp_path):
     )
     assert lines[3].startswith("| A1 | 3 | 128 | 512 | 1 | 128 | 128 |")
     assert "| one head is worse than eight (worse) | reproduces | 2 |" in lines[3]
-    assert "| +0.00 [+0.00, +0.00] | 1.000 | learned and sinusoidal" in lines[4]
+    assert "| +0.00 [+0.00, +0.00] | 1.000 / 1.000 | learned and sinusoidal" in lines[4]
     assert lines[4].endswith("| reproduces | 2 |")
 
 

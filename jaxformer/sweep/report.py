@@ -2,17 +2,21 @@
 
 Per variant: each figure's mean and 95% t-interval over its finished seeds; against the
 baseline, seed by seed (same seed, same data order): the mean difference of each figure
-with its t-interval, and the two-level bootstrap (seeds, then sentences) of the difference
-in corpus BLEU and chrF (or exact match) on the compared set, with its 95% interval,
-p-value, Holm-adjusted p over the sweep's variants and verdict. The compared set is dev
-(each run's predictions.tsv) unless the spec's base sets final_test (test_predictions.tsv).
-A failed, diverged or missing seed is listed and left out of the pairs.
+with its t-interval, and for corpus BLEU and chrF (or exact match) on the dev set the
+seed-paired t-test and the crossed two-level bootstrap (jaxformer.sweep.stats), each p
+Holm-adjusted over every comparison the runs report (each variant against the baseline
+and against each of the spec's other `readings`, in each metric), and the verdict. The
+verdicts are always on dev (each run's predictions.tsv); runs that scored the test set
+(final_test) show its figures beside them. A failed, diverged or missing seed is listed
+and left out of the pairs.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+
+import numpy as np
 
 from jaxformer.markdown import table as markdown_table
 from jaxformer.sweep import stats
@@ -45,6 +49,8 @@ def write(spec: Spec) -> dict:
 
 
 def summarize(spec: Spec) -> dict:
+    """Every run's figures, and each variant against each of the spec's baselines (its
+    readings), all verdicts read as one family."""
     variants = {}
     for name in spec.variants:
         runs = {seed: status(spec.folder(name, seed)) for seed in spec.seeds}
@@ -54,20 +60,32 @@ def summarize(spec: Spec) -> dict:
             "problems": _problems(spec, name),
             "figures": _figures(summaries.values()),
         }
-    base_summaries = {
-        s: _summary(spec.folder(spec.baseline, s)) for s in _done(spec, spec.baseline)
-    }
+    pairs, cache = {}, {}  # (variant, baseline) -> comparison: each pair of variants once
+    for baseline in spec.baselines:
+        for name in spec.variants:
+            if name != baseline and (baseline, name) not in pairs:
+                pairs[name, baseline] = _paired(spec, name, baseline, cache)
+    comparisons = _adjust(list(pairs.values()))
     for name in spec.variants:
         if name != spec.baseline:
-            variants[name]["paired"] = _paired(spec, name, base_summaries)
-    _adjust(variants, prefix="test_" if spec.on_test else "")
+            variants[name]["paired"] = pairs[name, spec.baseline]
+    readings = {
+        b: {
+            n: pairs[n, b] if (n, b) in pairs else _reversed(pairs[b, n])
+            for n in spec.variants
+            if n != b
+        }
+        for b in spec.baselines[1:]
+    }
     return {
         "out": str(spec.out),
         "baseline": spec.baseline,
         "seeds": list(spec.seeds),
-        "set": "test" if spec.on_test else "dev",
+        "set": "dev",
         "bootstrap_samples": stats.BOOTSTRAP_SAMPLES,
+        "comparisons": comparisons,
         "variants": variants,
+        "readings": readings,
     }
 
 
@@ -102,10 +120,12 @@ def _problems(spec: Spec, name: str) -> dict[int, str]:
     return out
 
 
-def _paired(spec: Spec, name: str, base_summaries: dict[int, dict]) -> dict:
-    """The variant against the baseline on the seeds both finished."""
-    seeds = [s for s in _done(spec, name) if s in base_summaries]
+def _paired(spec: Spec, name: str, baseline: str, cache: dict) -> dict:
+    """The variant against `baseline` on the seeds both finished."""
+    done = _done(spec, baseline)
+    seeds = [s for s in _done(spec, name) if s in done]
     summaries = {s: _summary(spec.folder(name, s)) for s in seeds}
+    base_summaries = {s: _summary(spec.folder(baseline, s)) for s in seeds}
     differences = {}
     for key, *_ in FIGURES:
         values = [
@@ -116,19 +136,26 @@ def _paired(spec: Spec, name: str, base_summaries: dict[int, dict]) -> dict:
         if values:
             mean, ci = stats.mean_ci(values)
             differences[key] = {"mean": mean, "ci95": ci, "values": values}
-    return {"seeds": seeds, "differences": differences} | _bootstraps(spec, name, seeds, summaries)
+    folders = {s: (spec.folder(baseline, s), spec.folder(name, s)) for s in seeds}
+    return {"seeds": seeds, "differences": differences} | _bootstraps(folders, differences, cache)
 
 
-def _bootstraps(spec: Spec, name: str, seeds: list[int], summaries: dict[int, dict]) -> dict:
-    """The two-level and (secondary) sentence-level bootstraps of each corpus metric on the
-    compared set's predictions of the paired seeds; empty where no run wrote them."""
-    rows = _paired_rows(spec, name, seeds)
-    if not rows:
-        return {"bootstrap": {}, "sentence_level": {}}
-    bleu_data = any("bleu" in summaries[s] for s in rows)
+def _bootstraps(folders: dict[int, tuple], differences: dict, cache: dict) -> dict:
+    """The crossed two-level and (secondary) sentence-level bootstraps of each corpus
+    metric (BLEU and chrF where the runs report BLEU, else exact match) on the dev
+    sentences that both runs of every paired seed translated, in the same order in every
+    seed (the crossed bootstrap draws one set of sentences for all seeds); empty where no
+    run wrote predictions."""
+    keyed = {s: [_keyed(f / "predictions.tsv", cache) for f in pair] for s, pair in folders.items()}
+    keyed = {s: pair for s, pair in keyed.items() if None not in pair}
+    runs = [r for pair in keyed.values() for r in pair]
+    shared = [k for k in (runs[0] if runs else ()) if all(k in r for r in runs)]
+    metrics = ("bleu", "chrf") if "bleu" in differences else ("exact_match",)
     two_level, sentence_level = {}, {}
-    for metric in ("bleu", "chrf") if bleu_data else ("exact_match",):
-        base, other = _sentence_stats(metric, rows, 1), _sentence_stats(metric, rows, 2)
+    for metric in [m for m in metrics if m in differences] if shared else []:
+        base, other = (
+            [_run_stats(folders[s][i], metric, shared, cache) for s in keyed] for i in (0, 1)
+        )
         two_level[metric] = stats.bootstrap(metric, base, other)._asdict()
         sentence_level[metric] = stats.bootstrap(
             metric, base, other, resample_seeds=False
@@ -136,64 +163,84 @@ def _bootstraps(spec: Spec, name: str, seeds: list[int], summaries: dict[int, di
     return {"bootstrap": two_level, "sentence_level": sentence_level}
 
 
-def _sentence_stats(metric: str, rows: dict[int, list], column: int) -> list:
-    """Per seed, the [N, K] statistics of the predictions in `column` (1 baseline, 2 variant)."""
-    return [
-        stats.sentence_stats(metric, [r[column] for r in seed], [r[0] for r in seed])
-        for seed in rows.values()
-    ]
+def _run_stats(folder: pathlib.Path, metric: str, keys: list, cache: dict) -> np.ndarray:
+    """[len(keys), K] statistics of the run's dev predictions of the sentences `keys`;
+    each run's are computed once per summary (`cache`)."""
+    rows = _keyed(folder / "predictions.tsv", cache)
+    if (folder, metric) not in cache:
+        refs, hyps = zip(*rows.values(), strict=True)
+        index = {k: i for i, k in enumerate(rows)}
+        cache[folder, metric] = index, stats.sentence_stats(metric, list(hyps), list(refs))
+    index, run = cache[folder, metric]
+    return run[[index[k] for k in keys]]
 
 
-def _paired_rows(spec: Spec, name: str, seeds: list[int]) -> dict[int, list]:
-    """seed -> (reference, baseline's prediction, variant's) of the compared set's
-    sentences both runs translated, for the seeds where both wrote predictions."""
-    file = "test_predictions.tsv" if spec.on_test else "predictions.tsv"
-    rows = {}
-    for s in seeds:
-        common = paired(spec.folder(spec.baseline, s) / file, spec.folder(name, s) / file)
-        if common:
-            rows[s] = common
-    return rows
+def _keyed(path: pathlib.Path, cache: dict | None = None) -> dict | None:
+    """(source, reference, n) -> (reference, prediction) of a finished run's predictions,
+    in the file's order, n counting the pair's earlier rows; None if it has none."""
+    if cache is not None and path in cache:
+        return cache[path]
+    rows, seen, out = _predictions(path), {}, {}
+    for src, ref, pred in rows or ():
+        n = seen[src, ref] = seen.get((src, ref), -1) + 1
+        out[src, ref, n] = (ref, pred)
+    out = None if rows is None else out
+    if cache is not None:
+        cache[path] = out
+    return out
 
 
 def paired(a: pathlib.Path, b: pathlib.Path) -> list[tuple[str, str, str]]:
     """(reference, prediction in a, prediction in b) of the sentences two finished runs'
-    prediction files both hold, in a's order; [] if either run has none."""
-    rows_a, rows_b = _predictions(a), _predictions(b)
-    return _common(rows_a, rows_b) if rows_a is not None and rows_b is not None else []
+    prediction files both hold, in a's order (a (source, reference) pair that repeats is
+    paired as often as both hold it); [] if either run has none."""
+    rows_a, rows_b = _keyed(a), _keyed(b)
+    if rows_a is None or rows_b is None:
+        return []
+    return [(ref, pred, rows_b[k][1]) for k, (ref, pred) in rows_a.items() if k in rows_b]
 
 
-def _adjust(variants: dict, prefix: str) -> None:
-    """Holm's adjustment, per metric, across the variants compared, and each verdict (with
-    the t-interval of the seed-paired differences of the summaries' `prefix + metric`)."""
-    compared = [r["paired"] for r in variants.values() if "paired" in r]
-    for metric in stats.METRICS:
-        pairs = [(p, p["bootstrap"][metric]) for p in compared if metric in p["bootstrap"]]
-        adjusted = stats.holm([r["p"] for _, r in pairs], [r["at_floor"] for _, r in pairs])
-        for (paired, r), (p, bound) in zip(pairs, adjusted, strict=True):
-            r["p_holm"], r["p_holm_bound"] = p, bound
-            seeds = paired["differences"].get(prefix + metric)
-            interval = None
-            if seeds and seeds["ci95"] is not None:
-                interval = (seeds["mean"] - seeds["ci95"], seeds["mean"] + seeds["ci95"])
-            r["verdict"] = stats.verdict(stats.Bootstrap(**_fields(r)), p, interval)
+def _adjust(comparisons: list[dict]) -> int:
+    """Each metric's verdict in every comparison, read as one family (stats.verdicts): the
+    seed-paired t-test of the runs' summaries and the crossed bootstrap of their
+    predictions; returns the family's size."""
+    tested = [(p, r) for p in comparisons for m, r in p["bootstrap"].items()]
+    family = [
+        (stats.t_test(p["differences"][m]["values"]), stats.Bootstrap(**_fields(r)))
+        for p in comparisons
+        for m, r in p["bootstrap"].items()
+    ]
+    for (_, r), (seed_test, _), v in zip(tested, family, stats.verdicts(family), strict=True):
+        r |= {"t_p": seed_test.p} | v._asdict()
+    return len(family)
+
+
+def _reversed(paired: dict) -> dict:
+    """A comparison read the other way round (the baseline against the variant): every
+    difference negated; the p-values, and so the family, unchanged."""
+    flip = {"better": "worse", "worse": "better"}
+
+    def minus(x: float) -> float:
+        return 0.0 - x  # a difference of 0 stays +0, as computed the other way round
+
+    def negated(r: dict) -> dict:
+        out = r | {"difference": minus(r["difference"]), "low": minus(r["high"])}
+        out["high"] = minus(r["low"])
+        return out | ({"verdict": flip.get(r["verdict"], r["verdict"])} if "verdict" in r else {})
+
+    differences = {
+        k: d | {"mean": minus(d["mean"]), "values": [minus(v) for v in d["values"]]}
+        for k, d in paired["differences"].items()
+    }
+    return paired | {
+        "differences": differences,
+        "bootstrap": {m: negated(r) for m, r in paired["bootstrap"].items()},
+        "sentence_level": {m: negated(r) for m, r in paired["sentence_level"].items()},
+    }
 
 
 def _fields(result: dict) -> dict:
     return {k: result[k] for k in stats.Bootstrap._fields}
-
-
-def _common(a: list[tuple[str, str, str]], b: list[tuple[str, str, str]]) -> list:
-    """(reference, prediction in a, prediction in b) of the (source, reference) rows both
-    hold, in a's order; a row that repeats is paired as often as both hold it."""
-    in_b: dict[tuple[str, str], list[str]] = {}
-    for src, ref, pred in b:
-        in_b.setdefault((src, ref), []).append(pred)
-    out = []
-    for src, ref, pred in a:
-        if in_b.get((src, ref)):
-            out.append((ref, pred, in_b[(src, ref)].pop(0)))
-    return out
 
 
 def _predictions(path: pathlib.Path) -> list[tuple[str, str, str]] | None:
@@ -220,7 +267,7 @@ def tables(results: dict) -> list[dict]:
     """The report as tables, each {caption, columns, rows, align, notes} (the format of
     docs/results): the figures per variant, with each seed's value of the compared metric
     and the runs left out; then, once a variant is paired with the baseline, the
-    seed-paired differences and the bootstrap verdicts on the compared set."""
+    seed-paired differences and the verdicts on the dev set."""
     return [
         t
         for t in (_figures_table(results), _differences_table(results), _verdict_table(results))
@@ -255,7 +302,7 @@ def _figures_table(results: dict) -> dict:
 
 def _per_seed(results: dict) -> str:
     """Each variant's value of the compared metric, seed by seed ("" if none has one)."""
-    metric = ("test_" if results["set"] == "test" else "") + _compared_metric(results)
+    metric = _compared_metric(results)
     title, fmt = next((t, f) for k, t, f in FIGURES if k == metric)
     parts = []
     for name, r in results["variants"].items():
@@ -271,11 +318,7 @@ def _per_seed(results: dict) -> str:
 def _compared_metric(results: dict) -> str:
     """bleu where any run reports it, else exact_match."""
     runs = results["variants"].values()
-    return (
-        "bleu"
-        if any("bleu" in r["figures"] or "test_bleu" in r["figures"] for r in runs)
-        else "exact_match"
-    )
+    return "bleu" if any("bleu" in r["figures"] for r in runs) else "exact_match"
 
 
 def _differences_table(results: dict) -> dict | None:
@@ -304,43 +347,73 @@ def _verdict_table(results: dict) -> dict | None:
     metrics = [m for m in stats.METRICS if any(m in p["bootstrap"] for p in paired.values())]
     if not metrics:
         return None
-    where = "on the TEST set" if results["set"] == "test" else "on the dev set"
-    head = ["variant", "paired seeds", "sentences"]
+    tested = [m for m in metrics if any("test_" + m in p["differences"] for p in paired.values())]
+    head = ["variant", "paired seeds", "dev sentences"]
     for m in metrics:
-        title = f"{results['set']} {METRIC_TITLES[m]}"
-        head += [f"Δ {title} [95%]", f"p ({title})", f"Holm p ({title})", f"verdict ({title})"]
-    head += [f"sentence-level p ({results['set']} {METRIC_TITLES[m]})" for m in metrics]
+        title = f"dev {METRIC_TITLES[m]}"
+        head += [f"Δ {title} [95% t]", f"t p / Holm ({title})", f"bootstrap [95%] ({title})"]
+        head += [f"bootstrap p / Holm ({title})", f"verdict ({title})"]
+    head += [f"Δ test {METRIC_TITLES[m]} [95% t], no verdict" for m in tested]
+    head += [f"sentence-level p (dev {METRIC_TITLES[m]})" for m in metrics]
     body = []
     for name, p in paired.items():
         boot = p["bootstrap"]
         first = next(iter(boot.values()), None)
         row = [name, str(len(p["seeds"])), str(first["sentences"]) if first else ""]
         for m in metrics:
-            row += _bootstrap_cells(boot.get(m), METRIC_FORMATS[m])
+            row += _verdict_cells(boot.get(m), p["differences"].get(m), METRIC_FORMATS[m])
+        row += [_t_interval(p["differences"].get("test_" + m), METRIC_FORMATS[m]) for m in tested]
         row += [_p(p["sentence_level"][m]) if m in p["sentence_level"] else "" for m in metrics]
         body.append(row)
-    n = results["bootstrap_samples"]
-    caption = (
-        f"Against {results['baseline']} {where}: two-level paired bootstrap ({n:,} resamples: "
-        "the seeds both finished, then the sentences within each seed) of the mean over seeds "
-        "of the corpus-score difference; its 95% interval, p-value, Holm's adjustment over "
-        f"the {len(paired)} variant(s), and the verdict (better/worse when the Holm p < "
-        f"{stats.ALPHA} and both this interval and the seed-paired t-interval of the "
-        "differences table exclude 0). Secondary, not a verdict: the "
-        "sentence-level paired bootstrap (seeds fixed, so training variance is ignored; "
-        f"so it understates the uncertainty when seeds disagree). A p of < {1 / (n + 1):.2g} is at the "
-        "bootstrap's floor."
+    align = "lrr" + "rrrrl" * len(metrics) + "r" * (len(tested) + len(metrics))
+    return _table(_verdict_caption(results, metrics, tested), head, body, align)
+
+
+def _verdict_caption(results: dict, metrics: list[str], tested: list[str]) -> str:
+    n, baselines = results["bootstrap_samples"], [results["baseline"], *results["readings"]]
+    readings = (
+        f"each variant against {baselines[0]}"
+        if len(baselines) == 1
+        else f"each pair of variants read against {', '.join(baselines)}"
     )
-    align = "lrr" + "rrrl" * len(metrics) + "r" * len(metrics)
-    return _table(caption, head, body, align)
+    test = (
+        " The test set, which the runs scored at their end, is shown beside them (the t-interval "
+        "of the seed-paired differences) and tested by no verdict."
+        if tested
+        else ""
+    )
+    return (
+        f"Against {results['baseline']} on the dev set, seed by seed (same seed, same data "
+        "order): the mean difference of the runs' corpus scores with its 95% t-interval over "
+        "the paired seeds and the t-test's exact p; the crossed two-level bootstrap "
+        f"({n:,} resamples, each drawing the seeds with replacement and one set of dev "
+        "sentences that every drawn seed shares) with its 95% interval and p; each p beside "
+        f"its Holm adjustment over the {results['comparisons']} comparisons reported from "
+        f"these runs ({readings}; {', '.join(METRIC_TITLES[m] for m in metrics)}). "
+        f"The verdict is better or worse only when both adjusted p's are below {stats.ALPHA} "
+        f"on the same side.{test} Secondary, not a verdict: the sentence-level paired "
+        "bootstrap (seeds fixed, so training variance is ignored). A p of "
+        f"< {1 / (n + 1):.2g} is at the bootstrap's floor."
+    )
 
 
-def _bootstrap_cells(result: dict | None, fmt: str) -> list[str]:
-    if result is None:
-        return ["", "", "", ""]
-    interval = f"{fmt.format(result['difference'])} [{fmt.format(result['low'])}, {fmt.format(result['high'])}]"
+def _verdict_cells(result: dict | None, seeds: dict | None, fmt: str) -> list[str]:
+    if result is None or seeds is None:
+        return ["", "", "", "", ""]
+    t_p = f"{result['t_p']:.3f} / {result['t_p_holm']:.3f}"
+    interval = f"[{fmt.format(result['low'])}, {fmt.format(result['high'])}]"
     holm = stats.format_p(result["p_holm"], result["p_holm_bound"])
-    return [interval, _p(result), holm, result["verdict"]]
+    return [_t_interval(seeds, fmt), t_p, interval, f"{_p(result)} / {holm}", result["verdict"]]
+
+
+def _t_interval(figure: dict | None, fmt: str) -> str:
+    """ "+1.38 [+0.64, +2.12]": a mean difference and its 95% t-interval (one seed: alone)."""
+    if figure is None:
+        return ""
+    mean, half = figure["mean"], figure["ci95"]
+    if half is None:
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} [{fmt.format(mean - half)}, {fmt.format(mean + half)}]"
 
 
 def _p(result: dict) -> str:

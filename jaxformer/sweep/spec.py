@@ -12,12 +12,15 @@ RunConfig options and TransformerConfig fields), an optional grid, and seeds:
       dropout_rate: [0.0, 0.3]
     seeds: 3                       # or a list: [0, 1, 2]
     baseline: baseline             # default: the first variant
+    readings: [squared_relu]       # other baselines the same runs are read against
     variant_files: [experiments/variants/squared_relu.py]  # registrations, if any
     out: runs/sweeps/activations   # default: runs/sweeps/<the spec's file name>
 
-`final_test: true` in `base` has every run score its final model on the test set too,
-and the sweep then compares the variants on the test set (dev otherwise); it is set for
-the whole sweep, never per variant. Each run of `<out>/<variant>/seed<k>` records the
+Every reading (the baseline, then each of `readings`) compares the other variants with
+it, and the verdicts of all of them are one family: Holm's adjustment covers every
+comparison reported from the runs (jaxformer.sweep.stats.verdicts). `final_test: true` in
+`base` has every run score its final model on the test set too, shown beside the
+verdicts, which stay on dev; it is set for the whole sweep, never per variant. Each run of `<out>/<variant>/seed<k>` records the
 hash of its resolved configuration in `config_hash.json` when it is launched.
 """
 
@@ -37,11 +40,11 @@ from jaxformer.config import PRESETS, RunConfig, TransformerConfig, load_config_
 from jaxformer.data.tokenizers import ByteTokenizer
 from jaxformer.functional.registry import import_variants
 
-SPEC_KEYS = ("base", "variants", "grid", "seeds", "baseline", "variant_files", "out")
+SPEC_KEYS = ("base", "variants", "grid", "seeds", "baseline", "readings", "variant_files", "out")
 MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(TransformerConfig))
 RUN_FIELDS = tuple(RunConfig.options())
 SWEEP_OWNS = ("seed", "out")  # set by the sweep for each run
-SWEEP_WIDE = ("final_test",)  # set in base only: every variant is compared on one set
+SWEEP_WIDE = ("final_test",)  # set in base only: every variant scores the same sets
 HASH_FILE = "config_hash.json"
 
 
@@ -55,6 +58,7 @@ class Spec:
     baseline: str
     variant_files: tuple[str, ...]
     out: pathlib.Path
+    readings: tuple[str, ...] = ()  # other baselines the runs are read against
 
     @classmethod
     def load(
@@ -75,20 +79,23 @@ class Spec:
             out=pathlib.Path(
                 out or fields.get("out") or pathlib.Path("runs/sweeps") / pathlib.Path(path).stem
             ),
+            readings=_readings(fields.get("readings", []), path),
         )
-        if spec.baseline not in spec.variants:
-            raise BadValue(
-                f"{path}: baseline {spec.baseline!r} is not one of the variants {list(spec.variants)}"
-            )
+        for name in spec.baselines:
+            if name not in spec.variants:
+                raise BadValue(
+                    f"{path}: baseline {name!r} is not one of the variants {list(spec.variants)}"
+                )
         import_variants(list(spec.variant_files))
         for name in spec.variants:  # every configuration is checked before any run starts
             spec.configs(name, spec.seeds[0])
         return spec
 
     @property
-    def on_test(self) -> bool:
-        """Whether the variants are compared on the test set (base sets final_test)."""
-        return bool(self.base.get("final_test", False))
+    def baselines(self) -> tuple[str, ...]:
+        """The baseline, then the other readings' baselines: each variant is compared with
+        each, and the verdicts of all those comparisons are one family."""
+        return (self.baseline, *dict.fromkeys(r for r in self.readings if r != self.baseline))
 
     def folder(self, variant: str, seed: int) -> pathlib.Path:
         return self.out / variant / f"seed{seed}"
@@ -241,6 +248,13 @@ def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
         raise BadValue(f"{where} must be a mapping of config fields, got {value!r}")
     return dict(value)
+
+
+def _readings(value, path) -> tuple[str, ...]:
+    """`readings: [NAME, ...]`: the other baselines, each a variant's name."""
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise BadValue(f"{path}: readings must be a list of variant names, got {value!r}")
+    return tuple(value)
 
 
 def _seeds(value, path) -> tuple[int, ...]:

@@ -2,12 +2,19 @@
 the baseline's seed k: the same initialisation seed and data order):
 
 - `mean_ci`: a mean and the half-width of its 95% t-interval (over seeds);
-- `bootstrap`: the two-level bootstrap of a corpus metric's difference (resample the
-  seeds, then the sentences within each seed), with its 95% interval and p-value;
-  with `resample_seeds=False` the sentence-level paired bootstrap alone, which ignores
-  the variance between training runs;
-- `holm`: Holm's step-down adjustment of the p-values of one sweep's variants;
-- `verdict`: better / worse / no detectable difference, read from those.
+- `t_test`: the seed-paired t-test of a difference, its exact p with n - 1 degrees of
+  freedom (`t_p`, from the regularized incomplete beta function; `t_critical` inverts it);
+- `bootstrap`: the crossed two-level bootstrap of a corpus metric's difference: each
+  resample draws the seeds with replacement and one draw of sentences that every drawn
+  seed shares (each seed scored the same sentences, so a sentence that favours the
+  variant does so in every seed), with its 95% interval and p-value; with
+  `resample_seeds=False` the sentence-level paired bootstrap alone, which ignores the
+  variance between training runs;
+- `holm`: Holm's step-down adjustment of the p-values of one family of comparisons;
+- `verdicts`: the rule, over one family (every comparison reported from the same runs:
+  variants, metrics and readings against other baselines): better / worse only when the
+  t-test's and the bootstrap's p, each Holm-adjusted over the family, are both below
+  alpha on the same side; `verdict` reads one comparison from its adjusted p's.
 
 Corpus BLEU and chrF come from sacrebleu's per-sentence sufficient statistics, summed
 over the resampled sentences, as sacrebleu's own paired test does.
@@ -15,6 +22,7 @@ over the resampled sentences, as sacrebleu's own paired test does.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -22,43 +30,106 @@ import numpy as np
 
 from jaxformer.checks import BadValue
 
-# Student's t, 97.5% quantile, by degrees of freedom; between entries the smaller degrees
-# of freedom's (a slightly wider interval) is used.
-T_975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    12: 2.179,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-    60: 2.000,
-    120: 1.980,
-}
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacrebleu's default
 ALPHA = 0.05
 METRICS = ("bleu", "chrf", "exact_match")
 
 
+def t_p(t: float, df: int) -> float:
+    """Two-sided p of Student's t with `df` degrees of freedom, P(|T| >= |t|): the
+    regularized incomplete beta function I_x(df/2, 1/2) at x = df / (df + t^2)."""
+    if df < 1:
+        raise BadValue(f"t_p needs df >= 1, got {df}")
+    if math.isinf(t):
+        return 0.0
+    x, y = df / (df + t * t), t * t / (df + t * t)  # y = 1 - x without the cancellation
+    return _beta_regularized(df / 2, 0.5, x, y)
+
+
+@functools.cache
+def t_critical(df: int, alpha: float = ALPHA) -> float:
+    """The t whose two-sided p is `alpha` (the 97.5% quantile for 0.05), by bisection."""
+    low, high = 0.0, 1.0
+    while t_p(high, df) > alpha:
+        low, high = high, 2 * high
+    while high - low > 1e-13 * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_p(middle, df) > alpha else (low, middle)
+    return (low + high) / 2
+
+
+def _beta_regularized(a: float, b: float, x: float, y: float) -> float:
+    """I_x(a, b) with y = 1 - x: the continued fraction where it converges fast (x below
+    (a + 1) / (a + b + 2)), else 1 - I_y(b, a) (Numerical Recipes, section 6.4)."""
+    if x <= 0.0 or y <= 0.0:
+        return 0.0 if x <= 0.0 else 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+    log_front += a * math.log(x) + b * math.log(y)
+    if x < (a + 1) / (a + b + 2):
+        return math.exp(log_front) * _beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_fraction(b, a, y) / b
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of I_x(a, b), evaluated by Lentz's method."""
+
+    def guard(v: float) -> float:  # keeps a partial denominator off zero
+        return v if abs(v) > 1e-300 else 1e-300
+
+    c, d = 1.0, 1.0 / guard(1.0 - (a + b) * x / (a + 1))
+    fraction = d
+    for m in range(1, 10_000):
+        for term in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 / guard(1.0 + term * d)
+            c = guard(1.0 + term / c)
+            fraction *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            return fraction
+    raise BadValue(f"the incomplete beta function's fraction did not converge ({a}, {b}, {x})")
+
+
 def mean_ci(values: list[float]) -> tuple[float, float | None]:
     """(mean, half-width of the 95% t-interval); the half-width is None for one value."""
+    mean, se = _mean_se(values)
+    return mean, None if se is None else t_critical(len(values) - 1) * se
+
+
+def _mean_se(values: list[float]) -> tuple[float, float | None]:
+    """The mean and its standard error, sd / sqrt(n) (None for one value)."""
     n = len(values)
     if n == 0:
         raise BadValue("mean_ci needs at least one value")
     mean = math.fsum(values) / n
     if n == 1:
         return mean, None
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    t = T_975[max(df for df in T_975 if df <= n - 1)] if n - 1 <= 120 else 1.960
-    return mean, t * sd / math.sqrt(n)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+class SeedTest(NamedTuple):
+    """The seed-paired t-test of (variant - baseline): one difference per paired seed."""
+
+    difference: float  # the mean of the differences
+    half_width: float | None  # of its 95% t-interval; None for one seed
+    p: float  # two-sided, Student's t with seeds - 1 degrees of freedom; 1 for one seed
+    seeds: int
+
+
+def t_test(differences: list[float]) -> SeedTest:
+    """t = mean / (sd / sqrt(n)) with its exact p (n - 1 degrees of freedom), so p < 0.05
+    exactly when the 95% t-interval excludes 0. Equal differences (sd 0) give p 0, or 1
+    when they are all 0."""
+    mean, se = _mean_se(differences)
+    n = len(differences)
+    if se is None:
+        return SeedTest(mean, None, 1.0, n)
+    half = t_critical(n - 1) * se
+    if se == 0:
+        return SeedTest(mean, half, 1.0 if mean == 0 else 0.0, n)
+    return SeedTest(mean, half, t_p(mean / se, n - 1), n)
 
 
 def _sacrebleu(metric: str):
@@ -86,11 +157,20 @@ def sentence_stats(metric: str, hypotheses: list[str], references: list[str]) ->
 
 
 def scorer(metric: str):
-    """The corpus score of summed statistics [K] (BLEU and chrF 0-100, exact match 0-1)."""
+    """The corpus score of summed statistics [..., K] -> [...] (BLEU and chrF 0-100,
+    exact match 0-1: the first column's sum over the second's, the mean of any
+    per-sentence value given as (value, 1) rows)."""
     if metric == "exact_match":
-        return lambda total: float(total[0] / total[1])
+        return lambda total: np.asarray(total)[..., 0] / np.asarray(total)[..., 1]
     scoring = _sacrebleu(metric)
-    return lambda total: float(scoring._compute_score_from_stats(list(total)).score)
+
+    def score(total) -> np.ndarray:
+        total = np.asarray(total)
+        rows = total.reshape(-1, total.shape[-1])
+        scores = [scoring._compute_score_from_stats(list(row)).score for row in rows]
+        return np.array(scores).reshape(total.shape[:-1])
+
+    return score
 
 
 class Bootstrap(NamedTuple):
@@ -103,7 +183,7 @@ class Bootstrap(NamedTuple):
     at_floor: bool  # no resample was as extreme: the true p may be smaller
     samples: int
     seeds: int
-    sentences: int  # summed over the paired seeds
+    sentences: int  # each seed's: the same sentences in every seed
 
 
 def bootstrap(
@@ -115,39 +195,43 @@ def bootstrap(
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = BOOTSTRAP_SEED,
 ) -> Bootstrap:
-    """Resample the seeds (with replacement), then within each drawn seed its sentences,
-    and score both systems on the same draw. baseline[i], variant[i]: [N_i, K] statistics
-    of seed i's two runs on the same N_i sentences. The p-value counts centred resampled
-    differences at least as far from 0 as the observed one (identical systems: p = 1)."""
+    """The crossed two-level bootstrap: each resample draws the seeds with replacement and
+    one set of sentences (with replacement) that every drawn seed shares, and scores both
+    systems of each drawn seed on it. baseline[i], variant[i]: [N, K] statistics of seed
+    i's two runs on the same N sentences, in the same order in every seed. The p-value
+    counts centred resampled differences at least as far from 0 as the observed one
+    (identical systems: p = 1)."""
     if len(baseline) != len(variant) or not baseline:
         raise BadValue(f"bootstrap needs paired seeds, got {len(baseline)} and {len(variant)}")
-    for b, v in zip(baseline, variant, strict=True):
-        if b.shape != v.shape or b.shape[0] == 0:
-            raise BadValue(f"a seed's two runs need the same sentences, got {b.shape}, {v.shape}")
-    score, n = scorer(metric), len(baseline)
-    observed = np.mean(
-        [score(v.sum(0)) - score(b.sum(0)) for b, v in zip(baseline, variant, strict=True)]
-    )
+    shapes = {a.shape for pair in zip(baseline, variant, strict=True) for a in pair}
+    if len(shapes) != 1 or baseline[0].shape[0] == 0:
+        raise BadValue(f"every seed's two runs need the same sentences, got shapes {shapes}")
+    score, n, sentences = scorer(metric), len(baseline), baseline[0].shape[0]
+    per_seed = [score(v.sum(0)) - score(b.sum(0)) for b, v in zip(baseline, variant, strict=True)]
+    observed = float(np.mean(per_seed))
     rng = np.random.default_rng(seed)
-    diffs = np.empty(samples)
-    for r in range(samples):
-        drawn = rng.integers(0, n, n) if resample_seeds else range(n)
-        total = 0.0
-        for i in drawn:
-            idx = rng.integers(0, len(baseline[i]), len(baseline[i]))
-            total += score(variant[i][idx].sum(0)) - score(baseline[i][idx].sum(0))
-        diffs[r] = total / n
+    drawn = (
+        rng.integers(0, n, (samples, n)) if resample_seeds else np.tile(np.arange(n), (samples, 1))
+    )
+    picks = rng.integers(0, sentences, (samples, sentences))
+    rows = np.arange(samples)[:, None] * sentences + picks
+    counts = np.bincount(rows.ravel(), minlength=samples * sentences).reshape(samples, -1)
+    counts = counts.astype(np.float64)  # [R, N]: how often each sentence is drawn
+    seed_diffs = np.stack(
+        [score(counts @ v) - score(counts @ b) for b, v in zip(baseline, variant, strict=True)], 1
+    )  # [R, seeds]
+    diffs = np.take_along_axis(seed_diffs, drawn, axis=1).mean(1)
     low, high = np.percentile(diffs, [2.5, 97.5])
     extreme = int(np.sum(np.abs(diffs - diffs.mean()) >= abs(observed) - 1e-12))
     return Bootstrap(
-        difference=float(observed),
+        difference=observed,
         low=float(low),
         high=float(high),
         p=(extreme + 1) / (samples + 1),
         at_floor=extreme == 0,
         samples=samples,
         seeds=n,
-        sentences=sum(len(b) for b in baseline),
+        sentences=sentences,
     )
 
 
@@ -166,24 +250,48 @@ def holm(p_values: list[float], at_floor: list[bool]) -> list[tuple[float, bool]
     return out
 
 
+class Verdict(NamedTuple):
+    """One comparison's verdict and the Holm-adjusted p's it was read from."""
+
+    verdict: str
+    t_p_holm: float
+    p_holm: float  # the bootstrap's
+    p_holm_bound: bool  # the bootstrap's adjusted p is an upper bound (from its floor)
+
+
+def verdicts(family: list[tuple[SeedTest, Bootstrap]], alpha: float = ALPHA) -> list[Verdict]:
+    """The rule over one family, every comparison reported from the same runs (each
+    variant, metric and reading once): the t-tests' p's and the bootstraps' p's are
+    Holm-adjusted over the family, each set apart, and `verdict` reads each comparison."""
+    t_adjusted = holm([t.p for t, _ in family], [False] * len(family))
+    b_adjusted = holm([b.p for _, b in family], [b.at_floor for _, b in family])
+    return [
+        Verdict(verdict(t, tp, b, bp, alpha), tp, bp, bound)
+        for (t, b), (tp, _), (bp, bound) in zip(family, t_adjusted, b_adjusted, strict=True)
+    ]
+
+
 def verdict(
+    seed_test: SeedTest,
+    t_p_adjusted: float,
     result: Bootstrap,
     p_adjusted: float,
-    seed_interval: tuple[float, float] | None = None,
     alpha: float = ALPHA,
 ) -> str:
-    """ "better" / "worse" (the variant against the baseline) when the adjusted p is below
-    `alpha`, the 95% interval excludes 0 on that side and so does `seed_interval`, the
-    (low, high) t-interval of the seed-by-seed differences, where given: with a few seeds
-    the two-level bootstrap can only redraw those few, so it can understate the spread
-    between training runs, and a verdict needs both. Else "no detectable difference"; one
-    paired seed gives no verdict (the variance between training runs is unknown)."""
-    if result.seeds < 2:
+    """ "better" / "worse" (the variant against the baseline) when both the seed-paired
+    t-test's and the crossed bootstrap's adjusted p are below `alpha` and both say that
+    side (the mean difference, and the bootstrap's 95% interval, on it). The t-test
+    carries the spread between training runs, which a bootstrap of a few seeds can only
+    redraw; the bootstrap carries the choice of sentences, which the t-test takes as
+    fixed. Else "no detectable difference"; one paired seed gives no verdict (the
+    variance between training runs is unknown)."""
+    if seed_test.seeds < 2 or result.seeds < 2:
         return "no verdict (one seed)"
-    low, high = seed_interval or (result.low, result.high)
-    if p_adjusted < alpha and result.low > 0 and low > 0:
+    if max(t_p_adjusted, p_adjusted) >= alpha:
+        return "no detectable difference"
+    if seed_test.difference > 0 and result.low > 0:
         return "better"
-    if p_adjusted < alpha and result.high < 0 and high < 0:
+    if seed_test.difference < 0 and result.high < 0:
         return "worse"
     return "no detectable difference"
 
