@@ -126,7 +126,7 @@ def _verdict_cells(t: stats.SeedTest, r: stats.Bootstrap, v: stats.Verdict) -> l
         delta += f" [{t.difference - t.half_width:+.2f}, {t.difference + t.half_width:+.2f}]"
     return [
         delta,
-        "" if t.seeds < 2 else f"{t.p:.3f} / {v.t_p_holm:.3f}",
+        "" if t.seeds < 2 else f"{stats.format_p(t.p)} / {stats.format_p(v.t_p_holm)}",
         f"[{r.low:+.2f}, {r.high:+.2f}]",
         f"{stats.format_p(r.p, r.at_floor)} / {stats.format_p(v.p_holm, v.p_holm_bound)}",
         v.verdict,

@@ -230,7 +230,11 @@ def table(results: dict, spec: sweep.Spec, data: str) -> str:
 
 def _holm(result: dict) -> str:
     """The verdict's two Holm-adjusted p's: the seed-paired t-test's and the bootstrap's."""
-    return f"{result['t_p_holm']:.3f} / {stats.format_p(result['p_holm'], result['p_holm_bound'])}"
+    t_p, p = (
+        stats.format_p(result["t_p_holm"]),
+        stats.format_p(result["p_holm"], result["p_holm_bound"]),
+    )
+    return f"{t_p} / {p}"
 
 
 def _mean(figure: dict, scale: float) -> str:

@@ -228,6 +228,7 @@ def test_holm_adjusts_step_down_and_keeps_the_floor_a_bound():
     adjusted = stats.holm([floor, 0.5], [True, False])
     assert adjusted == [(pytest.approx(2 * floor), True), (0.5, False)]
     assert stats.format_p(*adjusted[0]) == "< 0.002" and stats.format_p(0.5, False) == "0.500"
+    assert stats.format_p(0.000137) == "0.00014"  # an exact p (the t-test's) below 0.001
     # a floor p whose adjusted value an exact p equals: that value is exact, not a bound
     adjusted = stats.holm([floor, floor, floor, 4 / 1001], [True, True, True, False])
     assert adjusted == [(pytest.approx(4 * floor), True)] * 3 + [(pytest.approx(4 * floor), False)]
@@ -410,7 +411,7 @@ def test_the_report_pairs_seeds_and_reports_failed_ones(tmp_path):
     assert v["unsteady"]["paired"]["bootstrap"]["chrf"]["verdict"] == "better"  # +3 each seed
     text = sweep.report.markdown(results)
     assert "Against base on the dev set" in text and "| Δ dev BLEU [95% t] |" in text
-    assert "| better | 3 | 150 | +3.00 [+3.00, +3.00] | 0.000 / 0.000 |" in text
+    assert "| better | 3 | 150 | +3.00 [+3.00, +3.00] | 0 / 0 |" in text
     assert "| < 0.001 / < 0.008 | better |" in text and "over the 8 comparisons" in text
     assert "- broken seed 0: failed: MemoryError" in text
     assert "| broken | 2/3, 1 failed |" in text

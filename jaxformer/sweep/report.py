@@ -400,7 +400,7 @@ def _verdict_caption(results: dict, metrics: list[str], tested: list[str]) -> st
 def _verdict_cells(result: dict | None, seeds: dict | None, fmt: str) -> list[str]:
     if result is None or seeds is None:
         return ["", "", "", "", ""]
-    t_p = f"{result['t_p']:.3f} / {result['t_p_holm']:.3f}"
+    t_p = f"{stats.format_p(result['t_p'])} / {stats.format_p(result['t_p_holm'])}"
     interval = f"[{fmt.format(result['low'])}, {fmt.format(result['high'])}]"
     holm = stats.format_p(result["p_holm"], result["p_holm_bound"])
     return [_t_interval(seeds, fmt), t_p, interval, f"{_p(result)} / {holm}", result["verdict"]]

@@ -296,6 +296,9 @@ def verdict(
     return "no detectable difference"
 
 
-def format_p(p: float, bound: bool) -> str:
-    """ "0.042", or "< 0.001" for a p at the bootstrap floor 1 / (samples + 1)."""
-    return f"< {p:.2g}" if bound else f"{p:.3f}"
+def format_p(p: float, bound: bool = False) -> str:
+    """ "0.042" ("0.00014" below 0.001), or "< 0.001" for a p at the bootstrap floor
+    1 / (samples + 1)."""
+    if bound:
+        return f"< {p:.2g}"
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.2g}"
