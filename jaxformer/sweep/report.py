@@ -204,12 +204,10 @@ def _adjust(comparisons: list[dict]) -> int:
     """Each metric's verdict in every comparison, read as one family (stats.verdicts): the
     seed-paired t-test of the runs' summaries and the crossed bootstrap of their
     predictions; returns the family's size."""
-    tested = [(p, r) for p in comparisons for m, r in p["bootstrap"].items()]
-    family = [
-        (stats.t_test(p["differences"][m]["values"]), stats.Bootstrap(**_fields(r)))
-        for p in comparisons
-        for m, r in p["bootstrap"].items()
+    tested = [
+        (p["differences"][m]["values"], r) for p in comparisons for m, r in p["bootstrap"].items()
     ]
+    family = [(stats.t_test(values), stats.Bootstrap(**_fields(r))) for values, r in tested]
     for (_, r), (seed_test, _), v in zip(tested, family, stats.verdicts(family), strict=True):
         r |= {"t_p": seed_test.p} | v._asdict()
     return len(family)
@@ -371,11 +369,9 @@ def _verdict_table(results: dict) -> dict | None:
 
 def _verdict_caption(results: dict, metrics: list[str], tested: list[str]) -> str:
     n, baselines = results["bootstrap_samples"], [results["baseline"], *results["readings"]]
-    readings = (
-        f"each variant against {baselines[0]}"
-        if len(baselines) == 1
-        else f"each pair of variants read against {', '.join(baselines)}"
-    )
+    readings = f"each variant against {baselines[0]}"
+    if len(baselines) > 1:
+        readings = f"each variant against each of {', '.join(baselines)}, each pair once"
     test = (
         " The test set, which the runs scored at their end, is shown beside them (the t-interval "
         "of the seed-paired differences) and tested by no verdict."
