@@ -26,8 +26,9 @@ import os
 import pathlib
 import sys
 import typing
+import warnings
 
-from jaxformer.checks import BadValue, InputError
+from jaxformer.checks import BadValue, InputError, InputWarning, command_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -242,8 +243,9 @@ def _model_config(args):
     # The byte vocabulary; training raises it to the tokenizer's when that is larger.
     config = getattr(TransformerConfig, args.preset)(ByteTokenizer.vocab_size)
     if args.config:
+        fields = load_config_file(args.config)  # its errors name the file
         try:
-            config = config.replace(**load_config_file(args.config))
+            config = config.replace(**fields)
         except InputError as e:
             raise type(e)(f"{args.config}: {e}") from None
     names = [f.name for f in dataclasses.fields(TransformerConfig) if hasattr(args, f.name)]
@@ -251,13 +253,12 @@ def _model_config(args):
 
 
 def _generate(args) -> int:
-    import json
-
     from jaxformer import decode
     from jaxformer.checks import check_int
     from jaxformer.config import DataOptions
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
+    from jaxformer.train.run_folder import read_json
 
     sampling = any(x is not None for x in (args.temperature, args.top_k, args.top_p))
     beam = args.beam is not None or args.alpha is not None
@@ -282,7 +283,7 @@ def _generate(args) -> int:
     seq2seq = isinstance(model, Transformer)
     texts = _read_inputs(args.input, tokenizer, seq2seq, model.config.max_len)
     config = pathlib.Path(args.checkpoint) / "config.json"
-    run = json.loads(config.read_text()).get("run", {}) if config.is_file() else {}
+    run = read_json(config).get("run", {}) if config.is_file() else {}
     pad_multiple = run.get("pad_multiple", DataOptions.pad_multiple)  # the run's, else default
     outputs = decode.generate(
         model,
@@ -362,6 +363,25 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:
         _unrecognized(commands[args.command], extras)
+    with command_line(), warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning(args.command, warnings.showwarning)
+        return _command(args)
+
+
+def _one_line_warning(command: str, show):
+    """warnings.showwarning that writes an InputWarning as one line naming the command."""
+
+    def showwarning(message, category, *args, **kwargs):
+        if issubclass(category, InputWarning):
+            print(f"jaxformer {command}: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, *args, **kwargs)
+
+    return showwarning
+
+
+def _command(args) -> int:
+    """Run the parsed command; bad input is one line and exit code 2."""
     try:
         if args.command == "sweep":
             return _sweep(args)
