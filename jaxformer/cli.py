@@ -13,8 +13,10 @@
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...: a `checks.InputError`) is
 reported in one line with exit code 2 (set JAXFORMER_TRACEBACK=1 for the traceback); any
-other exception is a bug and shows its traceback; a
-diverged run exits with 1; Ctrl-C saves a checkpoint and exits with 130.
+other exception is a bug and shows its traceback; a warning about input used in part (a
+torn last line of a run's metrics.jsonl) is one line. A diverged run exits with 1. Ctrl-C
+saves a checkpoint and exits with 130; SIGTERM and SIGHUP do the same and exit with
+128 + the signal's number (143 and 129), as a process killed by them would report.
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     model.add_argument("--config", metavar="FILE", help="JSON or YAML of TransformerConfig fields")
     _add_fields(model, TransformerConfig, keep_defaults=False)
     t.add_argument("--resume", action="store_true", help="continue from --out's last checkpoint")
-    t.add_argument("--no-progress", action="store_true", help="no progress output")
+    t.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="print nothing but errors and warnings (the run folder holds every result)",
+    )
     par = t.add_argument_group("several processes (see docs/scaling.md)")
     par.add_argument(
         "--coordinator", metavar="HOST:PORT", help="process 0's address ('auto' on TPU pods, SLURM)"
@@ -211,7 +217,7 @@ def _value_parser(kind: type, optional: bool):
 
 def _train(args) -> int:
     from jaxformer.config import RunConfig
-    from jaxformer.train.loop import TrainingDiverged, train
+    from jaxformer.train.loop import Terminated, TrainingDiverged, train
 
     if args.coordinator:
         from jaxformer import parallel
@@ -230,6 +236,8 @@ def _train(args) -> int:
     except TrainingDiverged as e:
         print(f"jaxformer train: {e}", file=sys.stderr)
         return 1
+    except Terminated as e:
+        return 128 + e.signum
     except KeyboardInterrupt:
         return 130
     return 0

@@ -44,10 +44,10 @@ class Progress:
             )
 
     def write(self, line: str) -> None:
-        """A line of results (printed with or without progress output)."""
+        """A line of results (above the bar), when enabled."""
         if self.bar is not None:
             self.bar.write(line)
-        else:
+        elif self.enabled:
             print(line, flush=True)
 
     def advance(self) -> None:
