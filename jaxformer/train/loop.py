@@ -102,6 +102,17 @@ def _train(model_config, run, resume, progress, hooks) -> dict[str, Any]:
     shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
     hooks = [*_default_hooks(run, evaluator), *hooks]
     state = _run_steps(setup, folder, meter, shown, state, hooks)
+    try:
+        return _end(setup, folder, evaluator, meter, state)
+    except KeyboardInterrupt as e:  # the last step is saved (the checkpoint hook's at_end)
+        _say_stopped(folder, f"{_stop(e)} during the final evaluation", meter.step)
+        raise
+
+
+def _end(
+    setup: Setup, folder: RunFolder, evaluator: _Evaluator, meter: _Meter, state: TrainState
+) -> dict[str, Any]:
+    """The final evaluation, the summary and the report; returns the summary."""
     final = _final_model(setup, folder, evaluator, meter.step, state)
     summary = meter.summary(final.scores, setup.data.metrics) | final.evaluations
     summary |= _description(setup) | final.tests
@@ -174,11 +185,8 @@ def _run_steps(
                 meter.restart_window()  # tokens/s leaves out the hooks' time
             shown.advance()
         _read_metrics(meter, folder, shown, run)
-    except Terminated as e:
-        _save_before_stopping(setup, folder, meter, shown, state, f"terminated by {e}")
-        raise
-    except KeyboardInterrupt:
-        _save_before_stopping(setup, folder, meter, shown, state, "interrupted")
+    except KeyboardInterrupt as e:  # Ctrl-C, and Terminated
+        _save_before_stopping(setup, folder, meter, shown, state, _stop(e))
         raise
     except Exception:
         if running is None:
@@ -223,9 +231,19 @@ def _save_before_stopping(
     done = int(setup.placement.one_copy(state.step))
     if done > (folder.checkpoints.latest_step() or 0):
         _save(setup, folder, state)
+    _say_stopped(folder, why, done)
+
+
+def _stop(error: KeyboardInterrupt) -> str:
+    """What stopped the run: "interrupted" (Ctrl-C) or "terminated by SIGTERM"."""
+    return f"terminated by {error}" if isinstance(error, Terminated) else "interrupted"
+
+
+def _say_stopped(folder: RunFolder, why: str, step: int) -> None:
+    """The one line on stderr (with or without progress) that a stopped run is saved."""
     if folder.is_main:
         where, resume = folder.checkpoints.directory, option("resume", True)
-        print(f"{why}: saved step {done} in {where}; continue with {resume}", file=sys.stderr)
+        print(f"{why}: saved step {step} in {where}; continue with {resume}", file=sys.stderr)
 
 
 class _Evaluator:

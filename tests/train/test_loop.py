@@ -268,12 +268,15 @@ def test_ctrl_c_saves_and_exits_130(tmp_path):
     assert step is not None and step >= 3
 
 
-@pytest.mark.skipif(
+NEEDS_SIGHUP = pytest.mark.skipif(
     not hasattr(signal, "SIGHUP")
     or threading.current_thread() is not threading.main_thread()
     or signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL,
     reason="needs POSIX signals in the main thread, SIGHUP not taken by the test runner",
 )
+
+
+@NEEDS_SIGHUP
 def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
     tmp_path, capsys, monkeypatch
 ):
@@ -302,6 +305,28 @@ def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
     where = tmp_path.resolve() / "checkpoints"
     assert out == ""
     assert err == f"terminated by SIGHUP: saved step 3 in {where}; continue with resume=True\n"
+
+
+@NEEDS_SIGHUP
+def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
+    tmp_path, capsys, monkeypatch
+):
+    real = loop._final_model
+
+    def hang_up_first(*args):
+        os.kill(os.getpid(), signal.SIGHUP)
+        return real(*args)
+
+    monkeypatch.setattr(loop, "_final_model", hang_up_first)
+    with pytest.raises(loop.Terminated):
+        loop.train(small_config(), run_config(tmp_path, steps=4), progress=False)
+    assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
+    assert not (tmp_path / "summary.json").exists()
+    where = tmp_path.resolve() / "checkpoints"
+    assert capsys.readouterr().err == (
+        f"terminated by SIGHUP during the final evaluation: saved step 4 in {where}; "
+        "continue with resume=True\n"
+    )
 
 
 @pytest.mark.parametrize(
