@@ -225,7 +225,14 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from step 4" in resumed.stdout
-    assert main([*args, "--out", str(straight_out)]) == 0
+    # The same one-device environment as the killed run (this process has 8 CPU devices).
+    straight = subprocess.run(
+        [sys.executable, "-m", "jaxformer", *args, "--out", str(straight_out)],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert straight.returncode == 0, straight.stderr
     assert losses(killed_out) == losses(straight_out)
 
 
