@@ -584,6 +584,15 @@ def test_resume_from_a_checkpoint_of_another_config(finished_run, tmp_path, caps
     _assert_one_line_error(code, err, match)
 
 
+def test_a_run_folder_with_checkpoints_needs_the_resume_flag(finished_run, tmp_path, capsys):
+    """The command's error names its flags; from Python the same error says resume=True."""
+    run = _copy_run(finished_run, tmp_path)
+    argv = [*RUN_ARGS, "--config", finished_run / "small.json", "--out", run]
+    code, err = _cli(capsys, *argv)
+    match = r"already holds checkpoints \(latest step 2\); pass --resume to continue that run, "
+    _assert_one_line_error(code, err, match + "or choose another --out$")
+
+
 def test_resume_leaves_out_a_torn_last_metrics_line_with_a_warning(finished_run, tmp_path, capsys):
     """A process killed while appending to metrics.jsonl leaves its last line torn: the
     resume says so in one line, drops it, and continues."""
