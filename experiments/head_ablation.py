@@ -1,7 +1,7 @@
 """Which attention heads matter: ablate each head of a trained run in turn and measure the
 held-out loss and exact match.
 
-    python experiments/head_ablation.py RUN_FOLDER [--examples 256] [--out results]
+    python experiments/head_ablation.py RUN_FOLDER [--examples 256] [--out results] [--note TEXT]
 
 RUN_FOLDER is a `jaxformer train` run on a task (e.g. `make train`'s runs/dates-*). For
 every attention sub-layer (encoder self-attention, decoder self-attention and
@@ -9,8 +9,10 @@ cross-attention, per layer) and every head, the head's output is zeroed at its s
 (`<stack>/<i>/<sub-layer>/heads`, see jaxformer.capture) and the held-out examples are
 scored again: the mean NLL per target token (teacher forcing) and the exact match of
 greedy decoding, which runs the ablated model at every step (a full forward pass per
-step, no cache: interventions apply to the whole pass). Writes
-results/head_ablation.{json,md,png} (heatmaps of the change per layer x head) and
+step, no cache: interventions apply to the whole pass). Writes results/head_ablation.json
+(a docs results file: copy it to docs/results/, where docs/looking-inside.md renders it;
+--note says how RUN_FOLDER was trained), head_ablation.png (heatmaps of the change per
+layer x head) and
 head_ablation_maps.png (the cross-attention of the heads whose loss matters most);
 prints a JSON line.
 """
@@ -18,6 +20,7 @@ prints a JSON line.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import pathlib
 import sys
@@ -32,9 +35,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from jaxformer import capture  # noqa: E402
 from jaxformer.data import TaskData, encode_pairs  # noqa: E402
 from jaxformer.functional import sites  # noqa: E402
-from jaxformer.markdown import table  # noqa: E402
 from jaxformer.train.checkpoint import restore_model  # noqa: E402
 from jaxformer.train.losses import cross_entropy  # noqa: E402
+from jaxformer.train.run_folder import read_json  # noqa: E402
 
 SUBLAYERS = (
     ("encoder", "self_attention"),
@@ -79,9 +82,10 @@ def main() -> None:
     parser.add_argument("run", help="a jaxformer train run folder (trained on a task)")
     parser.add_argument("--examples", type=int, default=256)
     parser.add_argument("--out", default="results")
+    parser.add_argument("--note", default="", help="how the run was trained, for the results")
     args = parser.parse_args()
     model, tokenizer = restore_model(args.run)
-    run_config = json.loads((pathlib.Path(args.run) / "config.json").read_text())["run"]
+    run_config = read_json(pathlib.Path(args.run) / "config.json")["run"]
     data = TaskData(run_config["task"], tokenizer, seed=run_config["seed"], test_size=args.examples)
     batch = {
         k: jnp.asarray(v)
@@ -111,16 +115,8 @@ def main() -> None:
                 )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = dict(
-        run=str(args.run),
-        examples=len(data.test_pairs),
-        base_nll=base_nll,
-        base_exact=base_exact,
-        most_important=max(rows, key=lambda r: r["d_nll"]),
-        rows=rows,
-    )
-    (out / "head_ablation.json").write_text(json.dumps(summary, indent=2))
-    write_table(rows, base_nll, base_exact, out / "head_ablation.md")
+    summary = docs_result(rows, base_nll, base_exact, args, len(data.test_pairs))
+    (out / "head_ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_heatmaps(rows, model.config, out / "head_ablation.png")
     plot_maps(
         model,
@@ -130,18 +126,36 @@ def main() -> None:
         sorted(rows, key=lambda r: -r["d_nll"])[:2],
         out / "head_ablation_maps.png",
     )
-    print(json.dumps({k: v for k, v in summary.items() if k != "rows"}))
+    print(json.dumps(summary["tables"][0]["caption"]))
 
 
-def write_table(rows, base_nll, base_exact, path) -> None:
+def docs_result(rows, base_nll, base_exact, args, examples: int) -> dict:
+    """The docs' results file: every head's NLL and exact match with it zeroed."""
     cells = [
-        [r["site"], r["head"], f"{r['nll']:.4f}", f"{r['d_nll']:+.4f}"]
+        [r["site"], str(r["head"]), f"{r['nll']:.4f}", f"{r['d_nll']:+.4f}"]
         + [f"{r['exact']:.1%}", f"{r['d_exact']:+.1%}"]
         for r in rows
     ]
-    columns = ["sub-layer", "head", "NLL", "change", "exact match", "change"]
-    lines = [f"Baseline: NLL {base_nll:.4f} per token, exact match {base_exact:.1%}.", ""]
-    path.write_text("\n".join(lines + table(columns, cells, "lrrrrr")) + "\n")
+    caption = (
+        f"Each head zeroed in turn, {examples} held-out examples; without ablation NLL "
+        f"{base_nll:.4f} per target token (teacher-forced) and exact match {base_exact:.1%} "
+        "(greedy):"
+    )
+    return {
+        "command": f"python experiments/head_ablation.py RUN --examples {args.examples}",
+        "device": "CPU (the results do not depend on the device beyond float rounding)",
+        "versions": {"jax": jax.__version__},
+        "date": datetime.date.today().isoformat(),
+        "source": f"RUN: {args.note}" if args.note else f"RUN: {args.run}",
+        "tables": [
+            {
+                "caption": caption,
+                "columns": ["sub-layer", "head", "NLL", "change", "exact match", "change"],
+                "align": "lrrrrr",
+                "rows": cells,
+            }
+        ],
+    }
 
 
 def plot_heatmaps(rows, config, path) -> None:

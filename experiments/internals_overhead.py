@@ -6,15 +6,18 @@ of each (compilation). Every step reads its loss back, as the loop does.
 
     python experiments/internals_overhead.py [--every 100] [--rounds 5]
 
-Prints a JSON line and writes results/internals_overhead.json: the median time per step
-of each kind of block, the overhead (with / without - 1), and the internals step alone
-against a plain step (medians).
+Prints a JSON line and writes results/internals_overhead.json, a docs results file (copy
+it to docs/results/, where docs/looking-inside.md renders it): the median time per step
+of each kind of block, the overhead (with / without - 1) and each round's, and the
+internals step alone against a plain step (medians).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -66,23 +69,50 @@ def main() -> None:
                     else:
                         plain_steps.append(per_step)
     off, on = statistics.median(times[False]), statistics.median(times[True])
-    summary = {
-        "model": "make train (dates, tiny preset, batch 64)",
-        "device": jax.devices()[0].device_kind,
-        "log_internals": args.every,
-        "rounds": args.rounds,
-        "seconds_per_step_without": round(off, 5),
-        "seconds_per_step_with": round(on, 5),
-        "overhead": round(on / off - 1, 4),
-        "internals_step_over_plain_step": round(
-            statistics.median(internals_steps) / statistics.median(plain_steps), 2
-        ),
-        "per_round": {"without": times[False], "with": times[True]},
+    paired = [w / o - 1 for w, o in zip(times[True], times[False], strict=True)]
+    ratio = statistics.median(internals_steps) / statistics.median(plain_steps)
+    row = [
+        str(args.every),
+        str(args.rounds),
+        f"{off:.3f}",
+        f"{on:.3f}",
+        f"{on / off - 1:+.1%}",
+        f"{min(paired):+.1%} to {max(paired):+.1%}",
+        f"{ratio:.2f}x",
+    ]
+    result = {
+        "command": f"python experiments/internals_overhead.py --every {args.every} "
+        f"--rounds {args.rounds}",
+        "device": f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f} at the end",
+        "versions": {"jax": jax.__version__},
+        "date": datetime.date.today().isoformat(),
+        "source": "make train's model (dates, tiny preset, batch 64), blocks of N steps "
+        "with and without the internals step, alternating, after a warm-up block of each",
+        "tables": [
+            {
+                "caption": "Seconds per step (medians over the rounds) of blocks of N steps "
+                "without internals and with them (N - 1 plain steps and the internals step), "
+                "the overhead, each round's own (with / without - 1), and the internals step "
+                "against a plain step (medians):",
+                "columns": [
+                    "N",
+                    "rounds",
+                    "s / step without",
+                    "s / step with",
+                    "overhead",
+                    "rounds' overheads",
+                    "internals step / plain step",
+                ],
+                "align": "rrrrrrr",
+                "rows": [row],
+            }
+        ],
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "internals_overhead.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: v for k, v in summary.items() if k != "per_round"}))
+    (out / "internals_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(row))
 
 
 if __name__ == "__main__":

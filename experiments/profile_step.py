@@ -2,7 +2,7 @@
 trace: where XLA spends the step, by kind of operation, and a timeline picture; and where
 a GPU spends one step of lm_throughput.py's GPT-2-small model, kernel by kernel.
 
-    python experiments/profile_step.py [--steps 12]
+    python experiments/profile_step.py [--steps 12] [--repeats 3]
     python experiments/profile_step.py --gpt2 [lm_throughput.py's options: --batch 32 ...]
     python experiments/profile_step.py --trace TRACE --hlo HLO [lm_throughput.py's options]
 
@@ -11,8 +11,10 @@ Trains the `dates` job (make train's model and batch) for --steps steps with
 run folder holds (perfetto_trace.json.gz: the XLA operations on each runtime thread) and
 sorts every operation (the executor's own spans left out) into: matrix products (dot
 fusions), layout copies and transposes, random bits (dropout's threefry), reductions,
-other fusions (elementwise work fused by XLA). Writes
-results/profile_step.{json,md,png}; prints a JSON line with the shares.
+other fusions (elementwise work fused by XLA); --repeats runs it again as fresh runs.
+Writes results/profile_step.json (a docs results file, a row per run: copy it to
+docs/results/, where docs/performance.md renders it) and profile_step.png (the last run's
+timeline, docs/profile_step.png); prints a JSON line with the shares.
 
 With --gpt2 it traces one training step of experiments/lm_throughput.py's GPT-2-small
 model instead (any of that script's options; --quick for its small model) after three
@@ -36,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import gzip
 import json
 import math
+import os
 import pathlib
 import re
 import shutil
@@ -47,6 +51,8 @@ import tempfile
 from typing import NamedTuple
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
 
 import jaxformer as jf  # noqa: E402
 from jaxformer.markdown import table  # noqa: E402
@@ -475,33 +481,78 @@ def plot(events: list[dict], path: pathlib.Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def profile_dates(steps: int, out: pathlib.Path) -> dict:
-    """Train the dates job for `steps` steps, the last traced; its operations by kind."""
-    with tempfile.TemporaryDirectory() as tmp:
-        run = jf.RunConfig.from_options(
-            task="dates",
-            steps=steps,
-            profile=f"{steps - 1}:{steps}",
-            eval_every=10**6,
-            eval_examples=64,
-            log_every=10**6,
-            out=f"{tmp}/run",
-        )
-        loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
-        trace = next(pathlib.Path(tmp, "run", "profile").rglob("perfetto_trace.json.gz"))
-        events = xla_events(trace)
-    summary = summarise(events)
+def profile_dates(steps: int, out: pathlib.Path, repeats: int = 1) -> dict:
+    """Train the dates job for `steps` steps, the last traced, `repeats` times (fresh
+    runs); the operations of each traced step by kind. Writes profile_step.json as a docs
+    results file (a row per run), and the last run's timeline picture."""
+    runs = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            run = jf.RunConfig.from_options(
+                task="dates",
+                steps=steps,
+                profile=f"{steps - 1}:{steps}",
+                eval_every=10**6,
+                eval_examples=64,
+                log_every=10**6,
+                out=f"{tmp}/run",
+            )
+            loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
+            trace = next(pathlib.Path(tmp, "run", "profile").rglob("perfetto_trace.json.gz"))
+            events = xla_events(trace)
+        runs.append(summarise(events))
     plot(events, out / "profile_step.png")
-    (out / "profile_step.json").write_text(json.dumps(summary, indent=2))
-    rows = [[k, f"{v:.0%}"] for k, v in summary["shares"].items()]
-    lines = table(["kind", "share of the step's XLA time"], rows, "lr")
-    (out / "profile_step.md").write_text("\n".join(lines) + "\n")
-    return {k: v for k, v in summary.items() if k != "top_operations"}
+    result = docs_result(runs, steps, repeats)
+    (out / "profile_step.json").write_text(json.dumps(result, indent=2) + "\n")
+    return {"shares": [r["shares"] for r in runs], "span_ms": [r["span_ms"] for r in runs]}
+
+
+def docs_result(runs: list[dict], steps: int, repeats: int) -> dict:
+    """The docs' results file of the dates profiles: each run's step time and its shares."""
+    kinds = [*KINDS, "other fusions"]
+    rows = [
+        [str(i), f"{r['span_ms']:.0f}", f"{r['busy_ms']:.0f}"]
+        + [f"{r['shares'].get(k, 0):.1%}" for k in kinds]
+        for i, r in enumerate(runs, 1)
+    ]
+    cpu = ", ".join(f"{k} {v}" for k, v in _machine().items())
+    return {
+        "command": f"python experiments/profile_step.py --steps {steps} --repeats {repeats}",
+        "device": cpu,
+        "versions": {"jax": jax.__version__},
+        "date": datetime.date.today().isoformat(),
+        "source": "each run a fresh `make train` job (the dates task, the tiny preset, batch "
+        f"64) traced at its step {steps} with `--profile {steps - 1}:{steps}`",
+        "tables": [
+            {
+                "caption": "One training step of `make train`'s model in XLA's CPU trace: its "
+                "wall time (first to last operation), the operations' summed time (busy, "
+                "over the runtime threads), and each kind's share of the busy time:",
+                "columns": ["run", "step ms", "busy ms", *kinds],
+                "align": "r" * (3 + len(kinds)),
+                "rows": rows,
+            }
+        ],
+    }
+
+
+def _machine() -> dict:
+    """The CPU's model name and core count, and the load average when profiled."""
+    name = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "a CPU",
+    )
+    return {"cpu": name, "cores": os.cpu_count(), "load average": f"{os.getloadavg()[0]:.1f}"}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=1, help="fresh runs of the dates job")
     parser.add_argument("--out", default="results")
     parser.add_argument("--gpt2", action="store_true", help="lm_throughput's model; see above")
     parser.add_argument("--trace", type=pathlib.Path, help="read this GPT-2 trace (with --hlo)")
@@ -520,7 +571,7 @@ def main(argv=None) -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    print(json.dumps(profile_dates(args.steps, out)))
+    print(json.dumps(profile_dates(args.steps, out, args.repeats)))
 
 
 if __name__ == "__main__":

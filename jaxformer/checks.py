@@ -6,6 +6,10 @@ below, each also the built-in exception Python code expects (`BadValue` is a
 ValueError, ...). The `jaxformer` command reports an InputError in one line with exit
 code 2; any other exception is a bug and keeps its traceback.
 
+Messages name an option as the caller gives it (`option`): `resume=True` to a Python
+caller, `--resume` inside `command_line()`, where the `jaxformer` command runs. Input the
+package can use in part (a torn last line of a run's metrics) is an `InputWarning`.
+
 Shapes and dtypes are static under `jit`, so the array checks raise while tracing,
 before XLA sees the arguments. Values inside arrays cannot be checked there; token ids
 are checked on the host by `jaxformer.check_tokens`.
@@ -13,6 +17,8 @@ are checked on the host by `jaxformer.check_tokens`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import jax.numpy as jnp
@@ -41,6 +47,32 @@ class MissingPackage(InputError, ImportError):
 
 class Unreachable(InputError, ConnectionError):
     """A coordinator (another process) that cannot be reached."""
+
+
+class InputWarning(UserWarning):
+    """Input the package could use only in part, and says what it left out."""
+
+
+_COMMAND_LINE = contextvars.ContextVar("command_line", default=False)
+
+
+@contextlib.contextmanager
+def command_line():
+    """Inside, messages name options as the `jaxformer` command's flags (`option`)."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def option(name: str, value=None) -> str:
+    """The option `name` (a config field or a keyword) as the caller gives it: the flag
+    on the command line ("--resume", "--out"), else the Python argument ("resume=True"
+    with `value` True, "out" without a value)."""
+    if _COMMAND_LINE.get():
+        return "--" + name.replace("_", "-")
+    return name if value is None else f"{name}={value!r}"
 
 
 def is_int(x) -> bool:

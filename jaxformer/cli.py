@@ -13,8 +13,10 @@
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...: a `checks.InputError`) is
 reported in one line with exit code 2 (set JAXFORMER_TRACEBACK=1 for the traceback); any
-other exception is a bug and shows its traceback; a
-diverged run exits with 1; Ctrl-C saves a checkpoint and exits with 130.
+other exception is a bug and shows its traceback; a warning about input used in part (a
+torn last line of a run's metrics.jsonl) is one line. A diverged run exits with 1. Ctrl-C
+saves a checkpoint and exits with 130; SIGTERM and SIGHUP do the same and exit with
+128 + the signal's number (143 and 129), as a process killed by them would report.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import os
 import pathlib
 import sys
 import typing
+import warnings
 
-from jaxformer.checks import BadValue, InputError
+from jaxformer.checks import BadValue, InputError, InputWarning, command_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,7 +61,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     model.add_argument("--config", metavar="FILE", help="JSON or YAML of TransformerConfig fields")
     _add_fields(model, TransformerConfig, keep_defaults=False)
     t.add_argument("--resume", action="store_true", help="continue from --out's last checkpoint")
-    t.add_argument("--no-progress", action="store_true", help="no progress output")
+    t.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="print nothing but errors and warnings (the run folder holds every result)",
+    )
     par = t.add_argument_group("several processes (see docs/scaling.md)")
     par.add_argument(
         "--coordinator", metavar="HOST:PORT", help="process 0's address ('auto' on TPU pods, SLURM)"
@@ -211,7 +218,7 @@ def _value_parser(kind: type, optional: bool):
 
 def _train(args) -> int:
     from jaxformer.config import RunConfig
-    from jaxformer.train.loop import TrainingDiverged, train
+    from jaxformer.train.loop import Terminated, TrainingDiverged, train
 
     if args.coordinator:
         from jaxformer import parallel
@@ -230,6 +237,8 @@ def _train(args) -> int:
     except TrainingDiverged as e:
         print(f"jaxformer train: {e}", file=sys.stderr)
         return 1
+    except Terminated as e:
+        return 128 + e.signum
     except KeyboardInterrupt:
         return 130
     return 0
@@ -243,8 +252,9 @@ def _model_config(args):
     # The byte vocabulary; training raises it to the tokenizer's when that is larger.
     config = getattr(TransformerConfig, args.preset)(ByteTokenizer.vocab_size)
     if args.config:
+        fields = load_config_file(args.config)  # its errors name the file
         try:
-            config = config.replace(**load_config_file(args.config))
+            config = config.replace(**fields)
         except InputError as e:
             raise type(e)(f"{args.config}: {e}") from None
     names = [f.name for f in dataclasses.fields(TransformerConfig) if hasattr(args, f.name)]
@@ -252,13 +262,12 @@ def _model_config(args):
 
 
 def _generate(args) -> int:
-    import json
-
     from jaxformer import decode
     from jaxformer.checks import check_int
     from jaxformer.config import DataOptions
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
+    from jaxformer.train.run_folder import read_json
 
     sampling = any(x is not None for x in (args.temperature, args.top_k, args.top_p))
     beam = args.beam is not None or args.alpha is not None
@@ -283,7 +292,7 @@ def _generate(args) -> int:
     seq2seq = isinstance(model, Transformer)
     texts = _read_inputs(args.input, tokenizer, seq2seq, model.config.max_len)
     config = pathlib.Path(args.checkpoint) / "config.json"
-    run = json.loads(config.read_text()).get("run", {}) if config.is_file() else {}
+    run = read_json(config).get("run", {}) if config.is_file() else {}
     pad_multiple = run.get("pad_multiple", DataOptions.pad_multiple)  # the run's, else default
     outputs = decode.generate(
         model,
@@ -363,6 +372,25 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:
         _unrecognized(commands[args.command], extras)
+    with command_line(), warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning(args.command, warnings.showwarning)
+        return _command(args)
+
+
+def _one_line_warning(command: str, show):
+    """warnings.showwarning that writes an InputWarning as one line naming the command."""
+
+    def showwarning(message, category, *args, **kwargs):
+        if issubclass(category, InputWarning):
+            print(f"jaxformer {command}: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, *args, **kwargs)
+
+    return showwarning
+
+
+def _command(args) -> int:
+    """Run the parsed command; bad input is one line and exit code 2."""
     try:
         if args.command == "sweep":
             return _sweep(args)

@@ -580,6 +580,14 @@ class RunConfig:
         return {name: value for group in groups for name, value in group.items()}
 
 
+def _yaml_problem(error) -> str:
+    """A YAML error in one line: what is wrong, and where ("line 2, column 3")."""
+    mark = getattr(error, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return problem + where
+
+
 def load_config_file(path: str) -> dict:
     """Config fields from a JSON or YAML file (a mapping)."""
     p = pathlib.Path(path)
@@ -595,7 +603,7 @@ def load_config_file(path: str) -> dict:
         try:
             fields = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise BadValue(f"{path}: not valid YAML ({e})") from None
+            raise BadValue(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
     else:
         try:
             fields = json.loads(text)

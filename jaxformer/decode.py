@@ -192,10 +192,13 @@ def generate(
     max_new_tokens: int | None = None,
     batch_size: int = 32,
     pad_multiple: int = 16,
+    interventions: dict[str, Callable] | None = None,
 ) -> list[str]:
     """The decoded continuation of each text: a translation of each source (a
     `Transformer`: the text's tokens + EOS, as in training) or of each prompt (a
-    `DecoderLM`), by `strategy` ("greedy", "sample" or "beam", with its options).
+    `DecoderLM`), by `strategy` ("greedy", "sample" or "beam", with its options), with
+    `interventions` ({site: function of its value}, see `jaxformer.capture`) applied in
+    every forward pass, as `greedy`, `sample` and `beam_search` apply them.
 
     Each output holds at most its input's length + 50 tokens (the paper), within the
     model's position table, or `max_new_tokens` when given. Texts go in batches of
@@ -213,7 +216,8 @@ def generate(
         check_int("max_new_tokens", max_new_tokens)
     seq2seq, max_len = isinstance(model, Transformer), model.config.max_len
     rows = [tokenizer.encode(t) + ([tokenizer.eos_id] if seq2seq else []) for t in texts]
-    ids = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    common = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    common["interventions"] = interventions
     out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
@@ -223,15 +227,15 @@ def generate(
         src, valid = pad_rows(chunk + chunk[:1] * fill, width, tokenizer.pad_id)
         if strategy == "beam":
             options = dict(beam_size=beam_size, alpha=alpha, max_new_tokens=max_new_tokens)
-            tokens = np.asarray(beam_search(model, src, valid, **options, **ids)[0][:, 0])
+            tokens = np.asarray(beam_search(model, src, valid, **options, **common)[0][:, 0])
         else:
             n = max_new_tokens or min(longest + PAPER_EXTRA_LENGTH, _capacity(model, src))
             if strategy == "sample":
                 key = jax.random.fold_in(jax.random.PRNGKey(seed), start)
                 options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-                tokens = sample(model, src, valid, max_new_tokens=n, rng=key, **options, **ids)
+                tokens = sample(model, src, valid, max_new_tokens=n, rng=key, **options, **common)
             else:
-                tokens = greedy(model, src, valid, max_new_tokens=n, **ids)
+                tokens = greedy(model, src, valid, max_new_tokens=n, **common)
             tokens = np.asarray(tokens)
             if max_new_tokens is None:  # each row's own input length + 50
                 caps = [len(r) + PAPER_EXTRA_LENGTH for r in chunk]

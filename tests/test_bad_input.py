@@ -25,7 +25,7 @@ from jaxformer import data, decode, nn, train
 from jaxformer import functional as F
 from jaxformer.checks import InputError
 from jaxformer.cli import main
-from jaxformer.train import checkpoint
+from jaxformer.train import checkpoint, run_folder
 from tests import hf_tokenizers as hf
 
 V = 11  # vocabulary of the tiny models
@@ -355,6 +355,10 @@ def _files(tmp):
     (tmp / "pairs.tsv").write_text("a\tb\nno tab here\n")
     (tmp / "one_line.txt").write_text("a single line of text\n")
     (tmp / "tokenizer.json").write_bytes(b"\xff\xfe{")
+    (tmp / "broken.yaml").write_text("d_model: 64: 2\n")
+    (tmp / "list.json").write_text("[1, 2]")
+    (tmp / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "loss": 0.\n{"step": 3}\n')
+    (tmp / "no_step.jsonl").write_text('{"loss": 1.0}\n')
     return tmp
 
 
@@ -380,6 +384,11 @@ FILES = [
     ("load_tokenizer missing", lambda t: data.load_tokenizer(t / "nope"), FileNotFoundError, "no tokenizer in"),
     ("load_tokenizer not UTF-8", lambda t: data.load_tokenizer(t), ValueError, "tokenizer.json is not a jaxformer tokenizer file"),
     ("BPE vocab_size", lambda t: data.BPETokenizer.train(["abc"], 10), ValueError, "vocab_size must be >= 300, got 10"),
+    ("run file missing", lambda t: run_folder.read_json(t / "summary.json"), FileNotFoundError, "summary.json: no such file"),
+    ("run file not JSON", lambda t: run_folder.read_json(t / "broken.yaml"), ValueError, r"broken.yaml: not valid JSON \(Expecting .*\); the file is damaged"),
+    ("run file not an object", lambda t: run_folder.read_json(t / "list.json"), ValueError, "list.json: expected a JSON object, got list"),
+    ("metrics damaged line", lambda t: run_folder.read_metrics(t / "metrics.jsonl"), ValueError, r"metrics.jsonl:2: not a JSON record \(Expecting"),
+    ("metrics without step", lambda t: run_folder.read_metrics(t / "no_step.jsonl"), ValueError, "no_step.jsonl:1: a record must be a JSON object with an int 'step'"),
     ("HFTokenizer not a tokenizer", lambda t: data.HFTokenizer.from_file(t / "pairs.tsv", **HF_IDS), ValueError, "pairs.tsv is not a Hugging Face tokenizer file"),
     ("HFTokenizer missing", lambda t: data.HFTokenizer.from_file(t / "nope.json", **HF_IDS), FileNotFoundError, "nope.json: no such file"),
     ("HFTokenizer eos_id", lambda t: data.HFTokenizer.from_file(hf.char_level(t / "h.json", "ab", ["</s>"]), **HF_IDS | {"eos_id": 4}), ValueError, r"eos_id=4 is outside the tokenizer's vocabulary \[0, 4\)"),
@@ -464,6 +473,7 @@ CLI = [
     ("config impossible sizes", ["--config", "sizes.json"], "d_model=10 is not divisible by num_heads=4"),
     ("config wrong type", ["--config", "types.json"], "num_heads must be an int, got 'four'"),
     ("config empty", ["--config", "empty.txt"], "empty.txt: not valid JSON"),
+    ("config broken YAML", ["--config", "broken.yaml"], r"error: [^ ]*broken.yaml: not valid YAML \(mapping values are not allowed here at line 1, column 12\)$"),
     ("negative warmup", ["--warmup-steps", "-1"], "warmup_steps must be >= 0, got -1"),
     ("bad lr", ["--lr", "-1"], "lr must be > 0, got -1.0"),
     ("lr not a number", ["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
@@ -574,6 +584,38 @@ def test_resume_from_a_checkpoint_of_another_config(finished_run, tmp_path, caps
     _assert_one_line_error(code, err, match)
 
 
+def test_a_run_folder_with_checkpoints_needs_the_resume_flag(finished_run, tmp_path, capsys):
+    """The command's error names its flags; from Python the same error says resume=True."""
+    run = _copy_run(finished_run, tmp_path)
+    argv = [*RUN_ARGS, "--config", finished_run / "small.json", "--out", run]
+    code, err = _cli(capsys, *argv)
+    match = r"already holds checkpoints \(latest step 2\); pass --resume to continue that run, "
+    _assert_one_line_error(code, err, match + "or choose another --out$")
+
+
+def test_resume_leaves_out_a_torn_last_metrics_line_with_a_warning(finished_run, tmp_path, capsys):
+    """A process killed while appending to metrics.jsonl leaves its last line torn: the
+    resume says so in one line, drops it, and continues."""
+    run = _copy_run(finished_run, tmp_path)
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().count("\n")
+    with metrics.open("a") as f:
+        f.write('{"step": 3, "loss": 0.9')
+    code, err = _resume(capsys, run, finished_run / "small.json")
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "warning" in line]
+    assert warned == [f"jaxformer train: warning: {metrics}:{lines + 1}: left out a torn last line"]
+    assert max(r["step"] for r in run_folder.read_metrics(metrics)) == 3
+
+
+def test_resume_refuses_a_damaged_metrics_line_naming_it(finished_run, tmp_path, capsys):
+    run = _copy_run(finished_run, tmp_path)
+    metrics = run / "metrics.jsonl"
+    metrics.write_text("garbage\n" + metrics.read_text())
+    code, err = _resume(capsys, run, finished_run / "small.json")
+    _assert_one_line_error(code, err, r"metrics.jsonl:1: not a JSON record \(Expecting value")
+
+
 # After a failed read, orbax leaves coroutines and callbacks that complain when collected
 # (an ignored exception, a closed event loop); harmless.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -595,3 +637,13 @@ def test_resume_from_a_truncated_checkpoint(finished_run, tmp_path, capsys, dama
     with pytest.raises(ValueError, match=r"checkpoints/2 cannot be read"):
         checkpoint.restore_model(run)
     gc.collect()  # collect orbax's abandoned reads here, where their warnings are ignored
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_damaged_averaged_parameters_are_an_error_naming_them(finished_run, tmp_path):
+    run = _copy_run(finished_run, tmp_path)
+    (run / "averaged").mkdir()
+    (run / "averaged" / "_CHECKPOINT_METADATA").write_bytes(b"\x00\x01")
+    with pytest.raises(ValueError, match=r"checkpoint .*averaged cannot be read .*: delete that"):
+        checkpoint.restore_model(run)
+    gc.collect()

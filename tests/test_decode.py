@@ -11,6 +11,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer import decode
+from jaxformer.data.datasets import pad_rows
 from tests import hf_tokenizers as hf
 
 V = 20
@@ -290,6 +291,33 @@ def test_decoding_starts_from_the_tokenizers_bos_and_pads_with_its_pad(tmp_path)
     stopped = decode.greedy(m, src, valid, max_new_tokens=N, **ids | {"eos_id": eos})
     length = hypothesis_length(stopped[0], eos)
     assert length <= 3 and (np.asarray(stopped[0, length:]) == tok.pad_id).all()
+
+
+def test_generate_applies_interventions_as_each_search_does(tmp_path):
+    """decode.generate(..., interventions=) gives what greedy, sample and beam_search give
+    with the same interventions on the same padded rows, and not what they give without."""
+    from jaxformer import capture
+
+    tok = hf.seq2seq(tmp_path, alphabet="abcdefghijklmnop")  # V = 20 ids, as the model's
+    m, texts = model("transformer"), ["abc", "defgh"]
+    rows = [tok.encode(t) + [tok.eos_id] for t in texts]
+    src, valid = pad_rows(rows, 16, tok.pad_id)  # generate's pad_multiple
+    site = {"decoder/0/cross_attention/heads": capture.ablate_heads([0, 1, 2, 3])}
+    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
+    key = jax.random.fold_in(jax.random.PRNGKey(0), 0)  # generate's for its first batch, seed 0
+    searches = {
+        "greedy": lambda **kw: decode.greedy(m, src, valid, max_new_tokens=N, **ids, **kw),
+        "sample": lambda **kw: decode.sample(m, src, valid, max_new_tokens=N, rng=key, **ids, **kw),
+        "beam": lambda **kw: decode.beam_search(m, src, valid, max_new_tokens=N, **ids, **kw)[0][
+            :, 0
+        ],
+    }
+    for strategy, search in searches.items():
+        got = decode.generate(m, tok, texts, strategy, max_new_tokens=N, interventions=site)
+        assert got == [tok.decode(row) for row in np.asarray(search(interventions=site))]
+        plain = decode.generate(m, tok, texts, strategy, max_new_tokens=N)
+        assert plain == [tok.decode(row) for row in np.asarray(search())]
+    assert got != plain  # the source, cut off from the decoder, changes what comes out
 
 
 @pytest.mark.slow  # tens of seconds of cold compiling in CI; make test-all runs it

@@ -1,6 +1,6 @@
-"""A training process killed with SIGKILL five times, at random moments and once inside a
-checkpoint write, and restarted each time with --resume, ends exactly where an
-uninterrupted run ends."""
+"""A training process stopped by SIGTERM, or killed with SIGKILL five times (at random
+moments and once inside a checkpoint write), and restarted with --resume, ends exactly
+where an uninterrupted run ends."""
 
 import json
 import random
@@ -11,9 +11,19 @@ import time
 
 import pytest
 
+from jaxformer.train.checkpoint import Checkpointer
 from tests.train.test_loop import KILLER, cli_env, config_file, losses
 
 STEPS = 120
+# The summary's fields that time the run (they differ between any two runs).
+TIMES = (
+    "wall_seconds",
+    "eval_seconds",
+    "train_seconds",
+    "seconds_to_first_step",
+    "train_tokens_per_second",
+    "steps_run",
+)
 
 
 def _logged_step(out) -> int:
@@ -22,6 +32,50 @@ def _logged_step(out) -> int:
         return 0
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return max((r["step"] for r in lines), default=0)
+
+
+def _train(args, out, *extra):
+    """`jaxformer train ARGS --out OUT EXTRA` to its end: the summary without its times."""
+    command = [sys.executable, "-m", "jaxformer", *args, "--out", str(out), *extra]
+    done = subprocess.run(command, env=cli_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    summary["run"].pop("out")
+    return {k: v for k, v in summary.items() if k not in TIMES}
+
+
+def test_sigterm_saves_the_step_in_flight_and_the_resumed_run_ends_as_an_unstopped_one(tmp_path):
+    """What `kill`, `timeout`, `docker stop` or a scheduler's preemption sends: the process
+    saves the step it was running, says so in one line and exits with 143 (128 + 15); the
+    resumed run's summary and losses equal an uninterrupted run's."""
+    steps = 200  # each a few ms: the signal lands a few steps in, far from the end
+    args = [
+        *f"train --task copy --steps {steps} --checkpoint-every 1000".split(),
+        *"--log-every 1 --eval-every 1000 --batch-size 8 --eval-examples 8".split(),
+        *"--schedule constant --lr 0.003 --no-progress --config".split(),
+        config_file(tmp_path),
+    ]
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxformer", *args, "--out", str(stopped)],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while _logged_step(stopped) < 3 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    saved = Checkpointer(stopped).latest_step()
+    assert 3 <= saved < steps and not (stopped / "summary.json").exists()
+    where = stopped.resolve() / "checkpoints"
+    said = f"terminated by SIGTERM: saved step {saved} in {where}; continue with --resume"
+    assert stdout == "" and [line for line in stderr.splitlines() if "saved" in line] == [said]
+    assert _train(args, stopped, "--resume") == _train(args, tmp_path / "straight")
+    assert losses(stopped) == losses(tmp_path / "straight")
 
 
 @pytest.mark.slow  # five killed processes: about a minute; test_loop's kill-during-write test covers one kill in make test

@@ -200,6 +200,14 @@ def test_bad_checkpoint_folders(seq2seq_run, tmp_path, capsys, monkeypatch):
     assert code == 2 and "no such run folder" in err and len(err.splitlines()) == 1
     copy = tmp_path / "copy"
     shutil.copytree(seq2seq_run, copy)
+    (copy / "config.json").write_text('{"model": {"d_model": 3')  # cut short
+    code, out, err = generate(capsys, monkeypatch, "--checkpoint", str(copy), "--input", "1")
+    assert code == 2 and out == [] and len(err.splitlines()) == 1
+    assert re.match(rf"jaxformer generate: error: {copy}/config.json: not valid JSON", err)
+    (copy / "tokenizer.json").write_text("{")
+    code, _, err = generate(capsys, monkeypatch, "--checkpoint", str(copy), "--input", "1")
+    assert code == 2 and "tokenizer.json is not a jaxformer tokenizer file" in err
+    assert len(err.splitlines()) == 1
     (copy / "tokenizer.json").unlink()
     code, _, err = generate(capsys, monkeypatch, "--checkpoint", str(copy), "--input", "1")
     assert code == 2 and "no tokenizer" in err and len(err.splitlines()) == 1

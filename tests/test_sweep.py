@@ -469,6 +469,30 @@ def test_every_reading_of_the_runs_is_one_family(tmp_path):
         sweep.Spec.load(write_spec(tmp_path, readings="b"))
 
 
+@pytest.mark.parametrize(
+    "damaged, text, match",
+    [
+        ("summary.json", '{"bleu": 1', r"other/seed1/summary.json: not valid JSON"),
+        ("predictions.tsv", "src 0\tref\n", r"other/seed1/predictions.tsv:1: expected source<TAB>"),
+        ("failed.json", "[]", r"base/seed0/failed.json: expected a JSON object, got list"),
+    ],
+)
+def test_a_damaged_file_of_a_run_is_an_error_naming_it(tmp_path, damaged, text, match):
+    """A sweep's report reads each run's files; a damaged one (a user's edit, a partial
+    copy) is one error naming it, not a traceback from deep in the report."""
+    spec = sweep.Spec.load(write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=2))
+    for seed in range(2):
+        for name in ("base", "other"):
+            finished(spec.folder(name, seed), {"bleu": 1.0, "chrf": 2.0}, system(0.6, seed))
+    if damaged == "failed.json":  # a failed run's record, in place of its summary
+        (spec.folder("base", 0) / "summary.json").unlink()
+        (spec.folder("base", 0) / damaged).write_text(text)
+    else:
+        (spec.folder("other", 1) / damaged).write_text(text)
+    with pytest.raises(ValueError, match=match):
+        sweep.report.summarize(spec)
+
+
 def test_the_config_hash_reads_the_flat_run_options(tmp_path):
     """The hash of a run's configuration is over its flat options, as before they were
     grouped: a sweep folder of an unchanged configuration is still recognised."""

@@ -18,9 +18,11 @@ import pathlib
 
 import numpy as np
 
+from jaxformer.checks import BadValue
 from jaxformer.markdown import table as markdown_table
 from jaxformer.sweep import stats
 from jaxformer.sweep.spec import Spec, status
+from jaxformer.train.run_folder import read_json, read_metrics
 
 # (summary key, column title, format of the mean): the figures shown, when runs report them.
 FIGURES = (
@@ -94,7 +96,7 @@ def _done(spec: Spec, name: str) -> list[int]:
 
 
 def _summary(folder: pathlib.Path) -> dict:
-    return json.loads((folder / "summary.json").read_text())
+    return read_json(folder / "summary.json")
 
 
 def _figures(summaries) -> dict:
@@ -113,7 +115,7 @@ def _problems(spec: Spec, name: str) -> dict[int, str]:
     for seed in spec.seeds:
         folder, state = spec.folder(name, seed), status(spec.folder(name, seed))
         if state in ("failed", "diverged"):
-            message = json.loads((folder / f"{state}.json").read_text()).get("message", "")
+            message = read_json(folder / f"{state}.json").get("message", "")
             out[seed] = f"{state}: {message}".strip(": ")
         elif state == "pending":
             out[seed] = "pending (not run, or interrupted)"
@@ -242,13 +244,24 @@ def _fields(result: dict) -> dict:
 
 
 def _predictions(path: pathlib.Path) -> list[tuple[str, str, str]] | None:
-    """(source, reference, prediction) rows of a finished run's predictions file."""
+    """(source, reference, prediction) rows of a finished run's predictions file; a line
+    of another shape is an error naming the file and the line."""
     if not (path.parent / "summary.json").exists() or not path.exists():
         return None
     # Lines end in "\n" alone: an untrained model's prediction may hold "\x1c" or "\x85",
     # where splitlines() would split too.
-    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
-    return [tuple(line.split("\t")) for line in lines]
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    except UnicodeDecodeError as e:
+        raise BadValue(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    rows = [tuple(line.split("\t")) for line in lines]
+    for number, row in enumerate(rows, 1):
+        if len(row) != 3:
+            raise BadValue(
+                f"{path}:{number}: expected source<TAB>reference<TAB>prediction, got "
+                f"{len(row)} field(s)"
+            )
+    return rows
 
 
 def markdown(results: dict) -> str:
@@ -486,8 +499,7 @@ def _evals(folder: pathlib.Path) -> list[dict]:
     path = folder / "metrics.jsonl"
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line]
-    return [r for r in records if "eval_loss" in r]
+    return [r for r in read_metrics(path) if "eval_loss" in r]
 
 
 def _series(evals: list[list[dict]], key: str) -> dict[str, dict[int, list[float]]]:

@@ -25,18 +25,23 @@ import time
 from jaxformer.checks import BadValue
 from jaxformer.sweep import report
 from jaxformer.sweep.spec import HASH_FILE, Spec, status
+from jaxformer.train.run_folder import read_json, write_whole
+
+# `jaxformer train`'s exit codes after saving on a stop: Ctrl-C, SIGHUP, SIGTERM.
+STOPPED = (130, 129, 143)
 
 
 def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
     """`jaxformer train ...` for one run: the model as a JSON file in the run folder, the
     run options as the spec gives them (the command derives the same defaults as the
     spec's RunConfig; config.json records every field), and --resume (a fresh folder
-    starts at step 0)."""
+    starts at step 0). Its output (to train.log, not a terminal) is a line per tenth of the
+    run, each evaluation and the final report."""
     model, _ = spec.configs(variant, seed)  # checks the variant's fields
     folder = spec.folder(variant, seed)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.json").write_text(json.dumps(model.to_dict(), indent=2))
-    args = ["train", "--config", str(folder / "model.json"), "--resume", "--no-progress"]
+    args = ["train", "--config", str(folder / "model.json"), "--resume"]
     for name, value in spec.run_options(variant, seed).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
@@ -133,7 +138,7 @@ def _gpu_count() -> int:
 def _launch(spec: Spec, variant: str, seed: int, *, gpu: int | None) -> subprocess.Popen:
     args = train_command(spec, variant, seed)
     folder = spec.folder(variant, seed)
-    (folder / HASH_FILE).write_text(json.dumps({"config_hash": spec.config_hash(variant, seed)}))
+    write_whole(folder / HASH_FILE, json.dumps({"config_hash": spec.config_hash(variant, seed)}))
     command = [sys.executable, "-m", "jaxformer", *args]
     (folder / "command.txt").write_text("jaxformer " + " ".join(args) + "\n")
     env = dict(os.environ)
@@ -145,19 +150,19 @@ def _launch(spec: Spec, variant: str, seed: int, *, gpu: int | None) -> subproce
 
 def _finish(folder, returncode: int) -> str:
     """Record how a run ended; returns a line for the progress output. The command exits
-    1 when the loss diverged, 2 on bad input (the spec was checked, so a bug), 130 when
-    interrupted (the run resumes next time)."""
+    1 when the loss diverged, 2 on bad input (the spec was checked, so a bug), with one of
+    STOPPED when stopped by a signal (the run resumes next time)."""
     if returncode == 0:
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = read_json(folder / "summary.json")
         shown = [
             f"{k} {summary[k]:.4g}"
             for k in ("bleu", "exact_match", "eval_perplexity")
             if k in summary
         ]
         return "done: " + ", ".join(shown)
-    if returncode == 130 or returncode < 0:
+    if returncode in STOPPED or returncode < 0:
         return "interrupted (resumes next time)"
     last = (folder / "train.log").read_text().strip().splitlines()[-1:] or [""]
     name = "diverged" if returncode == 1 else "failed"
-    (folder / f"{name}.json").write_text(json.dumps({"returncode": returncode, "message": last[0]}))
+    write_whole(folder / f"{name}.json", json.dumps({"returncode": returncode, "message": last[0]}))
     return f"{name}: {last[0]}"

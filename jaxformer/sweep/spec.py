@@ -39,6 +39,7 @@ from jaxformer.checks import BadValue
 from jaxformer.config import PRESETS, RunConfig, TransformerConfig, load_config_file
 from jaxformer.data.tokenizers import ByteTokenizer
 from jaxformer.functional.registry import import_variants
+from jaxformer.train.run_folder import read_json
 
 SPEC_KEYS = ("base", "variants", "grid", "seeds", "baseline", "readings", "variant_files", "out")
 MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(TransformerConfig))
@@ -146,7 +147,7 @@ class Spec:
     def recorded_hash(self, variant: str, seed: int) -> str | None:
         """The hash its folder recorded at launch; None if it holds none."""
         path = self.folder(variant, seed) / HASH_FILE
-        return json.loads(path.read_text())["config_hash"] if path.exists() else None
+        return read_json(path).get("config_hash") if path.exists() else None
 
 
 def status(folder: pathlib.Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -111,27 +112,40 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise MissingFile(f"no checkpoint in {self.directory}")
+        where = self.directory / str(step)
         try:
-            return self.manager.restore(
+            meta = self.manager.restore(
                 step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
             ).meta
         except Exception as e:  # orbax raises various errors for damaged folders
-            raise BadValue(f"checkpoint {self.directory / str(step)} cannot be read: {e}") from None
+            raise BadValue(f"checkpoint {where} cannot be read: {e}") from None
+        if not isinstance(meta, dict) or meta.get("model_kind") not in MODEL_KINDS:
+            raise BadValue(
+                f"checkpoint {where}: its meta names no model kind of {list(MODEL_KINDS)}"
+            )
+        return meta
 
     def _restore(self, step: int, args):
-        """manager.restore, with a damaged (e.g. truncated) checkpoint reported as a
-        ValueError naming its folder instead of orbax's or TensorStore's traceback."""
-        try:
-            return self.manager.restore(step, args=args)
-        except Exception as e:
-            cause = str(e.__cause__ or e).strip().splitlines()[0][:300]
-            raise BadValue(
-                f"checkpoint {self.directory / str(step)} cannot be read ({cause}); it may be "
-                "truncated or damaged: delete that folder to resume from an earlier checkpoint"
-            ) from None
+        """manager.restore, with a damaged checkpoint reported by `_read`."""
+        where = self.directory / str(step)
+        advice = "delete that folder to resume from an earlier checkpoint"
+        return _read(where, advice, lambda: self.manager.restore(step, args=args))
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _read(where: pathlib.Path, advice: str, read: Callable[[], Any]) -> Any:
+    """read(), with a damaged (e.g. truncated) checkpoint reported in one line naming its
+    folder `where`, with `advice`, instead of orbax's or TensorStore's traceback."""
+    try:
+        return read()
+    except Exception as e:
+        cause = str(e.__cause__ or e).strip().splitlines()[0][:300]
+        raise BadValue(
+            f"checkpoint {where} cannot be read ({cause}); it may be truncated or damaged: "
+            + advice
+        ) from None
 
 
 @jax.jit
@@ -211,7 +225,10 @@ def save_averaged(run_dir: str | pathlib.Path, params) -> None:
 def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     """The trained model and tokenizer of a run folder (its averaged parameters if the
     run averaged checkpoints, else the latest checkpoint's), or those of a Hugging Face
-    model folder (see `interop.hf.load`)."""
+    model folder (see `interop.hf.load`). The parameters go to this process's first
+    device, whatever mesh the run trained on; `decode.generate(model, tokenizer, texts)`
+    decodes with them. A missing folder is a FileNotFoundError, a damaged checkpoint or
+    tokenizer a ValueError naming it."""
     run_dir = pathlib.Path(run_dir)
     if not run_dir.is_dir():
         raise MissingFile(f"{run_dir}: no such run folder")
@@ -234,8 +251,10 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params
     )
     if (run_dir / AVERAGED).is_dir():
+        averaged = (run_dir / AVERAGED).resolve()
+        advice = "delete that folder to use the latest checkpoint"
         with ocp.StandardCheckpointer() as reader:
-            params = reader.restore((run_dir / AVERAGED).resolve(), abstract_params)
+            params = _read(averaged, advice, lambda: reader.restore(averaged, abstract_params))
     else:
         params = checkpointer._restore(
             checkpointer.latest_step(),

@@ -33,7 +33,8 @@ class StepContext:
     folder   the run folder: `folder.log(record)` appends to metrics.jsonl (and
              TensorBoard), `folder.path` is the folder
     setup    the run's `Setup`: run config, data, tokenizer, model config, placement
-    say      prints a line on process 0 (above the progress bar)
+    say      prints a line on process 0 (above the progress bar), unless the run was
+             started with progress=False
     """
 
     step: int

@@ -1,7 +1,13 @@
 """The training loop: set up (`setup.set_up`), start or resume in the run folder, then for
 each step batch -> compiled step -> the hooks due after it (`hooks`: the in-run
-evaluation, the checkpoint, a user's), then the final evaluation and the report. Ctrl-C
-is held until a step's donated state is back.
+evaluation, the checkpoint, a user's), then the final evaluation and the report.
+
+Stopping: Ctrl-C (SIGINT), SIGTERM (`kill`, `timeout`, `docker stop`, a cluster
+scheduler's preemption) and SIGHUP (a closed terminal) wait until the step in flight has
+given back its donated state; then the last step done is saved, one line on stderr says
+so, and `train` raises KeyboardInterrupt (Ctrl-C) or `Terminated` (the `jaxformer`
+command exits with 130, or 128 + the signal's number: 143 for SIGTERM, 129 for SIGHUP).
+A handler the caller installed for SIGTERM or SIGHUP, or an ignored signal, is left alone.
 
 The pieces it composes live beside it: the set-up (`setup`), the hooks (`hooks`), the
 run folder (`run_folder`), evaluation (`evaluate`), the report (`report`), the steps
@@ -17,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +32,7 @@ from typing import Any, NamedTuple
 import jax
 from flax import nnx
 
+from jaxformer.checks import option
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.models import Transformer
 from jaxformer.parallel import host_copy
@@ -43,6 +51,20 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
+class Terminated(KeyboardInterrupt):
+    """Training was asked to stop by signal `signum` (SIGTERM or SIGHUP); raised, as
+    Ctrl-C raises KeyboardInterrupt, once the step in flight is done and saved."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# What stops a run besides Ctrl-C (SIGINT): `kill`'s or a scheduler's SIGTERM, a closed
+# terminal's SIGHUP (POSIX only).
+TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
 def train(
     model_config: TransformerConfig,
     run: RunConfig,
@@ -56,20 +78,41 @@ def train(
     The model's vocabulary is the tokenizer's (the run says so when `model_config` asked
     for another size). With `resume`, continue from the latest checkpoint in `run.runtime.out`
     if there is one. `hooks` run after the built-in ones (see `jaxformer.train.hooks`).
+    With `progress` it prints as it goes (a progress bar on a terminal, else a line every
+    tenth of the run; each evaluation; the final report); without it, nothing: the run
+    folder holds every result, and only a warning (`checks.InputWarning`) or a stop (below)
+    is reported, on stderr.
     Raises TrainingDiverged on a NaN or infinite loss (the last good checkpoint stays
-    intact); re-raises KeyboardInterrupt, and the error of a hook that raises, after
-    saving the last completed step.
+    intact); re-raises KeyboardInterrupt (Ctrl-C), Terminated (SIGTERM, SIGHUP) and the
+    error of a hook that raises, after saving the last completed step.
     """
+    with _stop_signals_raise():
+        return _train(model_config, run, resume, progress, hooks)
+
+
+def _train(model_config, run, resume, progress, hooks) -> dict[str, Any]:
     started = time.perf_counter()
     check_hooks(hooks)
     setup = set_up(model_config, run)  # everything that can fail before the folder exists
-    folder = RunFolder(run.runtime.out, keep_checkpoints=run.runtime.keep_checkpoints)
+    out, keep = run.runtime.out, run.runtime.keep_checkpoints
+    folder = RunFolder(out, keep_checkpoints=keep, verbose=progress)
     state, first = _start(setup, folder, resume=resume)
     evaluator = _Evaluator(setup, earlier=folder.resumed_seconds["eval_seconds"])
     meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
     shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
     hooks = [*_default_hooks(run, evaluator), *hooks]
     state = _run_steps(setup, folder, meter, shown, state, hooks)
+    try:
+        return _end(setup, folder, evaluator, meter, state)
+    except KeyboardInterrupt as e:  # the last step is saved (the checkpoint hook's at_end)
+        _say_stopped(folder, f"{_stop(e)} during the final evaluation", meter.step)
+        raise
+
+
+def _end(
+    setup: Setup, folder: RunFolder, evaluator: _Evaluator, meter: _Meter, state: TrainState
+) -> dict[str, Any]:
+    """The final evaluation, the summary and the report; returns the summary."""
     final = _final_model(setup, folder, evaluator, meter.step, state)
     summary = meter.summary(final.scores, setup.data.metrics) | final.evaluations
     summary |= _description(setup) | final.tests
@@ -100,6 +143,11 @@ def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState
     vocab = f"vocabulary of {config.vocab_size} ids (the tokenizer's{note})"
     folder.say(f"training on {placement.description}, {vocab}")
     step = int(placement.one_copy(state.step))
+    if step >= setup.run.optim.steps:
+        folder.say(
+            f"the run was already complete ({step} of {setup.run.optim.steps} steps done): "
+            "nothing left to train; evaluating its final model again"
+        )
     if setup.run.runtime.tensorboard:
         folder.open_tensorboard(step)
     return state, step
@@ -117,12 +165,11 @@ def _run_steps(
     then; the state after the last. On Ctrl-C, or when a hook raises, the last step done
     is saved (unless its loss is NaN) before the error is raised again."""
     run, profiler, running = setup.run, _Profiler(setup.run.runtime.profile_steps, folder), None
-    say = shown.write if folder.is_main else lambda line: None
     try:
         for step in range(meter.step, run.optim.steps):
             profiler.before(step)
             step_fn = setup.step_for(step + 1)
-            with _interrupts_held():
+            with _signals_held():
                 state, metrics = step_fn(state, setup.data.train_batch(step, run.optim.batch_size))
             done = step + 1
             profiler.after(done, state)
@@ -131,15 +178,15 @@ def _run_steps(
             due = [hook for hook in hooks if hook.due(done, run.optim.steps)]
             if due:  # a NaN stops the run before a hook sees its state
                 record = _read_metrics(meter, folder, shown, run)
-                context = StepContext(done, state, record, folder, setup, say)
+                context = StepContext(done, state, record, folder, setup, shown.write)
                 for running in due:
                     running.action(context)
                 running = None
                 meter.restart_window()  # tokens/s leaves out the hooks' time
             shown.advance()
         _read_metrics(meter, folder, shown, run)
-    except KeyboardInterrupt:
-        _save_before_stopping(setup, folder, meter, shown, state, "interrupted")
+    except KeyboardInterrupt as e:  # Ctrl-C, and Terminated
+        _save_before_stopping(setup, folder, meter, shown, state, _stop(e))
         raise
     except Exception:
         if running is None:
@@ -177,14 +224,26 @@ def _save_before_stopping(
     state: TrainState,
     why: str,
 ) -> None:
-    """Save the last step done unless saved, or unless its loss is NaN (TrainingDiverged)."""
+    """Save the last step done unless saved, or unless its loss is NaN (TrainingDiverged),
+    and say so in one line on stderr (with or without progress)."""
     _read_metrics(meter, folder, shown, setup.run)  # no checkpoint of a diverged state
     shown.close()
     done = int(setup.placement.one_copy(state.step))
     if done > (folder.checkpoints.latest_step() or 0):
         _save(setup, folder, state)
-    where = folder.checkpoints.directory
-    folder.say(f"\n{why}: saved step {done} in {where}; continue with --resume")
+    _say_stopped(folder, why, done)
+
+
+def _stop(error: KeyboardInterrupt) -> str:
+    """What stopped the run: "interrupted" (Ctrl-C) or "terminated by SIGTERM"."""
+    return f"terminated by {error}" if isinstance(error, Terminated) else "interrupted"
+
+
+def _say_stopped(folder: RunFolder, why: str, step: int) -> None:
+    """The one line on stderr (with or without progress) that a stopped run is saved."""
+    if folder.is_main:
+        where, resume = folder.checkpoints.directory, option("resume", True)
+        print(f"{why}: saved step {step} in {where}; continue with {resume}", file=sys.stderr)
 
 
 class _Evaluator:
@@ -312,13 +371,12 @@ def _description(setup: Setup) -> dict[str, Any]:
 
 
 def _finish(setup: Setup, folder: RunFolder, summary: dict[str, Any], final: _Final) -> None:
-    """summary.json, predictions.tsv (the held-out (dev) pairs and the final model's
-    predictions), test_predictions.tsv (with final_test), the plots and the console
-    report (process 0 only)."""
+    """The plots, predictions.tsv (the held-out (dev) pairs and the final model's
+    predictions), test_predictions.tsv (with final_test), then summary.json, and the
+    console report (process 0 only)."""
     folder.close()
     if not folder.is_main:
         return
-    folder.write_json("summary.json", summary)
     report.loss_curves(folder.metrics_path, folder.path / "loss.png")
     if setup.run.runtime.log_internals is not None:
         report.internals(folder.metrics_path, folder.path / "internals.png")
@@ -333,7 +391,9 @@ def _finish(setup: Setup, folder: RunFolder, summary: dict[str, Any], final: _Fi
     model = nnx.merge(setup.graphdef, final.params)
     if isinstance(model, Transformer) and pairs:
         report.cross_attention(model, setup.tokenizer, pairs[0], folder.path / "attention.png")
-    report.print_summary(summary, examples, folder.path)
+    folder.write_json("summary.json", summary)  # last: it marks a finished run
+    if folder.verbose:
+        report.print_summary(summary, examples, folder.path)
 
 
 class _Meter:
@@ -454,21 +514,45 @@ def _read_metrics(
 
 
 @contextlib.contextmanager
-def _interrupts_held():
-    """Hold Ctrl-C until the block ends. The compiled step donates the old state, so an
-    interrupt raised inside it (e.g. while its outputs are unpacked) would leave no state
-    to save."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+def _stop_signals_raise():
+    """While the block runs (in the main thread): SIGTERM and SIGHUP raise Terminated, as
+    Ctrl-C raises KeyboardInterrupt; a signal with a handler of the caller's, or ignored,
+    is left alone."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught = []
-    signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    ours = [s for s in TERMINATING if signal.getsignal(s) is signal.SIG_DFL]
+    for signum in ours:
+        signal.signal(signum, _raise_terminated)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in ours:
+            signal.signal(signum, signal.SIG_DFL)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold the stop signals that raise (Ctrl-C's, and `_stop_signals_raise`'s) until the
+    block ends, then raise for the first that came. The compiled step donates the old
+    state, so an error raised inside it (e.g. while its outputs are unpacked) would leave
+    no state to save."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raising = (signal.default_int_handler, _raise_terminated)
+    held = {s: h for s in (signal.SIGINT, *TERMINATING) if (h := signal.getsignal(s)) in raising}
+    caught = []
+    for signum in held:
+        signal.signal(signum, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
     if caught:
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt if caught[0] == signal.SIGINT else Terminated(caught[0])

@@ -5,7 +5,6 @@ matplotlib is imported only when a plot is drawn."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 import sys
@@ -15,6 +14,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.data.datasets import encode_pairs
+from jaxformer.train.run_folder import read_metrics, write_whole
 
 
 class Progress:
@@ -44,10 +44,10 @@ class Progress:
             )
 
     def write(self, line: str) -> None:
-        """A line of results (printed with or without progress output)."""
+        """A line of results (above the bar), when enabled."""
         if self.bar is not None:
             self.bar.write(line)
-        else:
+        elif self.enabled:
             print(line, flush=True)
 
     def advance(self) -> None:
@@ -74,13 +74,7 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
         print()
         for row in rows:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths + [0], strict=True)))
-    first = summary["steps"] - summary["steps_run"] + 1
-    resumed = f" in all, steps {first}-{summary['steps']} in this process" if first > 1 else ""
-    print(
-        f"\n{summary['steps']} steps in {summary['wall_seconds']:.0f} s{resumed} "
-        f"({summary['train_tokens_per_second']:,.0f} target tokens/s), "
-        f"{summary['params']:,} parameters"
-    )
+    print(f"\n{_steps_line(summary)}, {summary['params']:,} parameters")
     if summary.get("averaged_eval"):
         final = summary["final_eval"]
         keys = ("eval_nll", "eval_perplexity", "eval_token_accuracy")
@@ -94,6 +88,16 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
         print(f"test ({summary['test_pairs']:,} pairs, final model): {scores}")
     plots = " ".join(p.name for p in sorted(pathlib.Path(out).glob("*.png")))
     print(f"results in {out}/: summary.json metrics.jsonl {plots}")
+
+
+def _steps_line(summary: dict[str, Any]) -> str:
+    """The steps and their time; a resumed run's share of them, and its speed."""
+    steps, run = summary["steps"], summary["steps_run"]
+    head = f"{steps} steps in {summary['wall_seconds']:.0f} s"
+    if run == 0:
+        return f"{head} in all (the run was already complete: no steps in this process)"
+    where = f" in all, steps {steps - run + 1}-{steps} in this process" if run < steps else ""
+    return f"{head}{where} ({summary['train_tokens_per_second']:,.0f} target tokens/s)"
 
 
 def _held_out(nll: float, perplexity: float, accuracy: float, scores: dict) -> str:
@@ -127,15 +131,18 @@ def write_predictions(
     inside a field becomes a space (which changes neither BLEU's 13a tokens nor chrF)."""
     rows = [(s, t, p) for (s, t), p in zip(pairs, predictions, strict=True)]
     text = "".join("\t".join(re.sub(r"[\t\r\n]", " ", f) for f in row) + "\n" for row in rows)
-    path.write_text(text, encoding="utf-8")
+    write_whole(path, text)
 
 
 def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     """Train and held-out loss against steps; held-out token accuracy and exact match; and
     BLEU and chrF in a third panel when the evaluations have them (the mean of the last
-    checkpoints as a star, the final model's on the test books as a triangle)."""
+    checkpoints as a star, the final model's on the test books as a triangle). The
+    held-out NLL and token accuracy are teacher-forced on every held-out example, in-run
+    and final alike; exact match, BLEU and chrF are of decoded pairs, a series per
+    protocol (`_plot_evals`)."""
     plt = _pyplot()
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    records = read_metrics(metrics_path)
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval_loss" in r and "averaged_steps" not in r]
     averaged = [r for r in records if "averaged_steps" in r]
@@ -147,8 +154,7 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     ax_loss.plot(steps, [r["loss"] for r in train], label="train (label-smoothed)")
     ax_loss.plot(steps, [r["nll"] for r in train], label="train NLL", alpha=0.7)
     if evals:
-        _plot_evals(ax_loss, evals, "eval_nll", "held-out NLL", "o-")
-        _plot_evals(ax_acc, evals, "eval_token_accuracy", "token accuracy", "o-")
+        _plot_teacher_forced(ax_loss, ax_acc, evals)
         if "exact_match" in evals[0]:
             _plot_evals(ax_acc, evals, "exact_match", "exact match", "s-")
         ax_acc.set(xlabel="step", ylim=(0, 1.02), title="held-out accuracy")
@@ -169,10 +175,22 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     _save(fig, out_png)
 
 
+def _plot_teacher_forced(ax_loss, ax_acc, evals: list[dict]) -> None:
+    """The held-out NLL and token accuracy of the evaluations: one series each, as every
+    evaluation computes them teacher-forced on all held-out pairs (whose number the
+    final evaluation records; the in-run ones record the pairs they decode)."""
+    pairs = max(r.get("eval_pairs") or 0 for r in evals)
+    forced = f" (teacher-forced, all {pairs:,} held-out pairs)" if pairs else " (teacher-forced)"
+    steps = [r["step"] for r in evals]
+    ax_loss.plot(steps, [r["eval_nll"] for r in evals], "o-", label="held-out NLL" + forced)
+    accuracy = [r["eval_token_accuracy"] for r in evals]
+    ax_acc.plot(steps, accuracy, "o-", label="token accuracy" + forced)
+
+
 def _plot_evals(ax, evals: list[dict], key: str, label: str, style: str) -> str:
-    """One metric of the evaluations in one colour, a series per protocol (how many pairs,
-    which decoding: a greedy sample during training, the full set with the beam at the
-    end), later protocols hollow; returns the colour."""
+    """One metric of decoded pairs in one colour, a series per protocol (how many pairs,
+    which decoding: the first eval_sample pairs greedily during training, all of them
+    with the run's beam at the end), later protocols hollow; returns the colour."""
     protocols: dict[tuple, list[dict]] = {}
     for r in evals:
         protocols.setdefault((r.get("eval_pairs"), r.get("eval_beam")), []).append(r)
@@ -181,7 +199,7 @@ def _plot_evals(ax, evals: list[dict], key: str, label: str, style: str) -> str:
         what = (
             ""
             if pairs is None
-            else f" ({pairs} pairs, {'greedy' if beam == 1 else f'beam {beam}'})"
+            else f" ({pairs:,} pairs, {'greedy' if beam == 1 else f'beam {beam}'})"
         )
         (line,) = ax.plot(
             [r["step"] for r in group],
@@ -204,8 +222,7 @@ def internals(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     """The internals records over steps: gradient, parameter and update norm per module,
     attention entropy per head (a heatmap), activation RMS per layer, the global norms."""
     plt = _pyplot()
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
-    records = [r for r in records if "internals/grad_norm" in r]
+    records = [r for r in read_metrics(metrics_path) if "internals/grad_norm" in r]
     steps = [r["step"] for r in records]
     series = {
         k.removeprefix("internals/"): [r.get(k, np.nan) for r in records] for k in records[-1]

@@ -12,16 +12,24 @@
 
 Every process of a multi-process run opens the folder (orbax writes checkpoints with all
 of them); only process 0 writes the other files and prints.
+
+What a killed process can leave: a torn last line of metrics.jsonl (it appends), which
+`read_metrics` leaves out with a warning (a resume drops it from the file); the JSON files
+and the predictions are written to a temporary file first and then renamed, so they are
+whole or absent; summary.json is written last, so that it marks a finished run. Any
+other damage is an error naming the file (`read_json`, `read_metrics`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
+import warnings
 from typing import Any
 
-from jaxformer.checks import BadValue, MissingPackage
+from jaxformer.checks import BadValue, InputWarning, MissingFile, MissingPackage, option
 from jaxformer.parallel import is_main_process
 from jaxformer.train.checkpoint import AVERAGED, Checkpointer
 from jaxformer.train.steps import TrainState
@@ -32,13 +40,18 @@ CLOCKS = ("wall_seconds", "eval_seconds")
 
 
 class RunFolder:
-    """The folder `path` of one run, created on opening (an existing file is an error)."""
+    """The folder `path` of one run, created on opening (an existing file is an error).
+    `say` prints on process 0 when `verbose`."""
 
-    def __init__(self, path: str | pathlib.Path, *, keep_checkpoints: int = 3):
+    def __init__(
+        self, path: str | pathlib.Path, *, keep_checkpoints: int = 3, verbose: bool = True
+    ):
         self.path = pathlib.Path(path)
         if self.path.exists() and not self.path.is_dir():
-            raise BadValue(f"{self.path} exists and is not a folder; choose another --out")
-        self.is_main = is_main_process()
+            raise BadValue(
+                f"{self.path} exists and is not a folder; choose another {option('out')}"
+            )
+        self.is_main, self.verbose = is_main_process(), verbose
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
         self.tensorboard = None
@@ -52,8 +65,8 @@ class RunFolder:
         latest = self.checkpoints.latest_step()
         if latest is not None and not resume:
             raise BadValue(
-                f"{self.path} already holds checkpoints (latest step {latest}); "
-                "pass --resume to continue that run, or choose another --out"
+                f"{self.path} already holds checkpoints (latest step {latest}); pass "
+                f"{option('resume', True)} to continue that run, or choose another {option('out')}"
             )
         if self.is_main:
             shutil.rmtree(self.path / AVERAGED, ignore_errors=True)
@@ -69,10 +82,8 @@ class RunFolder:
         state, _ = self.checkpoints.restore(abstract, meta)
         step = int(state.step)
         if self.is_main and self.metrics_path.exists():
-            lines = self.metrics_path.read_text().splitlines()
-            kept = [line for line in lines if line and json.loads(line)["step"] <= step]
-            self._write("metrics.jsonl", "".join(line + "\n" for line in kept))
-            records = [json.loads(line) for line in kept]
+            records = [r for r in read_metrics(self.metrics_path) if r["step"] <= step]
+            self._write("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
             self.resumed_seconds = {
                 clock: max((r[clock] for r in records if clock in r), default=0.0)
                 for clock in CLOCKS
@@ -108,7 +119,7 @@ class RunFolder:
         self._write(name, json.dumps(value, indent=1))
 
     def say(self, message: str) -> None:
-        if self.is_main:
+        if self.is_main and self.verbose:
             print(message, flush=True)
 
     def close(self) -> None:
@@ -118,7 +129,53 @@ class RunFolder:
 
     def _write(self, name: str, text: str) -> None:
         if self.is_main:
-            (self.path / name).write_text(text)
+            write_whole(self.path / name, text)
+
+
+def write_whole(path: pathlib.Path, text: str) -> None:
+    """Write `text` to `path` so that a killed process leaves the old file or the new one,
+    never part of it (a temporary file beside it, then a rename)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def read_json(path: str | pathlib.Path) -> dict[str, Any]:
+    """The JSON object in a run folder's file (config.json, summary.json, ...); a missing
+    or damaged file is an error naming it."""
+    path = pathlib.Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MissingFile(f"{path}: no such file") from None
+    except ValueError as e:  # JSON and UTF-8 errors
+        raise BadValue(f"{path}: not valid JSON ({e}); the file is damaged") from None
+    if not isinstance(value, dict):
+        raise BadValue(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, each a JSON object with an integer "step". A torn
+    last line (a process killed while appending it) is left out with an InputWarning; a
+    bad line elsewhere is an error naming the file and the line."""
+    path = pathlib.Path(path)
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            if number == len(lines):  # no newline after it: the append was cut short
+                warnings.warn(f"{path}:{number}: left out a torn last line", InputWarning, 2)
+                break
+            raise BadValue(f"{path}:{number}: not a JSON record ({e})") from None
+        if not isinstance(record, dict) or type(record.get("step")) is not int:
+            raise BadValue(f"{path}:{number}: a record must be a JSON object with an int 'step'")
+        records.append(record)
+    return records
 
 
 def tensorboard_writer():

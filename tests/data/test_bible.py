@@ -288,7 +288,6 @@ def test_train_and_generate_on_wyc_web(tmp_path, capsys):
         *"--seq-len 64 --steps 3 --batch-size 4 --eval-examples 8".split(),
         "--out",
         str(out),
-        "--no-progress",
     ]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())

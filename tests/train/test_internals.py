@@ -147,7 +147,7 @@ def test_cli_writes_internals_records_and_a_plot(tmp_path, capsys):
         *"--eval-examples 4 --eval-every 100".split(),
         "--out",
         str(out),
-        *"--no-progress --num-encoder-layers 1 --num-decoder-layers 1 --d-model 32".split(),
+        *"--num-encoder-layers 1 --num-decoder-layers 1 --d-model 32".split(),
         *"--d-ff 64 --num-heads 2".split(),
     ]
     assert main(argv) == 0

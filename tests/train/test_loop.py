@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax.numpy as jnp
@@ -112,9 +113,10 @@ def test_a_resumed_run_adds_its_time_to_the_kept_steps_time(tmp_path):
     assert 0 < summary["train_seconds"] < 1000 + 120
 
 
-def test_existing_checkpoints_need_resume_and_matching_config(tmp_path):
+def test_existing_checkpoints_need_resume_and_matching_config(tmp_path, capsys):
     loop.train(small_config(), run_config(tmp_path, steps=3, checkpoint_every=3), progress=False)
-    with pytest.raises(ValueError, match="already holds checkpoints"):
+    assert capsys.readouterr().out == ""  # progress=False prints nothing
+    with pytest.raises(ValueError, match=r"already holds checkpoints .*; pass resume=True to"):
         loop.train(small_config(), run_config(tmp_path, steps=6), progress=False)
     with pytest.raises(
         ValueError, match=r"different configuration: d_model=32 \(checkpoint\) vs 48 \(now\)"
@@ -131,6 +133,11 @@ def test_existing_checkpoints_need_resume_and_matching_config(tmp_path):
         )
     with pytest.raises(ValueError, match=r"cosine_total_steps=3 \(checkpoint\) vs 6 \(now\)"):
         loop.train(small_config(), run_config(tmp_path, steps=6), resume=True, progress=False)
+    summary = loop.train(small_config(), run_config(tmp_path, steps=3), resume=True)
+    out = capsys.readouterr().out
+    assert summary["steps"] == 3 and summary["steps_run"] == 0
+    assert "the run was already complete (3 of 3 steps done): nothing left to train" in out
+    assert "3 steps in" in out and "no steps in this process" in out and "4-3" not in out
 
 
 def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
@@ -154,7 +161,7 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
 
 
 def test_restore_model_for_inference(tmp_path, capsys):
-    loop.train(small_config(vocab_size=320), run_config(tmp_path, steps=2), progress=False)
+    loop.train(small_config(vocab_size=320), run_config(tmp_path, steps=2))
     model, tokenizer = checkpoint.restore_model(tmp_path)
     assert isinstance(model, jf.Transformer) and tokenizer.vocab_size == 259
     assert model.config.vocab_size == 259  # the tokenizer's, and the run says so:
@@ -193,7 +200,7 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
         *"--eval-every 100".split(),
         "--config",
         config_file(tmp_path),
-        *"--batch-size 8 --eval-examples 8 --no-progress".split(),
+        *"--batch-size 8 --eval-examples 8".split(),
     ]
     killed_out, straight_out = tmp_path / "killed", tmp_path / "straight"
     script = tmp_path / "killer.py"
@@ -218,7 +225,14 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from step 4" in resumed.stdout
-    assert main([*args, "--out", str(straight_out)]) == 0
+    # The same one-device environment as the killed run (this process has 8 CPU devices).
+    straight = subprocess.run(
+        [sys.executable, "-m", "jaxformer", *args, "--out", str(straight_out)],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert straight.returncode == 0, straight.stderr
     assert losses(killed_out) == losses(straight_out)
 
 
@@ -253,9 +267,73 @@ def test_ctrl_c_saves_and_exits_130(tmp_path):
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
-    assert "interrupted: saved step" in stdout
+    assert stdout == ""  # --no-progress; the stop is one line on stderr
+    said = [line for line in stderr.splitlines() if "saved step" in line]
+    assert len(said) == 1 and said[0].startswith("interrupted: saved step"), stderr
+    assert said[0].endswith("; continue with --resume")
     step = checkpoint.Checkpointer(out).latest_step()
     assert step is not None and step >= 3
+
+
+NEEDS_SIGHUP = pytest.mark.skipif(
+    not hasattr(signal, "SIGHUP")
+    or threading.current_thread() is not threading.main_thread()
+    or signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL,
+    reason="needs POSIX signals in the main thread, SIGHUP not taken by the test runner",
+)
+
+
+@NEEDS_SIGHUP
+def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
+    tmp_path, capsys, monkeypatch
+):
+    """SIGHUP (as SIGTERM) arriving while step 3 runs: step 3 completes, is saved, one line
+    on stderr says so, and train raises Terminated; the handler is put back."""
+    real = setup.Setup.step_for
+
+    def step_for(self, done):
+        step = real(self, done)
+        if done != 3:
+            return step
+
+        def hang_up_during(state, batch):
+            os.kill(os.getpid(), signal.SIGHUP)  # its handler runs here, inside the step
+            return step(state, batch)
+
+        return hang_up_during
+
+    monkeypatch.setattr(setup.Setup, "step_for", step_for)
+    with pytest.raises(loop.Terminated) as stopped:
+        loop.train(small_config(), run_config(tmp_path, steps=6), progress=False)
+    assert stopped.value.signum == signal.SIGHUP and isinstance(stopped.value, KeyboardInterrupt)
+    assert checkpoint.Checkpointer(tmp_path).latest_step() == 3
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    out, err = capsys.readouterr()
+    where = tmp_path.resolve() / "checkpoints"
+    assert out == ""
+    assert err == f"terminated by SIGHUP: saved step 3 in {where}; continue with resume=True\n"
+
+
+@NEEDS_SIGHUP
+def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
+    tmp_path, capsys, monkeypatch
+):
+    real = loop._final_model
+
+    def hang_up_first(*args):
+        os.kill(os.getpid(), signal.SIGHUP)
+        return real(*args)
+
+    monkeypatch.setattr(loop, "_final_model", hang_up_first)
+    with pytest.raises(loop.Terminated):
+        loop.train(small_config(), run_config(tmp_path, steps=4), progress=False)
+    assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
+    assert not (tmp_path / "summary.json").exists()
+    where = tmp_path.resolve() / "checkpoints"
+    assert capsys.readouterr().err == (
+        f"terminated by SIGHUP during the final evaluation: saved step 4 in {where}; "
+        "continue with resume=True\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -95,6 +95,41 @@ def test_the_final_report_aligns_long_cells_and_counts_this_runs_steps(tmp_path,
         for column, cell in zip(at.values(), cells, strict=True):
             assert row[column:].startswith(cell), (row, cell)
     assert "200 steps in 26 s in all, steps 80-200 in this process" in "\n".join(lines)
+    report.print_summary(summary | {"steps_run": 0, "train_tokens_per_second": 0.0}, [], tmp_path)
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line == (
+        "200 steps in 26 s in all (the run was already complete: no steps in this process), "
+        "1,234 parameters"
+    )
+
+
+def test_loss_png_labels_say_which_metrics_are_teacher_forced_and_which_decoded(
+    tmp_path, monkeypatch
+):
+    """NLL and token accuracy are teacher-forced on all held-out pairs in every evaluation
+    (one series each); exact match decodes the first eval_sample pairs during the run and
+    all of them at the end (a series per protocol)."""
+    train = [{"step": s, "loss": 1.0 / s, "nll": 0.9 / s} for s in (10, 20)]
+    scores = dict(eval_loss=1.0, eval_nll=0.5, eval_token_accuracy=0.8, exact_match=0.4)
+    in_run = dict(scores, step=10, eval_pairs=200, eval_beam=1)
+    final = dict(scores, step=20, eval_pairs=1000, eval_beam=1)
+    lines = "".join(json.dumps(r) + "\n" for r in [*train, in_run, final])
+    (tmp_path / "metrics.jsonl").write_text(lines)
+    figures = []
+    monkeypatch.setattr(report, "_save", lambda fig, out: figures.append(fig))
+    report.loss_curves(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
+    loss, accuracy = figures[0].axes[:2]
+    labels = [line.get_label() for line in loss.get_lines() + accuracy.get_lines()]
+    forced = "(teacher-forced, all 1,000 held-out pairs)"
+    assert labels == [
+        "train (label-smoothed)",
+        "train NLL",
+        f"held-out NLL {forced}",
+        f"token accuracy {forced}",
+        "exact match (200 pairs, greedy)",
+        "exact match (1,000 pairs, greedy)",
+    ]
+    assert list(loss.get_lines()[2].get_xdata()) == [10, 20]  # one series: in-run and final
 
 
 def test_a_checkpoint_written_with_nnx_variables_resumes_as_plain_arrays(tmp_path):

@@ -15,7 +15,7 @@ from tests.train.test_loop import ROOT, run_config, small_config
 
 def test_profile_writes_a_trace_of_the_asked_steps(tmp_path, capsys):
     run = run_config(tmp_path / "run", steps=4, profile="1:3")
-    summary = loop.train(small_config(), run, progress=False)
+    summary = loop.train(small_config(), run)
     traces = list((tmp_path / "run" / "profile").rglob("*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
     assert list((tmp_path / "run" / "profile").rglob("perfetto_trace.json.gz"))
