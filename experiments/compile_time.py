@@ -45,7 +45,7 @@ REMATS = ("none", "dots", "full")
 
 def batches() -> dict[str, dict]:
     tok = ByteTokenizer()
-    seq2seq = TaskData("dates", tok, seed=0, test_size=10).train_batch(0, 32)
+    seq2seq = TaskData("dates", tok, seed=0, dev_size=10).train_batch(0, 32)
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "text.txt"
         path.write_text(

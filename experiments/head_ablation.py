@@ -86,10 +86,10 @@ def main() -> None:
     args = parser.parse_args()
     model, tokenizer = restore_model(args.run)
     run_config = read_json(pathlib.Path(args.run) / "config.json")["run"]
-    data = TaskData(run_config["task"], tokenizer, seed=run_config["seed"], test_size=args.examples)
+    data = TaskData(run_config["task"], tokenizer, seed=run_config["seed"], dev_size=args.examples)
     batch = {
         k: jnp.asarray(v)
-        for k, v in encode_pairs(data.test_pairs, tokenizer, data.src_len, data.tgt_len).items()
+        for k, v in encode_pairs(data.dev_pairs, tokenizer, data.src_len, data.tgt_len).items()
     }
     score = scorer(model, batch, tokenizer.bos_id)
     base_nll, base_exact = score({})
@@ -115,7 +115,7 @@ def main() -> None:
                 )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = docs_result(rows, base_nll, base_exact, args, len(data.test_pairs))
+    summary = docs_result(rows, base_nll, base_exact, args, len(data.dev_pairs))
     (out / "head_ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_heatmaps(rows, model.config, out / "head_ablation.png")
     plot_maps(

@@ -58,7 +58,7 @@ def decode_at(folder: pathlib.Path, alphas: list[float]) -> dict:
     """A run's dev translations at each alpha, scored: per alpha its sacrebleu BLEU and
     chrF and its per-sentence BLEU statistics [N, K]."""
     model, tokenizer, run, data, _ = load_run(folder)
-    sources, references = (list(x) for x in zip(*data.test_pairs, strict=True))
+    sources, references = (list(x) for x in zip(*data.dev_pairs, strict=True))
     out = {}
     for alpha in alphas:
         print(f"{folder}: decoding {len(sources)} dev pairs at alpha {alpha:g}", file=sys.stderr)

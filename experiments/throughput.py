@@ -171,7 +171,7 @@ def gemm_peak_sampler():
 def loss_curves(steps: int) -> dict:
     """Train float32 and bfloat16 from the same init on the same `dates` batches."""
     tok = data.ByteTokenizer()
-    task = data.TaskData("dates", tok, seed=0, test_size=10)
+    task = data.TaskData("dates", tok, seed=0, dev_size=10)
     curves = {}
     for dtype in ("float32", "bfloat16"):
         config = jax_config(dtype).replace(vocab_size=tok.vocab_size)

@@ -379,8 +379,8 @@ FILES = [
     ("TextData seq_len", lambda t: data.TextData(t / "pairs.tsv", TOK, seq_len=0), ValueError, "seq_len must be >= 1, got 0"),
     ("TextData one line", lambda t: data.TextData(t / "one_line.txt", TOK, seq_len=8), ValueError, "needs at least two documents"),
     ("TaskData task", lambda t: data.TaskData("nope", TOK), ValueError, "unknown task 'nope'; tasks are"),
-    ("TaskData batch_size", lambda t: data.TaskData("copy", TOK, test_size=4).train_batch(0, 0), ValueError, "batch_size must be >= 1, got 0"),
-    ("TaskData batch_size type", lambda t: data.TaskData("copy", TOK, test_size=4).train_batch(0, "2"), TypeError, "batch_size must be an int, got '2'"),
+    ("TaskData batch_size", lambda t: data.TaskData("copy", TOK, dev_size=4).train_batch(0, 0), ValueError, "batch_size must be >= 1, got 0"),
+    ("TaskData batch_size type", lambda t: data.TaskData("copy", TOK, dev_size=4).train_batch(0, "2"), TypeError, "batch_size must be an int, got '2'"),
     ("load_tokenizer missing", lambda t: data.load_tokenizer(t / "nope"), FileNotFoundError, "no tokenizer in"),
     ("load_tokenizer not UTF-8", lambda t: data.load_tokenizer(t), ValueError, "tokenizer.json is not a jaxformer tokenizer file"),
     ("BPE vocab_size", lambda t: data.BPETokenizer.train(["abc"], 10), ValueError, "vocab_size must be >= 300, got 10"),
@@ -447,7 +447,7 @@ def test_check_tokens_accepts_valid_ids():
     jf.check_tokens(np.array([[0, V - 1]]), V)
     jf.check_tokens([], V)
     jf.check_tokens(jnp.arange(V), V)
-    batch = data.TaskData("copy", TOK, test_size=4, vocab_size=TOK.vocab_size).train_batch(0, 4)
+    batch = data.TaskData("copy", TOK, dev_size=4, vocab_size=TOK.vocab_size).train_batch(0, 4)
     jf.check_tokens(batch["src"], TOK.vocab_size)
 
 

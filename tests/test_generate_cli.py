@@ -234,7 +234,7 @@ def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkey
     )
     loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
     capsys.readouterr()  # the training report
-    pairs = tasks.test_examples(tasks.get_task("dates"), seed=123, n=20)
+    pairs = tasks.dev_examples(tasks.get_task("dates"), seed=123, n=20)
     code, out, _ = generate(
         capsys,
         monkeypatch,

@@ -341,7 +341,7 @@ class BibleCorpus:
         *,
         max_len: int,
         seed: int = 0,
-        test_size: int = 1000,
+        dev_size: int = 1000,
         pad_multiple: int = 16,
     ) -> BibleTranslation | BibleLM:
         """The dataset with `tokenizer`: pairs longer than max_len tokens (with EOS) are
@@ -354,7 +354,7 @@ class BibleCorpus:
             tokenizer,
             max_len=max_len,
             seed=seed,
-            test_size=test_size,
+            dev_size=dev_size,
             pad_multiple=pad_multiple,
         )
 
@@ -449,7 +449,7 @@ class BibleTranslation(PairData):
         *,
         max_len: int,
         seed: int = 0,
-        test_size: int = 1000,
+        dev_size: int = 1000,
         pad_multiple: int = 16,
     ):
         self.counts = dict(corpus.counts)
@@ -480,10 +480,10 @@ class BibleTranslation(PairData):
             tokenizer,
             max_len=max_len,
             seed=seed,
-            test_size=test_size,
+            dev_size=dev_size,
             pad_multiple=pad_multiple,
-            final_test=test,
-            test_groups=dev_books,
+            test=test,
+            dev_groups=dev_books,
         )
 
 

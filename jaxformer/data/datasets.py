@@ -38,15 +38,15 @@ class TrainingData(Protocol):
         model_kind        the model class it trains: "Transformer" or "DecoderLM"
         metrics           held-out metrics beyond the loss (names in
                           `jaxformer.train.evaluate.METRICS`, e.g. "exact_match"), computed
-                          on predictions of `test_pairs` at every evaluation; () for none
+                          on predictions of `dev_pairs` at every evaluation; () for none
         max_len           the longest sequence a batch holds (the model's max_len must reach it)
         tgt_len           the most target positions T a batch holds; held-out predictions
                           stop there
-        test_pairs        the held-out (source, target) pairs evaluated (an in-run evaluation
+        dev_pairs         the held-out (source, target) pairs evaluated (an in-run evaluation
                           decodes a prefix of them); empty where nothing is decoded (an LM)
-        final_test_pairs  the pairs the final model alone is scored on, with
-                          `RunConfig.final_test` (a Bible's test books); empty where the
-                          held-out pairs are the test set
+        test_pairs        the pairs the final model alone is scored on, with
+                          `RunConfig.eval.final_test` (a Bible's test books); empty where
+                          the data has no test set apart from its dev pairs
         description       what the data kept and dropped, said as a run starts ("": nothing)
         counts            the numbers behind it, summary.json's `data_counts` ({}: none)
 
@@ -60,8 +60,8 @@ class TrainingData(Protocol):
     metrics: tuple[str, ...]
     max_len: int
     tgt_len: int
+    dev_pairs: list[tuple[str, str]]
     test_pairs: list[tuple[str, str]]
-    final_test_pairs: list[tuple[str, str]]
     description: str = ""
     counts: Mapping[str, int] = MappingProxyType({})
 
@@ -112,7 +112,7 @@ class TaskData(TrainingData):
         tokenizer: Tokenizer,
         *,
         seed: int = 0,
-        test_size: int = 1000,
+        dev_size: int = 1000,
         vocab_size: int | None = None,
         pad_multiple: int = 16,
     ):
@@ -123,8 +123,8 @@ class TaskData(TrainingData):
         # Byte tokenizer: one token per ASCII character; +1 for EOS (and BOS on tgt_in).
         self.src_len = _round_up(self.task.max_source_chars + 1, 8)
         self.tgt_len = _round_up(self.task.max_target_chars + 1, 8)
-        self.test_pairs = tasks_lib.test_examples(self.task, seed, test_size)
-        self.final_test_pairs: list[tuple[str, str]] = []
+        self.dev_pairs = tasks_lib.dev_examples(self.task, seed, dev_size)
+        self.test_pairs: list[tuple[str, str]] = []
 
     @property
     def max_len(self) -> int:
@@ -137,9 +137,9 @@ class TaskData(TrainingData):
 
     def eval_batches(self, batch_size: int):
         check_int("batch_size", batch_size)
-        for i in range(0, len(self.test_pairs), batch_size):
+        for i in range(0, len(self.dev_pairs), batch_size):
             yield encode_pairs(
-                _fill(self.test_pairs[i : i + batch_size], batch_size),
+                _fill(self.dev_pairs[i : i + batch_size], batch_size),
                 self.tokenizer,
                 self.src_len,
                 self.tgt_len,
@@ -151,11 +151,11 @@ class PairData(TrainingData):
     batches, pairs of similar length (the longer of source and target: sorting by the
     source alone left wyc-web's targets 43% padding) are batched together and padded to a
     multiple of `pad_multiple` tokens (a bound on the shapes XLA compiles for).
-    `train` and `test` hold (source, target, (source ids, target ids)). The held-out
-    pairs evaluated (`test_pairs`) are `test_size` of the test pairs drawn at random
-    (seeded), stratified by `test_groups` (e.g. a Bible's books; none: one group), in
+    `train` and `dev` hold (source, target, (source ids, target ids)). The held-out
+    pairs evaluated (`dev_pairs`) are `dev_size` of the dev pairs drawn at random
+    (seeded), stratified by `dev_groups` (e.g. a Bible's books; none: one group), in
     `stratified_order`, so that any prefix is a stratified sample too (an in-run
-    evaluation decodes a prefix). `final_test` (source, target) pairs are scored by the
+    evaluation decodes a prefix). The `test` (source, target) pairs are scored by the
     final model alone, all of them."""
 
     model_kind = "Transformer"
@@ -164,15 +164,15 @@ class PairData(TrainingData):
     def __init__(
         self,
         train: list[tuple[str, str, tuple[list[int], list[int]]]],
-        test: list[tuple[str, str, tuple[list[int], list[int]]]],
+        dev: list[tuple[str, str, tuple[list[int], list[int]]]],
         tokenizer: Tokenizer,
         *,
         max_len: int,
         seed: int = 0,
-        test_size: int = 1000,
+        dev_size: int = 1000,
         pad_multiple: int = 16,
-        final_test: list[tuple[str, str]] | None = None,
-        test_groups: list | None = None,
+        test: list[tuple[str, str]] | None = None,
+        dev_groups: list | None = None,
     ):
         check_int("pad_multiple", pad_multiple)
         self.pad_multiple = pad_multiple
@@ -181,10 +181,10 @@ class PairData(TrainingData):
         self.max_len = max_len
         self.src_len = self.tgt_len = max_len  # for decoding held-out sources
         self._train = train
-        order = stratified_order(test_groups or [0] * len(test), seed)[:test_size]
-        self.test_pairs = [test[i][:2] for i in order]
-        self._test_ids = [test[i][2] for i in order]
-        self.final_test_pairs = list(final_test or [])
+        order = stratified_order(dev_groups or [0] * len(dev), seed)[:dev_size]
+        self.dev_pairs = [dev[i][:2] for i in order]
+        self._dev_ids = [dev[i][2] for i in order]
+        self.test_pairs = list(test or [])
         self._epoch_cache: tuple[int, int, list[list[int]]] | None = None
 
     def batches_per_epoch(self, batch_size: int) -> int:
@@ -217,8 +217,8 @@ class PairData(TrainingData):
 
     def eval_batches(self, batch_size: int):
         check_int("batch_size", batch_size)
-        for i in range(0, len(self._test_ids), batch_size):
-            yield self._encode(_fill(self._test_ids[i : i + batch_size], batch_size))
+        for i in range(0, len(self._dev_ids), batch_size):
+            yield self._encode(_fill(self._dev_ids[i : i + batch_size], batch_size))
 
     def _encode(self, ids: list[tuple[list[int], list[int]]]) -> Batch:
         real = [p for p in ids if p is not None]
@@ -266,14 +266,14 @@ class TsvData(PairData):
         *,
         max_len: int,
         seed: int = 0,
-        test_size: int = 1000,
+        dev_size: int = 1000,
         vocab_size: int | None = None,
         pad_multiple: int = 16,
     ):
         check_int("max_len", max_len)
         _check_vocab(tokenizer, vocab_size)
         lines = read_text_lines(path)
-        train, test, too_long = [], [], []
+        train, dev, too_long = [], [], []
         for number, line in lines:
             if not line.strip():
                 continue
@@ -288,8 +288,7 @@ class TsvData(PairData):
             if ids is None:
                 too_long.append(number)
                 continue
-            split = "test" if zlib.crc32(src.encode()) % 10 == 0 else "train"
-            (test if split == "test" else train).append((src, tgt, ids))
+            (dev if zlib.crc32(src.encode()) % 10 == 0 else train).append((src, tgt, ids))
         if too_long:
             shown = ", ".join(map(str, too_long[:10])) + (" ..." if len(too_long) > 10 else "")
             print(
@@ -297,15 +296,15 @@ class TsvData(PairData):
             )
         if not train:
             raise BadValue(f"{path}: no training pairs (need non-empty source<TAB>target lines)")
-        if not test:  # a tiny file: hold out its last pair
-            test.append(train.pop())
+        if not dev:  # a tiny file: hold out its last pair
+            dev.append(train.pop())
         super().__init__(
             train,
-            test,
+            dev,
             tokenizer,
             max_len=max_len,
             seed=seed,
-            test_size=test_size,
+            dev_size=dev_size,
             pad_multiple=pad_multiple,
         )
 
@@ -333,8 +332,8 @@ class DocumentData(TrainingData):
         self.max_len = self.tgt_len = seq_len
         self._train_rows = self._rows(train)
         self._test_rows = self._rows(test)
-        self.test_pairs: list[tuple[str, str]] = []  # no exact-match evaluation for an LM
-        self.final_test_pairs: list[tuple[str, str]] = []
+        self.dev_pairs: list[tuple[str, str]] = []  # no exact-match evaluation for an LM
+        self.test_pairs: list[tuple[str, str]] = []
 
     def _rows(self, docs: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         tokens, segments = [], []

@@ -145,8 +145,9 @@ def train_examples(task: Task, seed: int, index: int, n: int) -> list[tuple[str,
     return [draw(task, rng, "train") for _ in range(n)]
 
 
-def test_examples(task: Task, seed: int, n: int) -> list[tuple[str, str]]:
-    """n distinct held-out examples (distinct sources), the same for a given seed."""
+def dev_examples(task: Task, seed: int, n: int) -> list[tuple[str, str]]:
+    """n distinct examples of the held-out ("test") split with distinct sources, the same
+    for a given seed: a task's dev pairs (a task has no test set apart from them)."""
     rng = random.Random(f"{task.name}:{seed}:test")
     seen: dict[str, str] = {}
     for _ in range(200 * n):
@@ -154,4 +155,4 @@ def test_examples(task: Task, seed: int, n: int) -> list[tuple[str, str]]:
         seen.setdefault(src, tgt)
         if len(seen) == n:
             return list(seen.items())
-    raise BadValue(f"task {task.name!r} has fewer than {n} distinct test examples")
+    raise BadValue(f"task {task.name!r} has fewer than {n} distinct held-out examples")

@@ -1,7 +1,7 @@
 """Held-out evaluation: loss sums over the eval batches, and the metrics the data names
-(`data.metrics`), computed on predictions of its `test_pairs` (`evaluate`: a sample
+(`data.metrics`), computed on predictions of its `dev_pairs` (`evaluate`: a sample
 decoded greedily during training, all of them with the run's beam at the end) or of its
-`final_test_pairs` (`score`, once, by the final model, only with `RunConfig.eval.final_test`).
+`test_pairs` (`score`, once, by the final model, only with `RunConfig.eval.final_test`).
 
 BLEU and chrF are sacrebleu's corpus scores (0-100, BLEU with its default 13a
 tokenization), imported only when a data source names them (`pip install 'jaxformer[data]'`).
@@ -73,7 +73,7 @@ def evaluate(
 ) -> tuple[dict[str, float], list[str]]:
     """eval_loss (label-smoothed), eval_nll, eval_perplexity and eval_token_accuracy over
     `data.eval_batches`, and each of `data.metrics` on `predict_fn(sources)` of the
-    held-out `pairs` (all or a sample of `data.test_pairs`); with those predictions (none
+    held-out `pairs` (all or a sample of `data.dev_pairs`); with those predictions (none
     when the data names no metrics)."""
     sums = None
     for batch in data.eval_batches(batch_size):

@@ -268,7 +268,7 @@ class _Evaluator:
         first `eval_sample` test pairs decoded greedily (`sample`, during training), else
         of all of them with the run's beam (the final model)."""
         started, run, data = time.perf_counter(), self.setup.run, self.setup.data
-        pairs = data.test_pairs[: run.eval.eval_sample] if sample else data.test_pairs
+        pairs = data.dev_pairs[: run.eval.eval_sample] if sample else data.dev_pairs
         beam = 1 if sample else eval_beam(run, data)
         predictor = self._predictor(params, beam=beam)
         metrics, predictions = evaluate(
@@ -281,7 +281,7 @@ class _Evaluator:
         """The data's metrics of laid-out `params` on its final test pairs ("test_bleu",
         ..., and their number, "test_pairs"), and the predictions."""
         started, data = time.perf_counter(), self.setup.data
-        pairs = data.final_test_pairs
+        pairs = data.test_pairs
         predictor = self._predictor(params, beam=eval_beam(self.setup.run, data))
         scores, predictions = score(predictor, pairs, data.metrics)
         self.test_seconds += time.perf_counter() - started
@@ -337,13 +337,13 @@ def _final_model(
         "averaged_steps": steps,
     }
     tests, tested = {}, None
-    if run.eval.final_test and data.final_test_pairs:
+    if run.eval.final_test and data.test_pairs:
         scores, test_predictions = evaluator.test(params)
         folder.log({"step": step, **scores})
         tests = {"final_test": True, **scores}
-        tested = (data.final_test_pairs, test_predictions)
+        tested = (data.test_pairs, test_predictions)
     params = host_copy(setup.placement.one_copy(params))
-    held_out = (data.test_pairs, predictions)
+    held_out = (data.dev_pairs, predictions)
     return _Final(params, averaged or last_eval, evaluations, tests, held_out, tested)
 
 

@@ -101,7 +101,7 @@ def set_up(model_config: TransformerConfig, run: RunConfig) -> Setup:
         model, tokenizer, data = _pretrained(run)
         config = model_config = model.config
     check_metrics(data.metrics)
-    if run.eval.final_test and not data.final_test_pairs:
+    if run.eval.final_test and not data.test_pairs:
         raise BadValue(
             "final_test scores the final model on a separate test set (a Bible dataset's "
             f"test books); {type(data).__name__} has none: its held-out pairs are the "
@@ -149,7 +149,7 @@ def build_data(
     tokenizer = tokenizer or _tokenizer(run, lines)
     if run.data.task:
         return tokenizer, TaskData(
-            run.data.task, tokenizer, seed=run.runtime.seed, test_size=run.eval.eval_examples
+            run.data.task, tokenizer, seed=run.runtime.seed, dev_size=run.eval.eval_examples
         )
     if run.data.data_tsv:
         return tokenizer, TsvData(run.data.data_tsv, tokenizer, **_pair_options(run))
@@ -163,7 +163,7 @@ def _pair_options(run: RunConfig) -> dict:
     return dict(
         max_len=run.data.seq_len,
         seed=run.runtime.seed,
-        test_size=run.eval.eval_examples,
+        dev_size=run.eval.eval_examples,
         pad_multiple=run.data.pad_multiple,
     )
 

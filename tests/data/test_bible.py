@@ -198,20 +198,20 @@ def test_no_book_is_misaligned(name, wyc_web):
 
 
 def test_translation_data_drops_long_pairs_and_counts_them(wyc_web):
-    d = wyc_web.data(TOK, max_len=128, seed=0, test_size=8)
+    d = wyc_web.data(TOK, max_len=128, seed=0, dev_size=8)
     assert d.metrics == ("exact_match", "bleu", "chrf") and d.model_kind == "Transformer"
     assert len(d._train) + d.counts["too long train"] == wyc_web.counts["train pairs"]
     # Evaluated: a seeded sample of the dev books, stratified by book, not the first 8.
     dev = {(s, t): bible.book_of(v) for v, s, t in wyc_web.splits["dev"]}
-    assert len(d.test_pairs) == 8 and {dev[p] for p in d.test_pairs} == set(bible.DEV_BOOKS)
-    assert d.test_pairs == wyc_web.data(TOK, max_len=128, seed=0, test_size=8).test_pairs
-    assert d.test_pairs != wyc_web.data(TOK, max_len=128, seed=1, test_size=8).test_pairs
+    assert len(d.dev_pairs) == 8 and {dev[p] for p in d.dev_pairs} == set(bible.DEV_BOOKS)
+    assert d.dev_pairs == wyc_web.data(TOK, max_len=128, seed=0, dev_size=8).dev_pairs
+    assert d.dev_pairs != wyc_web.data(TOK, max_len=128, seed=1, dev_size=8).dev_pairs
     # The test books, scored by the final model (with final_test): every source that fits.
     fits = [(s, t) for _, s, t in wyc_web.splits["test"] if len(TOK.encode(s)) + 1 <= 128]
-    assert d.final_test_pairs == fits
+    assert d.test_pairs == fits
     assert bible.split_of(wyc_web.splits["test"][0][0]) == "test"  # Ecclesiastes 1:1
-    full = wyc_web.data(TOK, max_len=128, seed=0, test_size=10_000)
-    assert len(full.final_test_pairs) + full.counts["too long test"] == len(wyc_web.splits["test"])
+    full = wyc_web.data(TOK, max_len=128, seed=0, dev_size=10_000)
+    assert len(full.test_pairs) + full.counts["too long test"] == len(wyc_web.splits["test"])
     assert full.counts["too long test"] > 0  # bytes: some verses are longer than 127
     batch = d.train_batch(0, 4)
     assert batch["src"].shape[0] == 4 and batch["src"].shape[1] <= 128

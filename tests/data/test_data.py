@@ -40,7 +40,7 @@ def test_tasks_are_deterministic_and_splits_disjoint(name):
     a = tasks.train_examples(task, seed=3, index=7, n=50)
     assert a == tasks.train_examples(task, seed=3, index=7, n=50)
     assert a != tasks.train_examples(task, seed=3, index=8, n=50)
-    test = tasks.test_examples(task, seed=3, n=100)
+    test = tasks.dev_examples(task, seed=3, n=100)
     assert len({s for s, _ in test}) == 100
     train_sources = {s for i in range(20) for s, _ in tasks.train_examples(task, 3, i, 50)}
     assert not train_sources & {s for s, _ in test}
@@ -56,7 +56,7 @@ def test_tasks_are_deterministic_and_splits_disjoint(name):
 
 def test_dates_test_split_holds_out_whole_dates():
     task = tasks.get_task("dates")
-    test_dates = {t for _, t in tasks.test_examples(task, 0, 300)}
+    test_dates = {t for _, t in tasks.dev_examples(task, 0, 300)}
     train_dates = {t for i in range(30) for _, t in tasks.train_examples(task, 0, i, 64)}
     assert not test_dates & train_dates
 
@@ -87,7 +87,7 @@ def test_tsv_data(tmp_path):
     b = d.train_batch(0, 8)
     assert b["src"].shape[0] == 8 and b["src"].shape[1] % 16 == 0
     assert d.train_batch(3, 8)["src"].tolist() == d.train_batch(3, 8)["src"].tolist()
-    assert 0 < len(d.test_pairs) < 200
+    assert 0 < len(d.dev_pairs) < 200
 
 
 def test_batches_group_pairs_by_their_longer_side(tmp_path):

@@ -16,7 +16,7 @@ from jaxformer import data, parallel, train
 from jaxformer.train import checkpoint
 
 TOK = data.ByteTokenizer()
-SEQ2SEQ = [data.TaskData("copy", TOK, seed=0, test_size=10).train_batch(i, 8) for i in range(2)]
+SEQ2SEQ = [data.TaskData("copy", TOK, seed=0, dev_size=10).train_batch(i, 8) for i in range(2)]
 
 
 def config(**overrides):

@@ -17,7 +17,7 @@ from jaxformer import data, parallel, train
 from jaxformer.train import checkpoint
 
 TOK = data.ByteTokenizer()
-BATCHES = [data.TaskData("copy", TOK, seed=0, test_size=10).train_batch(i, 16) for i in range(5)]
+BATCHES = [data.TaskData("copy", TOK, seed=0, dev_size=10).train_batch(i, 16) for i in range(5)]
 
 
 def small(**overrides):

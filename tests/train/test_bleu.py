@@ -99,17 +99,17 @@ def test_a_tsv_run_reports_bleu_and_writes_predictions(tsv_run):
         assert saved[key] == saved["averaged_eval"][key] == evals[2][key]
 
     rows = [line.split("\t") for line in (out / "predictions.tsv").read_text().splitlines()]
-    test_pairs = data.TsvData(
-        saved["run"]["data_tsv"], data.ByteTokenizer(), max_len=16, test_size=10
-    ).test_pairs
-    assert len(rows) == len(test_pairs) and all(len(r) == 3 for r in rows)
-    assert [(s, t) for s, t, _ in rows] == test_pairs
+    dev_pairs = data.TsvData(
+        saved["run"]["data_tsv"], data.ByteTokenizer(), max_len=16, dev_size=10
+    ).dev_pairs
+    assert len(rows) == len(dev_pairs) and all(len(r) == 3 for r in rows)
+    assert [(s, t) for s, t, _ in rows] == dev_pairs
     predictions, references = [p for *_, p in rows], [t for _, t, _ in rows]
     assert METRICS["bleu"](predictions, references) == pytest.approx(saved["bleu"])
     assert METRICS["chrf"](predictions, references) == pytest.approx(saved["chrf"])
 
 
-def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkeypatch):
+def test_the_final_model_alone_is_scored_on_the_test_pairs(tsv_run, monkeypatch):
     """Pairs the data holds back for the final model (a Bible dataset's test books; here
     attached to the TSV run's data) are scored once, at the end, and only with
     final_test: test_* and "final_test" in summary.json and the last metrics record,
@@ -120,7 +120,7 @@ def test_the_final_model_alone_is_scored_on_the_final_test_pairs(tsv_run, monkey
 
     def with_final_test(run, tokenizer=None):
         tok, d = build(run, tokenizer)
-        d.final_test_pairs = final
+        d.test_pairs = final
         return tok, d
 
     monkeypatch.setattr(setup, "build_data", with_final_test)
@@ -175,8 +175,8 @@ def test_beam_evaluation_is_beam_search_on_the_padded_batch(tsv_run):
     batch, with one compilation for a full batch and a filled-up one."""
     out, summary = tsv_run
     model, tok = checkpoint.restore_model(out)
-    tsv = data.TsvData(summary["run"]["data_tsv"], tok, max_len=16, test_size=10)
-    sources = [s for s, _ in tsv.test_pairs]  # 10: a batch of 8 and one of 2 padded to 8
+    tsv = data.TsvData(summary["run"]["data_tsv"], tok, max_len=16, dev_size=10)
+    sources = [s for s, _ in tsv.dev_pairs]  # 10: a batch of 8 and one of 2 padded to 8
     compiled = decode._beam_jit._cache_size()
     options = dict(beam_size=4, alpha=0.6, max_new_tokens=tsv.tgt_len, batch_size=8)
     got = decode.generate(model, tok, sources, "beam", **options)

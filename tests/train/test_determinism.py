@@ -32,7 +32,7 @@ def trained_params(seed: int):
     graphdef, state = train.create_train_state(model, optimizer, seed)
     initial = [np.asarray(x) for x in jax.tree.leaves(state.params)]
     step = jax.jit(train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.1))
-    batches = data.TaskData("reverse", TOK, seed=seed, test_size=4)
+    batches = data.TaskData("reverse", TOK, seed=seed, dev_size=4)
     losses = []
     for i in range(STEPS):
         state, metrics = step(state, batches.train_batch(i, 8))

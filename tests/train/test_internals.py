@@ -35,7 +35,7 @@ def setup(**overrides):
     )
     optimizer = train.make_optimizer(SCHEDULE)
     graphdef, state = train.create_train_state(model, optimizer, 0)
-    batch = data.TaskData("reverse", TOK, seed=0, test_size=4).train_batch(0, 4)
+    batch = data.TaskData("reverse", TOK, seed=0, dev_size=4).train_batch(0, 4)
     assert not batch["src_valid"].all() and not batch["tgt_valid"].all()  # padding counts
     return model, optimizer, graphdef, state, batch
 
@@ -131,7 +131,7 @@ def test_without_internals_the_step_program_is_unchanged(tmp_path):
         )
         model = jf.Transformer(jf.TransformerConfig.tiny(TOK.vocab_size, **SMALL), rngs=nnx.Rngs(0))
         _, state, train_fn, _, internals_fn = train_setup._steps(model, model.config, run)
-        batch = data.TaskData("reverse", TOK, seed=0, test_size=4).train_batch(0, 4)
+        batch = data.TaskData("reverse", TOK, seed=0, dev_size=4).train_batch(0, 4)
         fn = internals_fn if internals else train_fn
         return jax.jit(fn).lower(state, batch).as_text()
 

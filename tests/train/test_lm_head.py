@@ -164,7 +164,7 @@ def _model_and_batch(kind, lm_head, dtype="float32"):
         logits_bias=kind == "lm",
     )
     if kind == "transformer":
-        batch = data.TaskData("copy", TOK, seed=0, test_size=4).train_batch(0, 4)
+        batch = data.TaskData("copy", TOK, seed=0, dev_size=4).train_batch(0, 4)
         return jf.Transformer(config, rngs=nnx.Rngs(0)), batch
     tokens = jax.random.randint(jax.random.key(1), (4, 13), 0, TOK.vocab_size)
     valid = jnp.arange(12)[None, :] < jnp.array([[12], [7], [12], [3]])

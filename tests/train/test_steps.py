@@ -23,7 +23,7 @@ def _setup(dropout=0.0, accum=1, kind="transformer"):
 
 
 def test_accumulation_equals_the_large_batch():
-    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    d = data.TaskData("copy", TOK, seed=0, dev_size=10)
     batch = d.train_batch(0, 16)
     _, s1, step1 = _setup()
     _, s4, step4 = _setup(accum=4)
@@ -36,7 +36,7 @@ def test_accumulation_equals_the_large_batch():
 
 
 def test_a_few_steps_lower_the_loss_on_copy():
-    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    d = data.TaskData("copy", TOK, seed=0, dev_size=10)
     _, state, step = _setup(dropout=0.1)
     losses = []
     for i in range(60):
@@ -48,7 +48,7 @@ def test_a_few_steps_lower_the_loss_on_copy():
 
 def test_dropout_key_comes_from_the_step():
     """Same state and batch give the same update; the step number changes the dropout."""
-    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    d = data.TaskData("copy", TOK, seed=0, dev_size=10)
     batch = d.train_batch(0, 8)
     _, state, step = _setup(dropout=0.3)
     a = step(jax.tree.map(lambda x: x.copy(), state), batch)[1]["loss"]
@@ -76,7 +76,7 @@ def test_bfloat16_compute_trains_with_float32_params():
     opt = train.make_optimizer(sched)
     graphdef, state = train.create_train_state(model, opt, seed=0)
     step = jax.jit(train.make_train_step(graphdef, opt, sched, label_smoothing=0.1))
-    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    d = data.TaskData("copy", TOK, seed=0, dev_size=10)
     for i in range(3):
         state, m = step(state, d.train_batch(i, 8))
     assert np.isfinite(float(m["loss"]))
@@ -131,7 +131,7 @@ def test_bfloat16_gradients_stay_within_the_float32_models_error(lm_head):
 def test_plain_arrays_train_bit_identically_to_nnx_variables():
     """The state crosses `jit` as plain arrays; the same step over a state of nnx Variables
     (as it was) gives the same losses and parameters to the bit."""
-    d = data.TaskData("copy", TOK, seed=0, test_size=10)
+    d = data.TaskData("copy", TOK, seed=0, dev_size=10)
     graphdef, state, step = _setup(dropout=0.1)
     _, variables = nnx.split(nnx.merge(graphdef, state.params))
     opt = train.make_optimizer(optax.constant_schedule(3e-3))
