@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 CPU_QUICK_S = 300  # the CPU quick plan, on a quiet 2-core CPU
 GPU_QUICK_S = 180  # the GPU quick plan, on one H100, with the process's start (~15 s)
-GPU_PART_S = 240  # any GPU part: a loan's command is at most 10 minutes, its time 15 in all
+GPU_PART_S = 240  # any GPU call of a part, the process's start included: loans are 15 min
 STARTUP_S = 15  # importing JAX and torch, the load probe and the final plots
 
 
@@ -239,7 +239,7 @@ GPU_FULL = replace(
         "first-calls-layer": 150,
         "first-calls-forward": 150,
         "first-calls-train_step": 200,
-        "first-calls-train_step-torch": 240,
+        "first-calls-train_step-torch": 220,
         "bf16-train_step": 90,
         "scale": 200,
         "compile": 150,
