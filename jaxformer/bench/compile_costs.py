@@ -46,11 +46,14 @@ class CompileCounter:
 @contextlib.contextmanager
 def persistent_cache(folder: str | None):
     """JAX's persistent compilation cache in `folder` (every program written: minimum
-    compile time 0), or off with None; the in-memory caches cleared on entry and exit."""
-    before = (
-        jax.config.jax_enable_compilation_cache,
-        jax.config.jax_persistent_cache_min_compile_time_secs,
+    compile time 0), or off with None; the in-memory caches cleared on entry and exit,
+    and the cache's settings (folder included) restored on exit."""
+    names = (
+        "jax_enable_compilation_cache",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_compilation_cache_dir",
     )
+    before = {name: getattr(jax.config, name) for name in names}
     jax.clear_caches()
     compilation_cache.reset_cache()
     jax.config.update("jax_enable_compilation_cache", folder is not None)
@@ -62,8 +65,8 @@ def persistent_cache(folder: str | None):
     finally:
         jax.clear_caches()
         compilation_cache.reset_cache()
-        jax.config.update("jax_enable_compilation_cache", before[0])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+        for name, value in before.items():
+            jax.config.update(name, value)
 
 
 def _compile_once(f, args) -> tuple[float, float]:
