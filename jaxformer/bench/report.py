@@ -49,8 +49,7 @@ def _header(result: dict) -> list[str]:
     lines = [
         f"{label}`{result['command']}` on {m.get('device', 'a device not yet recorded')}: "
         f"{chip}jax {m.get('jax')}, flax {m.get('flax')}, {torch}, XLA's intra-op threads "
-        f"{m.get('xla_intra_op_threads')}, {m.get('cpu_count')} CPU cores; "
-        f"{result['wall_s']:.0f} s.",
+        f"{m.get('xla_intra_op_threads')}, {m.get('cpu_count')} CPU cores; {_wall(result)}.",
         "",
         f"Model: {result['model']}. Times: median ms per call over {result['rounds']} "
         "interleaved rounds after warm-up (95% interval of the median). Ratios: the median "
@@ -72,6 +71,16 @@ def _revalidated(result: dict) -> list[str]:
     ]
 
 
+def _wall(result: dict) -> str:
+    """The run's seconds: its parts' in all (and its calls') or, for an earlier lab
+    version, the one call's."""
+    if "parts_wall_s" not in result:
+        return f"{result['wall_s']:.0f} s"
+    calls = result["calls"]
+    walls = " + ".join(f"{c['wall_s']:.0f}" for c in calls)
+    return f"{result['parts_wall_s']:.0f} s in its parts; {len(calls)} call(s): {walls} s"
+
+
 def _load_lines(result: dict) -> list[str]:
     load = result.get("load")
     if load is None:
@@ -90,11 +99,14 @@ def _load_lines(result: dict) -> list[str]:
         if loaded
         else f"every part ran while other processes kept at most {load['max_cores']:g} cores busy."
     )
+    calls = result.get("calls") or [load]
+    before = ", ".join(f"{c['others_cores']:.2f}" for c in calls)
+    averages = ", ".join(f"{c['load_average']:.1f}" for c in calls)
     return [
         "",
         f"Load (other processes' use of this process's cores, from /proc/stat less the lab's "
-        f"own CPU time): {load['others_cores']:.2f} of {load['cores']} cores before the run "
-        f"(load average {load['load_average']:.1f}); {verdict}",
+        f"own CPU time): {before} of {load['cores']} cores before each call (load average "
+        f"{averages}); {verdict}",
     ]
 
 
@@ -250,10 +262,14 @@ def _memory(result: dict) -> list[str]:
                     [name, label, mib(plan["temporaries"] + plan["outputs"] - plan["aliased"]), ""]
                 )
         for mode, f in r.get("fresh", {}).items():
+            parts = (
+                ("bf16-train_step",) if r is result.get("bf16") else part_of(r["workload"], mode)
+            )
+            named = name + mark(result, *parts)
             if "error" in f:
-                rows.append([name, mode, f"failed: {f['error']}", ""])
+                rows.append([named, mode, f"failed: {f['error']}", ""])
             else:
-                rows.append([name, mode, _rise(f["peak_rise_bytes"]), first(f["first_call_s"])])
+                rows.append([named, mode, _rise(f["peak_rise_bytes"]), first(f["first_call_s"])])
     if not rows:
         return []
     lines = [
@@ -351,7 +367,7 @@ def _dispatch(result: dict) -> list[str]:
     d = result.get("dispatch_us")
     if not d:
         return []
-    lines = ["", "## Dispatch: one trivial call (8 numbers), us", ""]
+    lines = ["", "## Dispatch: one trivial call (8 numbers), us" + mark(result, "host"), ""]
     rows = [[name, g(ci)] for name, ci in d.items()]
     return lines + table(["call", "us (95% interval)"], rows, "lr")
 
@@ -362,7 +378,8 @@ def _overheads(result: dict) -> list[str]:
         return []
     lines = [
         "",
-        "## NNX's per-call overhead against the module's graph (8x8 Linear layers)",
+        "## NNX's per-call overhead against the module's graph (8x8 Linear layers)"
+        + mark(result, "host"),
         "",
         "The same tiny compiled program called four ways, interleaved; us per call, and "
         "each way's extra over jax.jit on the parameters as plain dicts (paired per-round "

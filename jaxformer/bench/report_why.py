@@ -5,7 +5,7 @@ every figure with its interval."""
 
 from __future__ import annotations
 
-from jaxformer.bench.fmt import g, mark, ms, pct, share, x
+from jaxformer.bench.fmt import g, mark, ms, part_of, pct, share, x
 from jaxformer.bench.validate import CONSTANT_NAMES
 from jaxformer.markdown import table
 
@@ -18,11 +18,12 @@ def summary(result: dict) -> list[str]:
     lines = ["", "## Summary", ""]
     lines.append(
         "- **jit over eager JAX** (paired per-round ratios): "
-        + "; ".join(f"{r['workload']} {x(r['ratios']['eager / jit'])}" for r in rows)
+        + "; ".join(f"{_named(result, r)} {x(r['ratios']['eager / jit'])}" for r in rows)
         + "."
     )
     firsts = [
-        f"{r['workload']}: {r['break_even']['jit']['verdict']} (eager's first call "
+        f"{r['workload']}{mark(result, *part_of(r['workload'], 'jit'))}: "
+        f"{r['break_even']['jit']['verdict']} (eager's first call "
         f"{r['fresh']['eager']['first_call_s']['median']:.2f} s, jit's "
         f"{r['fresh']['jit']['first_call_s']['median']:.2f} s)"
         for r in rows
@@ -32,7 +33,7 @@ def summary(result: dict) -> list[str]:
         lines.append(
             "- **jit's first call** against eager's (fresh processes): " + "; ".join(firsts) + "."
         )
-    lines += _torch_summary(rows, result.get("lab", 1) >= 2)
+    lines += _torch_summary(result, rows, result.get("lab", 1) >= 2)
     why = result.get("why")
     if why:
         held = [p["error"] for p in why["held_out"]["by_point"]]
@@ -51,12 +52,13 @@ def summary(result: dict) -> list[str]:
     return lines
 
 
-def _torch_summary(rows: list[dict], op_by_op: bool) -> list[str]:
+def _torch_summary(result: dict, rows: list[dict], op_by_op: bool) -> list[str]:
     """torch eager against jit, and each torch.compile mode against torch eager, in words
     (an earlier lab's 'torch' was torch's default path, fused where it applies)."""
     out = []
     said = [
-        f"{r['workload']} {x(r['ratios']['torch / jit'])} ({_faster(r['ratios']['torch / jit'], 'jit', 'torch')})"
+        f"{_named(result, r)} {x(r['ratios']['torch / jit'])} "
+        f"({_faster(r['ratios']['torch / jit'], 'jit', 'torch')})"
         for r in rows
         if "torch / jit" in r["ratios"]
     ]
@@ -64,7 +66,8 @@ def _torch_summary(rows: list[dict], op_by_op: bool) -> list[str]:
         what = "op by op" if op_by_op else "torch's default path, fused where it applies"
         out.append(f"- **torch eager ({what}) / jit**: " + "; ".join(said) + ".")
     compiled = [
-        f"{r['workload']} {name.split(' / ')[1]} {x(ci)} ({_faster(ci, name.split(' / ')[1], 'torch')})"
+        f"{_named(result, r)} {name.split(' / ')[1]} {x(ci)} "
+        f"({_faster(ci, name.split(' / ')[1], 'torch')})"
         for r in rows
         for name, ci in r["ratios"].items()
         if name.startswith("torch / ") and name != "torch / jit"
@@ -72,6 +75,11 @@ def _torch_summary(rows: list[dict], op_by_op: bool) -> list[str]:
     if compiled:
         out.append("- **torch eager / its other modes**: " + "; ".join(compiled) + ".")
     return out
+
+
+def _named(result: dict, r: dict) -> str:
+    """A workload's name, marked where its part ran under load."""
+    return r["workload"] + mark(result, r["workload"])
 
 
 def _faster(ci: dict, second: str, first: str) -> str:
@@ -108,7 +116,7 @@ def programs(result: dict) -> list[str]:
         d, launched = c["dispatches"], c.get("launched", {})
         table_rows.append(
             [
-                r["workload"],
+                _named(result, r),
                 f"{d['total']:,} ({d['primitives']:,} + {d['jit_calls']})",
                 _launched(launched.get("eager")),
                 _launched(launched.get("eager, functional")),
@@ -151,7 +159,7 @@ def _roofs_line(result: dict) -> str:
         for f, isa in ((32, "two 256-bit FMA units"), (64, "two 512-bit FMA units"))
     )
     return (
-        f"The machine, measured in the run: GEMM ({roofs['gemm_n']}^3) {g(gemm, 1e-9)} "
+        f"The machine, measured in the run{mark(result, 'host')}: GEMM ({roofs['gemm_n']}^3) {g(gemm, 1e-9)} "
         f"GFLOP/s, memory {g(roofs['bandwidth_bytes'], 1e-9)} GB/s (median, 95% interval); "
         f"the GEMM rate needs {clocks} on {cores} cores."
     )
@@ -192,13 +200,15 @@ def model(result: dict) -> list[str]:
     c = why["constants"]
     lines = [
         "",
-        "## A fitted model of eager time, and where it fails",
+        "## A fitted model of eager time, and where it fails"
+        + mark(result, "host", "scale", *(r["workload"] for r in result["workloads"])),
         "",
         "eager = Python + a x dispatches + b x unfused bytes + c x FLOPs, fitted by "
         f"non-negative least squares (relative errors) to {why['points']} points (the "
         f"workloads and the scale sweep's distinct points), dispatches {why['dispatches']} "
-        f"(see above): a = {g(c['a_us'])} us per dispatch, 1/b = {g(c['bandwidth_gb_s'])} "
-        f"GB/s, 1/c = {g(c['rate_gflop_s'])} GFLOP/s; median error on its own points "
+        f"(see above): a = {_unit(c['a_us'], 'us per dispatch')}, 1/b = "
+        f"{_unit(c['bandwidth_gb_s'], 'GB/s')}, 1/c = {_unit(c['rate_gflop_s'], 'GFLOP/s')}; "
+        "median error on its own points "
         f"{share(why['in_sample_error'])}. Intervals: {why['resampled']}.",
         "",
     ]
@@ -210,6 +220,11 @@ def model(result: dict) -> list[str]:
         ["constant", "fitted", "measured in this run", "what", "fitted is"], rows, "lrrll"
     )
     return lines + _held_out(why) + _gaps(why) + _crossovers(why) + _failures(why)
+
+
+def _unit(ci: dict, unit: str) -> str:
+    text = g(ci)
+    return text if text.startswith("none") else f"{text} {unit}"
 
 
 def _held_out(why: dict) -> list[str]:

@@ -75,7 +75,7 @@ def points_of(rows: list[dict], scale: list[dict] | None, seed: int = 0) -> Poin
         cols["speedup"].append(np.median((t["eager"] / t["jit"])[idx], axis=1))
     c = [r["counts"] for r, _ in everything]
     return Points(
-        labels=[_label(r, axis) for r, axis in everything],
+        labels=[_label(r, axis, scale) for r, axis in everything],
         keys=[point_key(r) if axis else None for r, axis in everything],
         programs=[r["workload"] for r, _ in everything],
         axes=[axis for _, axis in everything],
@@ -107,8 +107,14 @@ def resampled_median(ci: dict, seed: int = 1) -> np.ndarray:
     return np.median(x[resample_index(len(x), rng)], axis=1)
 
 
-def _label(r: dict, axis) -> str:
-    return r["workload"] if axis is None else f"forward, {axis[0]} {axis[1]:g}"
+def _label(r: dict, axis, scale) -> str:
+    """A point's name: its workload, or its scale axis and value (the sweep's center,
+    on every axis, is named so)."""
+    if axis is None:
+        return r["workload"]
+    if sum(point_key(s) == point_key(r) for s in scale) > 1:
+        return "forward, the sweep's center"
+    return f"forward, {axis[0]} {axis[1]:g}"
 
 
 def fit(P: Points, train: np.ndarray) -> np.ndarray | None:
@@ -362,7 +368,9 @@ def failures(why: dict) -> list[str]:
     held = why["held_out"]
     groups = [("left out alone", held["by_point"])]
     groups += [
-        (f"with all of {g} left out", h.get("points", [])) for g, h in held["by_program"].items()
+        (f"with all of {g} left out", h.get("points", []))
+        for g, h in held["by_program"].items()
+        if len(h.get("points", [])) > 1  # a one-point program is its point left out alone
     ]
     if held["extrapolation"]:
         groups.append(("extrapolated from smaller scales", held["extrapolation"]["points"]))

@@ -188,21 +188,33 @@ def run(options: LabOptions) -> dict:
     profile = profile_of(options)
     out = pathlib.Path(options.out)
     records = read_parts(out / "parts", fingerprint(options, profile))
+    call = {"start": start, "guard": guard, "earlier": _earlier_calls(out, records)}
     names = chosen_parts(profile, options)
     _say_plan(profile, names, records, guard)
     with _caches(), _signals(options.time_limit) as stopping:
         try:
-            _measure(options, profile, names, records, out, stopping, (start, guard))
+            _measure(options, profile, names, records, out, stopping, call)
         except (KeyboardInterrupt, Stopped) as e:
             why, code = (str(e), e.code) if isinstance(e, Stopped) else ("Ctrl-C", 130)
-            result = assemble(records, options, profile, guard, start, stopped=why)
+            result = assemble(records, options, profile, call, stopped=why)
             write(result, out, final=True)
             raise Stopped(f"stopped by {why}; what was measured is in {out}", code) from None
-    result = assemble(records, options, profile, guard, start)
-    return write(result, out, final=True)
+    return write(assemble(records, options, profile, call), out, final=True)
 
 
-def _measure(options, profile, names, records, out, stopping, started) -> None:
+def _earlier_calls(out: pathlib.Path, records: dict) -> list[dict]:
+    """The calls recorded in out/report.json by earlier calls of this run (none when no
+    part of it is kept)."""
+    path = out / "report.json"
+    if not records or not path.is_file():
+        return []
+    try:
+        return json.loads(path.read_text()).get("calls", [])
+    except json.JSONDecodeError:
+        return []
+
+
+def _measure(options, profile, names, records, out, stopping, call) -> None:
     from jaxformer.bench import host, measure
 
     device = None if options.no_torch else host.torch_device()
@@ -244,7 +256,7 @@ def _measure(options, profile, names, records, out, stopping, started) -> None:
                 "result": result,
             }
             save_part(out / "parts", records[name])
-            write(assemble(records, options, profile, started[1], started[0]), out, final=False)
+            write(assemble(records, options, profile, call), out, final=False)
             say(_done_line(records[name], tolerance=options.max_load))
     finally:
         stopping.part = None
@@ -376,9 +388,10 @@ BREAK_EVEN = (("eager", "jit"),) + tuple(
 )
 
 
-def assemble(records, options, profile, guard, start, stopped: str | None = None) -> dict:
+def assemble(records, options, profile, call: dict, stopped: str | None = None) -> dict:
     """report.json from the parts measured so far (every call's), this call's options and
-    load guard; `stopped` says what stopped the run."""
+    load guard, and the calls so far (`call`: this one's start and guard, and the earlier
+    calls); `stopped` says what stopped the run."""
     from jaxformer.bench import validate
 
     done = {n: r["result"] for n, r in records.items()}
@@ -402,7 +415,13 @@ def assemble(records, options, profile, guard, start, stopped: str | None = None
         "model": model_text(p, options.dtype),
         "rounds": options.rounds or profile.rounds,
         "repeats": options.repeats or profile.repeats,
-        "load": guard | {"loaded_parts": [n for n, r in records.items() if not r["quiet"]]},
+        "load": call["guard"]
+        | {
+            "loaded_parts": [
+                n for n in profile.part_names() if not records.get(n, {}).get("quiet", True)
+            ]
+        },
+        "calls": call["earlier"] + [_call_record(options, call)],
         "machine": host.get("machine"),
         "roofs": host.get("roofs"),
         "dispatch_us": host.get("dispatch_us"),
@@ -417,8 +436,20 @@ def assemble(records, options, profile, guard, start, stopped: str | None = None
         "recompile": done.get("recompile"),
         "why": why,
         "why_missing": missing_why,
-        "wall_s": time.perf_counter() - start,
+        "wall_s": time.perf_counter() - call["start"],
+        "parts_wall_s": sum(r["wall_s"] for r in records.values()),
         "stopped": stopped,
+    }
+
+
+def _call_record(options: LabOptions, call: dict) -> dict:
+    g = call["guard"]
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": command(options),
+        "others_cores": g["others_cores"],
+        "load_average": g["load_average"],
+        "wall_s": time.perf_counter() - call["start"],
     }
 
 

@@ -222,7 +222,9 @@ def _records(rng) -> dict:
 def _result(rng):
     options = lab.LabOptions(quick=True, rounds=12, note="Under test.")
     guard = {"others_cores": 0.1, "cores": 2, "load_average": 0.5, "max_cores": 0.25, "quiet": True}
-    return lab.assemble(_records(rng), options, plan.CPU_QUICK, guard, 0.0)
+    return lab.assemble(
+        _records(rng), options, plan.CPU_QUICK, {"start": 0.0, "guard": guard, "earlier": []}
+    )
 
 
 def test_the_report_carries_intervals_verdicts_and_load_marks(tmp_path):
