@@ -258,3 +258,26 @@ def test_too_few_rounds_is_one_line_and_exit_2(tmp_path):
     )
     assert result.returncode == 2
     assert "--rounds must be >= 6" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_quick_plan_runs_every_part_and_reports_it(tmp_path):
+    cmd = [sys.executable, "-m", "jaxformer", "bench", "xla-vs-eager", "--quick", "--dry-run"]
+    done = subprocess.run(
+        cmd + ["--out", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    headline = json.loads(done.stdout.strip().splitlines()[-1])
+    assert headline["missing"] == [] and "USDT" not in done.stdout + done.stderr
+    result = json.loads((tmp_path / "report.json").read_text())
+    assert {p["status"] for p in result["plan"]["parts"]} == {"done"}
+    for row in result["workloads"]:
+        assert all(a["agrees"] for a in row["agreement"].values()), row["workload"]
+        assert (
+            row["counts"]["launched"]["eager"]["launches"] <= row["counts"]["dispatches"]["total"]
+        )
+    text = (tmp_path / "report.md").read_text()
+    for heading in ("## Summary", "## First calls", "### Where the model fails", "## Scale"):
+        assert heading in text
+    for heading in ("## Compiling the train step", "## Variable lengths", "## NNX's per-call"):
+        assert heading in text
+    assert {p.name for p in tmp_path.iterdir()} >= {"report.md", "modes.png", "scale.png", "parts"}
