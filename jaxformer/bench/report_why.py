@@ -155,13 +155,13 @@ def _roofs_line(result: dict) -> str:
     gemm = roofs["gemm_flops"]
     cores = (result.get("machine") or {}).get("xla_intra_op_threads") or 1
     clocks = "; ".join(
-        f"{gemm['median'] / cores / f / 1e9:.2f} GHz at {f} FLOP per cycle per core ({isa})"
+        f"{g(gemm, 1e-9 / cores / f)} GHz at {f} FLOP per cycle per core ({isa})"
         for f, isa in ((32, "two 256-bit FMA units"), (64, "two 512-bit FMA units"))
     )
     return (
-        f"The machine, measured in the run{mark(result, 'host')}: GEMM ({roofs['gemm_n']}^3) {g(gemm, 1e-9)} "
-        f"GFLOP/s, memory {g(roofs['bandwidth_bytes'], 1e-9)} GB/s (median, 95% interval); "
-        f"the GEMM rate needs {clocks} on {cores} cores."
+        f"The machine, measured in the run{mark(result, 'host')}: GEMM ({roofs['gemm_n']}^3) "
+        f"{g(gemm, 1e-9)} GFLOP/s, memory {g(roofs['bandwidth_bytes'], 1e-9)} GB/s (median, "
+        f"95% interval); the GEMM rate needs {clocks} on {cores} cores."
     )
 
 
