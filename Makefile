@@ -65,14 +65,15 @@ BENCH_ENV := $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC),$(GLIBC_TUNED))
 
 # The torch baseline uses the torch==2.13.0 that $(DEV) installs.
 bench: $(DEV)
-	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick
+	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick $(LAB_OPTIONS)
 	$(BENCH_ENV) $(PY) experiments/attention_bench.py --quick
 	$(BENCH_ENV) $(PY) experiments/throughput.py --quick
 	$(PY) experiments/update_docs.py --results results
 
-# The XLA-vs-eager lab at full size: results/xla_vs_eager/report.md, report.json, PNGs.
+# The XLA-vs-eager lab at full size: results/xla_vs_eager/report.md, report.json, PNGs;
+# LAB_OPTIONS passes its options (--allow-load on a busy machine, --parts, --time-limit).
 bench-xla: $(DEV)
-	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager
+	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager $(LAB_OPTIONS)
 
 # The documentation site into site/; --strict makes every warning (a broken link or anchor,
 # an unresolved cross-reference, a page left out of the navigation) an error.

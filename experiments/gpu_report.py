@@ -11,9 +11,11 @@ time in all, at most 10 minutes per command):
     lm-remat          "auto" at batch 16, 32, 64 with remat dots and full
     profile           experiments/profile_step.py --gpt2 --batch 32: one step by category
     attention_bench   experiments/attention_bench.py
-    xla_vs_eager      python -m jaxformer bench xla-vs-eager (full size)
+    xla_vs_eager      python -m jaxformer bench xla-vs-eager --quick (the GPU quick plan)
     throughput        experiments/throughput.py --quick (encoder-decoder against torch)
     table3            experiments/table3.py (its runs resume: --force continues it)
+    xla_vs_eager_full_1 ... _N   the lab's full GPU plan, a few of its parts per call,
+                      resuming in one folder (xla_vs_eager_full/)
 
 Each part runs as subprocesses under its budget (seconds, declared once, in `parts`;
 `--budget-scale` multiplies them); a part that runs over is stopped and marked "timed
@@ -70,6 +72,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from jaxformer.bench import plan
 from jaxformer.markdown import table
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -134,7 +137,6 @@ def lm_throughput_argv(run: tuple[str, int, str, str], out: pathlib.Path) -> lis
 def parts(out: pathlib.Path, jobs: int) -> list[Part]:
     """Every part in priority order, with its budget in seconds (each <= MAX_PART_S): the
     one place the order and the budgets are declared."""
-    lab = [PY, "-m", "jaxformer", "bench", "xla-vs-eager"]
 
     def at(folder: str) -> list[str]:
         return ["--out", str(out / folder)]
@@ -149,12 +151,52 @@ def parts(out: pathlib.Path, jobs: int) -> list[Part]:
         _script(
             "attention_bench", 180, "attention_bench.py", *at("attention_bench/attention_bench")
         ),
-        Part("xla_vs_eager", 240, [[*lab, *at("xla_vs_eager")]], [*lab, "--help"]),
+        _lab_part("xla_vs_eager", ["--quick"], plan.GPU_QUICK, out / "xla_vs_eager"),
         _script("throughput", 120, "throughput.py", "--quick", *at("throughput/throughput.json")),
         # One batch shape per run: each shape is a compilation, which made the table
         # compile-bound on an H200 at pad multiple 32 (docs/results/h200.md). Its runs
         # resume from their checkpoints: `--parts table3 --force` continues it.
         _script("table3", 240, "table3.py", *table3, env=table3_env),
+        *_lab_full_parts(out / "xla_vs_eager_full"),
+    ]
+
+
+LAB = [PY, "-m", "jaxformer", "bench", "xla-vs-eager", "--target", "gpu", "--allow-load"]
+
+
+def _lab_part(name: str, options: list[str], profile, out: pathlib.Path, parts=None) -> Part:
+    """The XLA-vs-eager lab's `parts` of `profile` (all: None) as one part: its budget the
+    lab's budgets plus its start; the lab stops itself, writing what it measured, at that
+    budget less its start (--time-limit). On a busy host its figures are marked, not lost."""
+    parts = parts or profile.part_names()
+    budget = sum(profile.budgets[p] for p in parts) + plan.STARTUP_S
+    limit = ["--time-limit", str(budget - plan.STARTUP_S)]
+    chosen = ["--parts", *parts] if parts != profile.part_names() else []
+    command = [*LAB, *options, *chosen, *limit, "--out", str(out)]
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # JAX and torch share the GPU
+    return Part(name, budget, [command], [*LAB, "--help"], env)
+
+
+def lab_full_groups() -> list[list[str]]:
+    """The lab's full GPU plan cut, in order, into groups whose budgets with the lab's
+    start fit MAX_PART_S."""
+    groups, room = [], MAX_PART_S - plan.STARTUP_S
+    for name in plan.GPU_FULL.part_names():
+        if (
+            groups
+            and sum(plan.GPU_FULL.budgets[p] for p in groups[-1]) + plan.GPU_FULL.budgets[name]
+            <= room
+        ):
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
+def _lab_full_parts(out: pathlib.Path) -> list[Part]:
+    return [
+        _lab_part(f"xla_vs_eager_full_{i}", [], plan.GPU_FULL, out, group)
+        for i, group in enumerate(lab_full_groups(), 1)
     ]
 
 
@@ -409,9 +451,16 @@ def sections(out: pathlib.Path) -> list[tuple[str, str]]:
             "Attention kernels (experiments/attention_bench.py)",
             _read(out / "attention_bench/attention_bench.md"),
         ),
-        ("XLA against eager (jaxformer bench xla-vs-eager)", _read(out / "xla_vs_eager/report.md")),
+        (
+            "XLA against eager (jaxformer bench xla-vs-eager --quick)",
+            _read(out / "xla_vs_eager/report.md"),
+        ),
         ("jaxformer against torch (experiments/throughput.py --quick)", _throughput(out)),
         ("Table 3 (experiments/table3.py)", _read(out / "table3/table3.md")),
+        (
+            "XLA against eager, the full GPU plan (jaxformer bench xla-vs-eager)",
+            _read(out / "xla_vs_eager_full/report.md"),
+        ),
     ]
 
 

@@ -157,18 +157,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "torch.compile (see jaxformer.bench.xla_vs_eager).",
     )
     b.add_argument("benchmark", choices=["xla-vs-eager"])
-    b.add_argument("--quick", action="store_true", help="a small model and scale sweep (CI-sized)")
-    b.add_argument("--out", default="results/xla_vs_eager", help="the report's folder")
-    b.add_argument("--rounds", type=int, default=30, help="timed calls per cell (>= 6)")
-    b.add_argument("--no-torch", action="store_true", help="leave out torch's modes")
-    b.add_argument("--no-scale", action="store_true", help="leave out the scale sweep")
-    b.add_argument(
-        "--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype"
-    )
-    b.add_argument(
-        "--repeats", type=int, help="fresh processes per mode for first calls (7; 2 --quick)"
-    )
-    b.add_argument("--note", default="", help="a line the report carries (the conditions)")
+    from jaxformer.bench.xla_vs_eager import add_options
+
+    add_options(b)
     return parser, {"train": t, "generate": g, "sweep": w, "bench": b}
 
 
@@ -395,10 +386,7 @@ def _command(args) -> int:
         if args.command == "sweep":
             return _sweep(args)
         if args.command == "bench":
-            from jaxformer.bench import xla_vs_eager
-
-            xla_vs_eager.run(args)
-            return 0
+            return _bench(args)
         _use_compilation_cache(not args.no_compile_cache)
         from jaxformer.functional.registry import import_variants
 
@@ -411,6 +399,17 @@ def _command(args) -> int:
             raise
         print(f"jaxformer {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _bench(args) -> int:
+    from jaxformer.bench import xla_vs_eager
+
+    try:
+        xla_vs_eager.run(xla_vs_eager.options_from(args))
+    except xla_vs_eager.Stopped as e:
+        print(f"jaxformer bench: {e}", file=sys.stderr)
+        return e.code
+    return 0
 
 
 def _sweep(args) -> int:

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from jaxformer.bench import plan
 from jaxformer.functional import ATTENTION
 
 PATH = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "gpu_report.py"
@@ -29,6 +30,7 @@ ORDER = [
     "xla_vs_eager",
     "throughput",
     "table3",
+    *(f"xla_vs_eager_full_{i}" for i in range(1, len(gpu_report.lab_full_groups()) + 1)),
 ]
 
 
@@ -38,6 +40,21 @@ def test_parts_run_in_priority_order_within_four_minutes(tmp_path):
     assert all(0 < p.budget_s <= gpu_report.MAX_PART_S == 240 for p in parts)
     peers = parts[0].commands[0]
     assert peers[1].endswith("experiments/gpt2_peers.py") and "--batch" in peers
+
+
+def test_the_labs_gpu_runs_fit_their_parts_and_cover_its_plan(tmp_path):
+    parts = {p.name: p for p in gpu_report.parts(tmp_path, 3)}
+    quick = parts["xla_vs_eager"]
+    assert quick.budget_s <= 180 and "--quick" in quick.commands[0]
+    limit = quick.commands[0][quick.commands[0].index("--time-limit") + 1]
+    assert float(limit) < quick.budget_s  # the lab stops itself, writing, before the kill
+    groups = gpu_report.lab_full_groups()
+    assert [p for g in groups for p in g] == plan.GPU_FULL.part_names()
+    full = [parts[f"xla_vs_eager_full_{i}"] for i in range(1, len(groups) + 1)]
+    assert all(p.budget_s <= gpu_report.MAX_PART_S for p in full)
+    assert {p.commands[0][p.commands[0].index("--out") + 1] for p in full} == {
+        str(tmp_path / "xla_vs_eager_full")
+    }  # one folder: the calls resume and merge
 
 
 def test_the_test_parts_are_make_test_gpus_subset():

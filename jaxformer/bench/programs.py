@@ -1,11 +1,16 @@
 """What a JAX program is made of, read from the program itself: what eager mode dispatches
 (primitive binds, each inner jit one call), jaxpr equations with inner jits inlined, HLO
 instructions before and after XLA's optimisation, fusions, XLA's cost analysis (FLOPs,
-bytes accessed unfused and fused) and its memory plan."""
+bytes accessed unfused and fused) and its memory plan; and what one call really launched,
+read from JAX's profiler (`launched`)."""
 
 from __future__ import annotations
 
+import collections
+import pathlib
 import re
+import tempfile
+from collections.abc import Callable
 
 import jax
 
@@ -129,4 +134,44 @@ def memory_plan(compiled) -> dict | None:
         "outputs": stats.output_size_in_bytes,
         "aliased": stats.alias_size_in_bytes,
         "temporaries": stats.temp_size_in_bytes,
+    }
+
+
+# Profiler events, one per compiled executable launched (PJRT's execute helper, by client:
+# CPU and the common client, then the StreamExecutor GPU client), and one per array put
+# on the device from the host (jax's DevicePut, on every backend).
+LAUNCH_EVENTS = (
+    "CommonPjRtLoadedExecutable::ExecuteHelperOnSingleDevice",
+    "PjRtStreamExecutorLoadedExecutable::ExecuteHelper",
+)
+TRANSFER_EVENTS = ("DevicePut",)
+
+
+def launched(call: Callable[[], object]) -> dict:
+    """What one call of `call` (warm: compiled already) launched, counted from a trace of
+    JAX's profiler (host events only, no Python tracing): {"launches": executables run,
+    "transfers": host-to-device puts, "events": the counted event names and counts}.
+    launches is None where no known launch event was seen (a backend whose client names
+    its events otherwise: "events" then lists what was seen, for a new LAUNCH_EVENTS)."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder, profiler_options=options)
+        try:
+            call()
+        finally:
+            jax.profiler.stop_trace()
+        counts = collections.Counter()
+        for path in pathlib.Path(folder).rglob("*.xplane.pb"):
+            data = jax.profiler.ProfileData.from_file(str(path))
+            for plane in data.planes:
+                counts.update(e.name for line in plane.lines for e in line.events)
+    launch = next((name for name in LAUNCH_EVENTS if counts[name]), None)
+    known = {name: counts[name] for name in (*LAUNCH_EVENTS, *TRANSFER_EVENTS) if counts[name]}
+    if launch is None:
+        known = {k: v for k, v in counts.items() if "Execut" in k or "Transfer" in k}
+    return {
+        "launches": counts[launch] if launch else None,
+        "transfers": sum(counts[name] for name in TRANSFER_EVENTS),
+        "events": known,
     }

@@ -1,10 +1,8 @@
-"""The XLA-vs-eager lab: its statistics, that every mode computes the same numbers, that
-the program counters read real programs, and (slow) the whole --quick report."""
+"""The XLA-vs-eager lab's statistics and program counters; its runner (options recorded as
+given, the load guard, parts that resume and survive a stop) and report are in
+test_lab_run.py, its modes in test_lab_modes.py, the validated model in test_validate.py."""
 
-import json
 import math
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxformer.bench import eager_model, programs, report, stats, workloads
-from jaxformer.bench import xla_vs_eager as lab
+from jaxformer.bench import eager_model, programs, stats
 
 
 def test_median_interval_is_the_binomial_order_statistics():
@@ -152,31 +149,21 @@ def test_cost_analysis_counts_a_matmuls_flops():
 def test_fitted_model_recovers_known_coefficients():
     rng = np.random.default_rng(0)
     a, b, c = 5e-6, 1 / 20e9, 1 / 50e9  # 5 us per dispatch, 20 GB/s, 50 GFLOP/s
-    rows = []
-    for _ in range(12):
-        r = dict(
-            dispatches=int(rng.integers(50, 2000)),
-            bytes_unfused=rng.uniform(1e5, 1e9),
-            flops=rng.uniform(1e6, 1e11),
-            python_s=rng.uniform(1e-5, 1e-3),
-        )
-        exact = r["python_s"] + a * r["dispatches"] + b * r["bytes_unfused"] + c * r["flops"]
-        rows.append(r | {"eager_s": exact * rng.normal(1, 0.01)})  # 1% timing noise
-    fit = eager_model.fit(rows)
-    assert fit["a"] == pytest.approx(a, rel=0.05)
-    assert fit["b"] == pytest.approx(b, rel=0.05)
-    assert fit["c"] == pytest.approx(c, rel=0.05)
-    assert fit["rel_error"] < 0.02
-    row = rows[0] | {"bytes_fused": rows[0]["bytes_unfused"] / 2}
-    gap = eager_model.explain_gap(fit, row, gap_s=1.0)
-    assert gap["python"] + gap["dispatch"] + gap["unfused_bytes"] + gap["residual"] == 1.0
-    with pytest.raises(ValueError, match="needs >= 3 rows"):
-        eager_model.fit(rows[:2])
+    X = np.stack(
+        [rng.integers(50, 2000, 12), rng.uniform(1e5, 1e9, 12), rng.uniform(1e6, 1e11, 12)], 1
+    )
+    python = rng.uniform(1e-5, 1e-3, 12)
+    eager = (python + X @ [a, b, c]) * rng.normal(1, 0.002, 12)  # 0.2% timing noise
+    fitted = eager_model.fit_arrays(X.astype(float), eager, python)
+    np.testing.assert_allclose(fitted, [a, b, c], rtol=0.05)
+    with pytest.raises(ValueError, match="needs >= 3 points"):
+        eager_model.fit_arrays(X[:2].astype(float), eager[:2], python[:2])
 
 
 def test_crossover_interpolates_on_log_axes():
     assert eager_model.crossover([1, 4], [4.0, 1.0]) == pytest.approx(2.0)
     assert eager_model.crossover([1, 2, 4], [9.0, 5.0, 3.0]) is None
+    assert eager_model.crossing_segment([9.0, 5.0, 1.5, 1.0]) == 1
 
 
 def test_memory_plan_reads_the_compiled_programs_buffers():
@@ -185,201 +172,17 @@ def test_memory_plan_reads_the_compiled_programs_buffers():
     assert plan["arguments"] == 16 * 8 * 4 and plan["outputs"] == 16 * 16 * 4
 
 
-# The train step (14 s, torch.compile's mostly) is also checked in every mode by the slow
-# --quick report test; the quick suite keeps the stateless workloads.
-@pytest.mark.parametrize(
-    "name", [*workloads.WORKLOADS[:-1], pytest.param("train_step", marks=pytest.mark.slow)]
-)
-def test_every_mode_computes_the_same_values(name):
-    pytest.importorskip("torch")
-    w = workloads.build(name, workloads.bench_config(64, 1, vocab=64), batch=2, length=8)
-    calls = lab.mode_calls(w, "cpu", lab.modes_of(w, "cpu"))
-    assert set(lab.JAX_MODES + lab.TORCH_MODES) <= set(calls)
-    first = {mode: [lab._numpy(call()), lab._numpy(call())] for mode, call in calls.items()}
-    agree = lab.agreement(first, tolerance=1e-4)
-    assert all(a["agrees"] for a in agree.values()), agree
-    if w.stateful:  # the second loss is after one Adam step, the same in every mode
-        assert first["jit"][1] < first["jit"][0]
+def test_the_profiler_counts_what_an_eager_call_launched_and_put():
+    x = jnp.ones((8, 8))
 
+    def f(x):  # sin, dot, max (relu), add: four primitives; 1.0 put from the host
+        return jax.nn.relu(jnp.sin(x) @ x) + 1.0
 
-def test_agreement_flags_a_mode_that_disagrees():
-    first = {"jit": [np.ones(3)], "eager": [np.ones(3)], "torch": [np.array([1.0, 1.0, 1.5])]}
-    agree = lab.agreement(first, tolerance=1e-4)
-    assert agree["eager"] == {"max_abs_diff": 0.0, "agrees": True}
-    assert agree["torch"] == {"max_abs_diff": 0.5, "agrees": False}
-
-
-def _row(name, eager_ms, jit_ms, rng, agrees=True, **extra):
-    """A lab row from constructed timings: jit's rounds x eager_ms / jit_ms for eager."""
-    jit = list(rng.lognormal(np.log(jit_ms / 1e3), 0.1, 12))
-    times = {"eager": [t * eager_ms / jit_ms for t in jit], "jit": jit, "python": jit}
-    times["torch"] = list(rng.permutation(jit))  # as fast as jit: a ratio spanning 1
-    saving = stats.paired_saving(times["eager"], times["jit"])
-    first = {"median": 2.0, "low": 1.5, "high": 2.5, "n": 3, "confidence": 0.75}
-    fresh = {m: {"first_call_s": first, "peak_rise_bytes": 2**20} for m in times}
-    slow_first = {"median": 5.0, "low": 4.5, "high": 5.5, "n": 3, "confidence": 0.75}
-    fresh["eager"]["first_call_s"] = slow_first  # eager's first call slower than jit's
-    return {
-        "workload": name,
-        "times": times,
-        "timing": {m: stats.median_ci(t) for m, t in times.items()},
-        "ratios": lab.paired_ratios(times),
-        "agreement": {
-            "eager": {"max_abs_diff": 0.0 if agrees else 0.5, "agrees": agrees},
-            "jit": {"max_abs_diff": 0.0, "agrees": True},
-        },
-        "counts": {
-            "dispatches": {"primitives": 90, "jit_calls": 10, "total": 100},
-            "jaxpr_equations": 120,
-            "hlo_ops_before": 200,
-            "hlo_ops_after": 50,
-            "fusions": 30,
-            "flops": 1e8 * eager_ms,
-            "bytes_unfused": 1e7 * eager_ms,
-            "bytes_fused": 4e6 * eager_ms,
-            "memory_plan": None,
-        },
-        "fresh": fresh | {"nnx.jit": {"error": "MemoryError"}},
-        "break_even": {"jit": stats.break_even(slow_first, first, saving) | {"saving_s": saving}},
-        "attention_path": {"jax": "xla", "torch": ["aten::_native_multi_head_attention"]},
-    } | extra
-
-
-def _result(quick=True):
-    rng = np.random.default_rng(0)
-    rows = [_row("attention", 4.0, 1.0, rng), _row("forward", 10.0, 2.0, rng)]
-    scale = [
-        _row("forward", e, j, rng, agrees=v != 8, axis="batch", value=v)
-        | {"d_model": 64, "batch": v, "length": 16}
-        for v, e, j in ((1, 8.0, 1.0), (8, 9.0, 3.0), (32, 12.0, 8.0))
-    ]
-    scale.append(scale[1] | {"axis": "length", "value": 16})  # the center, on a second axis
-    ci = {"median": 1e9, "low": 9e8, "high": 1.1e9}
-    dispatch = {"eager primitive": ci | {"median": 10.0}, "jit call": ci | {"median": 20.0}}
-    return {
-        "command": "jaxformer bench xla-vs-eager --quick",
-        "model": "tiny",
-        "quick": quick,
-        "note": "Under load." if quick else "",
-        "rounds": 12,
-        "repeats": 3,
-        "tolerance": 1e-4,
-        "memory_measure": "resident peak",
-        "wall_s": 1.0,
-        "workloads": rows,
-        "scale": scale,
-        "dispatch_us": dispatch,
-        "scale_center": {"d_model": 64, "batch": 8, "length": 16},
-        "roofs": {"gemm_flops": ci, "gemm_n": 512, "bandwidth_bytes": ci},
-        "why": lab.explain(rows, scale),
-        "machine": {
-            "device": "cpu",
-            "jax": "x",
-            "flax": "y",
-            "cpu_count": 2,
-            "xla_intra_op_threads": 2,
-            "torch": "z",
-            "torch_threads": 2,
-            "torch_device": "cpu",
-            "load_before": 0.0,
-            "load_after": 0.0,
-        },
-    }
-
-
-def test_report_tables_carry_intervals_verdicts_and_flags(tmp_path):
-    result = _result()
-    text = report.markdown(result)
-    assert text.startswith(
-        "# XLA vs eager\n\n**A --quick run** (a tiny model, few repeats). **Under load.**"
-    )
-    assert "**Outputs that disagree with jit**" in text and "forward batch 8 eager (0.5)" in text
-    assert "| attention | eager / jit | 4.00 (4.00-4.00) | yes |" in text  # constructed 4x
-    torch_row = next(ln for ln in text.splitlines() if ln.startswith("| attention | torch / jit"))
-    assert torch_row.endswith("| no |")  # the same rounds shuffled: not significant
-    be = "| attention | jit vs eager | 5.00 (4.50-5.50; 3 processes, 75%) | 2.00 (1.50-2.50; "
-    assert be in text
-    assert "| from call 1 |" in text  # jit's first call is faster than eager's, and it saves
-    assert "failed: MemoryError" in text
-    assert "reduce-overhead is not run on a CPU" in text
-    assert "## A fitted model of eager time" in text and "| batch |" in text
-    assert result["why"]["model"]["rows"] == 2 + 3  # the center counted once
-
-
-def test_docs_tables_render_a_committed_report_json(tmp_path):
-    result = _result(quick=False)
-    (tmp_path / "report.json").write_text(json.dumps(result))
-    assert report.docs_tables(tmp_path / "report.json") == report.tables(result)
-    assert "--quick run" not in report.tables(result)
-    assert set(report.plots(result, tmp_path)) == {"modes.png", "roofline.png", "scale.png"}
-    assert all((tmp_path / name).stat().st_size > 0 for name in report.plots(result, tmp_path))
-
-
-def test_bad_workloads_and_sizes_are_named():
-    with pytest.raises(ValueError, match="unknown workload 'decoder'"):
-        workloads.build("decoder", workloads.bench_config(), 2, 8)
-    with pytest.raises(ValueError, match="d_model must be a multiple of 32"):
-        workloads.bench_config(100)
-    with pytest.raises(ValueError, match="batch must be >= 1"):
-        workloads.build("forward", workloads.bench_config(), 0, 8)
-
-
-def test_too_few_rounds_is_one_line_and_exit_2(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jaxformer",
-            "bench",
-            "xla-vs-eager",
-            "--rounds",
-            "3",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 2
-    assert "--rounds must be >= 6" in result.stderr and "Traceback" not in result.stderr
-
-
-@pytest.mark.slow
-def test_quick_report_is_complete(tmp_path):
-    pytest.importorskip("torch")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jaxformer",
-            "bench",
-            "xla-vs-eager",
-            "--quick",
-            "--rounds",
-            "6",
-            "--repeats",
-            "1",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    headline = json.loads(result.stdout.strip().splitlines()[-1])
-    report = json.loads((tmp_path / "report.json").read_text())
-    names = {p.name for p in tmp_path.iterdir()}
-    assert names == {"report.md", "report.json", "modes.png", "scale.png", "roofline.png"}
-    for row in report["workloads"]:
-        assert set(lab.JAX_MODES + lab.TORCH_MODES) <= set(row["timing"])
-        assert all(t["n"] == 6 for t in row["timing"].values())
-        assert all(a["agrees"] for a in row["agreement"].values())
-        assert headline[row["workload"]]["jit_break_even"] == row["break_even"]["jit"]["verdict"]
-        assert all("peak_rise_bytes" in f for f in row["fresh"].values())
-        assert row["counts"]["dispatches"]["total"] <= row["counts"]["jaxpr_equations"]
-    assert "torch.compile step" in report["workloads"][-1]["timing"]
-    assert {r["axis"] for r in report["scale"]} == {"d_model", "batch", "length"}
-    assert report["why"]["model"]["rows"] == len(report["workloads"]) + 7  # distinct points
-    text = (tmp_path / "report.md").read_text()
-    assert "## Scale" in text and "every mode agrees with jit" in text
+    f(x)  # compile each primitive once
+    eager = programs.launched(lambda: jax.block_until_ready(f(x)))
+    assert eager["launches"] == programs.dispatches(f, x)["total"] == 4
+    assert eager["transfers"] >= 1 and set(eager["events"]) >= {"DevicePut"}
+    jitted = jax.jit(f)
+    jitted(x)
+    once = programs.launched(lambda: jax.block_until_ready(jitted(x)))
+    assert once["launches"] == 1 and once["transfers"] == 0
