@@ -21,12 +21,9 @@ import json
 import pathlib
 import re
 
+from jaxformer import results as results_lib
 from jaxformer.bench.report import docs_tables
-from jaxformer.markdown import table
 
-SECTION = re.compile(
-    r"(<!-- results:(?P<name>[\w-]+):start -->\n).*?(<!-- results:(?P=name):end -->)", re.S
-)
 # A report of the XLA-vs-eager lab, docs/results/xla_vs_eager/DIR/report.json, rendered by
 # the lab's own renderer (jaxformer.bench.report.docs_tables).
 LAB_SECTION = re.compile(
@@ -34,41 +31,9 @@ LAB_SECTION = re.compile(
 )
 
 
-def provenance(result: dict) -> str:
-    """One line naming the command, device, versions, date and source of a result."""
-    versions = ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items())
-    parts = [
-        f"Command: `{result['command']}`",
-        f"device: {result['device']}",
-        f"versions: {versions}" if versions else None,
-        f"date: {result['date']}",
-        f"source: {result['source']}",
-    ]
-    return "*" + "; ".join(p for p in parts if p) + ".*"
-
-
-def render_result(result: dict) -> str:
-    """The markdown of one result file: each table with its caption and notes, then its
-    provenance line."""
-    lines: list[str] = []
-    for t in result["tables"]:
-        if t.get("caption"):
-            lines += [t["caption"], ""]
-        lines += table(t["columns"], t["rows"], t["align"]) + [""]
-        for note in t.get("notes", []):
-            lines += [note, ""]
-    return "\n".join(lines + [provenance(result)]) + "\n"
-
-
 def render_page(text: str, results: pathlib.Path) -> str:
-    """The page with each results section rendered from results/NAME.json."""
-
-    def section(match: re.Match) -> str:
-        path = results / f"{match['name']}.json"
-        if not path.exists():
-            raise SystemExit(f"a page shows results:{match['name']}, but {path} does not exist")
-        body = render_result(json.loads(path.read_text()))
-        return match.group(1) + body + match.group(3)
+    """The page with each results section rendered from results/NAME.json
+    (`jaxformer.results`) and each lab section from its report."""
 
     def lab_section(match: re.Match) -> str:
         path = lab_report(results, match["dir"])
@@ -78,7 +43,7 @@ def render_page(text: str, results: pathlib.Path) -> str:
         body = re.sub(r"\]\((\w+\.png)\)", rf"](xla_vs_eager/{match['dir']}/\1)", body)
         return match.group(1) + body + match.group(3)
 
-    return LAB_SECTION.sub(lab_section, SECTION.sub(section, text))
+    return LAB_SECTION.sub(lab_section, results_lib.render_page(text, results))
 
 
 def lab_report(results: pathlib.Path, name: str) -> pathlib.Path:

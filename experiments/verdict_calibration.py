@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "notes": [],
             }
         ],
-        "counts": raw,
+        "data": raw,
     }
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ import re
 import jax
 import pytest
 
+from jaxformer.results import Record
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
@@ -82,9 +84,8 @@ def test_every_result_file_is_shown_and_names_where_it_comes_from():
     files = sorted((ROOT / "docs/results").glob("*.json"))
     assert files and {f.stem for f in files} == shown
     for f in files:
-        result = json.loads(f.read_text())
-        for key in ("command", "device", "date", "source", "tables"):
-            assert result.get(key), f"{f.name} has no {key}"
+        record = Record.read(f)
+        assert record.command and record.device and record.date and record.source, f.name
 
 
 def test_every_lab_report_is_shown_with_its_command_and_machine():
@@ -99,7 +100,6 @@ def test_every_lab_report_is_shown_with_its_command_and_machine():
 
 
 def test_a_result_renders_as_a_table_with_its_provenance():
-    update_docs = _update_docs()
     result = {
         "command": "python experiments/x.py",
         "device": "a CPU",
@@ -108,12 +108,14 @@ def test_a_result_renders_as_a_table_with_its_provenance():
         "source": "a test",
         "tables": [{"columns": ["a", "b"], "align": "lr", "rows": [["x", "1"]]}],
     }
-    text = update_docs.render_result(result)
+    text = Record.from_dict(result).markdown()
     assert text.splitlines()[:3] == ["| a | b |", "| --- | ---: |", "| x | 1 |"]
     assert "`python experiments/x.py`" in text and "jax 0.10.2" in text and "2026-11-23" in text
     bad = dict(result, tables=[{"columns": ["a", "b"], "align": "l", "rows": []}])
     with pytest.raises(ValueError, match="2 columns"):
-        update_docs.render_result(bad)
+        Record.from_dict(bad).markdown()
+    with pytest.raises(ValueError, match=r"missing \['source'\], unknown \['counts'\]"):
+        Record.from_dict({k: v for k, v in result.items() if k != "source"} | {"counts": 1})
 
 
 def test_the_readme_stays_short():
@@ -154,5 +156,5 @@ def test_make_bench_output_becomes_result_files(tmp_path):
     step = json.loads((docs / "results/cpu_train_step.json").read_text())
     assert step["tables"][0]["rows"][0] == ["jaxformer, float32", "200", "10,240", "50%", "2.00x"]
     assert step["versions"] == {"jax": "0.10.2", "torch": "2.13.0+cpu"}
-    text = update_docs.render_result(json.loads((docs / "results/cpu_attention.json").read_text()))
+    text = Record.read(docs / "results/cpu_attention.json").markdown()
     assert "| 256 | xla | 5.4 | 11 MiB |  |" in text and "attention_bench.py --quick" in text

@@ -1,0 +1,207 @@
+"""Measured results as data: one record type that a benchmark or a study writes, and that
+the documentation's pages render.
+
+A `Record` is its tables (caption, columns, alignment, rows, notes) and where they come
+from: the command that made them, the device, the versions, the date and the source (the
+code's commit, or what the record was computed from). `capture(tables)` fills in the
+provenance itself; `Record.write(path)` writes the JSON the pages render from, and
+`render_page` rewrites each section of a page marked
+
+    <!-- results:NAME:start -->  ...  <!-- results:NAME:end -->
+
+with the record docs/results/NAME.json (`jaxformer docs` runs it over every page).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+from jaxformer.checks import BadValue, MissingFile
+from jaxformer.markdown import table
+
+SECTION = re.compile(
+    r"(<!-- results:(?P<name>[\w-]+):start -->\n).*?(<!-- results:(?P=name):end -->)", re.S
+)
+VERSIONED = ("jax", "jaxlib", "flax", "optax", "torch", "tokamax", "transformers")
+
+
+@dataclasses.dataclass
+class Table:
+    """One table of a record: a caption above it, notes below it."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    align: str  # one letter per column: "l" or "r"
+    caption: str = ""
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def markdown(self) -> list[str]:
+        """The caption, the table and its notes as markdown lines."""
+        lines = [self.caption, ""] if self.caption else []
+        lines += table(self.columns, self.rows, self.align) + [""]
+        for note in self.notes:
+            lines += [note, ""]
+        return lines
+
+
+@dataclasses.dataclass
+class Record:
+    """Tables and their provenance; `data` holds the raw figures they were made from."""
+
+    tables: list[Table]
+    command: str
+    device: str
+    date: str
+    source: str
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    data: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any], where: str = "a record") -> Record:
+        """A record from its JSON fields; a missing or unknown field is an error naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        missing = {"tables", "command", "device", "date", "source"} - set(fields)
+        if missing or set(fields) - known:
+            raise BadValue(
+                f"{where}: a record has the fields {sorted(known)}; missing "
+                f"{sorted(missing)}, unknown {sorted(set(fields) - known)}"
+            )
+        tables = [Table(**t) for t in fields["tables"]]
+        return cls(**(fields | {"tables": tables}))
+
+    @classmethod
+    def read(cls, path: str | pathlib.Path) -> Record:
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise MissingFile(f"{path}: no such record")
+        try:
+            fields = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise BadValue(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+        return cls.from_dict(fields, str(path))
+
+    def write(self, path: str | pathlib.Path) -> None:
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
+
+    def markdown(self) -> str:
+        """Each table with its caption and notes, then one line of provenance."""
+        lines = [line for t in self.tables for line in t.markdown()]
+        return "\n".join(lines + [self.provenance()]) + "\n"
+
+    def provenance(self) -> str:
+        """One line naming the command, device, versions, date and source."""
+        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
+        parts = [
+            f"Command: `{self.command}`",
+            f"device: {self.device}",
+            f"versions: {versions}" if versions else None,
+            f"date: {self.date}",
+            f"source: {self.source}",
+        ]
+        return "*" + "; ".join(p for p in parts if p) + ".*"
+
+
+def capture(tables: list[Table], *, source: str | None = None, data: dict | None = None) -> Record:
+    """A record of `tables` made now by this process: its command line, this machine's
+    first device, the versions of the packages it has imported, today's date (UTC) and,
+    unless `source` is given, the code's commit."""
+    return Record(
+        tables=tables,
+        command=command_line(),
+        device=describe_device(),
+        date=datetime.datetime.now(datetime.UTC).date().isoformat(),
+        source=source or code_version(),
+        versions=versions(),
+        data=data,
+    )
+
+
+def command_line() -> str:
+    """This process's command as a user would type it: `jaxformer ...` for the command,
+    `python -m MODULE ...` or `python SCRIPT ...` otherwise."""
+    script = pathlib.Path(sys.argv[0])
+    if script.name in ("jaxformer", "__main__.py") and "jaxformer" in str(script):
+        head = ["jaxformer"]
+    elif sys.argv[0] == "-m" or not sys.argv[0]:
+        head = ["python"]
+    else:
+        head = ["python", os.path.relpath(script) if script.is_absolute() else str(script)]
+    return shlex.join(head + sys.argv[1:])
+
+
+def describe_device() -> str:
+    """The first device JAX sees: its kind, or for a CPU the processor and its cores."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        return f"{device.device_kind} ({jax.device_count()} device(s))"
+    return f"{_processor()}, {os.cpu_count()} cores ({platform.machine()})"
+
+
+def _processor() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "a CPU"
+
+
+def versions() -> dict[str, str]:
+    """Python's version and those of the packages in VERSIONED this process has imported."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in VERSIONED:
+        if name in sys.modules:
+            out[name] = metadata.version(name)
+    return out
+
+
+def code_version() -> str:
+    """ "jaxformer at commit SHA" (with "and uncommitted changes" when the tree differs), or
+    the package's version outside a git checkout."""
+    here = pathlib.Path(__file__).resolve().parent
+    try:
+        sha = _git(here, "rev-parse", "--short", "HEAD")
+        dirty = _git(here, "status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        from importlib import metadata
+
+        return f"jaxformer {metadata.version('jaxformer')}"
+    return f"jaxformer at commit {sha}" + (" and uncommitted changes" if dirty else "")
+
+
+def _git(cwd: pathlib.Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def render_page(text: str, results: pathlib.Path) -> str:
+    """`text` with each results section rendered from results/NAME.json."""
+
+    def section(match: re.Match) -> str:
+        path = results / f"{match['name']}.json"
+        if not path.exists():
+            raise MissingFile(f"a page shows results:{match['name']}, but {path} does not exist")
+        return match.group(1) + Record.read(path).markdown() + match.group(3)
+
+    return SECTION.sub(section, text)

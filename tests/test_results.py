@@ -1,0 +1,45 @@
+"""jaxformer.results: a record captures its own provenance, round-trips through JSON and
+renders as its page shows it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer import results
+
+
+def test_a_captured_record_names_this_process_and_round_trips(tmp_path):
+    table = results.Table(["run", "ms"], [["a", "1.0"]], "lr", caption="Times:", notes=["n"])
+    record = results.capture([table], data={"ms": [1.0]})
+    assert record.command.startswith(("python", "jaxformer"))
+    assert record.versions["python"] and record.date.count("-") == 2
+    assert "commit" in record.source or "jaxformer " in record.source
+    record.write(tmp_path / "r.json")
+    again = results.Record.read(tmp_path / "r.json")
+    assert again == record and json.loads((tmp_path / "r.json").read_text())["data"] == {
+        "ms": [1.0]
+    }
+    text = again.markdown()
+    assert text.startswith("Times:\n\n| run | ms |") and "\nn\n" in text
+    assert text.rstrip().endswith(f"source: {record.source}.*")
+
+
+def test_the_command_of_a_module_run_is_the_command_typed(tmp_path):
+    code = "import sys; sys.argv = ['x.py', '--a', 'b c']; from jaxformer import results; "
+    code += "print(results.command_line())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "python x.py --a 'b c'"
+
+
+def test_a_page_section_renders_from_its_record_and_a_missing_one_is_named(tmp_path):
+    record = results.Record([results.Table(["a"], [[1]], "r")], "cmd", "cpu", "2026-01-01", "s")
+    record.write(tmp_path / "one.json")
+    page = "x\n<!-- results:one:start -->\nold\n<!-- results:one:end -->\ny\n"
+    assert results.render_page(page, tmp_path) == page.replace("old\n", record.markdown())
+    with pytest.raises(FileNotFoundError, match="results:two, but .*two.json does not exist"):
+        results.render_page(page.replace("one", "two"), tmp_path)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="bad.json: not JSON"):
+        results.Record.read(tmp_path / "bad.json")
