@@ -503,13 +503,14 @@ def _read_metrics(
     log_every steps and the last). Returns the last record read (None if none was)."""
     record = None
     while len(meter.held) > keep:
-        done, record, internals = meter.read(folder)
-        if internals is not None:
-            folder.log(report.internals_record(done, internals))
-        if done % run.runtime.log_every == 0 or done == run.optim.steps:
-            folder.log(record)
-            shown.show(record)
-            meter.restart_window()
+        with _signals_held():  # a record read is a record logged: a stop waits for the write
+            done, record, internals = meter.read(folder)
+            if internals is not None:
+                folder.log(report.internals_record(done, internals))
+            if done % run.runtime.log_every == 0 or done == run.optim.steps:
+                folder.log(record)
+                shown.show(record)
+                meter.restart_window()
     return record
 
 
