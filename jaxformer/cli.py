@@ -2,7 +2,8 @@
 
     jaxformer train --task dates --out runs/dates
     jaxformer train --data-tsv pairs.tsv --preset paper_base --steps 100000
-    jaxformer train --data-text book.txt --config lm.yaml
+    jaxformer train --config run.yaml --steps 500   # a run file, options over it
+    jaxformer train --data-text book.txt --config configs/models/gpt2_small.yaml
     jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
     jaxformer train --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0 --mesh data=-1
     jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
@@ -48,18 +49,28 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     t = sub.add_parser(
         "train",
         help="train a model",
-        description="Train a Transformer (or, on --data-text, a decoder-only LM). Every "
-        "RunConfig option and TransformerConfig field is an option.",
+        description="Train a Transformer (or, on --data-text, a decoder-only LM): the --config "
+        "run file's model and run, with the options given here over it. Every RunConfig "
+        "option and TransformerConfig field is an option.",
+    )
+    t.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a run file, YAML or JSON: model: {preset: NAME, FIELD: VALUE, ...} and run: "
+        "{OPTION: VALUE, ...} (a run folder's config.json is one); a file of model fields "
+        "alone is its model (see jaxformer.config.load_run)",
     )
     for group, options in RunConfig.groups().items():
         title = f"{group} (RunConfig.{group})"
-        _add_fields(t.add_argument_group(title, options.__doc__), options, keep_defaults=True)
-    model = t.add_argument_group(
-        "model (TransformerConfig; default: the --preset, then the --config file)"
+        _add_fields(t.add_argument_group(title, options.__doc__), options)
+    model = t.add_argument_group("model (TransformerConfig: the --preset, then its fields)")
+    model.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default=argparse.SUPPRESS,
+        help="(default: the run file's, else tiny)",
     )
-    model.add_argument("--preset", choices=PRESETS, default="tiny", help="(default: tiny)")
-    model.add_argument("--config", metavar="FILE", help="JSON or YAML of TransformerConfig fields")
-    _add_fields(model, TransformerConfig, keep_defaults=False)
+    _add_fields(model, TransformerConfig, preset=TransformerConfig.tiny(259))
     t.add_argument("--resume", action="store_true", help="continue from --out's last checkpoint")
     t.add_argument(
         "--no-progress",
@@ -163,25 +174,23 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     return parser, {"train": t, "generate": g, "sweep": w, "bench": b}
 
 
-def _add_fields(group, cls, *, keep_defaults: bool) -> None:
+def _add_fields(group, cls, *, preset=None) -> None:
     """One option per dataclass field: --field-name, its type, choices and help from the
-    field; the field's default (or, with keep_defaults=False, none: the option is left
-    out of the namespace unless given). Optional fields take the value "none", as do
-    fields without a default (RunConfig.from_options derives theirs)."""
-    from jaxformer.config import TransformerConfig
-
-    hints, tiny = typing.get_type_hints(cls), TransformerConfig.tiny(259)
+    field, left out of the namespace unless given (so that the run file's value, else the
+    default, stands). The help names the field's default, or `preset`'s value. Optional
+    fields take the value "none", as do run options without a default
+    (RunConfig.from_options derives theirs)."""
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind, optional = _base_type(hints[f.name])
         help_text = f.metadata["help"]
-        if keep_defaults:
+        if preset is None:
             default = None if f.default is dataclasses.MISSING else f.default
             optional = optional or default is None
             help_text += "" if "default" in help_text else f" (default: {default})"
-        else:  # left out unless given, so that the preset's value stands
-            default = argparse.SUPPRESS
-            help_text += f" (tiny: {getattr(tiny, f.name)})"
-        kw = dict(default=default, help=help_text.replace("%", "%%"))
+        else:
+            help_text += f" (tiny: {getattr(preset, f.name)})"
+        kw = dict(default=argparse.SUPPRESS, help=help_text.replace("%", "%%"))
         if kind is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:
@@ -208,7 +217,7 @@ def _value_parser(kind: type, optional: bool):
 
 
 def _train(args) -> int:
-    from jaxformer.config import RunConfig
+    from jaxformer.config import RunConfig, TransformerConfig, load_run
     from jaxformer.train.loop import Terminated, TrainingDiverged, train
 
     if args.coordinator:
@@ -222,9 +231,15 @@ def _train(args) -> int:
         )
     elif args.num_processes is not None or args.process_id is not None:
         raise BadValue("--num-processes and --process-id need --coordinator HOST:PORT")
-    run = RunConfig.from_options(**{name: getattr(args, name) for name in RunConfig.options()})
+    given = vars(args)  # the options given: the others are left out (argparse.SUPPRESS)
+    model_fields = ["preset", *(f.name for f in dataclasses.fields(TransformerConfig))]
+    config, run = load_run(
+        args.config,
+        model={name: given[name] for name in model_fields if name in given},
+        run={name: given[name] for name in RunConfig.options() if name in given},
+    )
     try:
-        train(_model_config(args), run, resume=args.resume, progress=not args.no_progress)
+        train(config, run, resume=args.resume, progress=not args.no_progress)
     except TrainingDiverged as e:
         print(f"jaxformer train: {e}", file=sys.stderr)
         return 1
@@ -233,23 +248,6 @@ def _train(args) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-def _model_config(args):
-    """The --preset, with the --config file's fields, then the model options given."""
-    from jaxformer.config import TransformerConfig, load_config_file
-    from jaxformer.data.tokenizers import ByteTokenizer
-
-    # The byte vocabulary; training raises it to the tokenizer's when that is larger.
-    config = getattr(TransformerConfig, args.preset)(ByteTokenizer.vocab_size)
-    if args.config:
-        fields = load_config_file(args.config)  # its errors name the file
-        try:
-            config = config.replace(**fields)
-        except InputError as e:
-            raise type(e)(f"{args.config}: {e}") from None
-    names = [f.name for f in dataclasses.fields(TransformerConfig) if hasattr(args, f.name)]
-    return config.replace(**{name: getattr(args, name) for name in names})
 
 
 def _generate(args) -> int:
