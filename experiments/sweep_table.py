@@ -1,8 +1,8 @@
 """A sweep's report in the docs/results format, recomputed from its run folders (not read
 from a results.json that an earlier version of the report may have written):
 
-    jaxformer sweep experiments/wyc_web_speedrun.yaml
-    python experiments/sweep_table.py experiments/wyc_web_speedrun.yaml \
+    jaxformer sweep configs/sweeps/wyc_web_speedrun.yaml
+    python experiments/sweep_table.py configs/sweeps/wyc_web_speedrun.yaml \
         [--sweep-out DIR] [--baseline NAME] [--about "..."] [--device "..."] \
         [--source "..."] [--note "..."] [--curves PNG] [--comparisons-only] \
         --out docs/results/sweep_wyc_web_speedrun.json

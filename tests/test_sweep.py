@@ -39,7 +39,8 @@ BASE = dict(
 )
 
 
-VARIANT = pathlib.Path(__file__).resolve().parents[1] / "experiments/variants/squared_relu.py"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+VARIANT = ROOT / "experiments/variants/squared_relu.py"
 
 
 def write_spec(tmp_path, **fields):
@@ -509,15 +510,12 @@ def test_the_config_hash_reads_the_flat_run_options(tmp_path):
     assert spec.config_hash("sq", 1) == hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-ROOT = VARIANT.parents[2]
-
-
 def test_the_committed_sweep_runs_keep_their_config_hashes():
     """The runs in records/sweeps were launched by an earlier runner (a model.json and the
     run options as flags); the spec still resolves each to the hash its folder recorded,
     so `jaxformer sweep` keeps them as finished runs instead of refusing or rerunning them."""
     out = ROOT / "records/sweeps/wyc-web-speedrun"
-    spec = sweep.Spec.load(ROOT / "experiments/wyc_web_speedrun.yaml", out=str(out))
+    spec = sweep.Spec.load(ROOT / "configs/sweeps/wyc_web_speedrun.yaml", out=str(out))
     runs = [(v, s) for v in spec.variants for s in spec.seeds]
     recorded = {run: spec.recorded_hash(*run) for run in runs}
     assert len(set(recorded.values()) - {None}) == len(runs) == 15
@@ -536,9 +534,11 @@ def test_each_run_is_an_ordinary_train_command_of_its_resolved_run_file(tmp_path
     assert resolved["run"]["out"] == str(spec.folder("sq", 1))
 
 
-@pytest.mark.parametrize("path", sorted(VARIANT.parents[1].rglob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "configs/sweeps").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_every_committed_spec_resolves_each_run(path, monkeypatch):
-    monkeypatch.chdir(VARIANT.parents[2])  # the specs name their files from the repository
+    monkeypatch.chdir(ROOT)  # the specs name their files from the repository
     spec = sweep.Spec.load(path)
     for variant in spec.variants:
         model, run = spec.configs(variant, spec.seeds[0])

@@ -1,5 +1,5 @@
 """experiments/sweep_table.py on a constructed sweep: the report's tables in the
-docs/results format, recomputed from the run folders, rendered by update_docs."""
+docs/results format, recomputed from the run folders, rendered as a results.Record."""
 
 import importlib.util
 import json
@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from jaxformer import sweep
+from jaxformer import results, sweep
 from tests.test_sweep import finished, system, write_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ def _module(name):
     return module
 
 
-sweep_table, update_docs = _module("sweep_table"), _module("update_docs")
+sweep_table = _module("sweep_table")
 
 
 def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
@@ -43,7 +43,7 @@ def test_a_sweep_becomes_a_results_file_with_its_verdicts(tmp_path):
     assert figures["rows"][1][:3] == ["better", "3/3", "14.00 ± 2.48"]
     assert differences["rows"] == [["better", "3", "+3.00 ± 0.00", "+3.00 ± 0.00"]]
     assert verdicts["notes"] == ["Read it."] and verdicts["rows"][0][7] == "better"
-    text = update_docs.render_result(result)
+    text = results.Record.from_dict(result).markdown()
     assert "| better | 3/3 | 14.00 ± 2.48 | 33.00 |" in text and "Read it." in text
 
     png = tmp_path / "figures" / "curves.png"  # a folder not yet made
@@ -82,7 +82,7 @@ def test_the_committed_speedrun_sweep_tables_are_what_its_committed_records_comp
 ):
     out = tmp_path / "sweep.json"
     records = ROOT / "records" / "sweeps" / "wyc-web-speedrun"
-    argv = [str(ROOT / "experiments" / "wyc_web_speedrun.yaml"), "--sweep-out", str(records)]
+    argv = [str(ROOT / "configs" / "sweeps" / "wyc_web_speedrun.yaml"), "--sweep-out", str(records)]
     if baseline:
         argv += ["--baseline", baseline, "--comparisons-only"]
     sweep_table.main([*argv, "--out", str(out)])
