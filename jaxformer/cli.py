@@ -10,6 +10,8 @@
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
     jaxformer generate --checkpoint gpt2-folder/ --input "Once upon a time"
     jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict
+    jaxformer sweep report sweep.yaml --out docs/results/sweep.json   # its tables, as a record
+    jaxformer sweep report --runs runs/speedrun runs/other --out speedrun.json
 
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...: a `checks.InputError`) is
@@ -45,7 +47,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     from jaxformer.config import PRESETS, RunConfig, TransformerConfig
 
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    shown = "{train,generate,sweep,bench}"  # `sweep report` is main's "sweep-report"
+    sub = parser.add_subparsers(dest="command", required=True, metavar=shown)
     t = sub.add_parser(
         "train",
         help="train a model",
@@ -137,7 +140,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "results.json and curves.png: mean and 95% CI over seeds, and against the baseline, "
         "seed by seed on dev, the seed-paired t-test and the crossed two-level bootstrap, "
         "both Holm-adjusted over every comparison reported, and a verdict. See "
-        "jaxformer.sweep.spec for the spec.",
+        "jaxformer.sweep.spec for the spec. `jaxformer sweep report --help`: its tables as a "
+        "results file for the docs.",
     )
     w.add_argument("spec", metavar="SPEC", help="YAML or JSON: base, variants, seeds, ...")
     w.add_argument("--out", metavar="DIR", help="the sweep's folder (default: the spec's out)")
@@ -160,6 +164,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     w.add_argument(
         "--retry-failed", action="store_true", help="empty and rerun failed and diverged runs"
     )
+    r = _sweep_report_parser(sub)
     b = sub.add_parser(
         "bench",
         help="benchmarks: xla-vs-eager",
@@ -171,7 +176,52 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     from jaxformer.bench.xla_vs_eager import add_options
 
     add_options(b)
-    return parser, {"train": t, "generate": g, "sweep": w, "bench": b}
+    return parser, {"train": t, "generate": g, "sweep": w, "sweep-report": r, "bench": b}
+
+
+def _sweep_report_parser(sub) -> argparse.ArgumentParser:
+    r = sub.add_parser(
+        "sweep-report",
+        prog="jaxformer sweep report",
+        description="A results file (jaxformer.results.Record, the docs' format) of a sweep's "
+        "tables, recomputed from its run folders (not from a results.json an earlier version "
+        "wrote): the figures per variant, the seed-paired differences and the verdicts "
+        "(jaxformer.sweep.report); or, with --runs, of single runs of the wyc-web speedrun "
+        "compared with the first, the speedrun command's (jaxformer.sweep.runs). Prints a "
+        "JSON line: the verdicts, or each run's row.",
+    )
+    r.add_argument("spec", nargs="?", metavar="SPEC", help="the sweep's spec (YAML or JSON)")
+    r.add_argument("--sweep-out", metavar="DIR", help="the sweep's folder, if not the spec's out")
+    r.add_argument(
+        "--baseline",
+        metavar="NAME",
+        help="read the runs against this variant, not the spec's baseline (it joins the "
+        "family of readings whose comparisons Holm's adjustment covers)",
+    )
+    r.add_argument(
+        "--comparisons-only",
+        action="store_true",
+        help="leave out the figures per variant (the differences and verdicts only)",
+    )
+    r.add_argument("--curves", metavar="PNG", help="also draw the runs' curves to this file")
+    r.add_argument(
+        "--runs", nargs="+", type=pathlib.Path, metavar="RUN", help="run folders, not a sweep"
+    )
+    r.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        default=[],
+        type=pathlib.Path,
+        metavar=("BASE", "RUN"),
+        help="with --runs: also compare RUN with BASE (two of the runs); repeatable",
+    )
+    r.add_argument("--about", default="", help="what was trained, on what (before the caption)")
+    r.add_argument("--note", action="append", default=[], help="a note under the tables")
+    r.add_argument("--device", help="the machine the runs ran on (default: this one's)")
+    r.add_argument("--source", help="what the runs were and where they are")
+    r.add_argument("--out", required=True, metavar="FILE.json", help="the results file to write")
+    return r
 
 
 def _add_fields(group, cls, *, preset=None) -> None:
@@ -358,6 +408,9 @@ def _use_compilation_cache(enabled: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     _tune_glibc_malloc()
     parser, commands = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["sweep", "report"]:  # a command of its own beside `sweep SPEC`
+        argv = ["sweep-report", *argv[2:]]
     args, extras = parser.parse_known_args(argv)
     if extras:
         _unrecognized(commands[args.command], extras)
@@ -371,7 +424,7 @@ def _one_line_warning(command: str, show):
 
     def showwarning(message, category, *args, **kwargs):
         if issubclass(category, InputWarning):
-            print(f"jaxformer {command}: warning: {message}", file=sys.stderr, flush=True)
+            print(f"{_name(command)}: warning: {message}", file=sys.stderr, flush=True)
         else:
             show(message, category, *args, **kwargs)
 
@@ -383,6 +436,8 @@ def _command(args) -> int:
     try:
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "sweep-report":
+            return _sweep_report(args)
         if args.command == "bench":
             return _bench(args)
         _use_compilation_cache(not args.no_compile_cache)
@@ -395,8 +450,13 @@ def _command(args) -> int:
     except InputError as e:  # anything else is a bug: its traceback
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
-        print(f"jaxformer {args.command}: error: {e}", file=sys.stderr)
+        print(f"{_name(args.command)}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _name(command: str) -> str:
+    """The command as typed: "jaxformer sweep report" for main's "sweep-report"."""
+    return "jaxformer " + command.replace("-", " ")
 
 
 def _bench(args) -> int:
@@ -426,6 +486,56 @@ def _sweep(args) -> int:
     print((spec.out / "results.md").read_text())
     print(f"results in {spec.out}/: results.md results.json curves.png")
     return 0
+
+
+def _sweep_report(args) -> int:
+    import json
+
+    _check_report_options(args)
+    record, line = _report_runs(args) if args.runs else _report_sweep(args)
+    given = {"device": args.device, "source": args.source}
+    record = dataclasses.replace(record, **{k: v for k, v in given.items() if v is not None})
+    record.write(args.out)
+    print(json.dumps(line | {"out": args.out}))
+    return 0
+
+
+def _check_report_options(args) -> None:
+    """A sweep's SPEC or --runs, and only the options that read it."""
+    if (args.spec is None) == (args.runs is None):
+        raise BadValue("give a sweep's SPEC or --runs RUN..., one of them")
+    spec_only = ("--sweep-out", "--baseline", "--comparisons-only", "--curves")
+    given = [f for f in spec_only if getattr(args, f[2:].replace("-", "_")) not in (None, False)]
+    if args.runs and given:
+        raise BadValue(f"{', '.join(given)} read(s) a sweep: give its SPEC, not --runs")
+    if args.spec and args.pair:
+        raise BadValue("--pair compares two of --runs; a sweep's runs are paired by seed")
+
+
+def _report_runs(args) -> tuple:
+    """The speedrun runs' record, and each run's row."""
+    from jaxformer.sweep import runs
+
+    record = runs.record(args.runs, args.pair, about=args.about, notes=tuple(args.note))
+    return record, {str(f): row for f, row in zip(args.runs, record.tables[0].rows, strict=True)}
+
+
+def _report_sweep(args) -> tuple:
+    """The sweep's record (and its curves, with --curves), and its verdicts."""
+    from jaxformer import sweep
+
+    spec = sweep.Spec.load(args.spec, out=args.sweep_out)
+    record, results = sweep.report.record(
+        spec,
+        f"jaxformer sweep {args.spec}",
+        baseline=args.baseline,
+        comparisons_only=args.comparisons_only,
+        about=args.about,
+        notes=tuple(args.note),
+    )
+    if args.curves:
+        sweep.report.curves(spec, pathlib.Path(args.curves))
+    return record, {"sweep": str(spec.out), "verdicts": sweep.report.verdicts(results)}
 
 
 def _unrecognized(command: argparse.ArgumentParser, extras: list[str]) -> None:

@@ -39,7 +39,7 @@ BASE = dict(
 )
 
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 VARIANT = ROOT / "experiments/variants/squared_relu.py"
 
 
