@@ -23,7 +23,7 @@ import numpy as np
 from jaxformer import results as results_lib
 from jaxformer.checks import BadValue, MissingFile
 from jaxformer.markdown import table as markdown_table
-from jaxformer.sweep import stats
+from jaxformer.sweep import paper, stats
 from jaxformer.sweep.spec import Spec, status
 from jaxformer.train.run_folder import read_json, read_metrics
 
@@ -121,7 +121,7 @@ def summarize(spec: Spec) -> dict:
         }
         for b in spec.baselines[1:]
     }
-    return {
+    out = {
         "out": str(spec.out),
         "baseline": spec.baseline,
         "seeds": list(spec.seeds),
@@ -131,6 +131,10 @@ def summarize(spec: Spec) -> dict:
         "variants": variants,
         "readings": readings,
     }
+    if spec.paper is not None:
+        models = {name: spec.configs(name, spec.seeds[0])[0] for name in spec.variants}
+        out["paper"] = paper.summary(spec.paper, models, spec.baseline)
+    return out
 
 
 def _done(spec: Spec, name: str) -> list[int]:
@@ -320,12 +324,14 @@ def tables(results: dict) -> list[dict]:
     """The report as tables, each {caption, columns, rows, align, notes} (the format of
     docs/results): the figures per variant, with each seed's value of the compared metric
     and the runs left out; then, once a variant is paired with the baseline, the
-    seed-paired differences and the verdicts on the dev set."""
-    return [
-        t
-        for t in (_figures_table(results), _differences_table(results), _verdict_table(results))
-        if t is not None
-    ]
+    seed-paired differences and the verdicts on the dev set; with the spec's `paper`, each
+    variant beside the paper's row and the verdict against its finding (`paper.table`)."""
+    shown = [_figures_table(results), _differences_table(results), _verdict_table(results)]
+    if "paper" in results:
+        metric = _compared_metric(results)
+        title = next(t for k, t, _ in FIGURES if k == metric).removeprefix("dev ")
+        shown.append(paper.table(results, metric, title))
+    return [t for t in shown if t is not None]
 
 
 def _table(caption: str, head: list[str], rows: list[list[str]], align: str, notes=()) -> dict:

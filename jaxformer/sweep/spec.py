@@ -15,6 +15,7 @@ RunConfig options and TransformerConfig fields), an optional grid, and seeds:
     readings: [squared_relu]       # other baselines the same runs are read against
     variant_files: [experiments/variants/squared_relu.py]  # registrations, if any
     out: runs/sweeps/activations   # default: runs/sweeps/<the spec's file name>
+    paper: {...}                   # a paper's figure and finding per variant (see `paper`)
 
 Every reading (the baseline, then each of `readings`) compares the other variants with
 it, and the verdicts of all of them are one family: Holm's adjustment covers every
@@ -40,9 +41,13 @@ import yaml
 from jaxformer.checks import BadValue, InputError
 from jaxformer.config import RunConfig, TransformerConfig, load_config_file, load_run
 from jaxformer.functional.registry import import_variants
+from jaxformer.sweep.paper import Paper
 from jaxformer.train.run_folder import read_json
 
-SPEC_KEYS = ("base", "variants", "grid", "seeds", "baseline", "readings", "variant_files", "out")
+SPEC_KEYS = (
+    *("base", "variants", "grid", "seeds", "baseline", "readings", "variant_files", "out"),
+    "paper",
+)
 MODEL_FIELDS = ("preset", *(f.name for f in dataclasses.fields(TransformerConfig)))
 RUN_FIELDS = tuple(RunConfig.options())
 SWEEP_OWNS = ("seed", "out")  # set by the sweep for each run
@@ -61,6 +66,7 @@ class Spec:
     variant_files: tuple[str, ...]
     out: pathlib.Path
     readings: tuple[str, ...] = ()  # other baselines the runs are read against
+    paper: Paper | None = None  # a paper's figures and findings, which the report reads
 
     @classmethod
     def load(
@@ -82,6 +88,9 @@ class Spec:
                 out or fields.get("out") or pathlib.Path("runs/sweeps") / pathlib.Path(path).stem
             ),
             readings=_readings(fields.get("readings", []), path),
+            paper=None
+            if "paper" not in fields
+            else Paper.read(fields["paper"], path, MODEL_FIELDS),
         )
         for name in spec.baselines:
             if name not in spec.variants:
