@@ -216,10 +216,13 @@ def _sweep_report_parser(sub) -> argparse.ArgumentParser:
         metavar=("BASE", "RUN"),
         help="with --runs: also compare RUN with BASE (two of the runs); repeatable",
     )
-    r.add_argument("--about", default="", help="what was trained, on what (before the caption)")
-    r.add_argument("--note", action="append", default=[], help="a note under the tables")
-    r.add_argument("--device", help="the machine the runs ran on (default: this one's)")
-    r.add_argument("--source", help="what the runs were and where they are")
+    text = dict(metavar="TEXT")
+    r.add_argument(
+        "--about", default="", help="what was trained, on what (before the caption)", **text
+    )
+    r.add_argument("--note", action="append", default=[], help="a note under the tables", **text)
+    r.add_argument("--device", help="the machine the runs ran on (default: this one)", **text)
+    r.add_argument("--source", help="what the runs were and where they are", **text)
     r.add_argument("--out", required=True, metavar="FILE.json", help="the results file to write")
     return r
 
