@@ -343,7 +343,7 @@ def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
         (["--steps", "0"], "steps must be >= 1, got 0"),
         (["--steps", "-5"], "steps must be >= 1, got -5"),
         (["--batch-size", "ten"], "argument --batch-size: invalid int value: 'ten'"),
-        (["--config", "BADKEY"], r"unknown config key\(s\) \['d_modle'\]; valid keys are"),
+        (["--config", "BADKEY"], r"unknown model key\(s\) \['d_modle'\] \(did you mean 'd_model'"),
         (["--config", "BADJSON"], "not valid JSON"),
         (["--data-tsv", "MALFORMED"], r"pairs.tsv:2: expected 'source<TAB>target'"),
         (
