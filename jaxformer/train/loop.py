@@ -2,16 +2,14 @@
 each step batch -> compiled step -> the hooks due after it (`hooks`: the in-run
 evaluation, the checkpoint, a user's), then the final evaluation and the report.
 
-Stopping: Ctrl-C (SIGINT), SIGTERM (`kill`, `timeout`, `docker stop`, a cluster
-scheduler's preemption) and SIGHUP (a closed terminal) wait until the step in flight has
-given back its donated state; then the last step done is saved, one line on stderr says
-so, and `train` raises KeyboardInterrupt (Ctrl-C) or `Terminated` (the `jaxformer`
+Stopping: Ctrl-C (SIGINT), SIGTERM and SIGHUP wait until the step in flight has given
+back its donated state (`signals`); then the last step done is saved, one line on stderr
+says so, and `train` raises KeyboardInterrupt (Ctrl-C) or `Terminated` (the `jaxformer`
 command exits with 130, or 128 + the signal's number: 143 for SIGTERM, 129 for SIGHUP).
-A handler the caller installed for SIGTERM or SIGHUP, or an ignored signal, is left alone.
 
 The pieces it composes live beside it: the set-up (`setup`), the hooks (`hooks`), the
-run folder (`run_folder`), evaluation (`evaluate`), the report (`report`), the steps
-(`steps`) and the placement that lays out and compiles them (`jaxformer.parallel`).
+run folder (`run_folder`), evaluation (`evaluate`), the report (`report`), the stop
+signals (`signals`), the steps (`steps`) and the placement that lays out and compiles them (`jaxformer.parallel`).
 `RunConfig.runtime.mesh` ("data=2,fsdp=2,tensor=2") or `RunConfig.runtime.pmap` spread the run over
 devices. On several processes (after `parallel.initialize`) every process runs this same
 loop: each builds the global batch (a pure function of seed and index) and the placement
@@ -20,11 +18,8 @@ transfers only its own rows.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -42,6 +37,7 @@ from jaxformer.train.evaluate import eval_beam, evaluate, score, translate
 from jaxformer.train.hooks import Hook, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup, set_up
+from jaxformer.train.signals import Terminated, signals_held, stop_signals_raise
 from jaxformer.train.steps import TrainState
 
 Pairs = list[tuple[str, str]]
@@ -49,20 +45,6 @@ Pairs = list[tuple[str, str]]
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
-
-
-class Terminated(KeyboardInterrupt):
-    """Training was asked to stop by signal `signum` (SIGTERM or SIGHUP); raised, as
-    Ctrl-C raises KeyboardInterrupt, once the step in flight is done and saved."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-# What stops a run besides Ctrl-C (SIGINT): `kill`'s or a scheduler's SIGTERM, a closed
-# terminal's SIGHUP (POSIX only).
-TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 def train(
@@ -86,7 +68,7 @@ def train(
     intact); re-raises KeyboardInterrupt (Ctrl-C), Terminated (SIGTERM, SIGHUP) and the
     error of a hook that raises, after saving the last completed step.
     """
-    with _stop_signals_raise():
+    with stop_signals_raise():
         return _train(model_config, run, resume, progress, hooks)
 
 
@@ -169,7 +151,7 @@ def _run_steps(
         for step in range(meter.step, run.optim.steps):
             profiler.before(step)
             step_fn = setup.step_for(step + 1)
-            with _signals_held():
+            with signals_held():
                 state, metrics = step_fn(state, setup.data.train_batch(step, run.optim.batch_size))
             done = step + 1
             profiler.after(done, state)
@@ -511,48 +493,3 @@ def _read_metrics(
             shown.show(record)
             meter.restart_window()
     return record
-
-
-@contextlib.contextmanager
-def _stop_signals_raise():
-    """While the block runs (in the main thread): SIGTERM and SIGHUP raise Terminated, as
-    Ctrl-C raises KeyboardInterrupt; a signal with a handler of the caller's, or ignored,
-    is left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    ours = [s for s in TERMINATING if signal.getsignal(s) is signal.SIG_DFL]
-    for signum in ours:
-        signal.signal(signum, _raise_terminated)
-    try:
-        yield
-    finally:
-        for signum in ours:
-            signal.signal(signum, signal.SIG_DFL)
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """Hold the stop signals that raise (Ctrl-C's, and `_stop_signals_raise`'s) until the
-    block ends, then raise for the first that came. The compiled step donates the old
-    state, so an error raised inside it (e.g. while its outputs are unpacked) would leave
-    no state to save."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    raising = (signal.default_int_handler, _raise_terminated)
-    held = {s: h for s in (signal.SIGINT, *TERMINATING) if (h := signal.getsignal(s)) in raising}
-    caught = []
-    for signum in held:
-        signal.signal(signum, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-    if caught:
-        raise KeyboardInterrupt if caught[0] == signal.SIGINT else Terminated(caught[0])
