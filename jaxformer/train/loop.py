@@ -32,7 +32,6 @@ from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.models import Transformer
 from jaxformer.parallel import host_copy
 from jaxformer.train import report
-from jaxformer.train.checkpoint import abstract_train_state, save_averaged
 from jaxformer.train.evaluate import eval_beam, evaluate, score, translate
 from jaxformer.train.hooks import Hook, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder
@@ -76,8 +75,13 @@ def _train(model_config, run, resume, progress, hooks) -> dict[str, Any]:
     started = time.perf_counter()
     check_hooks(hooks)
     setup = set_up(model_config, run)  # everything that can fail before the folder exists
-    out, keep = run.runtime.out, run.runtime.keep_checkpoints
-    folder = RunFolder(out, keep_checkpoints=keep, verbose=progress)
+    folder = RunFolder(
+        run.runtime.out,
+        placement=setup.placement,
+        meta=setup.meta,
+        keep_checkpoints=run.runtime.keep_checkpoints,
+        verbose=progress,
+    )
     state, first = _start(setup, folder, resume=resume)
     evaluator = _Evaluator(setup, earlier=folder.resumed_seconds["eval_seconds"])
     meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
@@ -113,8 +117,7 @@ def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState
     placement, config = setup.placement, setup.config
     state = placement.put(setup.state, like=setup.layout)
     if folder.start(resume=resume):
-        abstract = abstract_train_state(placement.one_copy(state))
-        state = placement.put(folder.restore(abstract, setup.meta), like=setup.layout)
+        state = placement.put(folder.restore(state), like=setup.layout)
     if folder.is_main:
         setup.tokenizer.save(folder.path)
     folder.write_json("config.json", {"model": config.to_dict(), "run": setup.run.to_dict()})
@@ -190,12 +193,7 @@ def _default_hooks(run: RunConfig, evaluator: _Evaluator) -> list[Hook]:
 
 
 def _checkpoint(context: StepContext) -> None:
-    _save(context.setup, context.folder, context.state)
-
-
-def _save(setup: Setup, folder: RunFolder, state: TrainState) -> None:
-    """A checkpoint of laid-out `state`."""
-    folder.save(setup.placement.one_copy(state), setup.meta)
+    context.folder.save(context.state)
 
 
 def _save_before_stopping(
@@ -210,10 +208,7 @@ def _save_before_stopping(
     and say so in one line on stderr (with or without progress)."""
     _read_metrics(meter, folder, shown, setup.run)  # no checkpoint of a diverged state
     shown.close()
-    done = int(setup.placement.one_copy(state.step))
-    if done > (folder.checkpoints.latest_step() or 0):
-        _save(setup, folder, state)
-    _say_stopped(folder, why, done)
+    _say_stopped(folder, why, folder.save(state))
 
 
 def _stop(error: KeyboardInterrupt) -> str:
@@ -332,9 +327,7 @@ def _final_model(
 def _average(setup: Setup, folder: RunFolder, state: TrainState) -> tuple[Any, list[int]]:
     """The laid-out mean parameters of the last `average_checkpoints` checkpoints (also
     saved in <out>/averaged), and their steps."""
-    abstract = abstract_train_state(setup.placement.one_copy(state)).params
-    mean, steps = folder.checkpoints.average_params(abstract, setup.run.eval.average_checkpoints)
-    save_averaged(folder.path, mean)
+    mean, steps = folder.average_checkpoints(state, setup.run.eval.average_checkpoints)
     return setup.placement.put(mean, like=setup.layout.params), steps
 
 
