@@ -17,7 +17,7 @@ import pytest
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.train import checkpoint, loop, setup
+from jaxformer.train import checkpoint, evaluate, loop, setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
@@ -318,13 +318,13 @@ def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
 def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
     tmp_path, capsys, monkeypatch
 ):
-    real = loop._final_model
+    real = evaluate.Evaluation.final
 
-    def hang_up_first(*args):
+    def hang_up_first(self, context):
         os.kill(os.getpid(), signal.SIGHUP)
-        return real(*args)
+        return real(self, context)
 
-    monkeypatch.setattr(loop, "_final_model", hang_up_first)
+    monkeypatch.setattr(evaluate.Evaluation, "final", hang_up_first)
     with pytest.raises(loop.Terminated):
         loop.train(small_config(), run_config(tmp_path, steps=4), progress=False)
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
