@@ -297,7 +297,7 @@ def _read_metrics(
     log_every steps and the last). Returns the last record read (None if none was)."""
     record = None
     while len(meter.held) > keep:
-        with _signals_held():  # a record read is a record logged: a stop waits for the write
+        with signals_held():  # a record read is a record logged: a stop waits for the write
             done, record, internals = meter.read(folder)
             if internals is not None:
                 folder.log(report.internals_record(done, internals))
