@@ -142,10 +142,10 @@ def _run_steps(
         for step in range(meter.step, run.optim.steps):
             profiler.before(step)
             step_fn = setup.step_for(step + 1)
-            with signals_held():
+            with signals_held():  # a stop after the step finds its metrics held
                 state, metrics = step_fn(state, setup.data.train_batch(step, run.optim.batch_size))
+                meter.hold(step + 1, metrics)
             profiler.after(step + 1, state)
-            meter.hold(step + 1, metrics)
             _read_metrics(meter, folder, shown, run, keep=1)  # step done - 1's, as done runs
             if due := hooks.due(step + 1):  # a NaN stops the run before a hook sees its state
                 record = _read_metrics(meter, folder, shown, run)
