@@ -76,6 +76,14 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     _add_fields(model, TransformerConfig, preset=TransformerConfig.tiny(259))
     t.add_argument("--resume", action="store_true", help="continue from --out's last checkpoint")
     t.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="S",
+        help="train these seeds of the run as one vmapped program, each in <out>/seed<S> "
+        "(see jaxformer.train.seed_group)",
+    )
+    t.add_argument(
         "--no-progress",
         action="store_true",
         help="print nothing but errors and warnings (the run folder holds every result)",
@@ -163,6 +171,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     w.add_argument(
         "--retry-failed", action="store_true", help="empty and rerun failed and diverged runs"
+    )
+    w.add_argument(
+        "--separate-seeds",
+        action="store_true",
+        help="train each seed as its own process, seed-major (default: a variant's seeds "
+        "as one vmapped program, `train --seeds`)",
     )
     r = _sweep_report_parser(sub)
     b = sub.add_parser(
@@ -271,7 +285,8 @@ def _value_parser(kind: type, optional: bool):
 
 def _train(args) -> int:
     from jaxformer.config import RunConfig, TransformerConfig, load_run
-    from jaxformer.train.loop import Terminated, TrainingDiverged, train
+    from jaxformer.train.loop import Terminated, TrainingDiverged
+    from jaxformer.train.seed_group import seed_runs, train_seeds
 
     if args.coordinator:
         from jaxformer import parallel
@@ -291,8 +306,9 @@ def _train(args) -> int:
         model={name: given[name] for name in model_fields if name in given},
         run={name: given[name] for name in RunConfig.options() if name in given},
     )
+    runs = [run] if args.seeds is None else seed_runs(run, args.seeds)
     try:
-        train(config, run, resume=args.resume, progress=not args.no_progress)
+        train_seeds(config, runs, resume=args.resume, progress=not args.no_progress)
     except TrainingDiverged as e:
         print(f"jaxformer train: {e}", file=sys.stderr)
         return 1
@@ -481,7 +497,11 @@ def _sweep(args) -> int:
     spec = sweep.Spec.load(args.spec, out=args.out, overrides=tuple(args.set))
     try:
         sweep.run(
-            spec, jobs=args.jobs, rerun_changed=args.rerun_changed, retry_failed=args.retry_failed
+            spec,
+            jobs=args.jobs,
+            rerun_changed=args.rerun_changed,
+            retry_failed=args.retry_failed,
+            vmap_seeds=not args.separate_seeds,
         )
     except KeyboardInterrupt:
         print("jaxformer sweep: interrupted; run the same command to continue", file=sys.stderr)

@@ -51,7 +51,9 @@ class Setup:
                      (`state_layout`): how the placement lays it out
     param_count      the model's parameters
     placement        lays out state and batches, compiles the steps (`jaxformer.parallel`)
-    train_step       (state, batch) -> (state, metrics), compiled, donating the state
+    train_fn         the step before compiling, (state, batch) -> (state, metrics): what
+                     `train_seeds` vmaps over a seed axis
+    train_step       train_fn compiled, donating the state
     eval_step        (params, batch) -> LossSums, compiled
     internals_step   train_step that also returns metrics["internals"]; None unless
                      `run.runtime.log_internals`
@@ -67,6 +69,7 @@ class Setup:
     layout: TrainState
     param_count: int
     placement: Placement
+    train_fn: Callable
     train_step: Callable
     eval_step: Callable
     internals_step: Callable | None
@@ -127,6 +130,7 @@ def set_up(model_config: TransformerConfig, run: RunConfig) -> Setup:
         layout=layout,
         param_count=count_params(model),
         placement=placement,
+        train_fn=train_fn,
         train_step=placement.compile(train_fn, layout, donate_state=True),
         eval_step=placement.compile(eval_fn, layout.params),
         internals_step=internals_fn and placement.compile(internals_fn, layout, donate_state=True),

@@ -1,0 +1,220 @@
+"""k seeds of one run trained as one compiled program, each in its own run folder.
+
+    runs = seed_runs(run, seeds=(0, 1, 2))          # run once per seed, in <out>/seed<S>
+    summaries = train_seeds(model_config, runs)      # one vmapped step for all three
+
+Each seed keeps what its separate run would have: its initialisation, dropout key and
+data order (its own `set_up`), and its folder: config.json, metrics.jsonl, checkpoints,
+the evaluations, summary.json and the report, so resume, `jaxformer sweep` and the tables
+read it as a separate run's. Their states are stacked on a leading seed axis and the step
+is `jax.vmap`ped over it (`jaxformer.train.seeds`): one program and one dispatch per step
+for all k. Each seed's figures equal its separate run's to float rounding (the vmapped
+reductions may sum in another order; tests/train/test_seed_group.py states the tolerance).
+
+The hooks (in-run evaluation, checkpoint, the caller's, final evaluation) run for each
+seed in turn with its own state; the evaluations decode seed by seed. A stop (Ctrl-C,
+SIGTERM, SIGHUP) saves every seed's last step. Seeds run vmapped on one device: a run
+with a mesh or pmap, a profile or logged internals trains its seeds separately.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from jaxformer.checks import BadValue
+from jaxformer.config import RunConfig, TransformerConfig
+from jaxformer.train import loop, report
+from jaxformer.train import seeds as seed_axis
+from jaxformer.train.evaluate import Evaluation
+from jaxformer.train.hooks import Hook, HookRunner, StepContext, check_hooks
+from jaxformer.train.run_folder import RunFolder
+from jaxformer.train.setup import Setup, set_up
+from jaxformer.train.signals import signals_held, stop_signals_raise
+
+UNVMAPPED = ("mesh", "pmap", "profile", "log_internals")  # options seeds cannot share a step with
+
+
+def seed_runs(run: RunConfig, seeds: Sequence[int], out: str | None = None) -> list[RunConfig]:
+    """`run` once per seed, each in `<out>/seed<S>` (default out: the run's own folder)."""
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise BadValue(f"seeds must be distinct, at least one, got {list(seeds)}")
+    base = pathlib.Path(out or run.runtime.out)
+    fields = run.to_dict()
+    return [
+        RunConfig.from_options(**(fields | {"seed": s, "out": str(base / f"seed{s}")}))
+        for s in seeds
+    ]
+
+
+def train_seeds(
+    model_config: TransformerConfig,
+    runs: Sequence[RunConfig],
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    hooks: Sequence[Hook] = (),
+) -> list[dict[str, Any]]:
+    """Train `runs` (one configuration, differing only in seed and folder) as one vmapped
+    program; returns their summaries, in order. One run trains as `loop.train` does.
+    Resumed, every run must be at the same step. Stops and errors as `loop.train`."""
+    check_seed_runs(runs)
+    if len(runs) == 1:
+        return [loop.train(model_config, runs[0], resume=resume, progress=progress, hooks=hooks)]
+    with stop_signals_raise():
+        return _train_seeds(model_config, runs, resume, progress, hooks)
+
+
+def check_seed_runs(runs: Sequence[RunConfig]) -> None:
+    """Raise BadValue unless `runs` are one configuration's distinct seeds and folders, and
+    (several) use no option that keeps seeds from sharing one step."""
+    if not runs:
+        raise BadValue("train_seeds needs at least one run")
+    rest = [{k: v for k, v in r.to_dict().items() if k not in ("seed", "out")} for r in runs]
+    differ = sorted({k for r in rest[1:] for k in r if r[k] != rest[0][k]})
+    if differ:
+        raise BadValue(f"seeds of one run may differ only in seed and out; these differ: {differ}")
+    for name in ("seed", "out"):
+        values = [getattr(r.runtime, name) for r in runs]
+        if len(set(values)) != len(values):
+            raise BadValue(f"each seed needs its own {name}, got {values}")
+    given = [n for n in UNVMAPPED if getattr(runs[0].runtime, n) not in (None, False)]
+    if len(runs) > 1 and given:
+        raise BadValue(
+            f"seeds run vmapped on one device, without {', '.join(UNVMAPPED)}; "
+            f"this run sets {given}: train its seeds as separate runs"
+        )
+
+
+class _Seed(NamedTuple):
+    """One seed's side of the group: what its separate run's loop would hold (only the
+    first seed's progress shows)."""
+
+    setup: Setup
+    folder: RunFolder
+    evaluation: Evaluation
+    meter: loop._Meter
+    hooks: HookRunner
+    shown: report.Progress
+
+
+def _train_seeds(model_config, runs, resume, progress, hooks) -> list[dict[str, Any]]:
+    started = time.perf_counter()
+    check_hooks(hooks)
+    setups = [set_up(model_config, run) for run in runs]  # all bad input before any folder
+    group, states = [], []
+    for setup in setups:
+        run, first = setup.run, not group
+        folder = RunFolder(
+            run.runtime.out,
+            placement=setup.placement,
+            meta=setup.meta,
+            keep_checkpoints=run.runtime.keep_checkpoints,
+            verbose=progress and first,
+        )
+        state, step = loop._start(setup, folder, resume=resume)
+        if not first and step != group[0].meter.first:
+            raise BadValue(
+                f"resumed seeds must be at one step: {runs[0].runtime.out} is at "
+                f"{group[0].meter.first}, {run.runtime.out} at {step}; resume them separately"
+            )
+        evaluation = Evaluation(setup, earlier=folder.resumed_seconds["eval_seconds"])
+        meter = loop._Meter(step, started, folder.resumed_seconds["wall_seconds"])
+        shown = report.Progress(progress and first and folder.is_main, step, run.optim.steps)
+        hooks_run = loop._hooks(run, evaluation, hooks)
+        group.append(_Seed(setup, folder, evaluation, meter, hooks_run, shown))
+        states.append(state)
+    _run_steps(group, seed_axis.stack(states))
+    summaries = [_finish(seed) for seed in group]  # the first seed's report is shown
+    if progress and group[0].folder.is_main:
+        for seed in group[1:]:
+            print(f"seed {seed.setup.run.runtime.seed}: results in {seed.folder.path}/")
+    return summaries
+
+
+def _run_steps(group: list[_Seed], state) -> None:
+    """The steps after the group's first up to the run's last, vmapped; each step's
+    metrics are brought to the host while the next runs and logged in each seed's folder,
+    and after a step with hooks due each seed runs them with its own state. On a stop or
+    a hook's error every seed's last step is saved before the error is raised again."""
+    lead, run = group[0].setup, group[0].setup.run
+    like = seed_axis.seed_layout(lead.layout, len(group))
+    step_fn = lead.placement.compile(jax.vmap(lead.train_fn), like, donate_state=True)
+    state, held, running = lead.placement.put(state, like=like), [], None
+    try:
+        for step in range(group[0].meter.first, run.optim.steps):
+            batches = [s.setup.data.train_batch(step, run.optim.batch_size) for s in group]
+            with signals_held():
+                state, metrics = step_fn(state, seed_axis.stack_batches(batches))
+                held.append((step + 1, metrics))
+            _read(group, held, keep=1)  # the step before's, as this one runs
+            if group[0].hooks.due(step + 1):  # the seeds' hooks are due together
+                records = _read(group, held)  # this step's: a NaN stops the run before hooks
+                for running, mine, record in zip(
+                    group, seed_axis.unstack(state), records, strict=True
+                ):
+                    context = StepContext(
+                        step + 1, mine, record, running.folder, running.setup, running.shown.write
+                    )
+                    running.hooks.run(running.hooks.due(step + 1), context)
+                    running.meter.restart_window()
+                running = None
+            group[0].shown.advance()
+        if group[0].meter.first >= run.optim.steps:  # resumed complete: the at_end hooks
+            for running, mine in zip(group, seed_axis.unstack(state), strict=True):
+                at_end, step = running.hooks.due(run.optim.steps), running.meter.step
+                running.hooks.run(
+                    at_end,
+                    StepContext(step, mine, {}, running.folder, running.setup, running.shown.write),
+                )
+    except KeyboardInterrupt as e:
+        stop = e
+        _save_all(group, held, state, lambda seed: loop._stop(stop, seed.hooks.running))
+        raise
+    except Exception:
+        if running is None:
+            raise
+        why = f"hook {running.hooks.running.name!r} raised"
+        _save_all(group, held, state, lambda seed: why)
+        raise
+    finally:
+        for seed in group:
+            seed.shown.close()
+
+
+def _read(group: list[_Seed], held: list, keep: int = 0) -> list[dict | None]:
+    """Bring the held steps' metrics [k] but the newest `keep` to the host (one transfer
+    a step), give each seed its row and log it in its folder (a NaN loss stops the run).
+    Returns each seed's last record read (None where none was)."""
+    records = [None] * len(group)
+    while len(held) > keep:
+        with signals_held():  # a step read is a step logged in every folder
+            done, metrics = held[0]
+            rows = jax.device_get(metrics)
+            for i, seed in enumerate(group):
+                seed.meter.hold(done, {name: value[i] for name, value in rows.items()})
+                records[i] = loop._read_metrics(seed.meter, seed.folder, seed.shown, seed.setup.run)
+            del held[0]
+    return records
+
+
+def _save_all(group: list[_Seed], held: list, state, why) -> None:
+    """Every seed's last step saved (unless its loss is NaN), each saying so in one line."""
+    _read(group, held)
+    for seed, mine in zip(group, seed_axis.unstack(state), strict=True):
+        loop._save_before_stopping(
+            seed.folder, seed.meter, seed.shown, mine, seed.setup.run, why(seed)
+        )
+
+
+def _finish(seed: _Seed) -> dict[str, Any]:
+    """The seed's summary and report, as its separate run writes them."""
+    final = seed.evaluation.result
+    summary = seed.meter.summary() | final.fields | report.description(seed.setup) | final.tests
+    summary |= seed.evaluation.clocks(summary["wall_seconds"])
+    report.finish(seed.setup, seed.folder, summary, final.params, final.dev)
+    return summary

@@ -1,0 +1,78 @@
+"""k seeds of one run as one vmapped program (jaxformer.train.seed_group): each seed's folder
+holds what its separate run's holds, with the same figures to float rounding."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxformer.train import checkpoint, loop
+from jaxformer.train.seed_group import seed_runs, train_seeds
+from tests.train.test_loop import losses, run_config, small_config
+
+SEEDS = (0, 1, 2)
+# Per-seed losses and evaluation against separate runs: the vmapped step sums in another
+# order, so they agree to float32 rounding carried through 20 Adam steps, not to the bit.
+RTOL = 1e-4
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _clock(key: str) -> bool:
+    return "seconds" in key or "per_second" in key
+
+
+def test_seeds_vmapped_leave_the_folders_and_figures_of_separate_runs(tmp_path):
+    runs = seed_runs(run_config(tmp_path / "group"), SEEDS)
+    summaries = train_seeds(small_config(dropout_rate=0.1), runs, progress=False)
+    for seed, summary in zip(SEEDS, summaries, strict=True):
+        mine = tmp_path / "group" / f"seed{seed}"
+        alone = tmp_path / f"alone{seed}"
+        expected = loop.train(
+            small_config(dropout_rate=0.1),
+            run_config(alone, seed=seed),
+            progress=False,
+        )
+        assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in alone.iterdir())
+        assert checkpoint.Checkpointer(mine).latest_step() == 20
+        got, want = losses(mine), losses(alone)
+        assert list(got) == list(want)
+        np.testing.assert_allclose(list(got.values()), list(want.values()), rtol=RTOL)
+        assert list(summary) == list(expected) and summary["steps"] == 20
+        figures = [k for k, v in expected.items() if isinstance(v, float) and not _clock(k)]
+        assert "eval_nll" in figures and "exact_match" in figures
+        for key in figures:
+            np.testing.assert_allclose(summary[key], expected[key], rtol=RTOL, err_msg=key)
+        assert [r["step"] for r in _records(mine)] == [r["step"] for r in _records(alone)]
+    assert len({s["eval_nll"] for s in summaries}) == len(SEEDS)  # the seeds differ
+
+
+def test_resumed_seeds_continue_together_and_must_be_at_one_step(tmp_path):
+    runs = seed_runs(run_config(tmp_path, steps=10, schedule="constant"), (0, 1))
+    train_seeds(small_config(), runs, progress=False)
+    longer = seed_runs(run_config(tmp_path, steps=20, schedule="constant"), (0, 1))
+    summaries = train_seeds(small_config(), longer, resume=True, progress=False)
+    assert [s["steps_run"] for s in summaries] == [10, 10]
+    assert [r["step"] for r in _records(tmp_path / "seed1") if "loss" in r] == list(range(1, 21))
+    more = seed_runs(
+        run_config(tmp_path, steps=30, schedule="constant"), (0, 1, 2)
+    )  # seed 2 has not started
+    with pytest.raises(ValueError, match="resumed seeds must be at one step"):
+        train_seeds(small_config(), more, resume=True, progress=False)
+
+
+def test_runs_that_are_not_one_configuration_are_refused(tmp_path):
+    a, b = seed_runs(run_config(tmp_path), (0, 1))
+    other = run_config(tmp_path / "seed1", seed=1, lr=1e-3)
+    with pytest.raises(ValueError, match=r"only in seed and out; these differ: \[.lr.\]"):
+        train_seeds(small_config(), [a, other])
+    with pytest.raises(ValueError, match="each seed needs its own out"):
+        train_seeds(small_config(), [a, run_config(a.runtime.out, seed=1)])
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        seed_runs(a, (1, 1))
+    profiled = seed_runs(run_config(tmp_path, profile="2:3"), (0, 1))
+    with pytest.raises(ValueError, match=r"this run sets \['profile'\]"):
+        train_seeds(small_config(), profiled)
+    assert not (tmp_path / "seed0").exists()  # refused before any folder
