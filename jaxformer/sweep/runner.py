@@ -3,8 +3,15 @@
 Every (variant, seed) is an ordinary `jaxformer train` run in `<out>/<variant>/seed<k>`
 of its resolved configuration, written there as a run file (`run.json`): its command in
 `command.txt`, its output in `train.log`, the hash of that configuration in
-`config_hash.json`. Runs go seed-major: seed 0 of every variant, then
-seed 1, ..., so a drift of the machine's speed does not fall on one variant.
+`config_hash.json`. A variant's seeds train as one vmapped program
+(`jaxformer train --seeds`, `jaxformer.train.seed_group`): one process, one compilation,
+each seed still in its own folder; its command and output are those of the group's first
+seed. Seeds at different steps (a sweep resumed after separate runs) go in groups by
+step; a group in which a seed diverged runs its seeds again apart, so only that seed is
+marked diverged. With `vmap_seeds=False` (or a run option that keeps seeds apart: a mesh,
+pmap, a profile, logged internals) every run is its own process, seed-major: seed 0 of
+every variant, then seed 1, ..., so a drift of the machine's speed does not fall on one
+variant.
 
 A run with a summary.json is finished and never rerun; any other resumes from its last
 checkpoint, so a killed sweep continues where it stopped. A folder whose recorded hash is
@@ -26,7 +33,9 @@ import time
 from jaxformer.checks import BadValue
 from jaxformer.sweep import report
 from jaxformer.sweep.spec import HASH_FILE, Spec, status
+from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.run_folder import read_json, write_whole
+from jaxformer.train.seed_group import UNVMAPPED
 
 # `jaxformer train`'s exit codes after saving on a stop: Ctrl-C, SIGHUP, SIGTERM.
 STOPPED = (130, 129, 143)
@@ -56,12 +65,14 @@ def run(
     jobs: int | None = None,
     rerun_changed: bool = False,
     retry_failed: bool = False,
+    vmap_seeds: bool = True,
     say=print,
 ) -> dict:
-    """Run every pending (variant, seed), seed-major, `jobs` at a time (default: one per
-    NVIDIA GPU present, each pinned to its GPU, else 1), then write the report; returns
-    the results. Raises ValueError, before any run starts, for a folder made by another
-    configuration (unless `rerun_changed`)."""
+    """Run every pending (variant, seed), a variant's seeds as one program (unless not
+    `vmap_seeds`: then one run at a time, seed-major), `jobs` processes at a time
+    (default: one per NVIDIA GPU present, each pinned to its GPU, else 1), then write the
+    report; returns the results. Raises ValueError, before any run starts, for a folder
+    made by another configuration (unless `rerun_changed`)."""
     todo = [(v, s) for s in spec.seeds for v in spec.variants]
     _clear(spec, _changed(spec, todo, rerun_changed), "its configuration changed", say)
     if retry_failed:
@@ -73,27 +84,55 @@ def run(
     gpus = _gpu_count()
     slots = list(range(jobs or max(1, gpus)))
     pin = len(slots) > 1 and gpus >= len(slots)  # each slot runs on its own GPU
+    queue = _jobs(spec, pending, vmap_seeds)
     running: dict[int, tuple] = {}
     done = len(todo) - len(pending)
-    while pending or running:
-        while pending and len(running) < len(slots):
+    while queue or running:
+        while queue and len(running) < len(slots):
             slot = next(s for s in slots if s not in running)
-            variant, seed = pending.pop(0)
-            running[slot] = (
-                variant,
-                seed,
-                _launch(spec, variant, seed, gpu=slot if pin else None),
-                time.time(),
-            )
+            variant, seeds = queue.pop(0)
+            proc = _launch(spec, variant, seeds, gpu=slot if pin else None)
+            running[slot] = (variant, seeds, proc, time.time())
         time.sleep(0.2)
-        for slot, (variant, seed, proc, t0) in list(running.items()):
+        for slot, (variant, seeds, proc, t0) in list(running.items()):
             if proc.poll() is None:
                 continue
             del running[slot]
-            done += 1
-            outcome = _finish(spec.folder(variant, seed), proc.returncode)
-            say(f"[{done}/{len(todo)}] {variant} seed {seed}: {outcome} ({time.time() - t0:.0f} s)")
+            if proc.returncode == 1 and len(seeds) > 1:  # a seed diverged: find which
+                say(f"{variant} seeds {_names(seeds)}: a seed diverged; running them apart")
+                queue[:0] = [(variant, (seed,)) for seed in seeds]
+                continue
+            log = spec.folder(variant, seeds[0]) / "train.log"
+            for seed in seeds:
+                done += 1
+                outcome = _finish(spec.folder(variant, seed), proc.returncode, log)
+                took = f"{time.time() - t0:.0f} s"
+                say(f"[{done}/{len(todo)}] {variant} seed {seed}: {outcome} ({took})")
     return report.write(spec)
+
+
+def _jobs(spec: Spec, pending: list[tuple[str, int]], vmap_seeds: bool) -> list[tuple]:
+    """The pending runs as (variant, seeds) jobs: with `vmap_seeds`, a variant's seeds
+    that are at one step (none started, or all saved at one checkpoint) as one job, in
+    the variants' order; else one job per run, in `pending`'s (seed-major) order."""
+    groups: dict[tuple, list[int]] = {}
+    for variant, seed in pending:
+        run = spec.configs(variant, seed)[1].runtime
+        apart = not vmap_seeds or any(getattr(run, n) not in (None, False) for n in UNVMAPPED)
+        key = (variant, seed) if apart else (variant, _latest_step(spec.folder(variant, seed)))
+        groups.setdefault(key, []).append(seed)
+    return [(key[0], tuple(seeds)) for key, seeds in groups.items()]
+
+
+def _latest_step(folder) -> int:
+    """The step of the folder's latest checkpoint (0 for none)."""
+    if not (folder / "checkpoints").is_dir():
+        return 0
+    return Checkpointer(folder).latest_step() or 0
+
+
+def _names(seeds) -> str:
+    return ", ".join(map(str, seeds))
 
 
 def _changed(spec: Spec, todo: list[tuple[str, int]], rerun_changed: bool) -> list[tuple[str, int]]:
@@ -132,23 +171,34 @@ def _gpu_count() -> int:
     return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
-def _launch(spec: Spec, variant: str, seed: int, *, gpu: int | None) -> subprocess.Popen:
-    args = train_command(spec, variant, seed)
-    folder = spec.folder(variant, seed)
-    write_whole(folder / HASH_FILE, json.dumps({"config_hash": spec.config_hash(variant, seed)}))
-    command = [sys.executable, "-m", "jaxformer", *args]
-    (folder / "command.txt").write_text("jaxformer " + " ".join(args) + "\n")
+def _launch(spec: Spec, variant: str, seeds: tuple, *, gpu: int | None) -> subprocess.Popen:
+    """One process training `seeds` of `variant` (several: `train --seeds`, in the first
+    seed's run file with the variant's folder as --out); each seed's folder gets its run
+    file, hash and command, the first seed's its output."""
+    commands = {seed: train_command(spec, variant, seed) for seed in seeds}  # run files
+    for seed in seeds:
+        hashed = {"config_hash": spec.config_hash(variant, seed)}
+        write_whole(spec.folder(variant, seed) / HASH_FILE, json.dumps(hashed))
+    first, args = spec.folder(variant, seeds[0]), commands[seeds[0]]
+    if len(seeds) > 1:
+        args += ["--out", str(spec.out / variant), "--seeds", *map(str, seeds)]
+    for seed in seeds:
+        (spec.folder(variant, seed) / "command.txt").write_text(
+            "jaxformer " + " ".join(args) + "\n"
+        )
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    with open(folder / "train.log", "a") as log:
+    command = [sys.executable, "-m", "jaxformer", *args]
+    with open(first / "train.log", "a") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def _finish(folder, returncode: int) -> str:
-    """Record how a run ended; returns a line for the progress output. The command exits
-    1 when the loss diverged, 2 on bad input (the spec was checked, so a bug), with one of
-    STOPPED when stopped by a signal (the run resumes next time)."""
+def _finish(folder, returncode: int, log) -> str:
+    """Record how a run ended (its process's output in `log`); returns a line for the
+    progress output. The command exits 1 when the loss diverged, 2 on bad input (the spec
+    was checked, so a bug), with one of STOPPED when stopped by a signal (the run resumes
+    next time)."""
     if returncode == 0:
         summary = read_json(folder / "summary.json")
         shown = [
@@ -159,7 +209,7 @@ def _finish(folder, returncode: int) -> str:
         return "done: " + ", ".join(shown)
     if returncode in STOPPED or returncode < 0:
         return "interrupted (resumes next time)"
-    last = (folder / "train.log").read_text().strip().splitlines()[-1:] or [""]
+    last = log.read_text().strip().splitlines()[-1:] or [""]
     name = "diverged" if returncode == 1 else "failed"
     write_whole(folder / f"{name}.json", json.dumps({"returncode": returncode, "message": last[0]}))
     return f"{name}: {last[0]}"

@@ -578,7 +578,7 @@ def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
     path = write_spec(tmp_path, variants={"base": {}, "bad": {"d_ff": 16}})
     spec = sweep.Spec.load(path)
     lines = []
-    results = sweep.run(spec, jobs=1, say=lines.append)
+    results = sweep.run(spec, jobs=1, vmap_seeds=False, say=lines.append)
     assert [line.split(":")[0] for line in lines[1:]] == [
         "[1/4] base seed 0",
         "[2/4] bad seed 0",
@@ -590,12 +590,15 @@ def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
     assert spec.recorded_hash("bad", 0) == spec.config_hash("bad", 0)
 
     lines = []
-    sweep.run(spec, retry_failed=True, say=lines.append)  # still failing: reported again
+    sweep.run(spec, retry_failed=True, vmap_seeds=False, say=lines.append)  # still failing
     assert lines[0] == f"bad seed 1: retrying: emptying {spec.folder('bad', 1)}"
     monkeypatch.setenv("FAKE_FAIL", "nothing")
     lines = []
     assert (
-        sweep.run(spec, retry_failed=True, say=lines.append)["variants"]["bad"]["runs"][1] == "done"
+        sweep.run(spec, retry_failed=True, vmap_seeds=False, say=lines.append)["variants"]["bad"][
+            "runs"
+        ][1]
+        == "done"
     )
     assert lines[-1].startswith("[4/4] bad seed 1: done")
 
@@ -607,7 +610,7 @@ def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
         "another configuration than the spec's (and 1 other run); pass --rerun-changed"
     )
     lines = []
-    sweep.run(sweep.Spec.load(edited), rerun_changed=True, say=lines.append)
+    sweep.run(sweep.Spec.load(edited), rerun_changed=True, vmap_seeds=False, say=lines.append)
     assert [line.split(":")[0] for line in lines] == [
         "bad seed 0",
         "bad seed 1",
@@ -615,6 +618,54 @@ def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
         "[3/4] bad seed 0",
         "[4/4] bad seed 1",
     ]
+
+
+FAKE_GROUP = """
+import os, pathlib, sys
+a = sys.argv[1:]
+folders = [pathlib.Path(a[a.index("--config") + 1]).parent]
+if "--seeds" in a:  # the last option
+    folders = [pathlib.Path(a[a.index("--out") + 1]) / f"seed{s}" for s in a[a.index("--seeds") + 1 :]]
+print("the fake run trained", *(f.name for f in folders))
+if any(os.environ["FAKE_DIVERGE"] in str(f) for f in folders):
+    sys.exit(1)
+for f in folders:
+    (f / "summary.json").write_text('{"exact_match": 0.5}')
+"""
+
+
+def test_a_variants_seeds_train_as_one_process_and_a_divergence_is_found_apart(
+    tmp_path, monkeypatch
+):
+    """With a stand-in for `python -m jaxformer train` that writes each folder's summary,
+    or exits 1 (diverged) when a folder it trains matches FAKE_DIVERGE."""
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_GROUP}")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setenv("FAKE_DIVERGE", "/bad/seed1")
+    spec = sweep.Spec.load(
+        write_spec(tmp_path, variants={"base": {}, "bad": {"d_ff": 16}}, seeds=3)
+    )
+    lines = []
+    results = sweep.run(spec, jobs=1, say=lines.append)
+    assert [line.split(" (")[0] for line in lines[1:]] == [
+        "[1/6] base seed 0: done: exact_match 0.5",
+        "[2/6] base seed 1: done: exact_match 0.5",
+        "[3/6] base seed 2: done: exact_match 0.5",
+        "bad seeds 0, 1, 2: a seed diverged; running them apart",
+        "[4/6] bad seed 0: done: exact_match 0.5",
+        "[5/6] bad seed 1: diverged: the fake run trained seed1",
+        "[6/6] bad seed 2: done: exact_match 0.5",
+    ]
+    assert results["variants"]["bad"]["runs"] == {0: "done", 1: "diverged", 2: "done"}
+    group = (spec.folder("base", 2) / "command.txt").read_text()
+    assert group.endswith(f"--out {spec.out / 'base'} --seeds 0 1 2\n")
+    assert (
+        "the fake run trained seed0 seed1 seed2"
+        in (spec.folder("base", 0) / "train.log").read_text()
+    )
+    assert spec.recorded_hash("base", 2) == spec.config_hash("base", 2)
 
 
 def test_a_run_without_a_config_hash_is_not_reused(tmp_path):
