@@ -14,6 +14,7 @@ batch_shapes = sys.modules["batch_shapes"] = importlib.util.module_from_spec(spe
 spec.loader.exec_module(batch_shapes)
 
 
+@pytest.mark.slow  # 30 s of CI's quick suite: every batch of wyc-web counted
 def test_the_counts_cover_every_batch_and_the_largest_multiple_leaves_one_shape(tmp_path):
     out = tmp_path / "shapes.json"
     batch_shapes.main(["--steps", "40", "--pad-multiples", "16", "128", "--out", str(out)])

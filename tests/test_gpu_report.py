@@ -64,6 +64,7 @@ def test_the_test_parts_are_make_test_gpus_subset():
     assert sorted(paths) == sorted(w for w in line.split() if w.startswith("tests/"))
 
 
+@pytest.mark.slow  # 25 s of CI's quick suite: two dozen programs started with --help
 def test_the_dry_run_starts_every_part(tmp_path):
     result = gpu_report.main(["--dry-run", "--out", str(tmp_path)])
     assert list(result["parts"]) == ORDER

@@ -12,6 +12,8 @@ import pytest
 import jaxformer as jf
 from jaxformer.train import train
 
+pytestmark = pytest.mark.slow  # two trained runs: 60 s of CI's quick suite
+
 PATH = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "length_penalty.py"
 spec = importlib.util.spec_from_file_location("length_penalty", PATH)
 length_penalty = importlib.util.module_from_spec(spec)

@@ -89,6 +89,7 @@ def test_compile_times_read_a_warm_cache_faster_than_they_compile():
     assert t["compile, warm cache"] < t["compile, cold cache"] / 2
 
 
+@pytest.mark.slow  # 50 s of CI's quick suite: three strategies' compilations counted
 def test_variable_lengths_count_each_strategys_compilations():
     pytest.importorskip("torch")
     v = compile_costs.variable_lengths(64, 2, [5, 8, 13, 5], repeats=1, rounds=6, device="cpu")

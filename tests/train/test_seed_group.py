@@ -10,7 +10,7 @@ from jaxformer.train import checkpoint, loop
 from jaxformer.train.seed_group import seed_runs, train_seeds
 from tests.train.test_loop import losses, run_config, small_config
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1)
 # Per-seed losses and evaluation against separate runs: the vmapped step sums in another
 # order, so they agree to float32 rounding carried through 20 Adam steps, not to the bit.
 RTOL = 1e-4
