@@ -1,7 +1,7 @@
 """Imports flow one way through the package, read from the source with `ast`:
 
-    checks <- data, functional, markdown <- config <- nn <- models <- decode, parallel, interop
-           <- train <- sweep, bench <- cli
+    checks <- data, functional, markdown <- config, results <- nn <- models <- decode,
+           parallel, interop <- train <- sweep, bench <- cli
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
 room below it, never one above or beside it. `functional/` (and the checks) import no
@@ -20,6 +20,7 @@ RANKS = {
     "functional": 1,
     "markdown": 1,
     "config": 2,
+    "results": 2,
     "nn": 3,
     "models": 4,
     "decode": 5,
