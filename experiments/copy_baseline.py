@@ -19,7 +19,7 @@ import pathlib
 import sacrebleu
 
 from jaxformer.data import bible
-from jaxformer.train.evaluate import bleu, chrf
+from jaxformer.train.metrics import bleu, chrf
 
 # The pair datasets with held-out pairs (kjv-bbe has none: its bbe chapters are garbled).
 DATASETS = ("wyc-web", "asv-web")

@@ -17,7 +17,8 @@ compute, float32 parameters and AdamW state) on the same batch:
 The two peers start from the same weights (their losses at initialisation agree to
 bfloat16's precision; jaxformer's own initialisation differs). Each program runs in its
 own worker process (jaxformer.bench.rounds: no fight over GPU memory, JAX's preallocation
-off; the workers compile in parallel); after two warm-up rounds each round asks every
+off; the workers start and compile one at a time, as compiling at once ran an H100 out of
+memory); after two warm-up rounds each round asks every
 worker in turn (order rotated by one each round) for --steps steps and times it
 (`time_interleaved`: the steps are dispatched back to back and waited for once, plus a
 pipe round trip of well under a millisecond). Per program: the median ms/step over
@@ -54,8 +55,8 @@ sys.path.insert(0, str(HERE))
 
 import lm_throughput  # noqa: E402
 
+from jaxformer import results  # noqa: E402
 from jaxformer.bench import rounds, stats  # noqa: E402
-from jaxformer.markdown import table  # noqa: E402
 
 PROGRAMS = ("jaxformer", "jax", "torch")
 TITLES = {"jaxformer": "jaxformer", "jax": "pure JAX", "torch": "PyTorch"}
@@ -79,6 +80,7 @@ def parse_args(argv=None):
         default=150.0,
         help="seconds for a program to start and compile; a later one is left out (default 150)",
     )
+    p.add_argument("--lm-head", default="auto", help="jaxformer's LM head (lm_throughput's)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/gpt2_peers"))
     p.add_argument("--worker", choices=PROGRAMS, help=argparse.SUPPRESS)  # a worker process
     args = p.parse_args(argv)
@@ -95,6 +97,7 @@ def parse_args(argv=None):
 def size_flags(args) -> list[str]:
     """lm_throughput's options for these sizes (the workers' argv too)."""
     flags = ["--quick"] if args.quick else []
+    flags += ["--lm-head", args.lm_head]
     for name in SIZE_FLAGS:
         if getattr(args, name) is not None:
             flags += [f"--{name}", str(getattr(args, name))]
@@ -107,9 +110,11 @@ def main(argv=None) -> dict | None:
         return rounds.serve(functools.partial(build, args.worker, args))
     args.out.mkdir(parents=True, exist_ok=True)
     names = [n for n in PROGRAMS if n != "torch" or importlib.util.find_spec("torch")]
-    workers = {n: start_worker(n, args) for n in names}
+    workers, ready = {}, {}
     try:
-        ready = rounds.ready_all(workers, args.ready_timeout)
+        for n in names:  # one at a time: a compile's (and autotuner's) peak needs the memory
+            workers[n] = start_worker(n, args)  # the others' would hold (an H100 ran out)
+            ready |= rounds.ready_all({n: workers[n]}, args.ready_timeout)
         running = {n: w for n, w in workers.items() if "error" not in ready[n]}
         calls = {n: functools.partial(w.run, args.steps) for n, w in running.items()}
         times = stats.time_interleaved(calls, args.rounds) if calls else {}
@@ -121,14 +126,17 @@ def main(argv=None) -> dict | None:
     command = [sys.executable, *sys.argv] if argv is None else [__file__, *argv]
     result = summarize(args, ready, times, shlex.join(command))
     (args.out / "gpt2_peers.json").write_text(json.dumps(result, indent=2))
-    (args.out / "gpt2_peers.md").write_text(markdown(result))
+    (args.out / "gpt2_peers.md").write_text(record(result).markdown())
     print(json.dumps(result))
     return result
 
 
 def start_worker(name: str, args) -> rounds.Worker:
     """A worker process for program `name`, its stderr in --out/<name>.log."""
-    env = os.environ | {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # several on one GPU
+    # Several on one GPU: each JAX worker preallocates a third of its memory (a pool grown
+    # on demand reserves regions well past its peak: two and torch ran an H100 out of memory).
+    env = os.environ | {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+    env |= {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.33"}
     if name == "torch":
         env["JAX_PLATFORMS"] = "cpu"  # its imports load JAX: keep it off the GPU
     command = [sys.executable, __file__, "--worker", name, *size_flags(args)]
@@ -199,6 +207,7 @@ def summarize(args, ready: dict, times: dict, command: str) -> dict:
         rounds=args.rounds,
         steps_per_round=args.steps,
         warmup_rounds=2,
+        jaxformer_asked=dict(attention="auto", lm_head=args.lm_head),
         jaxformer_auto={k: programs["jaxformer"].get(k) for k in ("attention", "lm_head")},
         programs=programs,
         ratios=ratios,
@@ -234,55 +243,50 @@ def _version(package: str) -> str | None:
         return None
 
 
-def markdown(r: dict) -> str:
-    """The table: each program's figures and jaxformer's time over the peer's."""
-    rows = []
+def record(r: dict, source: str = "gpt2_peers.json") -> results.Record:
+    """The table as a results record: each program's figures and jaxformer's time over
+    the peer's (the docs render it; `source` names the JSON it was made from)."""
+    rows, asked = [], r.get("jaxformer_asked", {})
     for name, p in r["programs"].items():
         if p["status"] != "ok":
             rows.append([TITLES[name], p["error"], "", "", "", "", "", ""])
             continue
         ms, ratio = p["step_ms"], r["ratios"].get(f"jaxformer/{name}")
-        mfu = "" if p["mfu"] is None else f"{p['mfu']:.1%}"
         rows.append(
             [
-                f"{TITLES[name]} ({_what(name, p)})",
+                f"{TITLES[name]} ({_what(name, p, asked)})",
                 f"{ms['median']:.2f} [{ms['low']:.2f}, {ms['high']:.2f}]",
                 f"{p['tokens_per_second']:,.0f}",
-                mfu,
+                "" if p["mfu"] is None else f"{p['mfu']:.1%}",
                 f"{p['compile_s']:.1f}",
                 f"{p['initial_loss']:.4f}",
                 "" if p["peak_bytes"] is None else f"{p['peak_bytes'] / 2**30:.1f}",
                 "" if ratio is None else _interval(ratio),
             ]
         )
-    s, v = r["sizes"], r["versions"]
-    columns = [
-        "program",
-        "ms / step [95%]",
-        "tokens / s",
-        "MFU",
-        "compile (s)",
-        "loss at init",
-        "peak GiB",
-    ]
-    lines = [
+    s = r["sizes"]
+    columns = ["program", "ms / step [95%]", "tokens / s", "MFU", "compile (s)"]
+    columns += ["loss at init", "peak GiB", "jaxformer / program [95%]"]
+    caption = (
         f"GPT-2 training step, {r['params'] or 0:,} parameters, "
         f"batch {s['batch']} x {s['context']} tokens, bfloat16 compute, float32 parameters "
         f"and AdamW state; {r['rounds']} paired rounds of {r['steps_per_round']} steps per "
-        "program (each in its own process, order rotated each round):",
-        "",
-        *table([*columns, "jaxformer / program [95%]"], rows, "lrrrrrrr"),
-        "",
-        f"*Command: `{r['command']}`; device: {r['device']}; versions: "
-        + ", ".join(f"{k} {x}" for k, x in v.items() if x)
-        + f"; date: {r['date']}.*",
-    ]
-    return "\n".join(lines) + "\n"
+        "program (each in its own process, order rotated each round):"
+    )
+    return results.Record(
+        tables=[results.Table(columns, rows, "lrrrrrrr", caption)],
+        command=r["command"],
+        device=r["device"] or "none ready",
+        date=r["date"],
+        source=source,
+        versions={k: v for k, v in r["versions"].items() if v},
+    )
 
 
-def _what(name: str, p: dict) -> str:
+def _what(name: str, p: dict, asked: dict) -> str:
     if name == "jaxformer":
-        return f"auto: attention {p['attention']}, head {p['lm_head']}"
+        att, head = (" (auto)" * (asked.get(k, "auto") == "auto") for k in ("attention", "lm_head"))
+        return f"attention {p['attention']}{att}, head {p['lm_head']}{head}"
     if name == "torch":
         return "eager" if p["mode"] == "eager" else f"torch.compile {p['mode']}"
     return f"attention {p['attention']}"

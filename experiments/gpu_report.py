@@ -3,7 +3,7 @@ order and resumable across calls, so that they fit loans of GPU time (15 minutes
 time in all, at most 10 minutes per command):
 
     peers             jaxformer's GPT-2 step against a pure-JAX and a PyTorch step
-                      (experiments/gpt2_peers.py --batch 32)
+                      (experiments/gpt2_peers.py --batch 32 --lm-head dense)
     tests-kernels     `make test-gpu`'s subset, first half: tests/functional, tests/nn
     tests-rest        the second half: models, decoding, training steps, LM head, interop
     lm-kernels        lm_throughput.py at batch 32: "auto", then every registered kernel
@@ -13,7 +13,8 @@ time in all, at most 10 minutes per command):
     attention_bench   experiments/attention_bench.py
     xla_vs_eager      python -m jaxformer bench xla-vs-eager --quick (the GPU quick plan)
     throughput        experiments/throughput.py --quick (encoder-decoder against torch)
-    table3            experiments/table3.py (its runs resume: --force continues it)
+    table3            jaxformer sweep configs/sweeps/table3.yaml (its runs resume:
+                      --force continues it)
     xla_vs_eager_full_1 ... _N   the lab's full GPU plan, a few of its parts per call,
                       resuming in one folder (xla_vs_eager_full/)
 
@@ -141,10 +142,14 @@ def parts(out: pathlib.Path, jobs: int) -> list[Part]:
     def at(folder: str) -> list[str]:
         return ["--out", str(out / folder)]
 
-    table3 = ["--jobs", str(jobs), "--set", "pad_multiple=128", *at("table3")]
+    sweep = [PY, "-m", "jaxformer", "sweep"]
+    table3 = [*sweep, str(ROOT / "configs/sweeps/table3.yaml"), "--jobs", str(jobs)]
+    table3 += ["--set", "pad_multiple=128", *at("table3")]
     table3_env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.2f}"}
     return [
-        _script("peers", 240, "gpt2_peers.py", "--batch", "32", *at("peers")),
+        # the dense head: "auto" picks it on an H100 or H200 alone, but a worker that shares
+        # the GPU sees a third of its memory and would pick the chunked one
+        _script("peers", 240, "gpt2_peers.py", "--batch", "32", "--lm-head", "dense", *at("peers")),
         *_test_parts(240),
         *_lm_parts(out, 240),
         _script("profile", 180, "profile_step.py", "--gpt2", "--batch", "32", *at("profile")),
@@ -156,7 +161,7 @@ def parts(out: pathlib.Path, jobs: int) -> list[Part]:
         # One batch shape per run: each shape is a compilation, which made the table
         # compile-bound on an H200 at pad multiple 32 (docs/results/h200.md). Its runs
         # resume from their checkpoints: `--parts table3 --force` continues it.
-        _script("table3", 240, "table3.py", *table3, env=table3_env),
+        Part("table3", 240, [table3], [*sweep, "--help"], table3_env),
         *_lab_full_parts(out / "xla_vs_eager_full"),
     ]
 
@@ -456,7 +461,7 @@ def sections(out: pathlib.Path) -> list[tuple[str, str]]:
             _read(out / "xla_vs_eager/report.md"),
         ),
         ("jaxformer against torch (experiments/throughput.py --quick)", _throughput(out)),
-        ("Table 3 (experiments/table3.py)", _read(out / "table3/table3.md")),
+        ("Table 3 (configs/sweeps/table3.yaml)", _read(out / "table3/results.md")),
         (
             "XLA against eager, the full GPU plan (jaxformer bench xla-vs-eager)",
             _read(out / "xla_vs_eager_full/report.md"),

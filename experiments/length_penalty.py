@@ -23,6 +23,7 @@ and prints a JSON line: each alpha's dev BLEU, run by run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import pathlib
@@ -38,7 +39,7 @@ from jaxformer.checks import BadValue, MissingFile, check_number  # noqa: E402
 from jaxformer.config import RunConfig  # noqa: E402
 from jaxformer.sweep import stats  # noqa: E402
 from jaxformer.train.checkpoint import restore_model  # noqa: E402
-from jaxformer.train.evaluate import eval_beam, translate  # noqa: E402
+from jaxformer.train.evaluate import EvalSettings, translate  # noqa: E402
 from jaxformer.train.setup import build_data  # noqa: E402
 
 
@@ -59,12 +60,11 @@ def decode_at(folder: pathlib.Path, alphas: list[float]) -> dict:
     chrF and its per-sentence BLEU statistics [N, K]."""
     model, tokenizer, run, data, _ = load_run(folder)
     sources, references = (list(x) for x in zip(*data.dev_pairs, strict=True))
-    out = {}
+    settings, out = EvalSettings.of(run, data), {}
     for alpha in alphas:
         print(f"{folder}: decoding {len(sources)} dev pairs at alpha {alpha:g}", file=sys.stderr)
-        hyps = translate(
-            model, tokenizer, sources, run, data, beam=eval_beam(run, data), alpha=alpha
-        )
+        at_alpha = dataclasses.replace(settings, alpha=alpha)
+        hyps = translate(model, tokenizer, sources, at_alpha, settings.beam)
         out[alpha] = {
             "bleu": sacrebleu.corpus_bleu(hyps, [references]),
             "chrf": sacrebleu.corpus_chrf(hyps, [references]).score,

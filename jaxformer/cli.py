@@ -2,13 +2,16 @@
 
     jaxformer train --task dates --out runs/dates
     jaxformer train --data-tsv pairs.tsv --preset paper_base --steps 100000
-    jaxformer train --data-text book.txt --config lm.yaml
+    jaxformer train --config run.yaml --steps 500   # a run file, options over it
+    jaxformer train --data-text book.txt --config configs/models/gpt2_small.yaml
     jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
     jaxformer train --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0 --mesh data=-1
     jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
     jaxformer generate --checkpoint gpt2-folder/ --input "Once upon a time"
     jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict
+    jaxformer sweep report sweep.yaml --out docs/results/sweep.json   # its tables, as a record
+    jaxformer sweep report --runs runs/speedrun runs/other --out speedrun.json
     jaxformer bench decode --quick             # a benchmark: results/decode.json
 
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
@@ -47,22 +50,33 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     from jaxformer.config import PRESETS, RunConfig, TransformerConfig
 
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    shown = "{train,generate,sweep,bench}"  # `sweep report` is main's "sweep-report"
+    sub = parser.add_subparsers(dest="command", required=True, metavar=shown)
     t = sub.add_parser(
         "train",
         help="train a model",
-        description="Train a Transformer (or, on --data-text, a decoder-only LM). Every "
-        "RunConfig option and TransformerConfig field is an option.",
+        description="Train a Transformer (or, on --data-text, a decoder-only LM): the --config "
+        "run file's model and run, with the options given here over it. Every RunConfig "
+        "option and TransformerConfig field is an option.",
+    )
+    t.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a run file, YAML or JSON: model: {preset: NAME, FIELD: VALUE, ...} and run: "
+        "{OPTION: VALUE, ...} (a run folder's config.json is one); a file of model fields "
+        "alone is its model (see jaxformer.config.load_run)",
     )
     for group, options in RunConfig.groups().items():
         title = f"{group} (RunConfig.{group})"
-        _add_fields(t.add_argument_group(title, options.__doc__), options, keep_defaults=True)
-    model = t.add_argument_group(
-        "model (TransformerConfig; default: the --preset, then the --config file)"
+        _add_fields(t.add_argument_group(title, options.__doc__), options)
+    model = t.add_argument_group("model (TransformerConfig: the --preset, then its fields)")
+    model.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default=argparse.SUPPRESS,
+        help="(default: the run file's, else tiny)",
     )
-    model.add_argument("--preset", choices=PRESETS, default="tiny", help="(default: tiny)")
-    model.add_argument("--config", metavar="FILE", help="JSON or YAML of TransformerConfig fields")
-    _add_fields(model, TransformerConfig, keep_defaults=False)
+    _add_fields(model, TransformerConfig, preset=TransformerConfig.tiny(259))
     t.add_argument("--resume", action="store_true", help="continue from --out's last checkpoint")
     t.add_argument(
         "--no-progress",
@@ -129,7 +143,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "results.json and curves.png: mean and 95% CI over seeds, and against the baseline, "
         "seed by seed on dev, the seed-paired t-test and the crossed two-level bootstrap, "
         "both Holm-adjusted over every comparison reported, and a verdict. See "
-        "jaxformer.sweep.spec for the spec.",
+        "jaxformer.sweep.spec for the spec. `jaxformer sweep report --help`: its tables as a "
+        "results file for the docs.",
     )
     w.add_argument("spec", metavar="SPEC", help="YAML or JSON: base, variants, seeds, ...")
     w.add_argument("--out", metavar="DIR", help="the sweep's folder (default: the spec's out)")
@@ -152,6 +167,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     w.add_argument(
         "--retry-failed", action="store_true", help="empty and rerun failed and diverged runs"
     )
+    r = _sweep_report_parser(sub)
     b = sub.add_parser(
         "bench",
         help="benchmarks, each writing a results record",
@@ -160,7 +176,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "the command that reproduces it. `jaxformer bench NAME --help` lists its options.",
     )
     benchmarks = b.add_subparsers(dest="benchmark", required=True, metavar="NAME")
-    commands = {"train": t, "generate": g, "sweep": w, "bench": b}
+    commands = {"train": t, "generate": g, "sweep": w, "sweep-report": r, "bench": b}
     for name in sorted(BENCHMARKS.names):
         help = BENCHMARKS[name].help
         n = benchmarks.add_parser(name, help=help, description=help)
@@ -169,25 +185,71 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     return parser, commands
 
 
-def _add_fields(group, cls, *, keep_defaults: bool) -> None:
-    """One option per dataclass field: --field-name, its type, choices and help from the
-    field; the field's default (or, with keep_defaults=False, none: the option is left
-    out of the namespace unless given). Optional fields take the value "none", as do
-    fields without a default (RunConfig.from_options derives theirs)."""
-    from jaxformer.config import TransformerConfig
+def _sweep_report_parser(sub) -> argparse.ArgumentParser:
+    r = sub.add_parser(
+        "sweep-report",
+        prog="jaxformer sweep report",
+        description="A results file (jaxformer.results.Record, the docs' format) of a sweep's "
+        "tables, recomputed from its run folders (not from a results.json an earlier version "
+        "wrote): the figures per variant, the seed-paired differences and the verdicts "
+        "(jaxformer.sweep.report); or, with --runs, of single runs of the wyc-web speedrun "
+        "compared with the first, the speedrun command's (jaxformer.sweep.runs). Prints a "
+        "JSON line: the verdicts, or each run's row.",
+    )
+    r.add_argument("spec", nargs="?", metavar="SPEC", help="the sweep's spec (YAML or JSON)")
+    r.add_argument("--sweep-out", metavar="DIR", help="the sweep's folder, if not the spec's out")
+    r.add_argument(
+        "--baseline",
+        metavar="NAME",
+        help="read the runs against this variant, not the spec's baseline (it joins the "
+        "family of readings whose comparisons Holm's adjustment covers)",
+    )
+    r.add_argument(
+        "--comparisons-only",
+        action="store_true",
+        help="leave out the figures per variant (the differences and verdicts only)",
+    )
+    r.add_argument("--curves", metavar="PNG", help="also draw the runs' curves to this file")
+    r.add_argument(
+        "--runs", nargs="+", type=pathlib.Path, metavar="RUN", help="run folders, not a sweep"
+    )
+    r.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        default=[],
+        type=pathlib.Path,
+        metavar=("BASE", "RUN"),
+        help="with --runs: also compare RUN with BASE (two of the runs); repeatable",
+    )
+    text = dict(metavar="TEXT")
+    r.add_argument(
+        "--about", default="", help="what was trained, on what (before the caption)", **text
+    )
+    r.add_argument("--note", action="append", default=[], help="a note under the tables", **text)
+    r.add_argument("--device", help="the machine the runs ran on (default: this one)", **text)
+    r.add_argument("--source", help="what the runs were and where they are", **text)
+    r.add_argument("--out", required=True, metavar="FILE.json", help="the results file to write")
+    return r
 
-    hints, tiny = typing.get_type_hints(cls), TransformerConfig.tiny(259)
+
+def _add_fields(group, cls, *, preset=None) -> None:
+    """One option per dataclass field: --field-name, its type, choices and help from the
+    field, left out of the namespace unless given (so that the run file's value, else the
+    default, stands). The help names the field's default, or `preset`'s value. Optional
+    fields take the value "none", as do run options without a default
+    (RunConfig.from_options derives theirs)."""
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind, optional = _base_type(hints[f.name])
         help_text = f.metadata["help"]
-        if keep_defaults:
+        if preset is None:
             default = None if f.default is dataclasses.MISSING else f.default
             optional = optional or default is None
             help_text += "" if "default" in help_text else f" (default: {default})"
-        else:  # left out unless given, so that the preset's value stands
-            default = argparse.SUPPRESS
-            help_text += f" (tiny: {getattr(tiny, f.name)})"
-        kw = dict(default=default, help=help_text.replace("%", "%%"))
+        else:
+            help_text += f" (tiny: {getattr(preset, f.name)})"
+        kw = dict(default=argparse.SUPPRESS, help=help_text.replace("%", "%%"))
         if kind is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:
@@ -214,7 +276,7 @@ def _value_parser(kind: type, optional: bool):
 
 
 def _train(args) -> int:
-    from jaxformer.config import RunConfig
+    from jaxformer.config import RunConfig, TransformerConfig, load_run
     from jaxformer.train.loop import Terminated, TrainingDiverged, train
 
     if args.coordinator:
@@ -228,9 +290,15 @@ def _train(args) -> int:
         )
     elif args.num_processes is not None or args.process_id is not None:
         raise BadValue("--num-processes and --process-id need --coordinator HOST:PORT")
-    run = RunConfig.from_options(**{name: getattr(args, name) for name in RunConfig.options()})
+    given = vars(args)  # the options given: the others are left out (argparse.SUPPRESS)
+    model_fields = ["preset", *(f.name for f in dataclasses.fields(TransformerConfig))]
+    config, run = load_run(
+        args.config,
+        model={name: given[name] for name in model_fields if name in given},
+        run={name: given[name] for name in RunConfig.options() if name in given},
+    )
     try:
-        train(_model_config(args), run, resume=args.resume, progress=not args.no_progress)
+        train(config, run, resume=args.resume, progress=not args.no_progress)
     except TrainingDiverged as e:
         print(f"jaxformer train: {e}", file=sys.stderr)
         return 1
@@ -239,23 +307,6 @@ def _train(args) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-def _model_config(args):
-    """The --preset, with the --config file's fields, then the model options given."""
-    from jaxformer.config import TransformerConfig, load_config_file
-    from jaxformer.data.tokenizers import ByteTokenizer
-
-    # The byte vocabulary; training raises it to the tokenizer's when that is larger.
-    config = getattr(TransformerConfig, args.preset)(ByteTokenizer.vocab_size)
-    if args.config:
-        fields = load_config_file(args.config)  # its errors name the file
-        try:
-            config = config.replace(**fields)
-        except InputError as e:
-            raise type(e)(f"{args.config}: {e}") from None
-    names = [f.name for f in dataclasses.fields(TransformerConfig) if hasattr(args, f.name)]
-    return config.replace(**{name: getattr(args, name) for name in names})
 
 
 def _generate(args) -> int:
@@ -366,6 +417,9 @@ def _use_compilation_cache(enabled: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     _tune_glibc_malloc()
     parser, commands = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["sweep", "report"]:  # a command of its own beside `sweep SPEC`
+        argv = ["sweep-report", *argv[2:]]
     args, extras = parser.parse_known_args(argv)
     if extras:
         name = args.command + (f" {args.benchmark}" if args.command == "bench" else "")
@@ -380,7 +434,7 @@ def _one_line_warning(command: str, show):
 
     def showwarning(message, category, *args, **kwargs):
         if issubclass(category, InputWarning):
-            print(f"jaxformer {command}: warning: {message}", file=sys.stderr, flush=True)
+            print(f"{_name(command)}: warning: {message}", file=sys.stderr, flush=True)
         else:
             show(message, category, *args, **kwargs)
 
@@ -392,6 +446,8 @@ def _command(args) -> int:
     try:
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "sweep-report":
+            return _sweep_report(args)
         if args.command == "bench":
             return _bench(args)
         _use_compilation_cache(not args.no_compile_cache)
@@ -404,8 +460,13 @@ def _command(args) -> int:
     except InputError as e:  # anything else is a bug: its traceback
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
-        print(f"jaxformer {args.command}: error: {e}", file=sys.stderr)
+        print(f"{_name(args.command)}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _name(command: str) -> str:
+    """The command as typed: "jaxformer sweep report" for main's "sweep-report"."""
+    return "jaxformer " + command.replace("-", " ")
 
 
 def _bench(args) -> int:
@@ -436,6 +497,56 @@ def _sweep(args) -> int:
     print((spec.out / "results.md").read_text())
     print(f"results in {spec.out}/: results.md results.json curves.png")
     return 0
+
+
+def _sweep_report(args) -> int:
+    import json
+
+    _check_report_options(args)
+    record, line = _report_runs(args) if args.runs else _report_sweep(args)
+    given = {"device": args.device, "source": args.source}
+    record = dataclasses.replace(record, **{k: v for k, v in given.items() if v is not None})
+    record.write(args.out)
+    print(json.dumps(line | {"out": args.out}))
+    return 0
+
+
+def _check_report_options(args) -> None:
+    """A sweep's SPEC or --runs, and only the options that read it."""
+    if (args.spec is None) == (args.runs is None):
+        raise BadValue("give a sweep's SPEC or --runs RUN..., one of them")
+    spec_only = ("--sweep-out", "--baseline", "--comparisons-only", "--curves")
+    given = [f for f in spec_only if getattr(args, f[2:].replace("-", "_")) not in (None, False)]
+    if args.runs and given:
+        raise BadValue(f"{', '.join(given)} read(s) a sweep: give its SPEC, not --runs")
+    if args.spec and args.pair:
+        raise BadValue("--pair compares two of --runs; a sweep's runs are paired by seed")
+
+
+def _report_runs(args) -> tuple:
+    """The speedrun runs' record, and each run's row."""
+    from jaxformer.sweep import runs
+
+    record = runs.record(args.runs, args.pair, about=args.about, notes=tuple(args.note))
+    return record, {str(f): row for f, row in zip(args.runs, record.tables[0].rows, strict=True)}
+
+
+def _report_sweep(args) -> tuple:
+    """The sweep's record (and its curves, with --curves), and its verdicts."""
+    from jaxformer import sweep
+
+    spec = sweep.Spec.load(args.spec, out=args.sweep_out)
+    record, results = sweep.report.record(
+        spec,
+        f"jaxformer sweep {args.spec}",
+        baseline=args.baseline,
+        comparisons_only=args.comparisons_only,
+        about=args.about,
+        notes=tuple(args.note),
+    )
+    if args.curves:
+        sweep.report.curves(spec, pathlib.Path(args.curves))
+    return record, {"sweep": str(spec.out), "verdicts": sweep.report.verdicts(results)}
 
 
 def _unrecognized(command: argparse.ArgumentParser, extras: list[str]) -> None:

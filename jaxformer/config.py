@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxformer.checks import (
     BadValue,
+    InputError,
     MissingFile,
     check_bool,
     check_choice,
@@ -26,6 +27,7 @@ from jaxformer.checks import (
 )
 from jaxformer.data.bible import parse_dataset
 from jaxformer.data.tasks import TASKS
+from jaxformer.data.tokenizers import ByteTokenizer
 from jaxformer.functional.layers import NORM_PLACEMENTS, BlockOptions
 from jaxformer.functional.registry import POSITIONS
 
@@ -336,7 +338,8 @@ class DataOptions:
     def from_options(cls, **given) -> DataOptions:
         """The options given, and the defaults that depend on others (for those unset or
         None): the dates task when no data is given; BPE for a dataset, else bytes (a model
-        given by init_from brings its own tokenizer)."""
+        given by init_from brings its own tokenizer: a resolved configuration, such as a
+        run folder's config.json, records "byte" for it, and no other may be given)."""
         given = dict(given)
         if all(given.get(name) is None for name in SOURCES):
             given["task"] = "dates"
@@ -344,7 +347,7 @@ class DataOptions:
         if given.get("tokenizer") is None:  # verses in bytes are long: BPE for a dataset
             bpe = given.get("dataset") is not None and init_from is None
             given["tokenizer"] = "bpe" if bpe else "byte"
-        elif init_from is not None:
+        elif init_from is not None and given["tokenizer"] != "byte":  # "byte": as resolved
             raise BadValue("a model given by init_from brings its tokenizer; leave tokenizer unset")
         return cls(**given)
 
@@ -612,3 +615,73 @@ def load_config_file(path: str) -> dict:
     if not isinstance(fields, dict):
         raise BadValue(f"{path}: expected a mapping of config fields, got {type(fields).__name__}")
     return fields
+
+
+RUN_SECTIONS = ("model", "run")  # a run file's
+
+
+def load_run(
+    file: str | pathlib.Path | dict | None = None,
+    *,
+    model: dict | None = None,
+    run: dict | None = None,
+) -> tuple[TransformerConfig, RunConfig]:
+    """The model and run configuration of a run file, with the `model` fields and `run`
+    options given over the file's: the one place presets and defaults are resolved (for
+    `jaxformer train --config`, for each run of a sweep, and in Python).
+
+    A run file (YAML or JSON; or its mapping) has two sections, each optional:
+
+        model: {preset: paper_base, dropout_rate: 0.3}  # a preset (default tiny), its fields
+        run: {dataset: wyc-web, steps: 2000}             # RunConfig options, by flat name
+
+    the shape of a run folder's config.json, so `--config runs/x/config.json` is that run's
+    configuration again. A file of TransformerConfig fields alone (a model file) is read as
+    its `model` section. The preset is built with the byte vocabulary (training takes the
+    tokenizer's); run options left unset take RunConfig.from_options's defaults. An unknown
+    key is an error naming the valid ones; errors name the file.
+    """
+    where = "" if file is None or isinstance(file, dict) else f"{file}: "
+    sections = _run_sections(load_config_file(str(file)) if where else dict(file or {}), where)
+    fields = sections["model"] | (model or {})
+    preset = fields.pop("preset", "tiny")
+    try:
+        check_choice("preset", preset, PRESETS)
+        config = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(**fields)
+        options = RunConfig.from_options(**(sections["run"] | (run or {})))
+    except InputError as e:
+        raise type(e)(f"{where}{e}") from None
+    return config, options
+
+
+def _run_sections(fields: dict, where: str) -> dict[str, dict]:
+    """The `model` and `run` sections of a run file's mapping, their keys checked."""
+    if not set(fields) & set(RUN_SECTIONS):  # a model file
+        fields = {"model": fields}
+    extra = sorted(set(fields) - set(RUN_SECTIONS))
+    if extra:
+        raise BadValue(
+            f"{where}unknown key(s) {extra} beside model and run: a run file holds model "
+            "(a preset and TransformerConfig fields) and run (RunConfig options)"
+        )
+    valid = {
+        "model": ["preset", *(f.name for f in dataclasses.fields(TransformerConfig))],
+        "run": list(RunConfig.options()),
+    }
+    sections = {}
+    for name in RUN_SECTIONS:
+        section = fields.get(name) or {}
+        if not isinstance(section, dict):
+            raise BadValue(f"{where}{name} must be a mapping of {name} fields, got {section!r}")
+        unknown = [key for key in section if key not in valid[name]]
+        if unknown:
+            other = next(s for s in RUN_SECTIONS if s != name)
+            close = difflib.get_close_matches(str(unknown[0]), valid[name], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            if unknown[0] in valid[other]:
+                hint = f" ({unknown[0]!r} is a {other} key: put it under {other}:)"
+            raise BadValue(
+                f"{where}unknown {name} key(s) {unknown}{hint}; valid keys are {valid[name]}"
+            )
+        sections[name] = dict(section)
+    return sections

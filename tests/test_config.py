@@ -1,4 +1,5 @@
 import json
+import pathlib
 
 import pytest
 
@@ -10,6 +11,7 @@ from jaxformer.config import (
     EvalOptions,
     OptimOptions,
     RuntimeOptions,
+    load_run,
 )
 
 
@@ -139,9 +141,11 @@ def test_defaults_that_depend_on_other_options():
     assert (run.data.task, run.data.tokenizer, run.runtime.out) == (None, "byte", "runs/pairs")
     run = RunConfig.from_options(dataset="wyc-web", out=None)
     assert (run.data.tokenizer, run.runtime.out) == ("bpe", "runs/wyc-web")
-    assert RunConfig.from_options(dataset="wyc-web", init_from="m").data.tokenizer == "byte"
+    fine_tune = RunConfig.from_options(dataset="wyc-web", init_from="m")
+    assert fine_tune.data.tokenizer == "byte"  # the model's: "byte" as resolved, no other
+    assert RunConfig.from_options(**fine_tune.to_dict()) == fine_tune
     with pytest.raises(BadValue, match="a model given by init_from brings its tokenizer"):
-        RunConfig.from_options(data_text="a.txt", init_from="m", tokenizer="byte")
+        RunConfig.from_options(data_text="a.txt", init_from="m", tokenizer="bpe")
     # Built from its groups, a RunConfig takes the source, tokenizer and folder as given.
     direct = RunConfig(
         data=DataOptions(task="sort", tokenizer="byte"),
@@ -180,3 +184,90 @@ def test_resume_settings_are_the_options_marked_resume():
         "cosine_total_steps": 300
     }
     assert RunConfig.from_options(schedule="paper").resume_settings()["cosine_total_steps"] is None
+
+
+RUN_FILE = """
+model: {preset: paper_base, dropout_rate: 0.3}
+run: {dataset: wyc-web, steps: 2000}
+"""
+
+
+def test_a_run_file_holds_the_model_and_the_run_and_options_go_over_it(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(RUN_FILE)
+    model, run = load_run(path)
+    assert model == TransformerConfig.paper_base(259, dropout_rate=0.3)
+    assert run == RunConfig.from_options(dataset="wyc-web", steps=2000)
+    model, run = load_run(path, model={"preset": "tiny", "d_ff": 256}, run={"steps": 10})
+    assert model == TransformerConfig.tiny(259, dropout_rate=0.3, d_ff=256)
+    assert (run.optim.steps, run.data.tokenizer) == (10, "bpe")
+    assert load_run() == (TransformerConfig.tiny(259), RunConfig.from_options())
+
+
+def test_a_model_file_is_the_model_of_a_run_file(tmp_path):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"d_model": 64, "num_heads": 2}))
+    model, run = load_run(str(path))
+    assert model == TransformerConfig.tiny(259, d_model=64, num_heads=2)
+    assert run == RunConfig.from_options()
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        dict(dataset="wyc-web", steps=300, eval_beam=1),
+        dict(data_text="a.txt", init_from="gpt2-folder"),  # its tokenizer resolves to "byte"
+        dict(task="sort", seed=3, out="runs/x"),
+    ],
+)
+def test_a_resolved_configuration_is_a_run_file_of_itself(run):
+    """What a run folder's config.json (and a sweep's run.json) holds loads back to the
+    same model and run: presets and derived defaults are not applied twice."""
+    model, options = TransformerConfig.gpt2_small(300), RunConfig.from_options(**run)
+    resolved = json.loads(json.dumps({"model": model.to_dict(), "run": options.to_dict()}))
+    assert load_run(resolved) == (model, options)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("model: {}\nsteps: 3\n", r"run.yaml: unknown key\(s\) \['steps'\] beside model and run"),
+        ("model: {d_modle: 3}\n", r"unknown model key\(s\) \['d_modle'\] \(did you mean 'd_model'"),
+        ("steps: 3\n", r"\['steps'\] \('steps' is a run key: put it under run:\)"),
+        ("run: {d_model: 3}\n", r"\('d_model' is a model key: put it under model:\)"),
+        ("run: [steps]\n", r"run.yaml: run must be a mapping of run fields, got \['steps'\]"),
+        ("model: {preset: huge}\n", r"run.yaml: preset must be one of \('tiny', "),
+        ("run: {steps: 0}\n", r"run.yaml: steps must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_run_file_is_an_error_naming_the_file_and_the_valid_keys(tmp_path, text, match):
+    (tmp_path / "run.yaml").write_text(text)
+    with pytest.raises(BadValue, match=match):
+        load_run(tmp_path / "run.yaml")
+
+
+def test_the_command_takes_a_run_file_and_its_options_go_over_it(tmp_path, monkeypatch):
+    from jaxformer.cli import main
+
+    trained = []
+    monkeypatch.setattr("jaxformer.train.loop.train", lambda *a, **k: trained.append(a))
+    (tmp_path / "run.yaml").write_text(RUN_FILE)
+    argv = ["train", "--config", str(tmp_path / "run.yaml"), "--preset", "tiny", "--steps", "7"]
+    assert main([*argv, "--d-model", "64"]) == 0
+    [(model, run)] = trained
+    assert model == TransformerConfig.tiny(259, dropout_rate=0.3, d_model=64)
+    assert run == RunConfig.from_options(dataset="wyc-web", steps=7)
+
+
+MODELS = sorted((pathlib.Path(__file__).resolve().parents[1] / "configs/models").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
+def test_each_model_file_is_its_preset(path):
+    model, _ = load_run(path)
+    preset = getattr(TransformerConfig, path.stem)(model.vocab_size)
+    assert model == preset
+
+
+def test_the_model_files_are_the_presets():
+    assert [p.stem for p in MODELS] == ["gpt2_small", "paper_base", "tiny"]

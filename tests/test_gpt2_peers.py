@@ -43,7 +43,8 @@ def test_quick_run_writes_a_consistent_record(tmp_path):
     assert result["jaxformer_auto"] == {"attention": "xla", "lm_head": "dense"}
     assert result["versions"]["jax"] and result["date"] and "--quick" in result["command"]
     text = (tmp_path / "gpt2_peers.md").read_text()
-    assert "| jaxformer (auto: attention xla, head dense) |" in text
+    assert result["jaxformer_asked"] == {"attention": "auto", "lm_head": "auto"}
+    assert "| jaxformer (attention xla (auto), head dense (auto)) |" in text
 
 
 def ready(params=100, device="cpu"):
@@ -74,13 +75,13 @@ def test_ratios_are_medians_of_paired_rounds_and_a_missing_peer_is_a_note():
     assert list(result["ratios"]) == ["jaxformer/jax"]
     assert result["programs"]["jax"]["step_ms"]["median"] == pytest.approx(1000.0)
     assert result["programs"]["torch"]["status"] == "failed"
-    text = gpt2_peers.markdown(result)
+    text = gpt2_peers.record(result).markdown()
     assert "| PyTorch | skipped: torch is not installed (the `torch` extra) |" in text
     assert result["params"] == 100 and result["device"] == "cpu"
     found["jaxformer"] = {"error": "worker jaxformer exited (1); see jaxformer.log"}
     result = gpt2_peers.summarize(args, found, {"jax": jax}, "gpt2_peers.py --quick")
     assert result["ratios"] == {} and result["programs"]["jax"]["status"] == "ok"
-    assert "| jaxformer | worker jaxformer exited (1)" in gpt2_peers.markdown(result)
+    assert "| jaxformer | worker jaxformer exited (1)" in gpt2_peers.record(result).markdown()
 
 
 def test_too_few_rounds_for_an_interval_are_refused(capsys):

@@ -1,7 +1,7 @@
 """Imports flow one way through the package, read from the source with `ast`:
 
-    checks <- data, functional, markdown <- config, results <- nn <- models <- decode,
-           parallel, interop <- train <- sweep, bench <- cli
+    checks <- data, functional, markdown <- config, results <- nn <- models
+           <- decode, parallel, interop <- train <- sweep, bench <- cli
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
 room below it, never one above or beside it. `functional/` (and the checks) import no

@@ -12,8 +12,10 @@ Three programs train lm-throughput's model (its options: --quick, --batch, --lay
 
 The two peers start from the same weights (their losses at initialisation agree to
 bfloat16's precision; jaxformer's own initialisation differs). Each program runs in its
-own worker process (jaxformer.bench.rounds: no fight over GPU memory, JAX's preallocation
-off; the workers compile in parallel); after two warm-up rounds each round asks every
+own worker process (jaxformer.bench.rounds: no fight over GPU memory; each JAX worker
+preallocates a third of the GPU's memory, as pools grown on demand ran an H100 out of it;
+the workers start and compile one at a time, as compiling at once ran an H100 out of
+memory too); after two warm-up rounds each round asks every
 worker in turn (order rotated by one each round) for --steps steps and times it
 (`stats.time_interleaved`). Per program: the median ms/step over rounds with its 95%
 interval, tokens/s, MFU (shared's FLOP formula and peak table), the most device memory it
@@ -71,10 +73,12 @@ def run(options: PeersOptions) -> Record:
     logs = beside(options, "")
     logs.mkdir(parents=True, exist_ok=True)
     names = [n for n in PROGRAMS if n != "torch" or importlib.util.find_spec("torch")]
-    workers = {n: start_worker(n, options) for n in names}
+    workers, ready = {}, {}
     n_rounds, steps = options.timing()
     try:
-        ready = rounds.ready_all(workers, options.ready_timeout)
+        for n in names:  # one at a time: a compile's (and autotuner's) peak needs the memory
+            workers[n] = start_worker(n, options)  # the others' would hold (an H100 ran out)
+            ready |= rounds.ready_all({n: workers[n]}, options.ready_timeout)
         running = {n: w for n, w in workers.items() if "error" not in ready[n]}
         say(f"ready: {sorted(running)}; timing {n_rounds} rounds of {steps} steps")
         calls = {n: functools.partial(w.run, steps) for n, w in running.items()}
@@ -90,7 +94,10 @@ def run(options: PeersOptions) -> Record:
 
 def start_worker(name: str, options: PeersOptions) -> rounds.Worker:
     """A worker process for program `name`, its stderr in the logs folder."""
-    env = os.environ | {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # several on one GPU
+    # Several on one GPU: each JAX worker preallocates a third of its memory (a pool grown
+    # on demand reserves regions well past its peak: two and torch ran an H100 out of memory).
+    env = os.environ | {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+    env |= {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.33"}
     if name == "torch":
         env["JAX_PLATFORMS"] = "cpu"  # its imports load JAX: keep it off the GPU
     given = json.dumps(dataclasses.asdict(options))
@@ -155,6 +162,7 @@ def summarize(options: PeersOptions, ready: dict, times: dict) -> dict:
         rounds=n_rounds,
         steps_per_round=steps,
         warmup_rounds=2,
+        jaxformer_asked=dict(attention=options.attention, lm_head=options.lm_head),
         jaxformer_auto={k: programs["jaxformer"].get(k) for k in ("attention", "lm_head")},
         programs=programs,
         ratios=ratios,
@@ -185,9 +193,9 @@ def program_figures(ready: dict, seconds: list[float] | None, steps: int, s: dic
 
 def table(r: dict) -> Table:
     """Each program's figures and jaxformer's time over the peer's."""
-    rows = [
-        _row(name, p, r["ratios"].get(f"jaxformer/{name}")) for name, p in r["programs"].items()
-    ]
+    asked = r.get("jaxformer_asked", {})
+    ratios = r["ratios"]
+    rows = [_row(n, p, ratios.get(f"jaxformer/{n}"), asked) for n, p in r["programs"].items()]
     s = r["sizes"]
     caption = (
         f"GPT-2 training step, {r['params'] or 0:,} parameters, batch {s['batch']} x "
@@ -200,12 +208,12 @@ def table(r: dict) -> Table:
     return Table(columns, rows, "lrrrrrrr", caption=caption)
 
 
-def _row(name: str, p: dict, ratio: dict | None) -> list[str]:
+def _row(name: str, p: dict, ratio: dict | None, asked: dict) -> list[str]:
     if p["status"] != "ok":
         return [TITLES[name], p["error"], "", "", "", "", "", ""]
     ms = p["step_ms"]
     return [
-        f"{TITLES[name]} ({_what(name, p)})",
+        f"{TITLES[name]} ({_what(name, p, asked)})",
         _interval(ms, 2),
         f"{p['tokens_per_second']:,.0f}",
         "" if p["mfu"] is None else f"{p['mfu']:.1%}",
@@ -216,9 +224,10 @@ def _row(name: str, p: dict, ratio: dict | None) -> list[str]:
     ]
 
 
-def _what(name: str, p: dict) -> str:
+def _what(name: str, p: dict, asked: dict) -> str:
     if name == "jaxformer":
-        return f"auto: attention {p['attention']}, head {p['lm_head']}"
+        att, head = (" (auto)" * (asked.get(k, "auto") == "auto") for k in ("attention", "lm_head"))
+        return f"attention {p['attention']}{att}, head {p['lm_head']}{head}"
     if name == "torch":
         return "eager" if p["mode"] == "eager" else f"torch.compile {p['mode']}"
     return f"attention {p['attention']}"

@@ -37,7 +37,7 @@ class TrainingData(Protocol):
 
         model_kind        the model class it trains: "Transformer" or "DecoderLM"
         metrics           held-out metrics beyond the loss (names in
-                          `jaxformer.train.evaluate.METRICS`, e.g. "exact_match"), computed
+                          `jaxformer.train.metrics.METRICS`, e.g. "exact_match"), computed
                           on predictions of `dev_pairs` at every evaluation; () for none
         max_len           the longest sequence a batch holds (the model's max_len must reach it)
         tgt_len           the most target positions T a batch holds; held-out predictions

@@ -13,7 +13,8 @@ from jaxformer.config import DTYPES
 #   embed: d_model   heads: attention heads   kv: head dim   mlp: d_ff
 #   vocab: vocabulary   position: learned position table rows   norm: norm scales/biases
 #   layers: the leading axis of a stack's parameters with `scan_layers`
-LOGICAL_AXES = ("embed", "heads", "kv", "mlp", "vocab", "position", "norm", "layers")
+#   seeds: the leading axis of k seeds trained as one program (`train.seeds`)
+LOGICAL_AXES = ("embed", "heads", "kv", "mlp", "vocab", "position", "norm", "layers", "seeds")
 
 
 def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...], dtype) -> nnx.Param:

@@ -11,7 +11,7 @@ size 1 switches its part off:
     norm      -> fsdp
     heads     -> tensor        W^Q, W^K, W^V split by output head, W^O by input head
     mlp       -> tensor        W1 split by column, W2 by row: one all-reduce per sub-layer
-    kv, vocab, position, layers -> not split
+    kv, vocab, position, layers, seeds -> not split
 
 The vocabulary is not split by default: the byte vocabulary (259) divides by nothing.
 Pass `rules=DEFAULT_RULES | {"vocab": "tensor"}` for a large vocabulary.
@@ -42,6 +42,7 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
     "vocab": None,
     "position": None,
     "layers": None,
+    "seeds": None,
 }
 
 

@@ -1,6 +1,7 @@
 """Seeded sweeps with a verdict: `Spec.load(path)`, `run(spec)`; `jaxformer sweep SPEC`.
 See `spec` for the spec, `runner` for the runs, `report` for the results and `stats` for
-the tests."""
+the tests; `jaxformer sweep report` writes a sweep's tables (`report.record`), or those of
+single speedrun runs (`runs.record`), as a results file for the docs."""
 
 from jaxformer.sweep.report import write as write_report
 from jaxformer.sweep.runner import run, train_command

@@ -8,19 +8,22 @@ Holm-adjusted over every comparison the runs report (each variant against the ba
 and against each of the spec's other `readings`, in each metric), and the verdict. The
 verdicts are always on dev (each run's predictions.tsv); runs that scored the test set
 (final_test) show its figures beside them. A failed, diverged or missing seed is listed
-and left out of the pairs.
+and left out of the pairs. `record` gives the same tables as a results Record for the docs
+(`jaxformer sweep report SPEC`), recomputed from the run folders.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
 import numpy as np
 
-from jaxformer.checks import BadValue
+from jaxformer import results as results_lib
+from jaxformer.checks import BadValue, MissingFile
 from jaxformer.markdown import table as markdown_table
-from jaxformer.sweep import stats
+from jaxformer.sweep import paper, stats
 from jaxformer.sweep.spec import Spec, status
 from jaxformer.train.run_folder import read_json, read_metrics
 
@@ -48,6 +51,45 @@ def write(spec: Spec) -> dict:
     (spec.out / "results.md").write_text(markdown(results))
     curves(spec, spec.out / "curves.png")
     return results
+
+
+def record(
+    spec: Spec,
+    command: str,
+    *,
+    baseline: str | None = None,
+    comparisons_only: bool = False,
+    about: str = "",
+    notes: tuple[str, ...] = (),
+) -> tuple[results_lib.Record, dict]:
+    """The report's tables as a results Record (the docs' format) and the results they
+    were made from, recomputed from the run folders; `command` is the one that ran them.
+    `baseline` reads the same runs against another variant (it joins the family of
+    readings); `comparisons_only` leaves out the figures per variant; `about` goes before
+    the first table's caption and `notes` under the last table."""
+    if baseline is not None:
+        if baseline not in spec.variants:
+            raise BadValue(
+                f"baseline {baseline!r} is not one of the variants {list(spec.variants)}"
+            )
+        spec = dataclasses.replace(spec, baseline=baseline, readings=spec.baselines)
+    if not spec.out.is_dir():
+        raise MissingFile(f"{spec.out}: no such sweep folder (run the sweep, or give its folder)")
+    results = summarize(spec)
+    shown = [results_lib.Table(**t) for t in tables(results)][1 if comparisons_only else 0 :]
+    shown[0].caption = f"{about} {shown[0].caption}".strip()
+    shown[-1].notes += notes
+    made = results_lib.capture(shown, source="the sweep's run folders")
+    return dataclasses.replace(made, command=command), results
+
+
+def verdicts(results: dict) -> dict[str, dict[str, str]]:
+    """variant -> metric -> verdict, of every variant paired with the baseline."""
+    return {
+        name: {metric: r["verdict"] for metric, r in v["paired"]["bootstrap"].items()}
+        for name, v in results["variants"].items()
+        if "paired" in v
+    }
 
 
 def summarize(spec: Spec) -> dict:
@@ -79,7 +121,7 @@ def summarize(spec: Spec) -> dict:
         }
         for b in spec.baselines[1:]
     }
-    return {
+    out = {
         "out": str(spec.out),
         "baseline": spec.baseline,
         "seeds": list(spec.seeds),
@@ -89,6 +131,10 @@ def summarize(spec: Spec) -> dict:
         "variants": variants,
         "readings": readings,
     }
+    if spec.paper is not None:
+        models = {name: spec.configs(name, spec.seeds[0])[0] for name in spec.variants}
+        out["paper"] = paper.summary(spec.paper, models, spec.baseline)
+    return out
 
 
 def _done(spec: Spec, name: str) -> list[int]:
@@ -278,12 +324,14 @@ def tables(results: dict) -> list[dict]:
     """The report as tables, each {caption, columns, rows, align, notes} (the format of
     docs/results): the figures per variant, with each seed's value of the compared metric
     and the runs left out; then, once a variant is paired with the baseline, the
-    seed-paired differences and the verdicts on the dev set."""
-    return [
-        t
-        for t in (_figures_table(results), _differences_table(results), _verdict_table(results))
-        if t is not None
-    ]
+    seed-paired differences and the verdicts on the dev set; with the spec's `paper`, each
+    variant beside the paper's row and the verdict against its finding (`paper.table`)."""
+    shown = [_figures_table(results), _differences_table(results), _verdict_table(results)]
+    if "paper" in results:
+        metric = _compared_metric(results)
+        title = next(t for k, t, _ in FIGURES if k == metric).removeprefix("dev ")
+        shown.append(paper.table(results, metric, title))
+    return [t for t in shown if t is not None]
 
 
 def _table(caption: str, head: list[str], rows: list[list[str]], align: str, notes=()) -> dict:

@@ -1,8 +1,9 @@
 """Seeded sweeps: the runner (see `spec` for the spec).
 
 Every (variant, seed) is an ordinary `jaxformer train` run in `<out>/<variant>/seed<k>`
-(its command in `command.txt`, its output in `train.log`, the hash of its resolved
-configuration in `config_hash.json`). Runs go seed-major: seed 0 of every variant, then
+of its resolved configuration, written there as a run file (`run.json`): its command in
+`command.txt`, its output in `train.log`, the hash of that configuration in
+`config_hash.json`. Runs go seed-major: seed 0 of every variant, then
 seed 1, ..., so a drift of the machine's speed does not fall on one variant.
 
 A run with a summary.json is finished and never rerun; any other resumes from its last
@@ -29,25 +30,21 @@ from jaxformer.train.run_folder import read_json, write_whole
 
 # `jaxformer train`'s exit codes after saving on a stop: Ctrl-C, SIGHUP, SIGTERM.
 STOPPED = (130, 129, 143)
+RUN_FILE = "run.json"  # the run's resolved configuration, which its command trains
 
 
 def train_command(spec: Spec, variant: str, seed: int) -> list[str]:
-    """`jaxformer train ...` for one run: the model as a JSON file in the run folder, the
-    run options as the spec gives them (the command derives the same defaults as the
-    spec's RunConfig; config.json records every field), and --resume (a fresh folder
-    starts at step 0). Its output (to train.log, not a terminal) is a line per tenth of the
-    run, each evaluation and the final report."""
-    model, _ = spec.configs(variant, seed)  # checks the variant's fields
+    """`jaxformer train --config <folder>/run.json --resume` for one run: its resolved model
+    and run configuration written as a run file into its folder (every field given, so
+    the command resolves nothing again), and --resume (a fresh folder starts at step 0).
+    Its output (to train.log, not a terminal) is a line per tenth of the run, each
+    evaluation and the final report."""
+    model, run = spec.configs(variant, seed)
     folder = spec.folder(variant, seed)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.json").write_text(json.dumps(model.to_dict(), indent=2))
-    args = ["train", "--config", str(folder / "model.json"), "--resume"]
-    for name, value in spec.run_options(variant, seed).items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(flag if value else "--no-" + flag[2:])
-        else:
-            args += [flag, "none" if value is None else str(value)]
+    resolved = {"model": model.to_dict(), "run": run.to_dict()}
+    write_whole(folder / RUN_FILE, json.dumps(resolved, indent=2))
+    args = ["train", "--config", str(folder / RUN_FILE), "--resume"]
     for source in spec.variant_files:
         args += ["--variants", source]
     return args

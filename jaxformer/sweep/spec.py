@@ -15,12 +15,15 @@ RunConfig options and TransformerConfig fields), an optional grid, and seeds:
     readings: [squared_relu]       # other baselines the same runs are read against
     variant_files: [experiments/variants/squared_relu.py]  # registrations, if any
     out: runs/sweeps/activations   # default: runs/sweeps/<the spec's file name>
+    paper: {...}                   # a paper's figure and finding per variant (see `paper`)
 
 Every reading (the baseline, then each of `readings`) compares the other variants with
 it, and the verdicts of all of them are one family: Holm's adjustment covers every
 comparison reported from the runs (jaxformer.sweep.stats.verdicts). `final_test: true` in
 `base` has every run score its final model on the test set too, shown beside the
-verdicts, which stay on dev; it is set for the whole sweep, never per variant. Each run of `<out>/<variant>/seed<k>` records the
+verdicts, which stay on dev; it is set for the whole sweep, never per variant. A run's
+fields (base, then its variant's, then the sweep's seed and folder) resolve as a run file
+would (jaxformer.config.load_run), and each run of `<out>/<variant>/seed<k>` records the
 hash of its resolved configuration in `config_hash.json` when it is launched.
 """
 
@@ -35,14 +38,17 @@ import pathlib
 
 import yaml
 
-from jaxformer.checks import BadValue
-from jaxformer.config import PRESETS, RunConfig, TransformerConfig, load_config_file
-from jaxformer.data.tokenizers import ByteTokenizer
+from jaxformer.checks import BadValue, InputError
+from jaxformer.config import RunConfig, TransformerConfig, load_config_file, load_run
 from jaxformer.functional.registry import import_variants
+from jaxformer.sweep.paper import Paper
 from jaxformer.train.run_folder import read_json
 
-SPEC_KEYS = ("base", "variants", "grid", "seeds", "baseline", "readings", "variant_files", "out")
-MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(TransformerConfig))
+SPEC_KEYS = (
+    *("base", "variants", "grid", "seeds", "baseline", "readings", "variant_files", "out"),
+    "paper",
+)
+MODEL_FIELDS = ("preset", *(f.name for f in dataclasses.fields(TransformerConfig)))
 RUN_FIELDS = tuple(RunConfig.options())
 SWEEP_OWNS = ("seed", "out")  # set by the sweep for each run
 SWEEP_WIDE = ("final_test",)  # set in base only: every variant scores the same sets
@@ -60,6 +66,7 @@ class Spec:
     variant_files: tuple[str, ...]
     out: pathlib.Path
     readings: tuple[str, ...] = ()  # other baselines the runs are read against
+    paper: Paper | None = None  # a paper's figures and findings, which the report reads
 
     @classmethod
     def load(
@@ -81,6 +88,9 @@ class Spec:
                 out or fields.get("out") or pathlib.Path("runs/sweeps") / pathlib.Path(path).stem
             ),
             readings=_readings(fields.get("readings", []), path),
+            paper=None
+            if "paper" not in fields
+            else Paper.read(fields["paper"], path, MODEL_FIELDS),
         )
         for name in spec.baselines:
             if name not in spec.variants:
@@ -112,22 +122,15 @@ class Spec:
             if key in SWEEP_OWNS:
                 raise BadValue(f"{where}: {key!r} is set by the sweep (seeds, out)")
             _check_field(key, where)
-        preset = fields.get("preset", "tiny")
-        if preset not in PRESETS:
-            raise BadValue(f"{where}: preset must be one of {PRESETS}, got {preset!r}")
+        model = {k: v for k, v in fields.items() if k in MODEL_FIELDS}
         try:
-            model = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(
-                **{k: v for k, v in fields.items() if k in MODEL_FIELDS}
-            )
-            run = RunConfig.from_options(**self.run_options(variant, seed))
-        except (TypeError, ValueError) as e:
+            return load_run(model=model, run=self.run_options(variant, seed))
+        except InputError as e:
             raise type(e)(f"{where}: {e}") from None
-        return model, run
 
     def run_options(self, variant: str, seed: int) -> dict:
         """The run options of one run as the spec gives them (base, then the variant's),
-        with the sweep's seed and folder; defaults that depend on other options are left
-        for `RunConfig.from_options` to derive."""
+        with the sweep's seed and folder; the defaults are load_run's."""
         fields = self.base | self.variants[variant]
         given = {k: v for k, v in fields.items() if k in RUN_FIELDS}
         return given | {"seed": seed, "out": str(self.folder(variant, seed))}
@@ -159,7 +162,7 @@ def status(folder: pathlib.Path) -> str:
 
 
 def _check_field(key: str, where: str) -> None:
-    if key not in MODEL_FIELDS + RUN_FIELDS + ("preset",):
+    if key not in MODEL_FIELDS + RUN_FIELDS:
         close = difflib.get_close_matches(key, MODEL_FIELDS + RUN_FIELDS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         what = "not a TransformerConfig field or RunConfig option"

@@ -4,10 +4,11 @@ hooks (`Hook`); a trained run's model and tokenizer back (`restore_model`)."""
 
 from jaxformer.train.checkpoint import restore_model
 from jaxformer.train.hooks import Hook, StepContext
-from jaxformer.train.loop import Terminated, TrainingDiverged, train
+from jaxformer.train.loop import TrainingDiverged, train
 from jaxformer.train.losses import LossSums, chunked_cross_entropy, cross_entropy, lm_head_choice
 from jaxformer.train.optim import make_optimizer, make_schedule, paper_schedule
 from jaxformer.train.setup import Setup, set_up
+from jaxformer.train.signals import Terminated
 from jaxformer.train.steps import (
     TrainState,
     create_train_state,

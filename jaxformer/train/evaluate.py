@@ -1,66 +1,214 @@
-"""Held-out evaluation: loss sums over the eval batches, and the metrics the data names
-(`data.metrics`), computed on predictions of its `dev_pairs` (`evaluate`: a sample
-decoded greedily during training, all of them with the run's beam at the end) or of its
-`test_pairs` (`score`, once, by the final model, only with `RunConfig.eval.final_test`).
-
-BLEU and chrF are sacrebleu's corpus scores (0-100, BLEU with its default 13a
-tokenization), imported only when a data source names them (`pip install 'jaxformer[data]'`).
+"""A run's evaluation: its settings, worked out once (`EvalSettings`), and its two hooks
+(`Evaluation`): the in-run evaluation (the loss on every held-out batch, the first
+`eval_sample` dev pairs decoded greedily) and the final one (every dev pair decoded with
+the run's beam by the last step's parameters, then by the mean of the last checkpoints
+with average_checkpoints > 1, then, with final_test, the final model on the test pairs).
+The metrics themselves are `jaxformer.train.metrics`.
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
+import time
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
-import numpy as np
+from flax import nnx
 
 from jaxformer import decode
-from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.config import RunConfig
 from jaxformer.data import TrainingData
+from jaxformer.parallel import host_copy
+from jaxformer.train import report
+from jaxformer.train.hooks import StepContext
 from jaxformer.train.losses import LossSums
+from jaxformer.train.metrics import METRICS
+from jaxformer.train.run_folder import RunFolder
+from jaxformer.train.setup import Setup
+
+Pairs = list[tuple[str, str]]
 
 
-def exact_match(predictions: list[str], targets: list[str]) -> float:
-    """The fraction of predictions equal to their targets."""
-    return float(np.mean([p == t for p, t in zip(predictions, targets, strict=True)]))
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """A run's evaluation options, worked out once from its config and data (`of`).
+
+    sample          how many dev pairs (the first) the in-run evaluation decodes, greedily
+    beam            the final evaluation's beam: eval_beam, else the paper's 4 for data
+                    scored by BLEU, else 1 (greedy)
+    alpha           that beam search's length penalty (eval_alpha)
+    metrics         the data's metrics (names in `metrics.METRICS`)
+    average         how many of the last checkpoints the final model is the mean of (1:
+                    the last step's parameters)
+    test            whether the final model is scored on the data's test pairs (final_test)
+    batch_size      decoding batches: the run's batch size, padded to pad_multiple
+    pad_multiple
+    max_new_tokens  the most tokens a prediction has: the data's tgt_len
+    """
+
+    sample: int
+    beam: int
+    alpha: float
+    metrics: tuple[str, ...]
+    average: int
+    test: bool
+    batch_size: int
+    pad_multiple: int
+    max_new_tokens: int
+
+    @classmethod
+    def of(cls, run: RunConfig, data: TrainingData) -> EvalSettings:
+        beam = run.eval.eval_beam
+        if beam is None:
+            beam = 4 if "bleu" in data.metrics else 1
+        return cls(
+            sample=run.eval.eval_sample,
+            beam=beam,
+            alpha=run.eval.eval_alpha,
+            metrics=data.metrics,
+            average=run.eval.average_checkpoints,
+            test=run.eval.final_test,
+            batch_size=run.optim.batch_size,
+            pad_multiple=run.data.pad_multiple,
+            max_new_tokens=data.tgt_len,
+        )
 
 
-def bleu(predictions: list[str], targets: list[str]) -> float:
-    """sacrebleu's corpus BLEU (0-100, 13a tokenization) against one reference each."""
-    return _sacrebleu().corpus_bleu(predictions, [targets]).score
+class FinalModel(NamedTuple):
+    """What the final evaluation leaves for the summary and the report.
+
+    params  the final model's parameters (the last step's, or the mean of the last
+            checkpoints), one copy on the host
+    fields  summary.json's fields of its dev evaluation: eval_loss, eval_nll,
+            eval_perplexity, token_accuracy, the data's metrics, then eval_beam,
+            final_eval (the last step's), averaged_eval and averaged_steps (None unless
+            averaged)
+    tests   those of its test: final_test and the test_* scores, with test_pairs ({}
+            without final_test)
+    dev     the dev pairs and the final model's predictions of them
+    """
+
+    params: Any
+    fields: dict[str, Any]
+    tests: dict[str, Any]
+    dev: tuple[Pairs, list[str]]
 
 
-def chrf(predictions: list[str], targets: list[str]) -> float:
-    """sacrebleu's corpus chrF (0-100) against one reference each."""
-    return _sacrebleu().corpus_chrf(predictions, [targets]).score
+class Evaluation:
+    """A run's evaluation as two hooks, `in_run` and `final` (the last step's), with the
+    seconds spent on the dev pairs (`seconds`, from `earlier` on: a resumed run's kept
+    evaluations) and on the test pairs (`test_seconds`); `final` leaves its `FinalModel`
+    in `result`."""
+
+    def __init__(self, setup: Setup, *, earlier: float = 0.0):
+        self.setup, self.settings = setup, EvalSettings.of(setup.run, setup.data)
+        self.seconds, self.test_seconds = earlier, 0.0
+        self.result: FinalModel | None = None
+
+    def in_run(self, context: StepContext) -> None:
+        """The in-run evaluation: logged (with the evaluations' seconds so far, for a
+        resume) and shown."""
+        pairs = self.setup.data.dev_pairs[: self.settings.sample]
+        sampled, _ = self._dev(context.state.params, pairs, beam=1)
+        seconds = round(self.seconds, 2)
+        context.folder.log({"step": context.step, **sampled, "eval_seconds": seconds})
+        context.say(report.eval_line(context.step, sampled))
+
+    def final(self, context: StepContext) -> None:
+        """The final evaluation, each part logged and shown, its predictions written to
+        predictions.tsv (the dev pairs') and test_predictions.tsv (with final_test)."""
+        params, fields, predictions = self._final_dev(context)
+        tests = self._test(context, params) if self.settings.test else {}
+        dev_pairs = self.setup.data.dev_pairs
+        _write_predictions(context.folder, "predictions.tsv", dev_pairs, predictions)
+        one = host_copy(self.setup.placement.one_copy(params))
+        self.result = FinalModel(one, fields, tests, (dev_pairs, predictions))
+
+    def clocks(self, wall_seconds: float) -> dict[str, float]:
+        """summary.json's eval_seconds, test_seconds (with final_test) and train_seconds:
+        the rest of `wall_seconds`."""
+        clocks = {"eval_seconds": round(self.seconds, 2)}
+        if self.settings.test:
+            clocks["test_seconds"] = round(self.test_seconds, 2)
+        spent = self.seconds + self.test_seconds
+        return clocks | {"train_seconds": round(wall_seconds - spent, 2)}
+
+    def _final_dev(self, context: StepContext) -> tuple[Any, dict[str, Any], list[str]]:
+        """The last step's parameters on every dev pair, then the mean of the last
+        checkpoints (average > 1): the final model's laid-out parameters, its summary
+        fields and its predictions."""
+        params, pairs, beam = context.state.params, self.setup.data.dev_pairs, self.settings.beam
+        last, predictions = self._dev(params, pairs, beam)
+        _log(context, last)
+        averaged = steps = None
+        if self.settings.average > 1:
+            mean, steps = context.folder.average_checkpoints(context.state, self.settings.average)
+            params = self.setup.placement.put(mean, like=self.setup.layout.params)
+            averaged, predictions = self._dev(params, pairs, beam)
+            _log(context, averaged, averaged_steps=steps)
+        fields = _headline(averaged or last, self.settings.metrics) | {"eval_beam": beam}
+        fields |= dict(final_eval=last, averaged_eval=averaged, averaged_steps=steps)
+        return params, fields, predictions
+
+    def _dev(self, params, pairs: Pairs, beam: int) -> tuple[dict[str, Any], list[str]]:
+        """The held-out metrics of laid-out `params` (their predictions of `pairs` with
+        `beam`) and those predictions."""
+        started, setup = time.perf_counter(), self.setup
+        predict = self._predictor(params, beam)
+        batch_size = self.settings.batch_size
+        metrics, predictions = evaluate(
+            setup.eval_step, params, setup.data, predict, batch_size, pairs
+        )
+        self.seconds += time.perf_counter() - started
+        return metrics | {"eval_pairs": len(pairs), "eval_beam": beam}, predictions
+
+    def _test(self, context: StepContext, params) -> dict[str, Any]:
+        """The final model (laid-out `params`) on the test pairs, logged; its summary
+        fields (final_test, test_*, test_pairs)."""
+        started, pairs = time.perf_counter(), self.setup.data.test_pairs
+        predictor = self._predictor(params, self.settings.beam)
+        scores, predictions = score(predictor, pairs, self.settings.metrics)
+        self.test_seconds += time.perf_counter() - started
+        tests = {f"test_{k}": v for k, v in scores.items()} | {"test_pairs": len(pairs)}
+        context.folder.log({"step": context.step, **tests})
+        _write_predictions(context.folder, "test_predictions.tsv", pairs, predictions)
+        return {"final_test": True, **tests}
+
+    def _predictor(self, params, beam: int) -> Callable[[list[str]], list[str]]:
+        """Translations of sources by laid-out `params` (greedy for beam 1)."""
+        setup = self.setup
+
+        def predictions(sources):
+            model = nnx.merge(setup.graphdef, setup.placement.one_copy(params))
+            return translate(model, setup.tokenizer, sources, self.settings, beam)
+
+        return predictions
 
 
-# Metric name (as data sources give them) -> metric(predictions, targets).
-METRICS: dict[str, Callable[[list[str], list[str]], float]] = {
-    "exact_match": exact_match,
-    "bleu": bleu,
-    "chrf": chrf,
-}
-_NEEDS_SACREBLEU = ("bleu", "chrf")
+def _headline(scores: dict[str, Any], metrics: tuple[str, ...]) -> dict[str, Any]:
+    """summary.json's top-level figures of the final model, from its `scores`."""
+    return {
+        "eval_loss": scores["eval_loss"],  # label-smoothed, as trained
+        "eval_nll": scores["eval_nll"],
+        "eval_perplexity": scores["eval_perplexity"],
+        "token_accuracy": scores["eval_token_accuracy"],
+        **{name: scores[name] for name in metrics},
+    }
 
 
-def check_metrics(names: tuple[str, ...]) -> None:
-    """Raise before training if a metric is unknown or its library is missing."""
-    unknown = sorted(set(names) - set(METRICS))
-    if unknown:
-        raise BadValue(f"unknown metric(s) {unknown}; known: {sorted(METRICS)}")
-    if any(name in _NEEDS_SACREBLEU for name in names):
-        _sacrebleu()
+def _log(
+    context: StepContext, scores: dict[str, Any], averaged_steps: list[int] | None = None
+) -> None:
+    """Log and show a final evaluation (of the mean of `averaged_steps`' checkpoints)."""
+    averaged = {} if averaged_steps is None else {"averaged_steps": averaged_steps}
+    context.folder.log({"step": context.step, **averaged, **scores})
+    context.say(report.eval_line(context.step, scores, averaged_steps=averaged_steps))
 
 
-def _sacrebleu():
-    try:
-        return importlib.import_module("sacrebleu")
-    except ImportError:
-        raise MissingPackage(
-            "BLEU and chrF need sacrebleu: pip install 'jaxformer[data]'"
-        ) from None
+def _write_predictions(folder: RunFolder, name: str, pairs: Pairs, predictions: list[str]) -> None:
+    """<folder>/`name` (process 0), when there are predictions (the data names metrics)."""
+    if folder.is_main and predictions:
+        report.write_predictions(pairs, predictions, folder.path / name)
 
 
 def evaluate(
@@ -69,7 +217,7 @@ def evaluate(
     data: TrainingData,
     predict_fn: Callable[[list[str]], list[str]],
     batch_size: int,
-    pairs: list[tuple[str, str]],
+    pairs: Pairs,
 ) -> tuple[dict[str, float], list[str]]:
     """eval_loss (label-smoothed), eval_nll, eval_perplexity and eval_token_accuracy over
     `data.eval_batches`, and each of `data.metrics` on `predict_fn(sources)` of the
@@ -88,9 +236,7 @@ def evaluate(
 
 
 def score(
-    predict_fn: Callable[[list[str]], list[str]],
-    pairs: list[tuple[str, str]],
-    metrics: tuple[str, ...],
+    predict_fn: Callable[[list[str]], list[str]], pairs: Pairs, metrics: tuple[str, ...]
 ) -> tuple[dict[str, float], list[str]]:
     """Each of `metrics` (names in METRICS) of the predictions of (source, target) `pairs`,
     and those predictions."""
@@ -99,35 +245,18 @@ def score(
     return {name: METRICS[name](predictions, targets) for name in metrics}, predictions
 
 
-def translate(
-    model,
-    tokenizer,
-    sources: list[str],
-    run: RunConfig,
-    data: TrainingData,
-    *,
-    beam: int,
-    alpha: float | None = None,
-) -> list[str]:
+def translate(model, tokenizer, sources: list[str], settings: EvalSettings, beam: int) -> list[str]:
     """Translations of `sources` as a run's evaluation decodes them: greedy for beam 1,
-    else beam search with the run's length penalty (or `alpha`), at most `data.tgt_len`
-    tokens, in batches of the run's batch size padded to its pad multiple."""
+    else beam search with the settings' length penalty, at most `max_new_tokens` tokens,
+    in batches of the run's batch size padded to its pad multiple."""
     return decode.generate(
         model,
         tokenizer,
         sources,
         "beam" if beam > 1 else "greedy",
         beam_size=beam,
-        alpha=run.eval.eval_alpha if alpha is None else alpha,
-        max_new_tokens=data.tgt_len,
-        batch_size=run.optim.batch_size,
-        pad_multiple=run.data.pad_multiple,
+        alpha=settings.alpha,
+        max_new_tokens=settings.max_new_tokens,
+        batch_size=settings.batch_size,
+        pad_multiple=settings.pad_multiple,
     )
-
-
-def eval_beam(run: RunConfig, data: TrainingData) -> int:
-    """The run's eval_beam, else the paper's beam 4 for data scored by BLEU, greedy (1)
-    for the rest."""
-    if run.eval.eval_beam is not None:
-        return run.eval.eval_beam
-    return 4 if "bleu" in data.metrics else 1

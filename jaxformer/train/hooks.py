@@ -1,11 +1,13 @@
 """Periodic work in the training loop: a `Hook` runs its action every N steps, given a
 `StepContext` (the step, its state and metrics, the run folder, the run's set-up).
 
-`train` runs its built-in hooks first, in this order: the in-run evaluation (every
-`eval_every` steps) and the checkpoint (every `checkpoint_every` steps, and the last
-step); then the hooks it is given, in their order. Before the first hook of a step runs,
-the loop reads that step's metrics (the host waits for the step), so a NaN loss stops the
-run before any hook sees its state; on other steps metrics are read one step late.
+`train` runs its hooks in this order: the in-run evaluation (every `eval_every` steps),
+the checkpoint (every `checkpoint_every` steps, and the last step), the hooks it is given,
+in their order, and the final evaluation (the last step only). Before the first hook of a
+step runs, the loop reads that step's metrics (the host waits for the step), so a NaN loss
+stops the run before any hook sees its state; on other steps metrics are read one step
+late. A run resumed at its last step runs no step, then that step's at_end hooks (the
+final evaluation evaluates its final model again), given no metrics.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class StepContext:
              during the call only (the next step donates its buffers): keep what you
              need (`jax.device_get`), not the state
     metrics  that step's train record as logged (`step`, `loss`, `lr`,
-             `tokens_per_second`, `wall_seconds`, ...)
+             `tokens_per_second`, `wall_seconds`, ...); {} in a run resumed at its
+             last step, which runs no step
     folder   the run folder: `folder.log(record)` appends to metrics.jsonl (and
              TensorBoard), `folder.path` is the folder
     setup    the run's `Setup`: run config, data, tokenizer, model config, placement
@@ -53,10 +56,11 @@ class StepContext:
 class Hook:
     """`action(context)` after steps every, 2 * every, ... before the run's last step, and
     after the last step only when `at_end`: every=3 over 10 steps runs after steps 3, 6
-    and 9 (with at_end also 10); every=5 after step 5 (with at_end also 10). The last
-    step is followed by the run's end, its final evaluation and report: the in-run
-    evaluation leaves it to them, the checkpoint saves it (`at_end`). `name` names the
-    hook in messages.
+    and 9 (with at_end also 10); every=5 after step 5 (with at_end also 10); every=10
+    with at_end after step 10 alone. After the last step the at_end hooks run: the
+    checkpoint saves it, the final evaluation evaluates it (the in-run evaluation leaves
+    it to that). `name` names the hook in messages ("hook NAME raised", "interrupted
+    during the NAME").
 
     A hook that raises stops the run with its error, after the run saves the last step
     done (as on Ctrl-C), so that it can resume once the hook is fixed.
@@ -80,6 +84,25 @@ class Hook:
     def due(self, step: int, last: int) -> bool:
         """Whether the hook runs after step `step` of a run of `last` steps."""
         return self.at_end if step == last else step % self.every == 0
+
+
+class HookRunner:
+    """A run's hooks, in the order they run, for a run of `last` steps; `running` is the
+    hook running (None between hooks), which a stopped run names."""
+
+    def __init__(self, hooks: list[Hook], last: int):
+        self.hooks, self.last, self.running = hooks, last, None
+
+    def due(self, step: int) -> list[Hook]:
+        """The hooks that run after step `step`, in order (after the last: the at_end ones)."""
+        return [hook for hook in self.hooks if hook.due(step, self.last)]
+
+    def run(self, hooks: list[Hook], context: StepContext) -> None:
+        """Each of `hooks` (in order) on `context`."""
+        for hook in hooks:
+            self.running = hook
+            hook.action(context)
+        self.running = None
 
 
 def check_hooks(hooks) -> None:

@@ -1,17 +1,16 @@
 """The training loop: set up (`setup.set_up`), start or resume in the run folder, then for
 each step batch -> compiled step -> the hooks due after it (`hooks`: the in-run
-evaluation, the checkpoint, a user's), then the final evaluation and the report.
+evaluation, the checkpoint, a caller's; after the last step also the final evaluation),
+then the summary and the report.
 
-Stopping: Ctrl-C (SIGINT), SIGTERM (`kill`, `timeout`, `docker stop`, a cluster
-scheduler's preemption) and SIGHUP (a closed terminal) wait until the step in flight has
-given back its donated state; then the last step done is saved, one line on stderr says
-so, and `train` raises KeyboardInterrupt (Ctrl-C) or `Terminated` (the `jaxformer`
+Stopping: Ctrl-C (SIGINT), SIGTERM and SIGHUP wait until the step in flight has given
+back its donated state (`signals`); then the last step done is saved, one line on stderr
+says so, and `train` raises KeyboardInterrupt (Ctrl-C) or `Terminated` (the `jaxformer`
 command exits with 130, or 128 + the signal's number: 143 for SIGTERM, 129 for SIGHUP).
-A handler the caller installed for SIGTERM or SIGHUP, or an ignored signal, is left alone.
 
 The pieces it composes live beside it: the set-up (`setup`), the hooks (`hooks`), the
-run folder (`run_folder`), evaluation (`evaluate`), the report (`report`), the steps
-(`steps`) and the placement that lays out and compiles them (`jaxformer.parallel`).
+run folder (`run_folder`), evaluation (`evaluate`), the report (`report`), the stop
+signals (`signals`), the steps (`steps`) and the placement that lays out and compiles them (`jaxformer.parallel`).
 `RunConfig.runtime.mesh` ("data=2,fsdp=2,tensor=2") or `RunConfig.runtime.pmap` spread the run over
 devices. On several processes (after `parallel.initialize`) every process runs this same
 loop: each builds the global batch (a pure function of seed and index) and the placement
@@ -20,49 +19,27 @@ transfers only its own rows.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import jax
-from flax import nnx
 
 from jaxformer.checks import option
 from jaxformer.config import RunConfig, TransformerConfig
-from jaxformer.models import Transformer
-from jaxformer.parallel import host_copy
 from jaxformer.train import report
-from jaxformer.train.checkpoint import abstract_train_state, save_averaged
-from jaxformer.train.evaluate import eval_beam, evaluate, score, translate
-from jaxformer.train.hooks import Hook, StepContext, check_hooks
+from jaxformer.train.evaluate import Evaluation
+from jaxformer.train.hooks import Hook, HookRunner, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup, set_up
+from jaxformer.train.signals import Terminated, signals_held, stop_signals_raise
 from jaxformer.train.steps import TrainState
-
-Pairs = list[tuple[str, str]]
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
-
-
-class Terminated(KeyboardInterrupt):
-    """Training was asked to stop by signal `signum` (SIGTERM or SIGHUP); raised, as
-    Ctrl-C raises KeyboardInterrupt, once the step in flight is done and saved."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-# What stops a run besides Ctrl-C (SIGINT): `kill`'s or a scheduler's SIGTERM, a closed
-# terminal's SIGHUP (POSIX only).
-TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 def train(
@@ -77,7 +54,8 @@ def train(
 
     The model's vocabulary is the tokenizer's (the run says so when `model_config` asked
     for another size). With `resume`, continue from the latest checkpoint in `run.runtime.out`
-    if there is one. `hooks` run after the built-in ones (see `jaxformer.train.hooks`).
+    if there is one. `hooks` run after the built-in in-run evaluation and checkpoint, and
+    before the final evaluation (see `jaxformer.train.hooks`).
     With `progress` it prints as it goes (a progress bar on a terminal, else a line every
     tenth of the run; each evaluation; the final report); without it, nothing: the run
     folder holds every result, and only a warning (`checks.InputWarning`) or a stop (below)
@@ -86,7 +64,7 @@ def train(
     intact); re-raises KeyboardInterrupt (Ctrl-C), Terminated (SIGTERM, SIGHUP) and the
     error of a hook that raises, after saving the last completed step.
     """
-    with _stop_signals_raise():
+    with stop_signals_raise():
         return _train(model_config, run, resume, progress, hooks)
 
 
@@ -94,34 +72,22 @@ def _train(model_config, run, resume, progress, hooks) -> dict[str, Any]:
     started = time.perf_counter()
     check_hooks(hooks)
     setup = set_up(model_config, run)  # everything that can fail before the folder exists
-    out, keep = run.runtime.out, run.runtime.keep_checkpoints
-    folder = RunFolder(out, keep_checkpoints=keep, verbose=progress)
+    folder = RunFolder(
+        run.runtime.out,
+        placement=setup.placement,
+        meta=setup.meta,
+        keep_checkpoints=run.runtime.keep_checkpoints,
+        verbose=progress,
+    )
     state, first = _start(setup, folder, resume=resume)
-    evaluator = _Evaluator(setup, earlier=folder.resumed_seconds["eval_seconds"])
+    evaluation = Evaluation(setup, earlier=folder.resumed_seconds["eval_seconds"])
     meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
     shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
-    hooks = [*_default_hooks(run, evaluator), *hooks]
-    state = _run_steps(setup, folder, meter, shown, state, hooks)
-    try:
-        return _end(setup, folder, evaluator, meter, state)
-    except KeyboardInterrupt as e:  # the last step is saved (the checkpoint hook's at_end)
-        _say_stopped(folder, f"{_stop(e)} during the final evaluation", meter.step)
-        raise
-
-
-def _end(
-    setup: Setup, folder: RunFolder, evaluator: _Evaluator, meter: _Meter, state: TrainState
-) -> dict[str, Any]:
-    """The final evaluation, the summary and the report; returns the summary."""
-    final = _final_model(setup, folder, evaluator, meter.step, state)
-    summary = meter.summary(final.scores, setup.data.metrics) | final.evaluations
-    summary |= _description(setup) | final.tests
-    summary["eval_seconds"] = round(evaluator.seconds, 2)
-    if final.tests:
-        summary["test_seconds"] = round(evaluator.test_seconds, 2)
-    spent = evaluator.seconds + evaluator.test_seconds
-    summary["train_seconds"] = round(summary["wall_seconds"] - spent, 2)
-    _finish(setup, folder, summary, final)
+    _run_steps(setup, folder, meter, shown, state, _hooks(run, evaluation, hooks))
+    final = evaluation.result
+    summary = meter.summary() | final.fields | report.description(setup) | final.tests
+    summary |= evaluation.clocks(summary["wall_seconds"])
+    report.finish(setup, folder, summary, final.params, final.dev)
     return summary
 
 
@@ -131,26 +97,32 @@ def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState
     placement, config = setup.placement, setup.config
     state = placement.put(setup.state, like=setup.layout)
     if folder.start(resume=resume):
-        abstract = abstract_train_state(placement.one_copy(state))
-        state = placement.put(folder.restore(abstract, setup.meta), like=setup.layout)
+        state = placement.put(folder.restore(state), like=setup.layout)
     if folder.is_main:
         setup.tokenizer.save(folder.path)
     folder.write_json("config.json", {"model": config.to_dict(), "run": setup.run.to_dict()})
-    asked = setup.requested_vocab
-    note = "" if asked == config.vocab_size else f"; the model config said {asked}"
-    if setup.data.description:  # what a dataset kept and dropped
-        folder.say(setup.data.description)
-    vocab = f"vocabulary of {config.vocab_size} ids (the tokenizer's{note})"
-    folder.say(f"training on {placement.description}, {vocab}")
     step = int(placement.one_copy(state.step))
-    if step >= setup.run.optim.steps:
-        folder.say(
-            f"the run was already complete ({step} of {setup.run.optim.steps} steps done): "
-            "nothing left to train; evaluating its final model again"
-        )
+    report.starting(setup, folder, step)
     if setup.run.runtime.tensorboard:
         folder.open_tensorboard(step)
     return state, step
+
+
+def _hooks(run: RunConfig, evaluation: Evaluation, hooks: Sequence[Hook]) -> HookRunner:
+    """The hooks in the order they run: the in-run evaluation, the checkpoint (also at
+    the end), the caller's, the final evaluation (at the end only: every = the run's
+    steps)."""
+    in_order = [
+        Hook(run.eval.eval_every, evaluation.in_run, "in-run evaluation"),
+        Hook(run.runtime.checkpoint_every, _checkpoint, "checkpoint", at_end=True),
+        *hooks,
+        Hook(run.optim.steps, evaluation.final, "final evaluation", at_end=True),
+    ]
+    return HookRunner(in_order, run.optim.steps)
+
+
+def _checkpoint(context: StepContext) -> None:
+    context.folder.save(context.state)
 
 
 def _run_steps(
@@ -159,241 +131,67 @@ def _run_steps(
     meter: _Meter,
     shown: report.Progress,
     state: TrainState,
-    hooks: list[Hook],
-) -> TrainState:
-    """Run the steps after `meter.step` up to run.optim.steps, each followed by the hooks due
-    then; the state after the last. On Ctrl-C, or when a hook raises, the last step done
-    is saved (unless its loss is NaN) before the error is raised again."""
-    run, profiler, running = setup.run, _Profiler(setup.run.runtime.profile_steps, folder), None
+    hooks: HookRunner,
+) -> None:
+    """Run the steps after `meter.step` up to run.optim.steps, each followed by the hooks
+    due then (a run resumed complete runs none, then the at_end hooks). On Ctrl-C,
+    SIGTERM or SIGHUP, or when a hook raises, the last step done is saved (unless its loss
+    is NaN) before the error is raised again."""
+    run, profiler = setup.run, _Profiler(setup.run.runtime.profile_steps, folder)
     try:
         for step in range(meter.step, run.optim.steps):
             profiler.before(step)
             step_fn = setup.step_for(step + 1)
-            with _signals_held():
+            with signals_held():
                 state, metrics = step_fn(state, setup.data.train_batch(step, run.optim.batch_size))
-            done = step + 1
-            profiler.after(done, state)
-            meter.hold(done, metrics)
+            profiler.after(step + 1, state)
+            meter.hold(step + 1, metrics)
             _read_metrics(meter, folder, shown, run, keep=1)  # step done - 1's, as done runs
-            due = [hook for hook in hooks if hook.due(done, run.optim.steps)]
-            if due:  # a NaN stops the run before a hook sees its state
+            if due := hooks.due(step + 1):  # a NaN stops the run before a hook sees its state
                 record = _read_metrics(meter, folder, shown, run)
-                context = StepContext(done, state, record, folder, setup, shown.write)
-                for running in due:
-                    running.action(context)
-                running = None
+                hooks.run(due, StepContext(step + 1, state, record, folder, setup, shown.write))
                 meter.restart_window()  # tokens/s leaves out the hooks' time
             shown.advance()
-        _read_metrics(meter, folder, shown, run)
+        if meter.first >= run.optim.steps:  # resumed complete: the at_end hooks, no record
+            context = StepContext(meter.step, state, {}, folder, setup, shown.write)
+            hooks.run(hooks.due(run.optim.steps), context)
     except KeyboardInterrupt as e:  # Ctrl-C, and Terminated
-        _save_before_stopping(setup, folder, meter, shown, state, _stop(e))
+        _save_before_stopping(folder, meter, shown, state, run, _stop(e, hooks.running))
         raise
     except Exception:
-        if running is None:
+        if hooks.running is None:
             raise
-        _save_before_stopping(setup, folder, meter, shown, state, f"hook {running.name!r} raised")
+        why = f"hook {hooks.running.name!r} raised"
+        _save_before_stopping(folder, meter, shown, state, run, why)
         raise
     finally:
         shown.close()
         profiler.close()
-    return state
-
-
-def _default_hooks(run: RunConfig, evaluator: _Evaluator) -> list[Hook]:
-    """The built-in periodic work, in order: the in-run evaluation, the checkpoint."""
-    return [
-        Hook(run.eval.eval_every, evaluator.in_run, "evaluate"),
-        Hook(run.runtime.checkpoint_every, _checkpoint, "checkpoint", at_end=True),
-    ]
-
-
-def _checkpoint(context: StepContext) -> None:
-    _save(context.setup, context.folder, context.state)
-
-
-def _save(setup: Setup, folder: RunFolder, state: TrainState) -> None:
-    """A checkpoint of laid-out `state`."""
-    folder.save(setup.placement.one_copy(state), setup.meta)
 
 
 def _save_before_stopping(
-    setup: Setup,
     folder: RunFolder,
     meter: _Meter,
     shown: report.Progress,
     state: TrainState,
+    run: RunConfig,
     why: str,
 ) -> None:
     """Save the last step done unless saved, or unless its loss is NaN (TrainingDiverged),
     and say so in one line on stderr (with or without progress)."""
-    _read_metrics(meter, folder, shown, setup.run)  # no checkpoint of a diverged state
+    _read_metrics(meter, folder, shown, run)  # no checkpoint of a diverged state
     shown.close()
-    done = int(setup.placement.one_copy(state.step))
-    if done > (folder.checkpoints.latest_step() or 0):
-        _save(setup, folder, state)
-    _say_stopped(folder, why, done)
-
-
-def _stop(error: KeyboardInterrupt) -> str:
-    """What stopped the run: "interrupted" (Ctrl-C) or "terminated by SIGTERM"."""
-    return f"terminated by {error}" if isinstance(error, Terminated) else "interrupted"
-
-
-def _say_stopped(folder: RunFolder, why: str, step: int) -> None:
-    """The one line on stderr (with or without progress) that a stopped run is saved."""
+    step = folder.save(state)
     if folder.is_main:
         where, resume = folder.checkpoints.directory, option("resume", True)
         print(f"{why}: saved step {step} in {where}; continue with {resume}", file=sys.stderr)
 
 
-class _Evaluator:
-    """Held-out evaluation of laid-out parameters, and the seconds spent so far on the
-    held-out (dev) pairs (`seconds`, from `earlier` on: a resumed run's kept evaluations)
-    and on the final test pairs (`test_seconds`)."""
-
-    def __init__(self, setup: Setup, *, earlier: float = 0.0):
-        self.setup, self.seconds, self.test_seconds = setup, earlier, 0.0
-
-    def in_run(self, context: StepContext) -> None:
-        """The in-run evaluation (a hook): the held-out loss and greedy decoding of the
-        first `eval_sample` held-out pairs, logged (with the evaluations' seconds so far,
-        for a resume) and shown."""
-        sampled, _ = self.held_out(context.state.params, sample=True)
-        seconds = round(self.seconds, 2)
-        context.folder.log({"step": context.step, **sampled, "eval_seconds": seconds})
-        context.say(report.eval_line(context.step, sampled))
-
-    def held_out(self, params, *, sample: bool = False) -> tuple[dict[str, float], list[str]]:
-        """The held-out metrics of laid-out `params` and the held-out predictions: of the
-        first `eval_sample` test pairs decoded greedily (`sample`, during training), else
-        of all of them with the run's beam (the final model)."""
-        started, run, data = time.perf_counter(), self.setup.run, self.setup.data
-        pairs = data.dev_pairs[: run.eval.eval_sample] if sample else data.dev_pairs
-        beam = 1 if sample else eval_beam(run, data)
-        predictor = self._predictor(params, beam=beam)
-        metrics, predictions = evaluate(
-            self.setup.eval_step, params, data, predictor, run.optim.batch_size, pairs
-        )
-        self.seconds += time.perf_counter() - started
-        return metrics | {"eval_pairs": len(pairs), "eval_beam": beam}, predictions
-
-    def test(self, params) -> tuple[dict[str, float], list[str]]:
-        """The data's metrics of laid-out `params` on its final test pairs ("test_bleu",
-        ..., and their number, "test_pairs"), and the predictions."""
-        started, data = time.perf_counter(), self.setup.data
-        pairs = data.test_pairs
-        predictor = self._predictor(params, beam=eval_beam(self.setup.run, data))
-        scores, predictions = score(predictor, pairs, data.metrics)
-        self.test_seconds += time.perf_counter() - started
-        return {f"test_{k}": v for k, v in scores.items()} | {"test_pairs": len(pairs)}, predictions
-
-    def _predictor(self, params, beam: int) -> Callable[[list[str]], list[str]]:
-        """Translations of sources by laid-out `params` (greedy for beam 1)."""
-        setup, run = self.setup, self.setup.run
-
-        def predictions(sources):
-            model = nnx.merge(setup.graphdef, setup.placement.one_copy(params))
-            return translate(model, setup.tokenizer, sources, run, setup.data, beam=beam)
-
-        return predictions
-
-
-class _Final(NamedTuple):
-    """The final model (the last step's, or with average_checkpoints > 1 the average of
-    the last checkpoints): its parameters (one host copy), its held-out metrics
-    (`scores`), the summary's fields of the final evaluations (`evaluations`: eval_beam,
-    final_eval, averaged_eval, averaged_steps) and of the test (`tests`: with final_test,
-    final_test and the test_* scores), and the (pairs, predictions) of the held-out and
-    (with final_test) the test pairs."""
-
-    params: Any
-    scores: dict[str, float]
-    evaluations: dict[str, Any]
-    tests: dict[str, Any]
-    held_out: tuple[Pairs, list[str]]
-    tested: tuple[Pairs, list[str]] | None
-
-
-def _final_model(
-    setup: Setup, folder: RunFolder, evaluator: _Evaluator, step: int, state: TrainState
-) -> _Final:
-    """Evaluate the last step's parameters on every held-out pair, then the average of the
-    last checkpoints (average_checkpoints > 1), then, with final_test, score the final
-    model on the test pairs; each is logged."""
-    run, data = setup.run, setup.data
-    last_eval, predictions = evaluator.held_out(state.params)  # every held-out pair, eval_beam
-    folder.log({"step": step, **last_eval})
-    folder.say(report.eval_line(step, last_eval))
-    params, averaged, steps = state.params, None, None
-    if run.eval.average_checkpoints > 1:
-        params, steps = _average(setup, folder, state)
-        averaged, predictions = evaluator.held_out(params)
-        folder.log({"step": step, "averaged_steps": steps, **averaged})
-        folder.say(report.eval_line(step, averaged, averaged_steps=steps))
-    evaluations = {
-        "eval_beam": eval_beam(run, data),
-        "final_eval": last_eval,
-        "averaged_eval": averaged,
-        "averaged_steps": steps,
-    }
-    tests, tested = {}, None
-    if run.eval.final_test and data.test_pairs:
-        scores, test_predictions = evaluator.test(params)
-        folder.log({"step": step, **scores})
-        tests = {"final_test": True, **scores}
-        tested = (data.test_pairs, test_predictions)
-    params = host_copy(setup.placement.one_copy(params))
-    held_out = (data.dev_pairs, predictions)
-    return _Final(params, averaged or last_eval, evaluations, tests, held_out, tested)
-
-
-def _average(setup: Setup, folder: RunFolder, state: TrainState) -> tuple[Any, list[int]]:
-    """The laid-out mean parameters of the last `average_checkpoints` checkpoints (also
-    saved in <out>/averaged), and their steps."""
-    abstract = abstract_train_state(setup.placement.one_copy(state)).params
-    mean, steps = folder.checkpoints.average_params(abstract, setup.run.eval.average_checkpoints)
-    save_averaged(folder.path, mean)
-    return setup.placement.put(mean, like=setup.layout.params), steps
-
-
-def _description(setup: Setup) -> dict[str, Any]:
-    """The summary's fields that describe the run: model, layout, configs, data counts."""
-    counts = {"data_counts": dict(setup.data.counts)} if setup.data.counts else {}
-    return {
-        "params": setup.param_count,
-        "device": str(jax.devices()[0].device_kind),
-        "layout": setup.placement.description,
-        "model_kind": setup.data.model_kind,
-        "model_config": setup.config.to_dict(),
-        "run": setup.run.to_dict(),
-        **counts,
-    }
-
-
-def _finish(setup: Setup, folder: RunFolder, summary: dict[str, Any], final: _Final) -> None:
-    """The plots, predictions.tsv (the held-out (dev) pairs and the final model's
-    predictions), test_predictions.tsv (with final_test), then summary.json, and the
-    console report (process 0 only)."""
-    folder.close()
-    if not folder.is_main:
-        return
-    report.loss_curves(folder.metrics_path, folder.path / "loss.png")
-    if setup.run.runtime.log_internals is not None:
-        report.internals(folder.metrics_path, folder.path / "internals.png")
-    for name, written in (
-        ("predictions.tsv", final.held_out),
-        ("test_predictions.tsv", final.tested),
-    ):
-        if written and written[1]:
-            report.write_predictions(*written, folder.path / name)
-    pairs, predictions = final.held_out
-    examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]
-    model = nnx.merge(setup.graphdef, final.params)
-    if isinstance(model, Transformer) and pairs:
-        report.cross_attention(model, setup.tokenizer, pairs[0], folder.path / "attention.png")
-    folder.write_json("summary.json", summary)  # last: it marks a finished run
-    if folder.verbose:
-        report.print_summary(summary, examples, folder.path)
+def _stop(error: KeyboardInterrupt, hook: Hook | None) -> str:
+    """What stopped the run: "interrupted" (Ctrl-C) or "terminated by SIGTERM", and
+    "during the NAME" of the hook running, if one was."""
+    stop = f"terminated by {error}" if isinstance(error, Terminated) else "interrupted"
+    return stop if hook is None else f"{stop} during the {hook.name}"
 
 
 class _Meter:
@@ -448,21 +246,17 @@ class _Meter:
         """Start a new tokens/s window (after a log record, and after hooks ran)."""
         self.window_start, self.window_tokens = time.perf_counter(), 0
 
-    def summary(self, last_eval: dict[str, float], metrics: tuple[str, ...]) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
+        """summary.json's steps, steps_run, wall_seconds, seconds_to_first_step (None if no
+        step ran) and train_tokens_per_second."""
         wall = time.perf_counter() - self.start
+        first = self.to_first_step
         return {
             "steps": self.step,
             "steps_run": self.step - self.first,
             "wall_seconds": round(self.earlier + wall, 2),
-            "seconds_to_first_step": None
-            if self.to_first_step is None
-            else round(self.to_first_step, 2),
+            "seconds_to_first_step": None if first is None else round(first, 2),
             "train_tokens_per_second": round(self.tokens / max(wall, 1e-9), 1),
-            "eval_loss": last_eval.get("eval_loss"),  # label-smoothed, as trained
-            "eval_nll": last_eval.get("eval_nll"),
-            "eval_perplexity": last_eval.get("eval_perplexity"),
-            "token_accuracy": last_eval.get("eval_token_accuracy"),
-            **{name: last_eval.get(name) for name in metrics},
         }
 
 
@@ -503,56 +297,12 @@ def _read_metrics(
     log_every steps and the last). Returns the last record read (None if none was)."""
     record = None
     while len(meter.held) > keep:
-        done, record, internals = meter.read(folder)
-        if internals is not None:
-            folder.log(report.internals_record(done, internals))
-        if done % run.runtime.log_every == 0 or done == run.optim.steps:
-            folder.log(record)
-            shown.show(record)
-            meter.restart_window()
+        with signals_held():  # a record read is a record logged: a stop waits for the write
+            done, record, internals = meter.read(folder)
+            if internals is not None:
+                folder.log(report.internals_record(done, internals))
+            if done % run.runtime.log_every == 0 or done == run.optim.steps:
+                folder.log(record)
+                shown.show(record)
+                meter.restart_window()
     return record
-
-
-@contextlib.contextmanager
-def _stop_signals_raise():
-    """While the block runs (in the main thread): SIGTERM and SIGHUP raise Terminated, as
-    Ctrl-C raises KeyboardInterrupt; a signal with a handler of the caller's, or ignored,
-    is left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    ours = [s for s in TERMINATING if signal.getsignal(s) is signal.SIG_DFL]
-    for signum in ours:
-        signal.signal(signum, _raise_terminated)
-    try:
-        yield
-    finally:
-        for signum in ours:
-            signal.signal(signum, signal.SIG_DFL)
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """Hold the stop signals that raise (Ctrl-C's, and `_stop_signals_raise`'s) until the
-    block ends, then raise for the first that came. The compiled step donates the old
-    state, so an error raised inside it (e.g. while its outputs are unpacked) would leave
-    no state to save."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    raising = (signal.default_int_handler, _raise_terminated)
-    held = {s: h for s in (signal.SIGINT, *TERMINATING) if (h := signal.getsignal(s)) in raising}
-    caught = []
-    for signum in held:
-        signal.signal(signum, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-    if caught:
-        raise KeyboardInterrupt if caught[0] == signal.SIGINT else Terminated(caught[0])

@@ -157,8 +157,8 @@ def lm_head_choice(lm_head: str, tokens: int, vocab_size: int) -> str:
 
 def auto_chunked_logits(device: jax.Device | None = None) -> int:
     """From how many logits B*T*V "auto" picks the chunked head on `device` (default: this
-    process's first): AUTO_CHUNKED_LOGITS, or a 32nd of the memory the device reports."""
-    stats = (device or jax.devices()[0]).memory_stats() or {}
+    process's first local one): AUTO_CHUNKED_LOGITS, or a 32nd of the memory it reports."""
+    stats = (device or jax.local_devices()[0]).memory_stats() or {}
     return max(AUTO_CHUNKED_LOGITS, stats.get("bytes_limit", 0) // 32)
 
 

@@ -1,7 +1,7 @@
-"""What a run shows a person: progress while it trains, a line per evaluation, a table of
-held-out examples and the totals at the end, the plots (loss.png, attention.png, and
-internals.png with --log-internals) and the test pairs' predictions (predictions.tsv).
-matplotlib is imported only when a plot is drawn."""
+"""What a run shows a person: progress while it trains, a line per evaluation, at the end
+(`finish`) the plots (loss.png, attention.png, and internals.png with --log-internals),
+summary.json and a table of held-out examples with the totals; and the predictions files
+(predictions.tsv, test_predictions.tsv). matplotlib is imported only when a plot is drawn."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import re
 import sys
 from typing import Any
 
+import jax
 import numpy as np
 from flax import nnx
 
 from jaxformer.data.datasets import encode_pairs
-from jaxformer.train.run_folder import read_metrics, write_whole
+from jaxformer.models import Transformer
+from jaxformer.train.run_folder import RunFolder, read_metrics, write_whole
+from jaxformer.train.setup import Setup
 
 
 class Progress:
@@ -57,6 +60,63 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def starting(setup: Setup, folder: RunFolder, step: int) -> None:
+    """What a run says as it starts at `step`: what the data kept and dropped, the devices
+    and the vocabulary, and whether it was already complete."""
+    asked, vocab = setup.requested_vocab, setup.config.vocab_size
+    note = "" if asked == vocab else f"; the model config said {asked}"
+    if setup.data.description:
+        folder.say(setup.data.description)
+    ids = f"vocabulary of {vocab} ids (the tokenizer's{note})"
+    folder.say(f"training on {setup.placement.description}, {ids}")
+    if step >= setup.run.optim.steps:
+        folder.say(
+            f"the run was already complete ({step} of {setup.run.optim.steps} steps done): "
+            "nothing left to train; evaluating its final model again"
+        )
+
+
+def description(setup: Setup) -> dict[str, Any]:
+    """summary.json's fields that describe the run: model, layout, configs, data counts."""
+    counts = {"data_counts": dict(setup.data.counts)} if setup.data.counts else {}
+    return {
+        "params": setup.param_count,
+        "device": str(jax.devices()[0].device_kind),
+        "layout": setup.placement.description,
+        "model_kind": setup.data.model_kind,
+        "model_config": setup.config.to_dict(),
+        "run": setup.run.to_dict(),
+        **counts,
+    }
+
+
+def finish(
+    setup: Setup,
+    folder: RunFolder,
+    summary: dict[str, Any],
+    params,
+    dev: tuple[list[tuple[str, str]], list[str]],
+) -> None:
+    """Close the folder; then, on process 0, the plots (the cross-attention of the final
+    model's `params`, one host copy, on the first of the `dev` pairs), summary.json (last:
+    it marks a finished run) and the console report (the first dev pairs' predictions and
+    the totals)."""
+    folder.close()
+    if not folder.is_main:
+        return
+    loss_curves(folder.metrics_path, folder.path / "loss.png")
+    if setup.run.runtime.log_internals is not None:
+        internals(folder.metrics_path, folder.path / "internals.png")
+    pairs, predictions = dev
+    model = nnx.merge(setup.graphdef, params)
+    if isinstance(model, Transformer) and pairs:
+        cross_attention(model, setup.tokenizer, pairs[0], folder.path / "attention.png")
+    folder.write_json("summary.json", summary)
+    if folder.verbose:
+        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]
+        print_summary(summary, examples, folder.path)
 
 
 def eval_line(step: int, m: dict[str, float], averaged_steps: list[int] | None = None) -> str:

@@ -5,7 +5,8 @@
     summary.json     final metrics, timings, parameter count, the configs
     checkpoints/     orbax checkpoints (the last `keep` of them)
     averaged/        the mean parameters of the last checkpoints (with average_checkpoints > 1)
-    predictions.tsv  source<TAB>reference<TAB>prediction of each test pair, by the final model
+    predictions.tsv  source<TAB>reference<TAB>prediction of each dev pair, by the final model
+    test_predictions.tsv  the same of each test pair (with final_test)
     tokenizer.json   the tokenizer, for `jaxformer generate`
     loss.png, attention.png   plots (`jaxformer.train.report`)
     tensorboard/     with tensorboard=True: every logged number as a TensorBoard scalar
@@ -30,8 +31,8 @@ import warnings
 from typing import Any
 
 from jaxformer.checks import BadValue, InputWarning, MissingFile, MissingPackage, option
-from jaxformer.parallel import is_main_process
-from jaxformer.train.checkpoint import AVERAGED, Checkpointer
+from jaxformer.parallel import Placement, is_main_process
+from jaxformer.train.checkpoint import AVERAGED, Checkpointer, abstract_train_state, save_averaged
 from jaxformer.train.steps import TrainState
 
 # Clocks that metrics.jsonl records carry as running totals (a resume continues them):
@@ -41,16 +42,25 @@ CLOCKS = ("wall_seconds", "eval_seconds")
 
 class RunFolder:
     """The folder `path` of one run, created on opening (an existing file is an error).
-    `say` prints on process 0 when `verbose`."""
+    Its checkpoints hold one copy of states that `placement` lays out, with `meta` (what a
+    checkpoint must match to be resumed: `Setup.meta`). `say` prints on process 0 when
+    `verbose`."""
 
     def __init__(
-        self, path: str | pathlib.Path, *, keep_checkpoints: int = 3, verbose: bool = True
+        self,
+        path: str | pathlib.Path,
+        *,
+        placement: Placement,
+        meta: dict[str, Any],
+        keep_checkpoints: int = 3,
+        verbose: bool = True,
     ):
         self.path = pathlib.Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise BadValue(
                 f"{self.path} exists and is not a folder; choose another {option('out')}"
             )
+        self.placement, self.meta = placement, meta
         self.is_main, self.verbose = is_main_process(), verbose
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
@@ -76,10 +86,12 @@ class RunFolder:
             self._write("metrics.jsonl", "")
         return latest is not None
 
-    def restore(self, abstract: TrainState, meta: dict[str, Any]) -> TrainState:
-        """The latest checkpoint (which must match `meta`); metrics logged after it are
+    def restore(self, state: TrainState) -> TrainState:
+        """The latest checkpoint (which must match the run's meta) as one copy of the
+        laid-out `state` (its shapes, dtypes and shardings); metrics logged after it are
         dropped, as the steps will run again."""
-        state, _ = self.checkpoints.restore(abstract, meta)
+        abstract = abstract_train_state(self.placement.one_copy(state))
+        state, _ = self.checkpoints.restore(abstract, self.meta)
         step = int(state.step)
         if self.is_main and self.metrics_path.exists():
             records = [r for r in read_metrics(self.metrics_path) if r["step"] <= step]
@@ -91,8 +103,22 @@ class RunFolder:
         self.say(f"resumed from step {step} in {self.checkpoints.directory}")
         return state
 
-    def save(self, state: TrainState, meta: dict[str, Any]) -> None:
-        self.checkpoints.save(state, meta)
+    def save(self, state: TrainState) -> int:
+        """Checkpoint the laid-out `state` (one copy of it, with the run's meta) unless its
+        step is saved already; returns its step."""
+        one = self.placement.one_copy(state)
+        step = int(one.step)
+        if step > (self.checkpoints.latest_step() or 0):
+            self.checkpoints.save(one, self.meta)
+        return step
+
+    def average_checkpoints(self, state: TrainState, count: int) -> tuple[Any, list[int]]:
+        """The mean parameters of the last `count` checkpoints, as one copy of the laid-out
+        `state`'s (also saved in <path>/averaged), and their steps."""
+        abstract = abstract_train_state(self.placement.one_copy(state)).params
+        mean, steps = self.checkpoints.average_params(abstract, count)
+        save_averaged(self.path, mean)
+        return mean, steps
 
     def open_tensorboard(self, first_step: int) -> None:
         """From now on also write each logged number as a TensorBoard scalar (tensorboardX)

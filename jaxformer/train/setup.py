@@ -27,7 +27,7 @@ from jaxformer.data.tokenizers import Tokenizer
 from jaxformer.interop import hf
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, make_placement
-from jaxformer.train.evaluate import check_metrics
+from jaxformer.train.metrics import check_metrics
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.run_folder import tensorboard_writer
 from jaxformer.train.steps import (

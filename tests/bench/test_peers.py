@@ -39,7 +39,8 @@ def test_a_quick_run_writes_a_consistent_record(tmp_path):
         assert programs["torch"]["mode"] == "eager"  # "auto" on a CPU
     assert result["jaxformer_auto"] == {"attention": "xla", "lm_head": "dense"}
     assert (tmp_path / "p" / "jax.log").is_file()  # the workers' logs, next to the record
-    assert "| jaxformer (auto: attention xla, head dense) |" in record.markdown()
+    assert result["jaxformer_asked"] == {"attention": "auto", "lm_head": "auto"}
+    assert "| jaxformer (attention xla (auto), head dense (auto)) |" in record.markdown()
     assert "--rounds 6 --steps 1" in record.command
 
 

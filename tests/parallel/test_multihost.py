@@ -16,7 +16,7 @@ from jaxformer.cli import main
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRAIN = [
     *"-m jaxformer train --task copy --steps 5 --batch-size 8 --eval-every 5".split(),
-    *"--log-every 1 --checkpoint-every 5 --eval-examples 16 --no-progress --mesh".split(),
+    *"--log-every 1 --checkpoint-every 5 --eval-examples 16 --mesh".split(),
     "data=2,fsdp=2",
 ]
 

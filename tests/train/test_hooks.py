@@ -103,6 +103,24 @@ def test_a_hook_that_raises_stops_the_run_after_saving_and_the_run_resumes(tmp_p
     assert summary["steps"] == 6 and summary["steps_run"] == 2
 
 
+def test_a_run_resumed_complete_runs_only_its_at_end_hooks_again(tmp_path):
+    """No step runs; the at_end hooks do, given the last step's state and no metrics: the
+    checkpoint (already saved), the caller's at_end hook, the final evaluation."""
+    model_config, run = _configs(tmp_path, steps=3, checkpoint_every=3)
+    loop.train(model_config, run, progress=False)
+    seen = []
+    hooks = [
+        Hook(1, lambda context: seen.append("every step"), "every step"),
+        Hook(1, lambda context: seen.append((context.step, context.metrics)), "end", at_end=True),
+    ]
+    summary = loop.train(model_config, run, resume=True, hooks=hooks, progress=False)
+    assert seen == [(3, {})] and summary["steps_run"] == 0
+    assert _checkpoint_steps(tmp_path) == [3]
+    finals = [r for r in _records(tmp_path) if "eval_nll" in r]  # no in-run evaluation
+    assert [r["step"] for r in finals] == [3, 3]  # evaluated again
+    assert summary["final_eval"] == {k: v for k, v in finals[1].items() if k != "step"}
+
+
 def _noop(context):
     pass
 

@@ -17,7 +17,7 @@ import pytest
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.train import checkpoint, loop, setup
+from jaxformer.train import checkpoint, evaluate, loop, setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
@@ -318,13 +318,13 @@ def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
 def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
     tmp_path, capsys, monkeypatch
 ):
-    real = loop._final_model
+    real = evaluate.Evaluation.final
 
-    def hang_up_first(*args):
+    def hang_up_first(self, context):
         os.kill(os.getpid(), signal.SIGHUP)
-        return real(*args)
+        return real(self, context)
 
-    monkeypatch.setattr(loop, "_final_model", hang_up_first)
+    monkeypatch.setattr(evaluate.Evaluation, "final", hang_up_first)
     with pytest.raises(loop.Terminated):
         loop.train(small_config(), run_config(tmp_path, steps=4), progress=False)
     assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
@@ -343,7 +343,7 @@ def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
         (["--steps", "0"], "steps must be >= 1, got 0"),
         (["--steps", "-5"], "steps must be >= 1, got -5"),
         (["--batch-size", "ten"], "argument --batch-size: invalid int value: 'ten'"),
-        (["--config", "BADKEY"], r"unknown config key\(s\) \['d_modle'\]; valid keys are"),
+        (["--config", "BADKEY"], r"unknown model key\(s\) \['d_modle'\] \(did you mean 'd_model'"),
         (["--config", "BADJSON"], "not valid JSON"),
         (["--data-tsv", "MALFORMED"], r"pairs.tsv:2: expected 'source<TAB>target'"),
         (
@@ -418,3 +418,84 @@ def test_train_help_lists_every_config_field_with_its_default(capsys):
     assert "optimizer steps (default: 1500)" in text
     assert "examples (rows) per step (default: 64)" in text
     assert "model dimension (tiny: 128)" in text
+
+
+SUMMARY_KEYS = [
+    *"steps steps_run wall_seconds seconds_to_first_step train_tokens_per_second".split(),
+    *"eval_loss eval_nll eval_perplexity token_accuracy exact_match".split(),
+    *"eval_beam final_eval averaged_eval averaged_steps".split(),
+    *"params device layout model_kind model_config run".split(),
+    *"final_test test_exact_match test_pairs eval_seconds test_seconds train_seconds".split(),
+]
+TRAIN = "step grad_norm loss lr nll perplexity token_accuracy tokens_per_second wall_seconds"
+EVAL = "eval_loss eval_nll eval_perplexity eval_token_accuracy exact_match eval_pairs eval_beam"
+RECORDS = [
+    (2, TRAIN),
+    (2, f"step {EVAL} eval_seconds"),  # the in-run evaluation
+    (3, "step hook"),
+    (4, TRAIN),
+    (4, "step hook"),  # the caller's at_end hook, before the final evaluation
+    (4, f"step {EVAL}"),  # the last step's parameters, every dev pair
+    (4, f"step averaged_steps {EVAL}"),  # the mean of the last 2 checkpoints
+    (4, "step test_exact_match test_pairs"),  # the final model on the test pairs
+]
+SHOWN = [
+    "training on one device (cpu), vocabulary of # ids (the tokenizer's)",
+    "step #/#: loss #, lr #, # tokens/s",
+    "step #: held-out NLL # (perplexity #), token accuracy #%, exact match #%",
+    "step #/#: loss #, lr #, # tokens/s",
+    "step #: held-out NLL # (perplexity #), token accuracy #%, exact match #%",
+    "mean of the checkpoints of steps #, #: held-out NLL # (perplexity #), token accuracy #%, "
+    "exact match #%",
+]
+
+
+def test_a_finished_runs_summary_records_and_report(tmp_path, capsys, monkeypatch):
+    """The summary's keys in order, metrics.jsonl's records in order, the files and the
+    lines shown, of a 4-step run with an in-run evaluation, a caller's at_end hook,
+    checkpoint averaging and a test set (attached to the task's data)."""
+    build = setup.build_data
+
+    def with_test_pairs(run, tokenizer=None):
+        tokenizer, data = build(run, tokenizer)
+        data.test_pairs = data.dev_pairs[:3]
+        return tokenizer, data
+
+    def mark(context):
+        context.folder.log({"step": context.step, "hook": "mark"})
+
+    monkeypatch.setattr(setup, "build_data", with_test_pairs)
+    run = run_config(
+        tmp_path, steps=4, log_every=2, eval_every=2, checkpoint_every=1, keep_checkpoints=3,
+        average_checkpoints=2, final_test=True, eval_examples=8, eval_sample=4,
+    )  # fmt: skip
+    summary = loop.train(small_config(), run, hooks=[jf.train.Hook(3, mark, "mark", at_end=True)])
+    assert list(summary) == SUMMARY_KEYS
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], " ".join(r)) for r in records] == RECORDS
+    in_run, final, averaged, tested = records[1], records[5], records[6], records[7]
+    assert (in_run["eval_pairs"], final["eval_pairs"], final["eval_beam"]) == (4, 8, 1)
+    assert summary["final_eval"] == {k: v for k, v in final.items() if k != "step"}
+    assert averaged["averaged_steps"] == summary["averaged_steps"] == [3, 4]
+    assert summary["averaged_eval"] == {k: averaged[k] for k in EVAL.split()}
+    assert summary["eval_nll"] == averaged["eval_nll"]  # the delivered model: the average
+    assert summary["token_accuracy"] == averaged["eval_token_accuracy"]
+    assert summary["test_pairs"] == tested["test_pairs"] == 3 and summary["final_test"] is True
+    assert summary["test_exact_match"] == tested["test_exact_match"]
+    assert in_run["eval_seconds"] < summary["eval_seconds"] and summary["test_seconds"] > 0
+    spent = summary["eval_seconds"] + summary["test_seconds"]
+    assert summary["train_seconds"] == pytest.approx(summary["wall_seconds"] - spent, abs=0.025)
+    assert (summary["steps"], summary["steps_run"]) == (4, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        *"attention.png averaged checkpoints config.json loss.png metrics.jsonl".split(),
+        *"predictions.tsv summary.json test_predictions.tsv tokenizer.json".split(),
+    ]
+    assert (tmp_path / "predictions.tsv").read_text().count("\n") == 8
+    assert (tmp_path / "test_predictions.tsv").read_text().count("\n") == 3
+    lines = capsys.readouterr().out.splitlines()
+    numbers = r"\d+([.,]\d+)*(e[+-]\d+)?"
+    assert [re.sub(numbers, "#", line) for line in lines[: len(SHOWN)]] == SHOWN
+    assert lines[-3].startswith("mean of the checkpoints of steps 3, 4: held-out NLL")
+    assert lines[-2] == "test (3 pairs, final model): exact match " + lines[-2].split()[-1]
+    assert lines[-1] == f"results in {tmp_path}/: summary.json metrics.jsonl attention.png loss.png"

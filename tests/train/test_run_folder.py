@@ -8,11 +8,16 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer import train
+from jaxformer.parallel import make_placement
 from jaxformer.train import report
-from jaxformer.train.checkpoint import abstract_train_state
 from jaxformer.train.run_folder import RunFolder
 
 META = {"model_kind": "DecoderLM", "model_config": {}, "run": {"seed": 0}}
+
+
+def open_folder(path, meta=META):
+    """A run folder whose states are laid out on one device."""
+    return RunFolder(path, placement=make_placement(), meta=meta)
 
 
 def tiny_state(step: int):
@@ -25,30 +30,31 @@ def tiny_state(step: int):
 
 def test_a_fresh_folder_then_a_refusal_then_a_resume(tmp_path):
     out = tmp_path / "run"
-    folder = RunFolder(out)
+    folder = open_folder(out)
     assert folder.start(resume=False) is False  # nothing to resume: a fresh start
     for step in (1, 2, 3):
         folder.log({"step": step, "loss": 1.0 / step, "wall_seconds": 10.0 * step})
     folder.log({"step": 2, "bleu": 1.0, "eval_seconds": 4.0})
     folder.log({"step": 3, "bleu": 2.0, "eval_seconds": 9.0})
-    folder.save(tiny_state(2), META)
+    assert folder.save(tiny_state(2)) == 2
+    assert folder.save(tiny_state(2)) == 2  # saved already: skipped (orbax refuses a step twice)
     folder.close()
     with pytest.raises(ValueError, match=r"already holds checkpoints \(latest step 2\)"):
-        RunFolder(out).start(resume=False)
-    again = RunFolder(out)
+        open_folder(out).start(resume=False)
+    again = open_folder(out)
     assert again.start(resume=True) is True
-    state = again.restore(abstract_train_state(tiny_state(0)), META)
+    state = again.restore(tiny_state(0))
     assert int(state.step) == 2
     steps = [json.loads(line)["step"] for line in again.metrics_path.read_text().splitlines()]
     assert steps == [1, 2, 2]  # step 3 will run again: its records are dropped
     assert again.resumed_seconds == {"wall_seconds": 20.0, "eval_seconds": 4.0}
     with pytest.raises(ValueError, match=r"different configuration: seed=0 \(checkpoint\) vs 1"):
-        again.restore(abstract_train_state(tiny_state(0)), META | {"run": {"seed": 1}})
+        open_folder(out, META | {"run": {"seed": 1}}).restore(tiny_state(0))
     again.close()
 
 
 def test_resume_without_a_checkpoint_starts_afresh(tmp_path, capsys):
-    folder = RunFolder(tmp_path / "run")
+    folder = open_folder(tmp_path / "run")
     (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 5, "loss": 1.0}\n')
     assert folder.start(resume=True) is False
     assert folder.metrics_path.read_text() == ""
@@ -59,7 +65,7 @@ def test_resume_without_a_checkpoint_starts_afresh(tmp_path, capsys):
 def test_a_file_is_not_a_run_folder(tmp_path):
     (tmp_path / "taken").write_text("")
     with pytest.raises(ValueError, match="taken exists and is not a folder"):
-        RunFolder(tmp_path / "taken")
+        open_folder(tmp_path / "taken")
 
 
 def test_progress_off_a_terminal_prints_plain_lines(capsys):
@@ -152,14 +158,14 @@ def test_a_checkpoint_written_with_nnx_variables_resumes_as_plain_arrays(tmp_pat
     }
     manager.save(7, args=ocp.args.Composite(**args))
     manager.wait_until_finished()
-    folder = RunFolder(tmp_path)
+    folder = open_folder(tmp_path)
     assert folder.start(resume=True)
-    state = folder.restore(abstract_train_state(tiny_state(0)), META)
+    state = folder.restore(tiny_state(0))
     assert int(state.step) == 7 and isinstance(state.params["inputs"]["embed"]["table"], jax.Array)
     want = jax.tree.leaves(variables)
     for got, expected in zip(jax.tree.leaves(state.params), want, strict=True):
         np.testing.assert_array_equal(got, expected)
-    folder.save(state.replace(step=state.step + 1), META)
+    folder.save(state.replace(step=state.step + 1))
     saved = manager.item_metadata(8)["params"]
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(saved)[0]]
     assert len(paths) == len(want) and all(p.endswith("['value']") for p in paths)

@@ -1,20 +1,35 @@
-"""experiments/speedrun_table.py on constructed run folders: what a configuration is named,
-when an evaluation counts as done, and the refusal of a first run that is not the
-speedrun command's or of a run without test scores."""
+"""`jaxformer sweep report --runs` on constructed run folders: what a configuration is
+named, when an evaluation counts as done, and the refusal of a first run that is not the
+speedrun command's or of a run without test scores; and the committed speedrun tables
+rebuilt from their committed records."""
 
-import importlib.util
 import json
 import pathlib
+import re
 
 import pytest
 
 import jaxformer as jf
+from jaxformer.cli import main
+from jaxformer.results import Record
+from jaxformer.sweep import runs as speedrun
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PATH = ROOT / "experiments" / "speedrun_table.py"
-spec = importlib.util.spec_from_file_location("speedrun_table", PATH)
-speedrun_table = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(speedrun_table)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def report(*folders, out, options=()) -> list:
+    """`jaxformer sweep report --runs FOLDERS OPTIONS --out OUT`: the record's tables."""
+    argv = ["sweep", "report", "--runs", *map(str, folders), *map(str, options)]
+    assert main([*argv, "--out", str(out)]) == 0
+    return Record.read(out).tables
+
+
+def refused(capsys, *argv) -> str:
+    """The one error line of `jaxformer sweep report ARGV` (exit 2)."""
+    assert main(["sweep", "report", *map(str, argv)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("jaxformer sweep report: error:")
+    return err
 
 
 REFERENCES = ["the king said to her", "be doers of the word", "I hope to send him"]
@@ -38,7 +53,7 @@ def make_run(
     translate = (lambda ref: ref) if exact else (lambda ref: ref.rsplit(" ", 1)[0])
     rows = [f"src {i}\t{ref}\t{translate(ref)}\n" for i, ref in enumerate(REFERENCES)]
     (folder / "predictions.tsv").write_text("".join(rows))
-    options = speedrun_table.SPEEDRUN_OPTIONS | {"bpe_vocab_size": bpe_vocab_size}
+    options = speedrun.SPEEDRUN_OPTIONS | {"bpe_vocab_size": bpe_vocab_size}
     if averaged is not None:
         options |= {"checkpoint_every": 5, "keep_checkpoints": 4, "average_checkpoints": 4}
     run = jf.RunConfig.from_options(**options, out=str(folder))
@@ -78,10 +93,8 @@ def make_run(
 def test_rows_name_the_options_and_the_minutes_at_which_each_target_was_reached(tmp_path):
     make_run(tmp_path / "a", 0.1, [12.0, 16.0], 18.0)
     make_run(tmp_path / "b", 0.0, [15.5, 19.0], 21.0, exact=True, bpe_vocab_size=320)
-    out = tmp_path / "speedrun.json"
-    speedrun_table.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
-    table, curves = json.loads(out.read_text())["tables"]
-    a, b = table["rows"]
+    table, curves = report(tmp_path / "a", tmp_path / "b", out=tmp_path / "speedrun.json")
+    a, b = table.rows
     # Reached at step 20's evaluation, which ended 21 min in (the next training record).
     assert a[:4] == ["the speedrun command", "30.0", "21.0", "not reached"]
     # b reaches 20 only in the final evaluation, which ends when the test scoring starts.
@@ -91,39 +104,39 @@ def test_rows_name_the_options_and_the_minutes_at_which_each_target_was_reached(
     # b's translations are exact, a's each miss a word: b is better on every resample.
     difference, interval = b[5].split(" ", 1)
     assert float(difference) > 0 and float(interval[1:].split(",")[0]) > 0
-    assert [row[1:4] for row in curves["rows"][:3]] == [
+    assert [row[1:4] for row in curves.rows[:3]] == [
         ["10", "11.0", "greedy, 200 sampled"],
         ["20", "21.0", "greedy, 200 sampled"],
         ["30", "29.5", "beam 4, all 400"],
     ]
 
 
-def test_a_first_run_that_is_not_the_speedrun_command_is_refused(tmp_path):
+def test_a_first_run_that_is_not_the_speedrun_command_is_refused(tmp_path, capsys):
     make_run(tmp_path / "a", 0.0, [12.0], 13.0)
-    with pytest.raises(
-        SystemExit, match="must be the speedrun command's .* differs in dropout_rate"
-    ):
-        speedrun_table.main([str(tmp_path / "a"), "--out", str(tmp_path / "t.json")])
+    err = refused(capsys, "--runs", tmp_path / "a", "--out", tmp_path / "t.json")
+    assert re.search("must be the speedrun command's .* differs in dropout_rate", err)
 
 
-def test_a_run_without_test_scores_is_refused(tmp_path):
+def test_a_run_without_test_scores_is_refused(tmp_path, capsys):
     make_run(tmp_path / "a", 0.1, [12.0], 13.0)
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     del summary["test_seconds"]
     (tmp_path / "a" / "summary.json").write_text(json.dumps(summary))
-    with pytest.raises(SystemExit, match="did not score the test set"):
-        speedrun_table.main([str(tmp_path / "a")])
+    err = refused(capsys, "--runs", tmp_path / "a", "--out", tmp_path / "t.json")
+    assert "did not score the test set" in err
+    assert "not a finished run (no summary.json" in refused(
+        capsys, "--runs", tmp_path / "b", "--out", tmp_path / "t.json"
+    )
 
 
-def test_a_pair_compares_two_runs_and_a_pair_outside_the_runs_is_refused(tmp_path):
+def test_a_pair_compares_two_runs_and_a_pair_outside_the_runs_is_refused(tmp_path, capsys):
     make_run(tmp_path / "a", 0.1, [12.0], 13.0)
     make_run(tmp_path / "b", 0.0, [12.0], 14.0)
     make_run(tmp_path / "c", 0.0, [12.0], 16.0, exact=True, bpe_vocab_size=320)
     out = tmp_path / "speedrun.json"
     runs = [str(tmp_path / name) for name in "abc"]
-    speedrun_table.main([*runs, "--pair", runs[1], runs[2] + "/", "--out", str(out)])
-    table, paired, curves = json.loads(out.read_text())["tables"]
-    [row] = paired["rows"]
+    table, paired, curves = report(*runs, out=out, options=["--pair", runs[1], runs[2] + "/"])
+    [row] = paired.rows
     assert row[:3] == [
         "--dropout-rate 0.0 --bpe-vocab-size 320",
         "--dropout-rate 0.0",
@@ -131,19 +144,18 @@ def test_a_pair_compares_two_runs_and_a_pair_outside_the_runs_is_refused(tmp_pat
     ]
     # c's translations are exact, b's each miss a word: c is better on every resample.
     assert float(row[3].split(" [")[1].split(",")[0]) > 0
-    with pytest.raises(SystemExit, match=r"--pair .*elsewhere: not among the runs given"):
-        speedrun_table.main([*runs, "--pair", runs[0], str(tmp_path / "elsewhere")])
+    elsewhere = str(tmp_path / "elsewhere")
+    err = refused(capsys, "--runs", *runs, "--pair", runs[0], elsewhere, "--out", out)
+    assert re.search(r"pair .*elsewhere: not among the runs given", err)
 
 
 def test_with_checkpoint_averaging_the_final_model_is_the_average(tmp_path):
     make_run(tmp_path / "a", 0.1, [12.0], 13.0)
     make_run(tmp_path / "b", 0.1, [12.0], 14.0, averaged=15.0)
-    out = tmp_path / "speedrun.json"
-    speedrun_table.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
-    table, curves = json.loads(out.read_text())["tables"]
+    table, curves = report(tmp_path / "a", tmp_path / "b", out=tmp_path / "speedrun.json")
     name = "--average-checkpoints 4 --checkpoint-every 5 --keep-checkpoints 4"
-    assert table["rows"][1][0] == name and table["rows"][1][4] == "15.00 / 45.00"
-    assert [row[3:6] for row in curves["rows"] if row[0] == name][-2:] == [
+    assert table.rows[1][0] == name and table.rows[1][4] == "15.00 / 45.00"
+    assert [row[3:6] for row in curves.rows if row[0] == name][-2:] == [
         ["beam 4, all 400", "8.0", "14.00"],
         ["beam 4, all 400, mean of the last 4 checkpoints", "8.0", "15.00"],
     ]
@@ -165,12 +177,10 @@ def test_the_committed_tables_are_what_the_committed_run_records_compute(
     machine, names, pairs, tmp_path
 ):
     records = ROOT / "records" / "speedruns" / f"wyc-web-{machine}"
-    runs = [str(records / name) for name in names]
+    runs = [records / name for name in names]
     options = [x for a, b in pairs for x in ("--pair", runs[a], runs[b])]
-    out = tmp_path / "speedrun.json"
-    speedrun_table.main([*runs, *options, "--out", str(out)])
-    committed = json.loads((ROOT / f"docs/results/speedrun_wyc_web_{machine}.json").read_text())
-    computed = json.loads(out.read_text())
-    for table in computed["tables"] + committed["tables"]:
-        table.pop("notes", None)  # given as options
-    assert computed["tables"] == committed["tables"]
+    computed = report(*runs, out=tmp_path / "speedrun.json", options=options)
+    committed = Record.read(ROOT / f"docs/results/speedrun_wyc_web_{machine}.json").tables
+    for table in computed + committed:
+        table.notes = []  # given as options
+    assert computed == committed

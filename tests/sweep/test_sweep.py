@@ -18,6 +18,7 @@ import pytest
 
 from jaxformer import sweep
 from jaxformer.cli import main
+from jaxformer.config import load_run
 from jaxformer.sweep import stats
 from tests.test_config import FLAT_DEFAULT_RUN
 
@@ -38,7 +39,8 @@ BASE = dict(
 )
 
 
-VARIANT = pathlib.Path(__file__).resolve().parents[1] / "experiments/variants/squared_relu.py"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+VARIANT = ROOT / "experiments/variants/squared_relu.py"
 
 
 def write_spec(tmp_path, **fields):
@@ -508,20 +510,35 @@ def test_the_config_hash_reads_the_flat_run_options(tmp_path):
     assert spec.config_hash("sq", 1) == hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def test_each_run_is_an_ordinary_train_command(tmp_path):
+def test_the_committed_sweep_runs_keep_their_config_hashes():
+    """The runs in records/sweeps were launched by an earlier runner (a model.json and the
+    run options as flags); the spec still resolves each to the hash its folder recorded,
+    so `jaxformer sweep` keeps them as finished runs instead of refusing or rerunning them."""
+    out = ROOT / "records/sweeps/wyc-web-speedrun"
+    spec = sweep.Spec.load(ROOT / "configs/sweeps/wyc_web_speedrun.yaml", out=str(out))
+    runs = [(v, s) for v in spec.variants for s in spec.seeds]
+    recorded = {run: spec.recorded_hash(*run) for run in runs}
+    assert len(set(recorded.values()) - {None}) == len(runs) == 15
+    assert recorded == {run: spec.config_hash(*run) for run in runs}
+    assert {sweep.status(spec.folder(*run)) for run in runs} == {"done"}
+
+
+def test_each_run_is_an_ordinary_train_command_of_its_resolved_run_file(tmp_path):
     spec = sweep.Spec.load(write_spec(tmp_path))
     args = sweep.train_command(spec, "sq", 1)
-    assert args[:2] == ["train", "--config"] and "--resume" in args
-    assert args[args.index("--seed") + 1] == "1"
-    assert args[args.index("--out") + 1] == str(tmp_path / "sweep" / "sq" / "seed1")
-    assert args[-2:] == ["--variants", str(VARIANT)]
-    model = json.loads((tmp_path / "sweep" / "sq" / "seed1" / "model.json").read_text())
-    assert model["activation"] == "squared_relu" and model["d_model"] == 16
+    run_file = tmp_path / "sweep" / "sq" / "seed1" / "run.json"
+    assert args == ["train", "--config", str(run_file), "--resume", "--variants", str(VARIANT)]
+    resolved = json.loads(run_file.read_text())
+    assert resolved["model"]["activation"] == "squared_relu" and resolved["run"]["seed"] == 1
+    assert load_run(run_file) == spec.configs("sq", 1)  # the command resolves nothing anew
+    assert resolved["run"]["out"] == str(spec.folder("sq", 1))
 
 
-@pytest.mark.parametrize("path", sorted(VARIANT.parents[1].rglob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "configs/sweeps").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_every_committed_spec_resolves_each_run(path, monkeypatch):
-    monkeypatch.chdir(VARIANT.parents[2])  # the specs name their files from the repository
+    monkeypatch.chdir(ROOT)  # the specs name their files from the repository
     spec = sweep.Spec.load(path)
     for variant in spec.variants:
         model, run = spec.configs(variant, spec.seeds[0])
@@ -529,8 +546,8 @@ def test_every_committed_spec_resolves_each_run(path, monkeypatch):
 
 
 def test_a_fine_tuning_sweep_leaves_the_tokenizer_to_the_model(tmp_path):
-    """A base with init_from: the tokenizer comes with the model, and `jaxformer train`
-    refuses --tokenizer beside --init-from, so the run's command must not pass it."""
+    """A base with init_from: the tokenizer comes with the model, and the run's file (which
+    records the resolved "byte" for it) trains the same configuration."""
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
@@ -538,11 +555,12 @@ def test_a_fine_tuning_sweep_leaves_the_tokenizer_to_the_model(tmp_path):
     base = {"init_from": str(tmp_path / "gpt2"), "data_text": str(tmp_path / "text.txt")}
     spec = sweep.Spec.load(write_spec(tmp_path, base=base, variants={"a": {}}, variant_files=[]))
     args = sweep.train_command(spec, "a", 0)
-    assert "--tokenizer" not in args and args[args.index("--init-from") + 1] == base["init_from"]
+    assert load_run(args[2]) == spec.configs("a", 0)
+    assert spec.configs("a", 0)[1].data.init_from == base["init_from"]
 
 
 FAKE_TRAIN = """#!/bin/sh
-while [ $# -gt 0 ]; do case "$1" in --out) out="$2";; esac; shift; done
+while [ $# -gt 0 ]; do case "$1" in --config) out="$(dirname "$2")";; esac; shift; done
 case "$out" in *"$FAKE_FAIL"*) echo "the fake run failed"; exit 3;; esac
 echo '{"exact_match": 0.5}' > "$out/summary.json"
 """

@@ -1,0 +1,72 @@
+"""How a run is stopped from outside: Ctrl-C (SIGINT), SIGTERM (`kill`, `timeout`, `docker
+stop`, a cluster scheduler's preemption) and SIGHUP (a closed terminal). While `train`
+runs, SIGTERM and SIGHUP raise `Terminated` as Ctrl-C raises KeyboardInterrupt; during a
+step all three wait until the step has given back its donated state, so that the loop can
+save it. A handler the caller installed for SIGTERM or SIGHUP, or an ignored signal, is
+left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+
+class Terminated(KeyboardInterrupt):
+    """Training was asked to stop by signal `signum` (SIGTERM or SIGHUP); raised, as
+    Ctrl-C raises KeyboardInterrupt, once the step in flight is done and saved."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# What stops a run besides Ctrl-C (SIGINT): `kill`'s or a scheduler's SIGTERM, a closed
+# terminal's SIGHUP (POSIX only).
+TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def stop_signals_raise():
+    """While the block runs (in the main thread): SIGTERM and SIGHUP raise Terminated, as
+    Ctrl-C raises KeyboardInterrupt; a signal with a handler of the caller's, or ignored,
+    is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ours = [s for s in TERMINATING if signal.getsignal(s) is signal.SIG_DFL]
+    for signum in ours:
+        signal.signal(signum, _raise_terminated)
+    try:
+        yield
+    finally:
+        for signum in ours:
+            signal.signal(signum, signal.SIG_DFL)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold the stop signals that raise (Ctrl-C's, and `stop_signals_raise`'s) until the
+    block ends, then raise for the first that came. The compiled step donates the old
+    state, so an error raised inside it (e.g. while its outputs are unpacked) would leave
+    no state to save."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raising = (signal.default_int_handler, _raise_terminated)
+    held = {s: h for s in (signal.SIGINT, *TERMINATING) if (h := signal.getsignal(s)) in raising}
+    caught = []
+    for signum in held:
+        signal.signal(signum, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+    if caught:
+        raise KeyboardInterrupt if caught[0] == signal.SIGINT else Terminated(caught[0])

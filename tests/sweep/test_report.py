@@ -1,0 +1,101 @@
+"""`jaxformer sweep report SPEC` on a constructed sweep: the report's tables as a results
+Record, recomputed from the run folders; and the committed speedrun sweep's tables rebuilt
+from its committed records."""
+
+import json
+import pathlib
+import re
+
+import pytest
+
+from jaxformer import results
+from jaxformer.cli import main
+from tests.sweep.test_sweep import finished, system, write_spec
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def report(capsys, *argv) -> dict:
+    """`jaxformer sweep report ARGV` in this process: the JSON line it prints."""
+    assert main(["sweep", "report", *map(str, argv)]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_a_sweep_becomes_a_results_record_with_its_verdicts(tmp_path, capsys):
+    path = write_spec(tmp_path, variants={"base": {}, "better": {}}, seeds=3)
+    spec_out = tmp_path / "sweep"
+    for seed in range(3):
+        base = {"bleu": 10.0 + seed, "chrf": 30.0}
+        finished(spec_out / "base" / f"seed{seed}", base, system(0.6, seed))
+        better = {"bleu": 13.0 + seed, "chrf": 33.0}
+        finished(spec_out / "better" / f"seed{seed}", better, system(0.85, 10 + seed))
+    out = tmp_path / "docs" / "sweep.json"
+    line = report(capsys, path, "--about", "A toy.", "--note", "Read it.", "--out", out)
+    assert line["verdicts"] == {"better": {"bleu": "better", "chrf": "better"}}
+    record = results.Record.read(out)
+    assert record.command == f"jaxformer sweep {path}"
+    assert record.source == "the sweep's run folders" and record.versions["jax"]
+    figures, differences, verdicts = record.tables
+    assert figures.caption.startswith("A toy. Each variant: mean")
+    assert figures.rows[1][:3] == ["better", "3/3", "14.00 ± 2.48"]
+    assert differences.rows == [["better", "3", "+3.00 ± 0.00", "+3.00 ± 0.00"]]
+    assert verdicts.notes == ["Read it."] and verdicts.rows[0][7] == "better"
+    text = record.markdown()
+    assert "| better | 3/3 | 14.00 ± 2.48 | 33.00 |" in text and "Read it." in text
+
+    png = tmp_path / "figures" / "curves.png"  # a folder not yet made
+    options = ["--device", "a laptop", "--source", "runs of today"]
+    line = report(capsys, path, "--baseline", "better", "--curves", png, *options, "--out", out)
+    assert line["verdicts"] == {"base": {"bleu": "worse", "chrf": "worse"}}
+    assert png.read_bytes().startswith(b"\x89PNG")
+    record = results.Record.read(out)
+    assert (record.device, record.source) == ("a laptop", "runs of today")
+    report(capsys, path, "--comparisons-only", "--about", "Again.", "--out", out)
+    differences, verdicts = results.Record.read(out).tables
+    assert differences.caption.startswith("Again. Variant minus base")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["SPEC"], "no such sweep folder"),
+        (["SPEC", "--baseline", "nope"], "baseline 'nope' is not one of the variants"),
+        (["MISSING"], "missing.yaml: no such config file"),
+        ([], "give a sweep's SPEC or --runs RUN..., one of them"),
+        (["SPEC", "--runs", "x"], "give a sweep's SPEC or --runs RUN..., one of them"),
+        (["--runs", "x", "--baseline", "a"], "--baseline read\\(s\\) a sweep: give its SPEC"),
+        (["SPEC", "--pair", "a", "b"], "--pair compares two of --runs"),
+    ],
+)
+def test_bad_input_is_one_error_line_with_exit_2(tmp_path, capsys, argv, message):
+    names = {"SPEC": str(write_spec(tmp_path)), "MISSING": str(tmp_path / "missing.yaml")}
+    argv = [names.get(a, a) for a in argv]
+    assert main(["sweep", "report", *argv, "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jaxformer sweep report: error:") and len(err.splitlines()) == 1
+    assert re.search(message, err), err
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize(
+    "name, baseline",
+    [
+        ("sweep_wyc_web_speedrun", None),
+        ("sweep_wyc_web_speedrun_batch", "no_dropout"),
+        ("sweep_wyc_web_speedrun_levers", "no_dropout_batch_32"),
+    ],
+)
+def test_the_committed_speedrun_sweep_tables_are_what_its_committed_records_compute(
+    tmp_path, capsys, name, baseline
+):
+    out = tmp_path / "sweep.json"
+    records = ROOT / "records" / "sweeps" / "wyc-web-speedrun"
+    argv = [ROOT / "configs" / "sweeps" / "wyc_web_speedrun.yaml", "--sweep-out", records]
+    if baseline:
+        argv += ["--baseline", baseline, "--comparisons-only"]
+    report(capsys, *argv, "--out", out)
+    committed = results.Record.read(ROOT / "docs" / "results" / f"{name}.json").tables
+    computed = results.Record.read(out).tables
+    for table in committed + computed:  # the words around the tables are options
+        table.caption, table.notes = "", []
+    assert computed == committed
