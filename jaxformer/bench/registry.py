@@ -38,7 +38,7 @@ import shlex
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from jaxformer.checks import BadType, BadValue, check_instance
 from jaxformer.results import Record
@@ -52,15 +52,23 @@ def option(default, help: str, **extra) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """What every benchmark takes: where its record goes."""
+    """What every benchmark takes: where its record goes. A benchmark whose --out is a
+    folder (FOLDER: its record is FOLDER/record.json) says so."""
 
+    FOLDER: ClassVar[bool] = False
     out: str = option(
         "", "the record, a .json path (default: results/NAME.json); other files go next to it"
     )
 
     def __post_init__(self):
-        if not isinstance(self.out, str) or (self.out and not self.out.endswith(".json")):
+        if not isinstance(self.out, str) or (
+            self.out and not self.FOLDER and not self.out.endswith(".json")
+        ):
             raise BadValue(f"--out must be a .json path, got {self.out!r}")
+
+    def record_path(self) -> pathlib.Path:
+        """Where the record goes: --out, or record.json in the --out folder."""
+        return pathlib.Path(self.out) / "record.json" if self.FOLDER else pathlib.Path(self.out)
 
 
 class Stopped(Exception):
@@ -196,7 +204,7 @@ def run(name: str, options) -> Record:
     options = dataclasses.replace(options, out=options.out or default_out(name))
     record = benchmark.run(options)
     record.command = given
-    record.write(options.out)
+    record.write(options.record_path())
     headline = (record.data or {}).get("headline", {})
-    print(json.dumps({"record": options.out} | headline), flush=True)
+    print(json.dumps({"record": str(options.record_path())} | headline), flush=True)
     return record

@@ -3,14 +3,13 @@ with PyTorch, for the same model, batch and data (`jaxformer bench xla-vs-eager`
 
 `run_lab(LabOptions(...))` measures the parts of a plan (plan.py: CPU or GPU sizes, quick
 or full; each part with its time budget) in order (measure.py), after checking that the
-machine is quiet enough (load.py). Its folder is next to the record (--out
-results/xla-vs-eager.json: results/xla-vs-eager/). Each finished part is saved at once
-to <folder>/parts/<part>.json and the report (report.json, report.md) is rewritten from
-every part there, so a run that is stopped (Ctrl-C, SIGTERM, --time-limit) keeps what it
+machine is quiet enough (load.py). Its --out is a folder (default results/xla_vs_eager).
+Each finished part is saved at once to <out>/parts/<part>.json and the report
+(report.json, report.md) is rewritten from every part there, so a run that is stopped (Ctrl-C, SIGTERM, --time-limit) keeps what it
 measured, and running the same command again skips the finished parts and merges the
 rest. report.json records the command with every option given, so it reruns as recorded;
-the benchmark's record (`run`) holds the headline: jit's speed-up and break-even per
-workload.
+the benchmark's record (`run`, <out>/record.json) holds the headline: jit's speed-up and
+break-even per workload.
 
 Modes: modes.py. Timing: stats.py (interleaved rounds, paired ratios). Why: programs.py
 (counts, and launches read from JAX's profiler), eager_model.py and validate.py (the
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 
 from jaxformer.bench import load, plan
 from jaxformer.bench.plan import TORCH_PAIRS
-from jaxformer.bench.registry import BENCHMARKS, Options, Stopped, beside, command, option, say
+from jaxformer.bench.registry import BENCHMARKS, Options, Stopped, command, option, say
 from jaxformer.checks import BadValue, check_int, check_number
 from jaxformer.results import Record, Table, capture
 
@@ -41,6 +40,10 @@ NAME = "xla-vs-eager"
 class LabOptions(Options):
     """The lab's options; each field is a command-line option (--field-name)."""
 
+    FOLDER = True
+    out: str = option(
+        "results/xla_vs_eager", "the report's folder (and record.json); parts there are kept"
+    )
     quick: bool = option(False, "the quick plan: a small model and sweep (see --target)")
     rounds: int | None = option(None, "interleaved timing rounds, >= 6 (default: the plan's)")
     repeats: int | None = option(None, "fresh processes per first call (default: the plan's)")
@@ -77,9 +80,8 @@ class LabOptions(Options):
         if self.time_limit is not None:
             check_number("--time-limit", self.time_limit, "(0, inf)")
         check_number("--max-load", self.max_load, "[0, inf)")
-        folder = beside(self, "") if self.out else None
-        if folder is not None and folder.exists() and not folder.is_dir():
-            raise BadValue(f"{folder} is a file; the report needs a folder there")
+        if pathlib.Path(self.out).exists() and not pathlib.Path(self.out).is_dir():
+            raise BadValue(f"--out {self.out} is a file; the report needs a folder")
 
 
 @BENCHMARKS.register(NAME, LabOptions)
@@ -158,7 +160,7 @@ def run_lab(options: LabOptions) -> dict:
             "--allow-load to run anyway with every figure marked as measured under load"
         )
     profile = profile_of(options)
-    out = beside(options, "")
+    out = pathlib.Path(options.out)
     records = read_parts(out / "parts", fingerprint(options, profile))
     call = {"start": start, "guard": guard, "earlier": _earlier_calls(out, records)}
     names = chosen_parts(profile, options)

@@ -80,24 +80,23 @@ def test_a_busy_machine_is_refused_naming_the_way_out(monkeypatch, tmp_path):
     with pytest.raises(
         ValueError, match="machine is busy: other processes kept 1.90 of 2.*--allow-load"
     ):
-        lab.run_lab(lab.LabOptions(quick=True, out=str(tmp_path / "lab.json")))
-    assert not (tmp_path / "lab").exists()
+        lab.run_lab(lab.LabOptions(quick=True, out=str(tmp_path)))
+    assert not (tmp_path / "report.json").exists()
 
 
 def test_parts_that_do_not_fit_the_time_limit_are_left_for_the_next_call(monkeypatch, tmp_path):
     monkeypatch.setattr(load, "probe", _busy)
-    out = str(tmp_path / "lab.json")
     options = lab.LabOptions(
-        quick=True, dry_run=True, out=out, parts=("host", "layer"), time_limit=5
+        quick=True, dry_run=True, out=str(tmp_path), parts=("host", "layer"), time_limit=5
     )
-    record = registry.run("xla-vs-eager", options)  # the record, the report next to it
+    record = registry.run("xla-vs-eager", options)  # the record, in the report's folder
     headline = record.data["headline"]
     assert headline["missing"] == plan.CPU_QUICK.part_names() and headline["loaded"] is False
     assert "Parts not measured yet: host, attention" in record.markdown()
-    result = json.loads((tmp_path / "lab" / "report.json").read_text())
+    result = json.loads((tmp_path / "report.json").read_text())
     assert result["command"] == _command(options) == record.command
     assert result["load"]["others_cores"] == 1.9
-    assert "Parts not measured yet: host, attention" in (tmp_path / "lab/report.md").read_text()
+    assert "Parts not measured yet: host, attention" in (tmp_path / "report.md").read_text()
 
 
 def test_parts_of_another_run_are_refused(tmp_path):
@@ -113,7 +112,7 @@ def test_parts_of_another_run_are_refused(tmp_path):
 @pytest.mark.slow
 def test_sigterm_keeps_what_was_measured_and_a_rerun_resumes(tmp_path):
     cmd = [sys.executable, "-m", "jaxformer", "bench", "xla-vs-eager", "--quick", "--dry-run"]
-    cmd += ["--out", str(tmp_path / "lab.json"), "--parts", "host", "compile"]
+    cmd += ["--out", str(tmp_path), "--parts", "host", "compile"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stderr:  # progress from the start
@@ -124,10 +123,10 @@ def test_sigterm_keeps_what_was_measured_and_a_rerun_resumes(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert "stopped by SIGTERM during part compile" in err and "Traceback" not in err
-    assert not (tmp_path / "lab.json").exists()  # a stopped run writes its report, no record
+    assert not (tmp_path / "record.json").exists()  # a stopped run writes its report only
     assert lines[0].startswith("jaxformer bench xla-vs-eager: measuring the machine's load")
     assert "USDT" not in "".join(lines) + out + err
-    result = json.loads((tmp_path / "lab" / "report.json").read_text())
+    result = json.loads((tmp_path / "report.json").read_text())
     assert result["stopped"] == "SIGTERM during part compile"
     done = {p["name"] for p in result["plan"]["parts"] if p["status"] == "done"}
     assert done == {"host"} and "--parts host compile --dry-run" in result["command"]
@@ -263,7 +262,7 @@ def test_docs_tables_render_a_committed_report_json(tmp_path):
 def test_too_few_rounds_is_one_line_and_exit_2(tmp_path):
     cmd = [sys.executable, "-m", "jaxformer", "bench", "xla-vs-eager", "--rounds", "3"]
     result = subprocess.run(
-        cmd + ["--out", str(tmp_path / "lab.json")], capture_output=True, text=True, check=False
+        cmd + ["--out", str(tmp_path)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 2
     assert "--rounds must be >= 6" in result.stderr and "Traceback" not in result.stderr
@@ -273,22 +272,22 @@ def test_too_few_rounds_is_one_line_and_exit_2(tmp_path):
 def test_the_quick_plan_runs_every_part_and_reports_it(tmp_path):
     cmd = [sys.executable, "-m", "jaxformer", "bench", "xla-vs-eager", "--quick", "--dry-run"]
     done = subprocess.run(
-        cmd + ["--out", str(tmp_path / "lab.json")], capture_output=True, text=True, check=True
+        cmd + ["--out", str(tmp_path)], capture_output=True, text=True, check=True
     )
     headline = json.loads(done.stdout.strip().splitlines()[-1])
     assert headline["missing"] == [] and "USDT" not in done.stdout + done.stderr
-    assert headline["record"] == str(tmp_path / "lab.json")
-    result = json.loads((tmp_path / "lab" / "report.json").read_text())
+    assert headline["record"] == str(tmp_path / "record.json")
+    result = json.loads((tmp_path / "report.json").read_text())
     assert {p["status"] for p in result["plan"]["parts"]} == {"done"}
     for row in result["workloads"]:
         assert all(a["agrees"] for a in row["agreement"].values()), row["workload"]
         assert (
             row["counts"]["launched"]["eager"]["launches"] <= row["counts"]["dispatches"]["total"]
         )
-    text = (tmp_path / "lab" / "report.md").read_text()
+    text = (tmp_path / "report.md").read_text()
     for heading in ("## Summary", "## First calls", "### Where the model fails", "## Scale"):
         assert heading in text
     for heading in ("## Compiling the train step", "## Variable lengths", "## NNX's per-call"):
         assert heading in text
-    folder = {p.name for p in (tmp_path / "lab").iterdir()}
+    folder = {p.name for p in tmp_path.iterdir()}
     assert folder >= {"report.md", "modes.png", "scale.png", "parts"}
