@@ -1,6 +1,7 @@
 """What several benchmarks share: the devices' peak rates, the language model's FLOP
-count, the GPT-2 model and its training step built from the `gpt2_small` preset (with
-the options lm-throughput, gpt2-peers and profile take), the encoder-decoder of the
+count, the GPT-2 model and its training step built from a run file (--model-file,
+default configs/models/gpt2_small.yaml, read by `jaxformer.config.load_run`; with the
+options lm-throughput, gpt2-peers and profile take), the encoder-decoder of the
 train-step and compile-time benchmarks, and timing one program through `stats`.
 
 FLOPs per token of the decoder-only LM = 6 N (N = every parameter: the tied embedding is
@@ -18,8 +19,8 @@ from collections.abc import Callable
 
 from jaxformer.bench import stats
 from jaxformer.bench.registry import Options, option
-from jaxformer.checks import check_int
-from jaxformer.config import TransformerConfig
+from jaxformer.checks import MissingFile, check_int
+from jaxformer.config import TransformerConfig, load_run
 
 # Dense bfloat16 peak TFLOP/s by device kind (vendor data sheets; SXM parts), matched by
 # the first key contained in jax's device_kind.
@@ -36,6 +37,7 @@ PEAK_TFLOPS = {
     "TPU v5p": 459.0,
 }
 QUICK_VOCAB, QUICK_CONTEXT = 1024, 128
+GPT2_SMALL = "configs/models/gpt2_small.yaml"
 
 
 def peak_tflops(device_kind: str) -> float | None:
@@ -51,6 +53,7 @@ def flops_per_token(n_params: int, layers: int, context: int, d_model: int) -> f
 class LMOptions(Options):
     """The GPT-2 model and batch of the language-model benchmarks."""
 
+    model_file: str = option(GPT2_SMALL, "the model's run file (its model section)")
     quick: bool = option(False, "GPT-2's shape at the tiny preset's size (a CPU in seconds)")
     batch: int | None = option(None, "sequences per step (default 16; quick 8)")
     layers: int | None = option(None, "decoder layers (default 12; quick 2)")
@@ -65,11 +68,13 @@ class LMOptions(Options):
         for name in ("batch", "layers", "context"):
             if getattr(self, name) is not None:
                 check_int(f"--{name.replace('_', '-')}", getattr(self, name))
+        if not os.path.isfile(self.model_file):
+            raise MissingFile(f"--model-file {self.model_file}: no such file")
 
     def config(self) -> TransformerConfig:
-        """TransformerConfig.gpt2_small (quick: at the tiny preset's width and depth, a
+        """The run file's model (quick: at the tiny preset's width and depth, a
         vocabulary of 1024 and a context of 128), with these options."""
-        config = gpt2_quick() if self.quick else TransformerConfig.gpt2_small()
+        config, _ = load_run(self.model_file, model=quick_sizes() if self.quick else None)
         return config.replace(
             num_decoder_layers=self.layers or config.num_decoder_layers,
             max_len=self.context or config.max_len,
@@ -93,12 +98,12 @@ class LMOptions(Options):
         )
 
 
-def gpt2_quick() -> TransformerConfig:
-    """GPT-2-small's architecture at the tiny preset's size (544,256 parameters)."""
+def quick_sizes() -> dict:
+    """The model fields of --quick: the tiny preset's depth and width, a vocabulary of
+    1024 and a context of 128 (GPT-2-small's architecture: 544,256 parameters)."""
     tiny = TransformerConfig.tiny(QUICK_VOCAB)
-    size = ("num_decoder_layers", "d_model", "d_ff", "num_heads")
-    fields = {name: getattr(tiny, name) for name in size}
-    return TransformerConfig.gpt2_small(QUICK_VOCAB, max_len=QUICK_CONTEXT, **fields)
+    size = ("num_decoder_layers", "d_model", "d_ff", "num_heads", "vocab_size")
+    return {name: getattr(tiny, name) for name in size} | {"max_len": QUICK_CONTEXT}
 
 
 def lm_step(options: LMOptions):

@@ -29,16 +29,22 @@ def test_flops_per_token_of_gpt2_small():
     assert flops == 6 * 124_475_904 + 6 * 12 * 1024 * 768 == 803_478_528
 
 
-def test_the_models_are_the_gpt2_preset_full_or_at_the_tiny_size():
+def test_the_models_are_the_gpt2_run_file_full_or_at_the_tiny_size():
     full = shared.LMOptions()
-    assert full.config() == TransformerConfig.gpt2_small()
+    assert full.config() == TransformerConfig.gpt2_small()  # configs/models/gpt2_small.yaml
     quick = shared.LMOptions(quick=True, layers=3, batch=2, remat="dots")
     config = quick.config()
-    assert config.replace(num_decoder_layers=2, remat="none") == shared.gpt2_quick()
+    sizes = dict(num_decoder_layers=3, d_model=128, d_ff=512, num_heads=4, max_len=128)
+    assert config.replace(remat="none") == TransformerConfig.gpt2_small(1024, **sizes)
     assert (config.d_model, config.num_heads, config.vocab_size) == (128, 4, 1024)
     assert quick.sizes() == dict(
         layers=3, d_model=128, heads=4, d_ff=512, context=128, vocab=1024, batch=2
     )
+
+
+def test_a_missing_model_file_is_named():
+    with pytest.raises(FileNotFoundError, match="--model-file nowhere.yaml: no such file"):
+        shared.LMOptions(model_file="nowhere.yaml")
 
 
 def test_a_quick_run_reports_throughput(tmp_path):
