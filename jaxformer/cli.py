@@ -460,12 +460,16 @@ def _command(args) -> int:
     except InputError as e:  # anything else is a bug: its traceback
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
-        print(f"{_name(args.command)}: error: {e}", file=sys.stderr)
+        where = f"bench {args.benchmark}" if args.command == "bench" else args.command
+        print(f"{_name(where)}: error: {e}", file=sys.stderr)
         return 2
 
 
 def _name(command: str) -> str:
-    """The command as typed: "jaxformer sweep report" for main's "sweep-report"."""
+    """The command as typed: "jaxformer sweep report" for main's "sweep-report" (a
+    benchmark's name kept: "jaxformer bench gpt2-peers")."""
+    if command.startswith("bench "):
+        return "jaxformer " + command
     return "jaxformer " + command.replace("-", " ")
 
 

@@ -67,6 +67,9 @@ def test_the_recorded_command_gives_back_the_options(words):
 def test_the_default_out_is_not_recorded():
     options = BENCHMARKS["decode"].options(out="results/decode.json", quick=True)
     assert registry.command("decode", options) == "jaxformer bench decode --quick"
+    assert options.record_path().as_posix() == "results/decode.json"
+    lab = BENCHMARKS["xla-vs-eager"].options()  # a folder, as before the registry
+    assert lab.record_path().as_posix() == "results/xla_vs_eager/record.json"
 
 
 @pytest.mark.parametrize(
@@ -96,7 +99,10 @@ def test_the_command_lists_the_benchmarks_and_refuses_unknown_options(capsys):
         cli.main(["bench", "decode", "--quik"])
     assert done.value.code == 2 and "did you mean --quick?" in capsys.readouterr().err
     assert cli.main(["bench", "decode", "--out", "x.txt"]) == 2
-    assert "jaxformer bench: error: --out must be a .json path" in capsys.readouterr().err
+    assert "jaxformer bench decode: error: --out must be a .json path" in capsys.readouterr().err
+    assert cli.main(["bench", "lm-throughput", "--model-file", "no.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "jaxformer bench lm-throughput: error: --model-file no.yaml: no such file" in err
 
 
 def test_a_registry_refuses_options_it_cannot_turn_into_a_command():
