@@ -262,6 +262,7 @@ def _line(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> Table:
+    """A row per length and kernel: its time with the 95% interval, temporaries and agreement."""
     gpu = any("forward_pct_of_peak" in r for r in rows)
     cells = []
     for r in rows:
@@ -294,6 +295,8 @@ def table(rows: list[dict]) -> Table:
 
 
 def headline(rows: list[dict], rss: list[dict]) -> dict:
+    """The headline: the largest float32 difference against xla, each kernel's time over
+    xla's (and share of the peak on a GPU), the chunked kernel's memory growth."""
     diffs = [
         r["max_abs_diff_vs_xla"]
         for r in rows

@@ -138,6 +138,7 @@ def compiling(model: str, layers: int, scan: bool, remat: str, batch: dict, into
 
 
 def depth_rows(options: CompileTimeOptions) -> list[dict]:
+    """A row per model and depth: compile and step time, unrolled and scanned, and memory."""
     data = batches()
     for scan in (False, True):  # warm-up: one-time start-up costs of the first compilations
         compiling("lm", 1, scan, "none", data["lm"], {}, "warm-up")()
@@ -212,6 +213,7 @@ def first_step(cache: pathlib.Path, out: pathlib.Path, *extra: str) -> float:
 
 
 def depth_tables(rows: list[dict]) -> list[Table]:
+    """The depth part's tables: compile and step time by depth, unrolled against scanned."""
     columns = ["model", "N", "compile unrolled (s)", "compile scan (s)", "scan speedup"]
     columns += ["step unrolled (ms)", "step scan (ms)"]
     cells = [
@@ -246,6 +248,7 @@ def depth_tables(rows: list[dict]) -> list[Table]:
 
 
 def cache_table(rows: list[dict]) -> Table:
+    """The best seconds to the first step with the cache empty, warm and off."""
     best = {kind: min(r[kind] for r in rows) for kind in ("cold", "warm", "off")}
     cells = [
         ["empty (cold)", f"{best['cold']:.1f}"],
@@ -260,6 +263,7 @@ def cache_table(rows: list[dict]) -> Table:
 
 
 def headline(data: dict) -> dict:
+    """The headline: each model's scan speed-up at its deepest; the cache's best times."""
     line = {}
     for r in data.get("rows", []):  # the deepest of each model
         line[f"scan_compile_speedup_{r['model']}"] = r["scan_compile_speedup"]
@@ -271,6 +275,7 @@ def headline(data: dict) -> dict:
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
+    """Compile time and memory against depth, one line per model and layout, to `path` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")

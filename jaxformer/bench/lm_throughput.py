@@ -94,6 +94,7 @@ def timed(compiled, state, batch, options: LMThroughputOptions, n_params: int, d
 
 
 def table(r: dict) -> Table:
+    """One row: the resolved kernels, the step's time with its interval, tokens/s, MFU, memory."""
     ci = r.get("step_ms_ci")
     interval = "" if ci is None else f"{ci['median']:.2f} [{ci['low']:.2f}, {ci['high']:.2f}]"
     mfu = "" if r.get("mfu") is None else f"{r['mfu']:.1%}"

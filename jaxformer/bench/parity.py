@@ -97,6 +97,7 @@ def hf_rows(quick: bool) -> list[dict]:
 
 
 def torch_table(rows: list[dict]) -> Table:
+    """A row per torch case: the largest absolute and relative differences, outputs and grads."""
     cells = [
         [r["module"], r["config"], r["inputs"]]
         + [
@@ -117,6 +118,7 @@ def torch_table(rows: list[dict]) -> Table:
 
 
 def hf_table(rows: list[dict]) -> Table:
+    """A row per Hugging Face model: its largest logit difference and whether greedy agrees."""
     cells = [
         [r["config"], f"{r['parameters']:,}", f"{r['logits_max_abs_diff']:.1e}"]
         + [f"{r['logits_max_abs']:.2f}", "equal" if r["greedy_20_equal"] else "different"]
@@ -132,6 +134,7 @@ def hf_table(rows: list[dict]) -> Table:
 
 
 def headline(data: dict) -> dict:
+    """The headline: the largest differences of each part."""
     line = {}
     if "torch" in data:
         for key in ("output_max_abs", "grad_max_abs", "output_max_rel", "grad_max_rel"):

@@ -171,6 +171,7 @@ def torch_case(kind: str, c: dict, inp: dict, layers=(2, 2)) -> dict:
 
 
 def compare(j_out, j_grads, t_out, t_grads) -> dict:
+    """The largest absolute differences (and scales) of the outputs and of the gradients."""
     grad_diffs = [_max_abs(a - t) for a, t in zip(j_grads, t_grads, strict=True)]
     return dict(
         output_max_abs=_max_abs(j_out - t_out),

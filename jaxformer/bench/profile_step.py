@@ -98,6 +98,7 @@ def profile_gpt2(options: ProfileOptions) -> dict:
 
 
 def gpt2_table(summary: dict) -> Table:
+    """A row per category: its kernels' ms per step and share, then all kernels."""
     rows = [[c, f"{ms:.2f}", f"{summary['shares'][c]:.1%}"] for c, ms in summary["ms"].items()]
     rows.append(["all kernels", f"{summary['kernel_ms']:.2f}", "100%"])
     s = summary["sizes"]
@@ -185,6 +186,7 @@ def profile_dates(options: ProfileOptions) -> Record:
 
 
 def dates_table(runs: list[dict], steps: int) -> Table:
+    """A row per run: the step's wall and busy time and each kind's share of the busy time."""
     kinds = [*KINDS, "other fusions"]
     rows = [
         [str(i), f"{r['span_ms']:.0f}", f"{r['busy_ms']:.0f}"]
@@ -203,6 +205,7 @@ def dates_table(runs: list[dict], steps: int) -> Table:
 
 
 def plot(events: list[dict], path: pathlib.Path) -> None:
+    """The traced step's operations on each runtime thread, coloured by kind, to `path` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")

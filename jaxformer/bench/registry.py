@@ -95,6 +95,8 @@ class Registry:
         self._benchmarks: dict[str, Benchmark] = {}
 
     def register(self, name: str, options: type):
+        """A decorator registering `run(options) -> Record` as benchmark `name`, its
+        options the frozen dataclass `options` (derived from Options; flags default False)."""
         if not (isinstance(options, type) and issubclass(options, Options)):
             raise BadType(f"benchmark {name!r}: options must be a frozen Options dataclass")
         if any(f.default is True for f in dataclasses.fields(options)):

@@ -286,6 +286,7 @@ def loss_curves(steps: int, size: int) -> dict:
 
 
 def table(r: dict) -> Table:
+    """A row per program: its ms / step with the interval, tokens/s, MFU and speed against torch."""
     rows = []
     for name, run in r["runs"].items():
         s, speed = run["seconds"], run.get("speed_vs_torch")
@@ -326,6 +327,7 @@ def _loss_note(r: dict) -> list[str]:
 
 
 def headline(r: dict) -> dict:
+    """The headline: each program's ms / step, its speed against torch, the GEMM peak."""
     line = {f"{n}_ms": round(1e3 * run["seconds"]["median"], 1) for n, run in r["runs"].items()}
     for name, run in r["runs"].items():
         if "speed_vs_torch" in run and name != "torch_float32":
