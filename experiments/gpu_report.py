@@ -103,8 +103,9 @@ class Part:
 
 
 def config() -> list[dict]:
-    """configs/gpu_report.yaml's parts, in priority order."""
-    return yaml.safe_load(CONFIG.read_text())["parts"]
+    """configs/gpu_report.yaml's parts, in priority order (options as strings)."""
+    parts = yaml.safe_load(CONFIG.read_text())["parts"]
+    return [p | {"options": [str(o) for o in p.get("options", [])]} for p in parts]
 
 
 def gpu_tests() -> dict[str, list[str]]:
@@ -146,7 +147,7 @@ def parts(out: pathlib.Path, jobs: int) -> list[Part]:
     for p in config():
         if "bench" in p:
             record = ["--out", str(out / p["name"] / f"{p['bench']}.json")]
-            command = [*BENCH, p["bench"], *p.get("options", []), *record]
+            command = [*BENCH, p["bench"], *p["options"], *record]
             made.append(Part(p["name"], p["budget_s"], [command], [*BENCH, p["bench"], "--help"]))
         elif "tests" in p:
             made.append(_test_part(p["name"], p["budget_s"], p["tests"]))
@@ -164,7 +165,7 @@ def parts(out: pathlib.Path, jobs: int) -> list[Part]:
 def _sweep_part(p: dict, out: pathlib.Path, jobs: int) -> Part:
     """A sweep, its runs sharing the GPU (`jobs` at once)."""
     sweep = [PY, "-m", "jaxformer", "sweep"]
-    command = [*sweep, str(ROOT / p["sweep"]), "--jobs", str(jobs), *p.get("options", [])]
+    command = [*sweep, str(ROOT / p["sweep"]), "--jobs", str(jobs), *p["options"]]
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.2f}"}
     return Part(
         p["name"],
@@ -447,7 +448,7 @@ def sections(out: pathlib.Path) -> list[tuple[str, str]]:
     once, under their first part."""
     found = []
     for p in config():
-        folder, what = out / p["name"], " ".join(p.get("options", []))
+        folder, what = out / p["name"], " ".join(p["options"])
         if "bench" in p:
             title = f"jaxformer bench {p['bench']} {what}".strip()
             found.append((title, _record(folder / f"{p['bench']}.json")))
