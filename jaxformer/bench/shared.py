@@ -53,7 +53,10 @@ def flops_per_token(n_params: int, layers: int, context: int, d_model: int) -> f
 class LMOptions(Options):
     """The GPT-2 model and batch of the language-model benchmarks."""
 
-    model_file: str = option(GPT2_SMALL, "the model's run file (its model section)")
+    model_file: str = option(
+        GPT2_SMALL,
+        "the model's run file (its model section), relative to the working directory",
+    )
     quick: bool = option(False, "GPT-2's shape at the tiny preset's size (a CPU in seconds)")
     batch: int | None = option(None, "sequences per step (default 16; quick 8)")
     layers: int | None = option(None, "decoder layers (default 12; quick 2)")
