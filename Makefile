@@ -66,9 +66,9 @@ BENCH_ENV := $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC),$(GLIBC_TUNED))
 # The torch baseline uses the torch==2.13.0 that $(DEV) installs.
 bench: $(DEV)
 	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick $(LAB_OPTIONS)
-	$(BENCH_ENV) $(PY) experiments/attention_bench.py --quick
-	$(BENCH_ENV) $(PY) experiments/throughput.py --quick
-	$(PY) experiments/update_docs.py --results results
+	$(BENCH_ENV) $(PY) -m jaxformer bench attention --quick --out docs/results/cpu_attention.json
+	$(BENCH_ENV) $(PY) -m jaxformer bench train-step --quick --out docs/results/cpu_train_step.json
+	$(PY) experiments/update_docs.py
 
 # The XLA-vs-eager lab at full size: results/xla_vs_eager/report.md, report.json, PNGs;
 # LAB_OPTIONS passes its options (--allow-load on a busy machine, --parts, --time-limit).

@@ -1,35 +1,36 @@
 """The GPU tables in parts of at most 4 minutes each (compile included), run in priority
 order and resumable across calls, so that they fit loans of GPU time (15 minutes of device
-time in all, at most 10 minutes per command):
+time in all, at most 10 minutes per command). The parts, their order and budgets are
+configs/gpu_report.yaml's:
 
-    peers             jaxformer's GPT-2 step against a pure-JAX and a PyTorch step
-                      (experiments/gpt2_peers.py --batch 32 --lm-head dense)
+    peers             jaxformer bench gpt2-peers --batch 32 --lm-head dense: jaxformer's
+                      GPT-2 step against a pure-JAX and a PyTorch step
     tests-kernels     `make test-gpu`'s subset, first half: tests/functional, tests/nn
     tests-rest        the second half: models, decoding, training steps, LM head, interop
-    lm-kernels        lm_throughput.py at batch 32: "auto", then every registered kernel
+    lm-kernels        jaxformer bench lm-throughput at batch 32: "auto", then every kernel
     lm-heads          the dense and chunked heads at batch 32; "auto" at batch 16 and 64
     lm-remat          "auto" at batch 16, 32, 64 with remat dots and full
-    profile           experiments/profile_step.py --gpt2 --batch 32: one step by category
-    attention_bench   experiments/attention_bench.py
-    xla_vs_eager      python -m jaxformer bench xla-vs-eager --quick (the GPU quick plan)
-    throughput        experiments/throughput.py --quick (encoder-decoder against torch)
+    profile           jaxformer bench profile --model gpt2 --batch 32: one step by category
+    attention         jaxformer bench attention: the attention kernels
+    xla_vs_eager      jaxformer bench xla-vs-eager --quick (the GPU quick plan)
+    train-step        jaxformer bench train-step --quick (encoder-decoder against torch)
     table3            jaxformer sweep configs/sweeps/table3.yaml (its runs resume:
                       --force continues it)
     xla_vs_eager_full_1 ... _N   the lab's full GPU plan, a few of its parts per call,
                       resuming in one folder (xla_vs_eager_full/)
 
-Each part runs as subprocesses under its budget (seconds, declared once, in `parts`;
-`--budget-scale` multiplies them); a part that runs over is stopped and marked "timed
-out", and what it wrote stays. A call runs the chosen parts (--parts, default all) that
-are not finished, in order, while the next one's budget fits in the call's time
-(--budget-minutes, default 9: under a 10-minute command limit), and stops at the first
-that does not fit. A finished part (any outcome: ok, some failed, failed, timed out) is
-skipped by later calls unless --force is given; a part whose call was killed stays
-"running" and reruns. Each part's JSON and logs go to --out/<part>/ (lm_throughput's runs
-to --out/lm_throughput/<run>/), its record (status, wall time, budget, date, device) into
---out/summary.json beside every call's date, command, device and versions, and the
-tables of all finished parts, rendered from their files, to --out/gpu_tables.md. The
-final JSON line names the parts this call ran and those left.
+Each part runs as subprocesses under its budget (seconds; `--budget-scale` multiplies
+them); a part that runs over is stopped and marked "timed out", and what it wrote stays.
+A call runs the chosen parts (--parts, default all) that are not finished, in order,
+while the next one's budget fits in the call's time (--budget-minutes, default 9: under a
+10-minute command limit), and stops at the first that does not fit. A finished part (any
+outcome: ok, some failed, failed, timed out) is skipped by later calls unless --force is
+given; a part whose call was killed stays "running" and reruns. Each part's records and
+logs go to --out/<part>/ (lm-throughput's runs to --out/lm_throughput/<run>.json), its
+status (wall time, budget, date, device) into --out/summary.json beside every call's
+date, command, device and versions, and the tables of all finished parts, rendered from
+their files, to --out/gpu_tables.md. The final JSON line names the parts this call ran
+and those left.
 
 On the GPU machine (Python 3.12, JAX CUDA 0.11.x, flax, optax, chex, pytest, torch; no
 network), from the repository root, with tokamax, the test packages and (for Table 3's
@@ -54,7 +55,8 @@ Then, on the GPU machine, with .whl/ copied into the checkout:
 
 `--dry-run` (CPU, seconds) only checks that every part starts: each program is started with
 --help (pytest with --version, after checking that the test paths exist), and every
-lm_throughput run's options are parsed; it writes --out/dry_run.json and touches no result.
+benchmark command's options are parsed and checked; it writes --out/dry_run.json and
+touches no result.
 """
 
 from __future__ import annotations
@@ -73,25 +75,19 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import yaml
+
+from jaxformer import results
 from jaxformer.bench import plan
 from jaxformer.markdown import table
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs/gpu_report.yaml"
 PY = sys.executable
 MAX_PART_S = 240  # a part's budget, compile included: a loan is 15 minutes in all
-# `make test-gpu`'s subset (the code that runs differently on a GPU), in two parts.
-GPU_TESTS = {
-    "tests-kernels": ["tests/functional", "tests/nn"],
-    "tests-rest": [
-        "tests/test_models.py",
-        "tests/test_decode.py",
-        "tests/train/test_steps.py",
-        "tests/train/test_lm_head.py",
-        "tests/interop",
-    ],
-}
 LM_BATCHES = (16, 32, 64)
 LM_REMATS = ("none", "dots", "full")
+BENCH = [PY, "-m", "jaxformer", "bench"]
 
 
 @dataclasses.dataclass
@@ -106,67 +102,81 @@ class Part:
     keep_going: bool = False  # run the next command after one fails
 
 
+def config() -> list[dict]:
+    """configs/gpu_report.yaml's parts, in priority order (options as strings)."""
+    parts = yaml.safe_load(CONFIG.read_text())["parts"]
+    return [p | {"options": [str(o) for o in p.get("options", [])]} for p in parts]
+
+
+def gpu_tests() -> dict[str, list[str]]:
+    """The test parts' paths by part: `make test-gpu`'s subset."""
+    return {p["name"]: p["tests"] for p in config() if "tests" in p}
+
+
 def attention_names() -> list[str]:
     """ "auto", then every kernel registered in jaxformer's ATTENTION (read at run time),
     jaxformer's own before tokamax's."""
-    sys.path.insert(0, str(ROOT))
     from jaxformer.functional import ATTENTION
 
     return ["auto", *sorted(ATTENTION.names, key=lambda name: name.startswith("tokamax"))]
 
 
 def lm_runs() -> dict[str, list[tuple[str, int, str, str]]]:
-    """lm_throughput's runs (attention, batch, remat, head) by part, most informative first."""
+    """lm-throughput's runs (attention, batch, remat, head) by kind, most informative first."""
     return {
-        "lm-kernels": [(a, 32, "none", "auto") for a in attention_names()],
-        "lm-heads": [("auto", 32, "none", h) for h in ("dense", "chunked")]
+        "kernels": [(a, 32, "none", "auto") for a in attention_names()],
+        "heads": [("auto", 32, "none", h) for h in ("dense", "chunked")]
         + [("auto", b, "none", "auto") for b in LM_BATCHES if b != 32],
-        "lm-remat": [("auto", b, r, "auto") for b in LM_BATCHES for r in LM_REMATS[1:]],
+        "remat": [("auto", b, r, "auto") for b in LM_BATCHES for r in LM_REMATS[1:]],
     }
 
 
 def lm_throughput_argv(run: tuple[str, int, str, str], out: pathlib.Path) -> list[str]:
-    """lm_throughput.py's options for one run, writing to out/<attention-bBATCH-remat-head>."""
+    """lm-throughput's options for one run, its record out/<attention-bBATCH-remat-head>.json."""
     attention, batch, remat, head = run
     name = f"{attention}-b{batch}-{remat}-{head}"
     return [
         *("--attention", attention, "--batch", str(batch), "--remat", remat),
-        *("--lm-head", head, "--steps", "10", "--out", str(out / name)),
+        *("--lm-head", head, "--steps", "10", "--out", str(out / f"{name}.json")),
     ]
 
 
 def parts(out: pathlib.Path, jobs: int) -> list[Part]:
-    """Every part in priority order, with its budget in seconds (each <= MAX_PART_S): the
-    one place the order and the budgets are declared."""
+    """Every part of configs/gpu_report.yaml in its order, with its budget in seconds."""
+    made = []
+    for p in config():
+        if "bench" in p:
+            record = ["--out", str(out / p["name"] / f"{p['bench']}.json")]
+            command = [*BENCH, p["bench"], *p["options"], *record]
+            made.append(Part(p["name"], p["budget_s"], [command], [*BENCH, p["bench"], "--help"]))
+        elif "tests" in p:
+            made.append(_test_part(p["name"], p["budget_s"], p["tests"]))
+        elif "lm" in p:
+            made.append(_lm_part(p["name"], p["budget_s"], lm_runs()[p["lm"]], out))
+        elif p.get("lab") == "quick":
+            made.append(_lab_part(p["name"], ["--quick"], plan.GPU_QUICK, out / p["name"]))
+        elif p.get("lab") == "full":
+            made += _lab_full_parts(p["name"], out / p["name"])
+        else:
+            made.append(_sweep_part(p, out, jobs))
+    return made
 
-    def at(folder: str) -> list[str]:
-        return ["--out", str(out / folder)]
 
+def _sweep_part(p: dict, out: pathlib.Path, jobs: int) -> Part:
+    """A sweep, its runs sharing the GPU (`jobs` at once)."""
     sweep = [PY, "-m", "jaxformer", "sweep"]
-    table3 = [*sweep, str(ROOT / "configs/sweeps/table3.yaml"), "--jobs", str(jobs)]
-    table3 += ["--set", "pad_multiple=128", *at("table3")]
-    table3_env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.2f}"}
-    return [
-        # the dense head: "auto" picks it on an H100 or H200 alone, but a worker that shares
-        # the GPU sees a third of its memory and would pick the chunked one
-        _script("peers", 240, "gpt2_peers.py", "--batch", "32", "--lm-head", "dense", *at("peers")),
-        *_test_parts(240),
-        *_lm_parts(out, 240),
-        _script("profile", 180, "profile_step.py", "--gpt2", "--batch", "32", *at("profile")),
-        _script(
-            "attention_bench", 180, "attention_bench.py", *at("attention_bench/attention_bench")
-        ),
-        _lab_part("xla_vs_eager", ["--quick"], plan.GPU_QUICK, out / "xla_vs_eager"),
-        _script("throughput", 120, "throughput.py", "--quick", *at("throughput/throughput.json")),
-        # One batch shape per run: each shape is a compilation, which made the table
-        # compile-bound on an H200 at pad multiple 32 (docs/results/h200.md). Its runs
-        # resume from their checkpoints: `--parts table3 --force` continues it.
-        Part("table3", 240, [table3], [*sweep, "--help"], table3_env),
-        *_lab_full_parts(out / "xla_vs_eager_full"),
-    ]
+    command = [*sweep, str(ROOT / p["sweep"]), "--jobs", str(jobs), *p["options"]]
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.2f}"}
+    return Part(
+        p["name"],
+        p["budget_s"],
+        [[*command, "--out", str(out / p["name"])]],
+        [*sweep, "--help"],
+        env,
+    )
 
 
-LAB = [PY, "-m", "jaxformer", "bench", "xla-vs-eager", "--target", "gpu", "--allow-load"]
+LAB = [*BENCH, "xla-vs-eager", "--target", "gpu", "--allow-load"]
 
 
 def _lab_part(name: str, options: list[str], profile, out: pathlib.Path, parts=None) -> Part:
@@ -198,42 +208,29 @@ def lab_full_groups() -> list[list[str]]:
     return groups
 
 
-def _lab_full_parts(out: pathlib.Path) -> list[Part]:
+def _lab_full_parts(name: str, out: pathlib.Path) -> list[Part]:
+    """The full plan's groups as parts NAME_1 ... NAME_N, resuming in one folder."""
     return [
-        _lab_part(f"xla_vs_eager_full_{i}", [], plan.GPU_FULL, out, group)
+        _lab_part(f"{name}_{i}", [], plan.GPU_FULL, out, group)
         for i, group in enumerate(lab_full_groups(), 1)
     ]
 
 
-def _script(name: str, budget_s: float, script: str, *options: str, env=None) -> Part:
-    """A part that runs one experiments/ script (started with --help by the dry run)."""
-    path = str(ROOT / "experiments" / script)
-    return Part(name, budget_s, [[PY, path, *options]], [PY, path, "--help"], env or {})
-
-
-def _test_parts(budget_s: float) -> list[Part]:
-    """GPU_TESTS's parts (the dry run checks that their paths exist), with pytest-xdist's
-    8 workers sharing the GPU where it is installed (as on the H200)."""
+def _test_part(name: str, budget_s: float, paths: list[str]) -> Part:
+    """pytest on `paths` (the dry run checks they exist), with pytest-xdist's 8 workers
+    sharing the GPU where it is installed (as on the H200)."""
     workers = ["-n", "8"] if importlib.util.find_spec("xdist") else []
     env = {"JAX_PLATFORMS": "cuda,cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     pytest = [PY, "-m", "pytest", "-q", "-m", "not slow", *workers]
-    dry = [PY, "-m", "pytest", "--version"]
-    return [Part(name, budget_s, [pytest + paths], dry, env) for name, paths in GPU_TESTS.items()]
+    return Part(name, budget_s, [pytest + paths], [PY, "-m", "pytest", "--version"], env)
 
 
-def _lm_parts(out: pathlib.Path, budget_s: float) -> list[Part]:
-    """lm_runs' parts: one lm_throughput.py process per run; one may fail alone."""
-    script = str(ROOT / "experiments/lm_throughput.py")
-    return [
-        Part(
-            name,
-            budget_s,
-            [[PY, script, *lm_throughput_argv(r, out / "lm_throughput")] for r in runs],
-            [PY, script, "--help"],
-            keep_going=True,
-        )
-        for name, runs in lm_runs().items()
+def _lm_part(name: str, budget_s: float, runs: list, out: pathlib.Path) -> Part:
+    """One lm-throughput process per run; one may fail alone."""
+    commands = [
+        [*BENCH, "lm-throughput", *lm_throughput_argv(r, out / "lm_throughput")] for r in runs
     ]
+    return Part(name, budget_s, commands, [*BENCH, "lm-throughput", "--help"], keep_going=True)
 
 
 def run_part(part: Part, out: pathlib.Path, budget_s: float) -> dict:
@@ -289,20 +286,26 @@ def dry_run_part(part: Part) -> dict:
 
 
 def dry_run(chosen: list[Part], out: pathlib.Path) -> dict:
-    """Every chosen part's dry command, after checking lm_throughput's options parse and
-    the test paths exist (raises if not)."""
-    spec = importlib.util.spec_from_file_location(
-        "lm_throughput", ROOT / "experiments/lm_throughput.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for run in (r for runs in lm_runs().values() for r in runs):
-        module.parse_args(lm_throughput_argv(run, out / "lm_throughput"))
-    missing = [t for paths in GPU_TESTS.values() for t in paths if not (ROOT / t).exists()]
+    """Every chosen part's dry command, after checking that every benchmark command's
+    options are valid (raises, naming the option, if not) and the test paths exist."""
+    for command in (c for p in chosen for c in p.commands if c[: len(BENCH)] == BENCH):
+        check_bench(command[len(BENCH) :])
+    missing = [t for paths in gpu_tests().values() for t in paths if not (ROOT / t).exists()]
     if missing:
-        raise FileNotFoundError(f"GPU_TESTS names missing paths {missing}")
+        raise FileNotFoundError(f"{CONFIG.name} names missing test paths {missing}")
     with ThreadPoolExecutor(4) as pool:
         return dict(zip([p.name for p in chosen], pool.map(dry_run_part, chosen), strict=True))
+
+
+def check_bench(words: list[str]) -> None:
+    """Parse `jaxformer bench NAME OPTIONS` (words: NAME OPTIONS) into its options,
+    checked as the command checks them."""
+    from jaxformer.bench import BENCHMARKS, registry
+
+    name, cls = words[0], BENCHMARKS[words[0]].options
+    parser = argparse.ArgumentParser(prog=f"jaxformer bench {name}")
+    registry.add_options(parser, cls, name)
+    registry.options_from(parser.parse_args(words[1:]), cls)
 
 
 def machine() -> dict:
@@ -440,43 +443,39 @@ def render(summary: dict, out: pathlib.Path) -> str:
 
 
 def sections(out: pathlib.Path) -> list[tuple[str, str]]:
-    """(title, markdown) of each part's table, in priority order."""
-    return [
-        (
-            "jaxformer against its peers (experiments/gpt2_peers.py)",
-            _read(out / "peers/gpt2_peers.md"),
-        ),
-        ("Tests (`make test-gpu`'s subset)", _tests(out)),
-        ("GPT-2-small training throughput (experiments/lm_throughput.py)", _lm_table(out)),
-        (
-            "One GPT-2-small step by category (experiments/profile_step.py --gpt2)",
-            _read(out / "profile/profile_gpt2.md"),
-        ),
-        (
-            "Attention kernels (experiments/attention_bench.py)",
-            _read(out / "attention_bench/attention_bench.md"),
-        ),
-        (
-            "XLA against eager (jaxformer bench xla-vs-eager --quick)",
-            _read(out / "xla_vs_eager/report.md"),
-        ),
-        ("jaxformer against torch (experiments/throughput.py --quick)", _throughput(out)),
-        ("Table 3 (configs/sweeps/table3.yaml)", _read(out / "table3/results.md")),
-        (
-            "XLA against eager, the full GPU plan (jaxformer bench xla-vs-eager)",
-            _read(out / "xla_vs_eager_full/report.md"),
-        ),
-    ]
+    """(title, markdown) of each part's table, in the parts' order: a benchmark's from its
+    record, the lab's report, the sweep's results; the tests' and lm-throughput's runs
+    once, under their first part."""
+    found = []
+    for p in config():
+        folder, what = out / p["name"], " ".join(p["options"])
+        if "bench" in p:
+            title = f"jaxformer bench {p['bench']} {what}".strip()
+            found.append((title, _record(folder / f"{p['bench']}.json")))
+        elif p.get("tests") == next(iter(gpu_tests().values())):
+            found.append(("Tests (`make test-gpu`'s subset)", _tests(out)))
+        elif p.get("lm") == "kernels":
+            found.append(("GPT-2-small training throughput (lm-throughput)", _lm_table(out)))
+        elif "lab" in p:
+            title = f"XLA against eager, the {p['lab']} GPU plan (jaxformer bench xla-vs-eager)"
+            found.append((title, _read(folder / "report.md")))
+        elif "sweep" in p:
+            found.append((f"jaxformer sweep {p['sweep']} {what}", _read(folder / "results.md")))
+    return found
 
 
 def _read(path: pathlib.Path) -> str:
     return path.read_text() if path.is_file() else ""
 
 
+def _record(path: pathlib.Path) -> str:
+    return results.Record.read(path).markdown() if path.is_file() else ""
+
+
 def _tests(out: pathlib.Path) -> str:
     """Each test part's pytest closing line ("N passed, M failed in S s")."""
     lines = []
-    for name, paths in GPU_TESTS.items():
+    for name, paths in gpu_tests().items():
         log = _read(out / name / "log0.txt").strip().splitlines()
         if log:
             lines.append(f"- {name} ({' '.join(paths)}): `{log[-1]}`")
@@ -484,9 +483,8 @@ def _tests(out: pathlib.Path) -> str:
 
 
 def _lm_table(out: pathlib.Path) -> str:
-    rows = [
-        json.loads(p.read_text()) for p in sorted(out.glob("lm_throughput/*/lm_throughput.json"))
-    ]
+    """A row per lm-throughput record."""
+    rows = [results.Record.read(p).data for p in sorted(out.glob("lm_throughput/*.json"))]
     if not rows:
         return ""
     cells = []
@@ -499,15 +497,6 @@ def _lm_table(out: pathlib.Path) -> str:
         )
     columns = ["attention", "lm_head", "batch", "remat", "tokens/s", "MFU", "step (ms)"]
     return "\n".join(table([*columns, "temp (GiB)"], cells, "llrlrrrr"))
-
-
-def _throughput(out: pathlib.Path) -> str:
-    """The scalar figures of throughput.json."""
-    text = _read(out / "throughput/throughput.json")
-    if not text:
-        return ""
-    flat = {k: v for k, v in json.loads(text).items() if isinstance(v, int | float | str)}
-    return "\n".join(table(["figure", "value"], flat.items(), "ll"))
 
 
 if __name__ == "__main__":

@@ -42,8 +42,8 @@ from flax import nnx
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import jaxformer as jf  # noqa: E402
-from experiments.throughput import VECTOR_FLAGS, machine_info  # noqa: E402  one description
 from jaxformer import train  # noqa: E402
+from jaxformer.bench.host import ISA_FLAGS, cpu_info  # noqa: E402  one description
 from jaxformer.data import bible  # noqa: E402
 from jaxformer.train.setup import build_data  # noqa: E402
 
@@ -138,9 +138,9 @@ def step_rows(times: dict[str, list[float]], batches) -> list[list]:
 
 def device_name() -> str:
     """The CPU, its cores and the vector extensions its matmul speed hangs on."""
-    machine = machine_info()
-    extensions = ", ".join(machine["vector_extensions"]) or "none of " + ", ".join(VECTOR_FLAGS)
-    return f"{machine['processor']}, {len(os.sched_getaffinity(0))} cores ({extensions})"
+    cpu = cpu_info()
+    extensions = ", ".join(cpu.get("flags", [])) or "none of " + ", ".join(ISA_FLAGS)
+    return f"{cpu.get('model', 'a CPU')}, {len(os.sched_getaffinity(0))} cores ({extensions})"
 
 
 def main(argv=None) -> dict:

@@ -12,6 +12,7 @@
     jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict
     jaxformer sweep report sweep.yaml --out docs/results/sweep.json   # its tables, as a record
     jaxformer sweep report --runs runs/speedrun runs/other --out speedrun.json
+    jaxformer bench decode --quick             # a benchmark: results/decode.json
 
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...: a `checks.InputError`) is
@@ -44,6 +45,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from jaxformer.bench import BENCHMARKS
+    from jaxformer.bench.registry import add_options
     from jaxformer.config import PRESETS, RunConfig, TransformerConfig
 
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
@@ -181,16 +184,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     r = _sweep_report_parser(sub)
     b = sub.add_parser(
         "bench",
-        help="benchmarks: xla-vs-eager",
-        description="Benchmarks that write a report. xla-vs-eager: when jax.jit pays off "
-        "against eager execution, why, and how it compares with torch eager and "
-        "torch.compile (see jaxformer.bench.xla_vs_eager).",
+        help="benchmarks, each writing a results record",
+        description="Benchmarks (jaxformer.bench): each times through jaxformer.bench.stats "
+        "and writes a record (jaxformer.results) to --out, default results/NAME.json, with "
+        "the command that reproduces it. `jaxformer bench NAME --help` lists its options.",
     )
-    b.add_argument("benchmark", choices=["xla-vs-eager"])
-    from jaxformer.bench.xla_vs_eager import add_options
-
-    add_options(b)
-    return parser, {"train": t, "generate": g, "sweep": w, "sweep-report": r, "bench": b}
+    benchmarks = b.add_subparsers(dest="benchmark", required=True, metavar="NAME")
+    commands = {"train": t, "generate": g, "sweep": w, "sweep-report": r, "bench": b}
+    for name in sorted(BENCHMARKS.names):
+        help = BENCHMARKS[name].help
+        n = benchmarks.add_parser(name, help=help, description=help)
+        add_options(n, BENCHMARKS[name].options, name)
+        commands[f"bench {name}"] = n
+    return parser, commands
 
 
 def _sweep_report_parser(sub) -> argparse.ArgumentParser:
@@ -432,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["sweep-report", *argv[2:]]
     args, extras = parser.parse_known_args(argv)
     if extras:
-        _unrecognized(commands[args.command], extras)
+        name = args.command + (f" {args.benchmark}" if args.command == "bench" else "")
+        _unrecognized(commands[name], extras)
     with command_line(), warnings.catch_warnings():
         warnings.showwarning = _one_line_warning(args.command, warnings.showwarning)
         return _command(args)
@@ -469,22 +476,27 @@ def _command(args) -> int:
     except InputError as e:  # anything else is a bug: its traceback
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
-        print(f"{_name(args.command)}: error: {e}", file=sys.stderr)
+        where = f"bench {args.benchmark}" if args.command == "bench" else args.command
+        print(f"{_name(where)}: error: {e}", file=sys.stderr)
         return 2
 
 
 def _name(command: str) -> str:
-    """The command as typed: "jaxformer sweep report" for main's "sweep-report"."""
+    """The command as typed: "jaxformer sweep report" for main's "sweep-report" (a
+    benchmark's name kept: "jaxformer bench gpt2-peers")."""
+    if command.startswith("bench "):
+        return "jaxformer " + command
     return "jaxformer " + command.replace("-", " ")
 
 
 def _bench(args) -> int:
-    from jaxformer.bench import xla_vs_eager
+    from jaxformer.bench import BENCHMARKS, registry
 
+    options = registry.options_from(args, BENCHMARKS[args.benchmark].options)
     try:
-        xla_vs_eager.run(xla_vs_eager.options_from(args))
-    except xla_vs_eager.Stopped as e:
-        print(f"jaxformer bench: {e}", file=sys.stderr)
+        registry.run(args.benchmark, options)
+    except registry.Stopped as e:
+        print(f"jaxformer bench {args.benchmark}: {e}", file=sys.stderr)
         return e.code
     return 0
 

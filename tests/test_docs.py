@@ -126,35 +126,3 @@ def test_block_markers_become_pytest_marks():
     names = {m.name for m in _param("# slow\nx = 1  # 8 devices\n", "page.md:1").marks}
     assert names == {"slow", "devices"}
     assert not _param("x = 1  # not slow\n", "page.md:2").marks
-
-
-def test_make_bench_output_becomes_result_files(tmp_path):
-    """update_docs --results turns the benchmarks' JSON into result files that render."""
-    update_docs = _update_docs()
-    machine = {"processor": "a CPU", "cpu_count": 2, "backend": "cpu", "jax": "0.10.2"}
-    machine |= {"torch": "2.13.0+cpu", "load_average": [0.5, 0.5, 0.5], "ld_preload": ""}
-    run = {"ms_per_step": 200.0, "tokens_per_s": 10240.0, "mfu": 0.5}
-    throughput = {
-        "machine": machine,
-        "runs": {
-            "jax_float32": run,
-            "jax_bfloat16": run,
-            "torch_float32": dict(run, ms_per_step=400.0),
-        },
-        "analytic_flops_per_step": 5.07e10,
-        "xla": {"float32": {"xla_flops": 5.16e10}},
-        "gemm_peak_gflops_median": 381.0,
-        "gemm_peak_gflops_best": 437.0,
-    }
-    row = {"T": 256, "implementation": "xla", "ms": 5.4, "ran": True, "temp_bytes": 11 * 2**20}
-    attention = {"machine": machine, "rows": [row], "headline": {}}
-    results, docs = tmp_path / "results", tmp_path / "docs"
-    results.mkdir(), (docs / "results").mkdir(parents=True)
-    (results / "throughput.json").write_text(json.dumps(throughput))
-    (results / "attention_bench.json").write_text(json.dumps(attention))
-    update_docs.import_bench(results, docs)
-    step = json.loads((docs / "results/cpu_train_step.json").read_text())
-    assert step["tables"][0]["rows"][0] == ["jaxformer, float32", "200", "10,240", "50%", "2.00x"]
-    assert step["versions"] == {"jax": "0.10.2", "torch": "2.13.0+cpu"}
-    text = Record.read(docs / "results/cpu_attention.json").markdown()
-    assert "| 256 | xla | 5.4 | 11 MiB |  |" in text and "attention_bench.py --quick" in text

@@ -1,4 +1,5 @@
-"""experiments/gpu_report.py on a CPU: the parts (peers first, each within 4 minutes),
+"""experiments/gpu_report.py on a CPU: the parts of configs/gpu_report.yaml (peers first,
+each within 4 minutes, benchmarks through `jaxformer bench`),
 the dry run starts every part, a part keeps to its budget, calls resume where the last
 one stopped and merge into one summary and one markdown, and the markdown is rendered
 from the parts' files."""
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from jaxformer import results
 from jaxformer.bench import plan
 from jaxformer.functional import ATTENTION
 
@@ -26,9 +28,9 @@ ORDER = [
     "lm-heads",
     "lm-remat",
     "profile",
-    "attention_bench",
+    "attention",
     "xla_vs_eager",
-    "throughput",
+    "train-step",
     "table3",
     *(f"xla_vs_eager_full_{i}" for i in range(1, len(gpu_report.lab_full_groups()) + 1)),
 ]
@@ -39,7 +41,8 @@ def test_parts_run_in_priority_order_within_four_minutes(tmp_path):
     assert [p.name for p in parts] == ORDER
     assert all(0 < p.budget_s <= gpu_report.MAX_PART_S == 240 for p in parts)
     peers = parts[0].commands[0]
-    assert peers[1].endswith("experiments/gpt2_peers.py") and "--batch" in peers
+    assert peers[1:5] == ["-m", "jaxformer", "bench", "gpt2-peers"] and "--batch" in peers
+    assert peers[-1] == str(tmp_path / "peers" / "gpt2-peers.json")
 
 
 def test_the_labs_gpu_runs_fit_their_parts_and_cover_its_plan(tmp_path):
@@ -60,7 +63,7 @@ def test_the_labs_gpu_runs_fit_their_parts_and_cover_its_plan(tmp_path):
 def test_the_test_parts_are_make_test_gpus_subset():
     makefile = (PATH.parents[1] / "Makefile").read_text()
     line = makefile[makefile.index("test-gpu:") : makefile.index("# The GPU tables")]
-    paths = [p for paths in gpu_report.GPU_TESTS.values() for p in paths]
+    paths = [p for paths in gpu_report.gpu_tests().values() for p in paths]
     assert sorted(paths) == sorted(w for w in line.split() if w.startswith("tests/"))
 
 
@@ -77,12 +80,12 @@ def test_the_dry_run_starts_every_part(tmp_path):
 def test_lm_throughput_runs_every_registered_attention_kernel(tmp_path):
     runs = gpu_report.lm_runs()
     everything = [r for part in runs.values() for r in part]
-    assert {r[0] for r in runs["lm-kernels"]} == {"auto", *ATTENTION.names}
+    assert {r[0] for r in runs["kernels"]} == {"auto", *ATTENTION.names}
     grid = {(b, r) for a, b, r, h in everything if a == "auto" and h == "auto"}
     assert grid == {(b, r) for b in gpu_report.LM_BATCHES for r in gpu_report.LM_REMATS}
     assert {h for *_, h in everything} == {"auto", "dense", "chunked"}
-    folders = [gpu_report.lm_throughput_argv(r, tmp_path)[-1] for r in everything]
-    assert len(set(folders)) == len(everything)  # each run has its own folder
+    records = [gpu_report.lm_throughput_argv(r, tmp_path)[-1] for r in everything]
+    assert len(set(records)) == len(everything)  # each run has its own record
 
 
 def test_a_part_keeps_to_its_budget_and_reports_failures(tmp_path):
@@ -99,6 +102,13 @@ def test_a_part_keeps_to_its_budget_and_reports_failures(tmp_path):
     assert gpu_report.run_part(going, tmp_path, 60)["status"] == "some failed"
 
 
+PEERS = json.dumps(
+    results.Record(
+        [results.Table(["program", "ms"], [], "lr")], "jaxformer bench gpt2-peers", "", "", ""
+    ).to_dict()
+)
+
+
 def fake_parts(out, jobs, budgets=(30, 30, 30)):
     """Parts named as the report's first three; each appends a line to runs.txt; the peers
     part writes its table, the first test part prints pytest's closing line."""
@@ -108,7 +118,7 @@ def fake_parts(out, jobs, budgets=(30, 30, 30)):
         "with open(out / 'runs.txt', 'a') as f: f.write(name + '\\n')\n"
         "if name == 'peers':\n"
         "    (out / 'peers').mkdir(exist_ok=True)\n"
-        "    (out / 'peers/gpt2_peers.md').write_text('| program | ms |\\n')\n"
+        f"    (out / 'peers/gpt2-peers.json').write_text({PEERS!r})\n"
         "print('3 passed in 1.00s')\n"
     )
     return [
@@ -140,7 +150,7 @@ def test_calls_resume_and_merge_into_one_summary(tmp_path, fake, capsys):
     assert {p["status"] for p in summary["parts"].values()} == {"ok"}
     assert summary["parts"]["peers"]["device"] == "Fake GPU"
     tables = (tmp_path / "gpu_tables.md").read_text()  # both calls' parts, in one file
-    assert "## jaxformer against its peers" in tables and "| program | ms |" in tables
+    assert "## jaxformer bench gpt2-peers --batch 32" in tables and "| program | ms |" in tables
     assert "- tests-kernels (tests/functional tests/nn): `3 passed in 1.00s`" in tables
     assert tables.index("| peers | ok |") < tables.index("| tests-rest | ok |")
     gpu_report.main(["--out", str(tmp_path)])
@@ -165,8 +175,7 @@ def test_a_call_stops_at_the_first_part_its_time_cannot_hold(tmp_path, fake, mon
 
 
 def test_the_markdown_is_rendered_from_the_parts_files(tmp_path):
-    run = tmp_path / "lm_throughput" / "auto-b32-none-auto"
-    run.mkdir(parents=True)
+    (tmp_path / "lm_throughput").mkdir()
     row = dict(
         attention="auto",
         lm_head="auto",
@@ -177,7 +186,8 @@ def test_the_markdown_is_rendered_from_the_parts_files(tmp_path):
         step_ms=84.2,
         temp_bytes=3 * 2**30,
     )
-    (run / "lm_throughput.json").write_text(json.dumps(row))
+    record = results.Record([], "jaxformer bench lm-throughput", "H100", "", "", data=row)
+    record.write(tmp_path / "lm_throughput" / "auto-b32-none-auto.json")
     (tmp_path / "tests-rest").mkdir()
     (tmp_path / "tests-rest" / "log0.txt").write_text("....\n7 passed, 1 failed in 9.10s\n")
     record = dict(status="ok", wall_s=9.5, budget_s=240, date="2026-01-01", device="H100")
@@ -190,7 +200,7 @@ def test_the_markdown_is_rendered_from_the_parts_files(tmp_path):
     assert "# GPU report: H100" in text and "| tests-rest | ok | 9.5 | 240 |" in text
     assert "| auto | auto | 32 | none | 389000.5 | 31.4% | 84.2 | 3.00 |" in text
     assert "`7 passed, 1 failed in 9.10s`" in text
-    assert "Attention kernels" not in text  # no file, no section
+    assert "jaxformer bench attention" not in text  # no file, no section
 
 
 def test_unknown_parts_are_refused(tmp_path, capsys):

@@ -1,23 +1,39 @@
-"""Benchmarks run as `jaxformer bench NAME` (`make bench-xla`):
+"""Benchmarks, each run as `jaxformer bench NAME [options]` (`jaxformer bench --help` lists
+them) and registered in BENCHMARKS (registry.py: a name, a frozen dataclass of options, a
+run that returns a `jaxformer.results.Record`):
 
-xla_vs_eager   when compilation pays off, why, and how it compares with PyTorch: its
-               options (LabOptions), the resumable run and report.json
-plan           what a run measures (CPU or GPU, quick or full) and each part's time budget
-measure        the parts: the host, each workload in every mode, first calls, scale, compiling
-modes          the ways a workload runs (eager, jit, nnx, functional, torch, torch.compile)
-workloads      attention, one layer, the forward pass, a train step (JAX and torch)
-host           the machine read (processor, flags) and measured (roofs, dispatch, NNX overheads)
-load           other processes' use of the cores: the run's load guard
-fresh          first calls and memory in fresh processes, every compilation cache off
-compile_costs  compile times against size (cache off, cold, warm); recompiling variable lengths
-programs       what a program is made of (counted), and what one call launched (profiled)
-eager_model    a fitted model of eager time (dispatches, unfused bytes, FLOPs)
-validate       that model scored out of sample, with bootstrap intervals
-stats          medians with confidence intervals, paired ratios, interleaved timing, break-even
-report         report.md (report_why: its why; fmt: figures with intervals; plots: PNGs)
-rounds         programs timed in rounds, each in a worker process of its own
-gpt2_jax       a minimal pure-JAX GPT-2 training step (a peer for jaxformer's)
-gpt2_torch     a nanoGPT-style PyTorch GPT-2 training step (imports torch)
+lm-throughput  lm_throughput.py: GPT-2-small training throughput and MFU
+gpt2-peers     peers.py: jaxformer's GPT-2 step against a pure-JAX (gpt2_jax) and a
+               PyTorch (gpt2_torch) step, each in a worker process (rounds)
+train-step     train_step.py: the encoder-decoder's step against torch.nn.Transformer
+attention      attention.py: attention kernels' time, memory and agreement
+decode         decode_speed.py: the KV cache against recomputing the prefix
+profile        profile_step.py: one step by kind of operation (CPU) or by category from
+               a trace and its HLO (hlo_profile)
+compile-time   compile_time.py: compile time and memory against depth; the compile cache
+parity         parity.py (parity_cases): converted torch modules and HF models
+xla-vs-eager   xla_vs_eager.py: the XLA-vs-eager lab: when compilation pays off, why, and
+               how it compares with PyTorch (plan, measure, modes, workloads, host, load,
+               fresh, compile_costs, programs, eager_model, validate, report, report_why,
+               fmt, plots)
 
-experiments/gpt2_peers.py times jaxformer's GPT-2 step against the two peers.
+shared         what several share: the peak table, the LM FLOP count, the GPT-2 model
+stats          the one timing harness: interleaved rounds, medians with intervals, paired
+               ratios and savings, break-even call counts
 """
+
+# Importing each benchmark's module registers it.
+from jaxformer.bench import (  # noqa: F401
+    attention,
+    compile_time,
+    decode_speed,
+    lm_throughput,
+    parity,
+    peers,
+    profile_step,
+    train_step,
+    xla_vs_eager,
+)
+from jaxformer.bench.registry import BENCHMARKS
+
+__all__ = ["BENCHMARKS"]

@@ -1,7 +1,7 @@
 """A minimal GPT-2 training step in plain JAX, the peer jaxformer's step is timed against
-(experiments/gpt2_peers.py): no jaxformer model, parameters in a dict of arrays.
+(`jaxformer bench gpt2-peers`): no jaxformer model, parameters in a dict of arrays.
 
-The model is experiments/lm_throughput.py's: pre-LN GPT-2 with learned positions, the
+The model is lm-throughput's: pre-LN GPT-2 with learned positions, the
 token embedding tied as the output matrix, gelu_tanh, biases everywhere, LayerNorm eps
 1e-5; attention through `jax.nn.dot_product_attention` (cuDNN's fused kernel for
 bfloat16 on NVIDIA GPUs, XLA's elsewhere). Compute in `dtype` (bfloat16) from float32

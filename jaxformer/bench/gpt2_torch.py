@@ -1,5 +1,5 @@
 """A nanoGPT-style GPT-2 training step in PyTorch, the other peer jaxformer's step is timed
-against (experiments/gpt2_peers.py). This module imports torch: import it only where
+against (`jaxformer bench gpt2-peers`). This module imports torch: import it only where
 torch is installed (the `torch` extra).
 
 The model is gpt2_jax's, module for module (pre-LN, learned positions, tied embedding,

@@ -53,6 +53,13 @@ def paired_ratio(slow: list[float], fast: list[float]) -> dict:
     return median_ci([s / f for s, f in zip(slow, fast, strict=True)])
 
 
+def best_paired_ratio(slow: list[float], fast: list[float]) -> dict:
+    """paired_ratio for rounds too few (or too costly) for a 95% interval: the per-round
+    ratios' best_median_ci (the key "confidence" says which coverage)."""
+    _check_pairs(slow, fast)
+    return best_median_ci([s / f for s, f in zip(slow, fast, strict=True)])
+
+
 def paired_saving(slow: list[float], fast: list[float]) -> dict:
     """The median over rounds of slow_i - fast_i (seconds saved per call), 95% interval."""
     _check_pairs(slow, fast)

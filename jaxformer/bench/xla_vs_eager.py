@@ -1,13 +1,15 @@
 """The XLA-vs-eager lab: when compiling pays off, why, what it costs, and how JAX compares
 with PyTorch, for the same model, batch and data (`jaxformer bench xla-vs-eager`).
 
-`run(LabOptions(...))` measures the parts of a plan (plan.py: CPU or GPU sizes, quick or
-full; each part with its time budget) in order (measure.py), after checking that the
-machine is quiet enough (load.py). Each finished part is saved at once to
-<out>/parts/<part>.json and the report (report.json, report.md) is rewritten from every
-part there, so a run that is stopped (Ctrl-C, SIGTERM, --time-limit) keeps what it
+`run_lab(LabOptions(...))` measures the parts of a plan (plan.py: CPU or GPU sizes, quick
+or full; each part with its time budget) in order (measure.py), after checking that the
+machine is quiet enough (load.py). Its --out is a folder (default results/xla_vs_eager).
+Each finished part is saved at once to <out>/parts/<part>.json and the report
+(report.json, report.md) is rewritten from every part there, so a run that is stopped (Ctrl-C, SIGTERM, --time-limit) keeps what it
 measured, and running the same command again skips the finished parts and merges the
-rest. report.json records the command with every option given, so it reruns as recorded.
+rest. report.json records the command with every option given, so it reruns as recorded;
+the benchmark's record (`run`, <out>/record.json) holds the headline: jit's speed-up and
+break-even per workload.
 
 Modes: modes.py. Timing: stats.py (interleaved rounds, paired ratios). Why: programs.py
 (counts, and launches read from JAX's profiler), eager_model.py and validate.py (the
@@ -20,118 +22,96 @@ import dataclasses
 import json
 import os
 import pathlib
-import shlex
 import signal
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from jaxformer.bench import load, plan
 from jaxformer.bench.plan import TORCH_PAIRS
-from jaxformer.checks import BadValue
+from jaxformer.bench.registry import BENCHMARKS, Options, Stopped, command, option, say
+from jaxformer.checks import BadValue, check_int, check_number
+from jaxformer.results import Record, Table, capture
 
-COMMAND = "jaxformer bench xla-vs-eager"
-
-
-def _option(default, help: str, **extra):
-    return field(default=default, metadata={"help": help, **extra})
+NAME = "xla-vs-eager"
 
 
 @dataclass(frozen=True)
-class LabOptions:
+class LabOptions(Options):
     """The lab's options; each field is a command-line option (--field-name)."""
 
-    quick: bool = _option(False, "the quick plan: a small model and sweep (see --target)")
-    out: str = _option("results/xla_vs_eager", "the report's folder; parts already there are kept")
-    rounds: int | None = _option(None, "interleaved timing rounds, >= 6 (default: the plan's)")
-    repeats: int | None = _option(None, "fresh processes per first call (default: the plan's)")
-    dtype: str = _option("float32", "compute dtype", choices=("float32", "bfloat16"))
-    no_torch: bool = _option(False, "leave out torch's modes")
-    no_scale: bool = _option(False, "leave out the scale sweep")
-    target: str = _option(
+    FOLDER = True
+    out: str = option(
+        "results/xla_vs_eager", "the report's folder (and record.json); parts there are kept"
+    )
+    quick: bool = option(False, "the quick plan: a small model and sweep (see --target)")
+    rounds: int | None = option(None, "interleaved timing rounds, >= 6 (default: the plan's)")
+    repeats: int | None = option(None, "fresh processes per first call (default: the plan's)")
+    dtype: str = option("float32", "compute dtype", choices=("float32", "bfloat16"))
+    no_torch: bool = option(False, "leave out torch's modes")
+    no_scale: bool = option(False, "leave out the scale sweep")
+    target: str = option(
         "auto", "the plan's sizes: this device's, or cpu's or gpu's", choices=("auto", "cpu", "gpu")
     )
-    parts: tuple[str, ...] = _option((), "measure only these parts of the plan")
-    time_limit: float | None = _option(
+    parts: tuple[str, ...] = option((), "measure only these parts of the plan")
+    time_limit: float | None = option(
         None,
         "seconds this call may take: a part whose budget no longer fits is left for the "
         "next call, and a part still running at the limit is stopped (what is done is written)",
     )
-    max_load: float = _option(
+    max_load: float = option(
         0.25,
         "cores other processes may keep busy before the run refuses (or, with "
         "--allow-load, marks the figures measured meanwhile)",
     )
-    allow_load: bool = _option(False, "run on a busy machine, marking every figure so measured")
-    dry_run: bool = _option(False, "the plan at tiny sizes: checks every part runs (no verdicts)")
-    note: str = _option("", "a line the report carries (the conditions)")
+    allow_load: bool = option(False, "run on a busy machine, marking every figure so measured")
+    dry_run: bool = option(False, "the plan at tiny sizes: checks every part runs (no verdicts)")
+    note: str = option("", "a line the report carries (the conditions)")
+
+    def __post_init__(self):
+        """Refuse options no run can honour, naming the option."""
+        super().__post_init__()
+        if self.rounds is not None and (not isinstance(self.rounds, int) or self.rounds < 6):
+            raise BadValue(
+                f"--rounds must be >= 6 for a 95% interval of the median, got {self.rounds}"
+            )
+        if self.repeats is not None:
+            check_int("--repeats", self.repeats)
+        if self.time_limit is not None:
+            check_number("--time-limit", self.time_limit, "(0, inf)")
+        check_number("--max-load", self.max_load, "[0, inf)")
+        if pathlib.Path(self.out).exists() and not pathlib.Path(self.out).is_dir():
+            raise BadValue(f"--out {self.out} is a file; the report needs a folder")
 
 
-def flag(f: dataclasses.Field) -> str:
-    return "--" + f.name.replace("_", "-")
+@BENCHMARKS.register(NAME, LabOptions)
+def run(options: LabOptions) -> Record:
+    """When jax.jit pays off against eager execution, why, and how torch compares."""
+    line = run_lab(options)
+    rows = [
+        [
+            name,
+            _ci_text(w["jit_speedup"]),
+            w.get("jit_break_even", ""),
+            _ci_text(w.get("torch_over_jit")),
+        ]
+        for name, w in line.items()
+        if isinstance(w, dict)
+    ]
+    caption = (
+        f"The XLA-vs-eager lab's headline (its report: {line['report']}): per workload jit's "
+        "speed-up over eager and torch eager's time over jit's, medians of paired rounds "
+        "with their 95% intervals, and when compiling pays for itself:"
+    )
+    notes = [f"Parts not measured yet: {', '.join(line['missing'])}."] if line["missing"] else []
+    notes += ["Measured on a busy machine: see the report's marks."] if line["loaded"] else []
+    columns = ["workload", "eager / jit [95%]", "jit pays off", "torch / jit [95%]"]
+    table = Table(columns, rows, "lrlr", caption=caption, notes=notes)
+    return capture([table], data={"headline": line})
 
 
-def add_options(parser) -> None:
-    """One argparse option per LabOptions field."""
-    for f in dataclasses.fields(LabOptions):
-        kwargs = {"help": f.metadata["help"], "default": f.default}
-        if f.type == "bool":
-            kwargs["action"] = "store_true"
-        elif f.type.startswith("tuple"):
-            kwargs |= {"nargs": "+", "default": ()}
-        else:
-            kind = f.type.split(" | ")[0]
-            kwargs |= {"type": {"int": int, "float": float}.get(kind, str)}
-            kwargs |= {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
-        parser.add_argument(flag(f), **kwargs)
-
-
-def options_from(args) -> LabOptions:
-    """The LabOptions of a parsed command line (add_options's)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(LabOptions)}
-    return LabOptions(**values | {"parts": tuple(values["parts"])})
-
-
-def command(options: LabOptions) -> str:
-    """The command line that gives `options`: every option that differs from its default."""
-    words = shlex.split(COMMAND)
-    for f in dataclasses.fields(LabOptions):
-        value = getattr(options, f.name)
-        if value == f.default:
-            continue
-        if isinstance(value, bool):
-            words.append(flag(f))
-        elif isinstance(value, tuple):
-            words += [flag(f), *value]
-        else:
-            words += [flag(f), str(value)]
-    return shlex.join(words)
-
-
-class Stopped(Exception):
-    """The run was stopped (a signal or --time-limit) after writing what it had; `code` is
-    the exit status to give."""
-
-    def __init__(self, why: str, code: int):
-        super().__init__(why)
-        self.code = code
-
-
-def check(options: LabOptions) -> None:
-    """Refuse options no run can honour, naming the option."""
-    if options.rounds is not None and options.rounds < 6:
-        raise BadValue(
-            f"--rounds must be >= 6 for a 95% interval of the median, got {options.rounds}"
-        )
-    if options.repeats is not None and options.repeats < 1:
-        raise BadValue(f"--repeats must be >= 1, got {options.repeats}")
-    if options.time_limit is not None and options.time_limit <= 0:
-        raise BadValue(f"--time-limit must be > 0 seconds, got {options.time_limit}")
-    if options.max_load < 0:
-        raise BadValue(f"--max-load must be >= 0 cores, got {options.max_load}")
-    out = pathlib.Path(options.out)
-    if out.exists() and not out.is_dir():
-        raise BadValue(f"--out {options.out} is a file; the report needs a folder")
+def _ci_text(ci: list[float] | None) -> str:
+    return "" if ci is None else f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}]"
 
 
 def profile_of(options: LabOptions) -> plan.Profile:
@@ -163,19 +143,13 @@ def fingerprint(options: LabOptions, profile: plan.Profile) -> dict:
     return {"plan": profile.name} | {k: getattr(options, k) for k in keep}
 
 
-def say(line: str) -> None:
-    """Progress, as it happens (stdout, flushed)."""
-    print(line, flush=True)
-
-
-def run(options: LabOptions) -> dict:
+def run_lab(options: LabOptions) -> dict:
     """The lab (see the module doc): refuses a busy machine (unless --allow-load), then
-    measures the plan's parts not yet in --out, saving each and rewriting the report;
-    returns the headline (also printed as the last line). Raises Stopped after writing
-    what it has when a signal or --time-limit stops it."""
-    check(options)
+    measures the plan's parts not yet in its folder, saving each and rewriting the
+    report; returns the headline. Raises Stopped after writing what it has when a signal
+    or --time-limit stops it."""
     start = time.perf_counter()
-    say(f"{COMMAND}: measuring the machine's load for 3 s (other processes, in cores)")
+    say(f"jaxformer bench {NAME}: measuring the machine's load for 3 s (other processes, in cores)")
     guard = load.probe(3.0) | {"max_cores": options.max_load, "allowed": options.allow_load}
     guard["quiet"] = load.verdict(guard, options.max_load)
     if not guard["quiet"] and not (options.allow_load or options.dry_run):
@@ -404,7 +378,7 @@ def assemble(records, options, profile, call: dict, stopped: str | None = None) 
     p = profile.point
     return {
         "lab": 2,
-        "command": command(options),
+        "command": command(NAME, options),
         "options": dataclasses.asdict(options),
         "plan": _plan_record(profile, records),
         "quick": options.quick,
@@ -446,7 +420,7 @@ def _call_record(options: LabOptions, call: dict) -> dict:
     g = call["guard"]
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": command(options),
+        "command": command(NAME, options),
         "others_cores": g["others_cores"],
         "load_average": g["load_average"],
         "wall_s": time.perf_counter() - call["start"],
@@ -510,8 +484,8 @@ def model_text(p: dict, dtype: str) -> str:
 
 
 def write(result: dict, out: pathlib.Path, final: bool) -> dict:
-    """report.json and report.md in `out`; when `final`, also the PNGs, and prints the
-    headline as the last line and returns it."""
+    """report.json and report.md in `out`; when `final`, also the PNGs, and returns the
+    headline."""
     from jaxformer.bench import plots, report
 
     out.mkdir(parents=True, exist_ok=True)
@@ -520,9 +494,7 @@ def write(result: dict, out: pathlib.Path, final: bool) -> dict:
     if not final:
         return {}
     plots.plots(result, out)
-    line = headline(result, out)
-    print(json.dumps(line), flush=True)
-    return line
+    return headline(result, out)
 
 
 def headline(result: dict, out: pathlib.Path) -> dict:

@@ -45,7 +45,7 @@ class AutoRule(NamedTuple):
 
 # "auto" walks these rows in order; the first whose family is the device's and whose
 # kernel takes the call wins; without one it runs "chunked" or "xla" (by memory). The GPU
-# report (experiments/attention_bench.py on an H100/H200) is the evidence to reorder them.
+# report (`jaxformer bench attention` on an H100/H200) is the evidence to reorder them.
 AUTO_RULES: tuple[AutoRule, ...] = (
     AutoRule("tpu", "tokamax_mosaic", None, "the TPU flash kernel; never run on a TPU here"),
     AutoRule(

@@ -87,7 +87,7 @@ def cross_entropy(
             f"got targets {targets.shape}, weights {_shape(weights, targets)}"
         )
     check_number("label_smoothing", label_smoothing, "[0, 1)")
-    with jax.named_scope("loss"):  # named in profiles (experiments/profile_step.py)
+    with jax.named_scope("loss"):  # named in profiles (jaxformer bench profile)
         V = logits.shape[-1]
         per_token = _token_losses(logits.reshape(-1, V), targets.reshape(-1), label_smoothing)
         return _weighted_sums(per_token, weights)

@@ -220,7 +220,7 @@ def make_train_step(
             )
         sums, activations, grads = sum_over_replicas((sums, activations, grads))
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums.tokens, 1.0), grads)
-        with jax.named_scope("optimizer"):  # named in profiles (experiments/profile_step.py)
+        with jax.named_scope("optimizer"):  # named in profiles (jaxformer bench profile)
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics = sums.means() | {

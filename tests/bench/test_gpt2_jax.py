@@ -14,7 +14,7 @@ TINY = dict(layers=2, d_model=32, heads=4, d_ff=64, context=16, vocab=64, batch=
 
 
 def test_quick_model_has_jaxformers_parameter_count():
-    # 544,256: jaxformer's DecoderLM at lm_throughput's QUICK sizes (tests/test_lm_throughput.py)
+    # 544,256: jaxformer's DecoderLM at lm-throughput's --quick sizes (tests/bench/test_lm_throughput.py)
     params = gpt2_jax.init_params(QUICK)
     assert sum(a.size for a in jax.tree.leaves(params)) == 544_256
     assert {a.dtype for a in jax.tree.leaves(params)} == {np.dtype(np.float32)}

@@ -14,15 +14,19 @@ import sys
 import numpy as np
 import pytest
 
-from jaxformer.bench import load, plan, report, stats
+from jaxformer.bench import load, plan, registry, report, stats
 from jaxformer.bench import xla_vs_eager as lab
 
 
 def _parse(words: list[str]) -> lab.LabOptions:
     parser = argparse.ArgumentParser()
     parser.add_argument("benchmark")
-    lab.add_options(parser)
-    return lab.options_from(parser.parse_args(words))
+    registry.add_options(parser, lab.LabOptions)
+    return registry.options_from(parser.parse_args(words), lab.LabOptions)
+
+
+def _command(options: lab.LabOptions) -> str:
+    return registry.command("xla-vs-eager", options)
 
 
 def test_the_recorded_command_gives_back_every_option():
@@ -36,11 +40,11 @@ def test_the_recorded_command_gives_back_every_option():
         max_load=0.5,
         note="a note with 'quotes' and spaces",
     )
-    words = shlex.split(lab.command(given))
+    words = shlex.split(_command(given))
     assert words[:3] == ["jaxformer", "bench", "xla-vs-eager"]
     assert "--rounds" in words and words[words.index("--rounds") + 1] == "6"
     assert _parse(words[2:]) == given
-    assert lab.command(lab.LabOptions()) == "jaxformer bench xla-vs-eager"
+    assert _command(lab.LabOptions()) == "jaxformer bench xla-vs-eager"
 
 
 def test_the_plans_fit_their_machines_budgets():
@@ -76,7 +80,7 @@ def test_a_busy_machine_is_refused_naming_the_way_out(monkeypatch, tmp_path):
     with pytest.raises(
         ValueError, match="machine is busy: other processes kept 1.90 of 2.*--allow-load"
     ):
-        lab.run(lab.LabOptions(quick=True, out=str(tmp_path)))
+        lab.run_lab(lab.LabOptions(quick=True, out=str(tmp_path)))
     assert not (tmp_path / "report.json").exists()
 
 
@@ -85,10 +89,13 @@ def test_parts_that_do_not_fit_the_time_limit_are_left_for_the_next_call(monkeyp
     options = lab.LabOptions(
         quick=True, dry_run=True, out=str(tmp_path), parts=("host", "layer"), time_limit=5
     )
-    headline = lab.run(options)
+    record = registry.run("xla-vs-eager", options)  # the record, in the report's folder
+    headline = record.data["headline"]
     assert headline["missing"] == plan.CPU_QUICK.part_names() and headline["loaded"] is False
+    assert "Parts not measured yet: host, attention" in record.markdown()
     result = json.loads((tmp_path / "report.json").read_text())
-    assert result["command"] == lab.command(options) and result["load"]["others_cores"] == 1.9
+    assert result["command"] == _command(options) == record.command
+    assert result["load"]["others_cores"] == 1.9
     assert "Parts not measured yet: host, attention" in (tmp_path / "report.md").read_text()
 
 
@@ -108,7 +115,7 @@ def test_sigterm_keeps_what_was_measured_and_a_rerun_resumes(tmp_path):
     cmd += ["--out", str(tmp_path), "--parts", "host", "compile"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
-    for line in proc.stdout:  # progress from the start
+    for line in proc.stderr:  # progress from the start
         lines.append(line)
         if line.startswith("[2/2] compile"):
             proc.send_signal(signal.SIGTERM)
@@ -116,6 +123,7 @@ def test_sigterm_keeps_what_was_measured_and_a_rerun_resumes(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert "stopped by SIGTERM during part compile" in err and "Traceback" not in err
+    assert not (tmp_path / "record.json").exists()  # a stopped run writes its report only
     assert lines[0].startswith("jaxformer bench xla-vs-eager: measuring the machine's load")
     assert "USDT" not in "".join(lines) + out + err
     result = json.loads((tmp_path / "report.json").read_text())
@@ -123,7 +131,7 @@ def test_sigterm_keeps_what_was_measured_and_a_rerun_resumes(tmp_path):
     done = {p["name"] for p in result["plan"]["parts"] if p["status"] == "done"}
     assert done == {"host"} and "--parts host compile --dry-run" in result["command"]
     again = subprocess.run(cmd[:-1], capture_output=True, text=True, check=True)  # host only
-    assert "host: done (kept)" in again.stdout
+    assert "host: done (kept)" in again.stderr
 
 
 def _row(name, eager_ms, jit_ms, rng, **extra):
@@ -268,6 +276,7 @@ def test_the_quick_plan_runs_every_part_and_reports_it(tmp_path):
     )
     headline = json.loads(done.stdout.strip().splitlines()[-1])
     assert headline["missing"] == [] and "USDT" not in done.stdout + done.stderr
+    assert headline["record"] == str(tmp_path / "record.json")
     result = json.loads((tmp_path / "report.json").read_text())
     assert {p["status"] for p in result["plan"]["parts"]} == {"done"}
     for row in result["workloads"]:
@@ -280,4 +289,5 @@ def test_the_quick_plan_runs_every_part_and_reports_it(tmp_path):
         assert heading in text
     for heading in ("## Compiling the train step", "## Variable lengths", "## NNX's per-call"):
         assert heading in text
-    assert {p.name for p in tmp_path.iterdir()} >= {"report.md", "modes.png", "scale.png", "parts"}
+    folder = {p.name for p in tmp_path.iterdir()}
+    assert folder >= {"report.md", "modes.png", "scale.png", "parts"}

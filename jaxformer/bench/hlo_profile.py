@@ -1,116 +1,31 @@
-"""What one training step of `make train`'s model looks like in a `jaxformer train --profile`
-trace: where XLA spends the step, by kind of operation, and a timeline picture; and where
-a GPU spends one step of lm_throughput.py's GPT-2-small model, kernel by kernel.
+"""One training step's device time by category, read from a jax.profiler trace and the
+step's optimized HLO text (`jaxformer bench profile --model gpt2`; the GPU trace fixtures
+in tests/fixtures/gpu_traces).
 
-    python experiments/profile_step.py [--steps 12] [--repeats 3]
-    python experiments/profile_step.py --gpt2 [lm_throughput.py's options: --batch 32 ...]
-    python experiments/profile_step.py --trace TRACE --hlo HLO [lm_throughput.py's options]
-
-Trains the `dates` job (make train's model and batch) for --steps steps with
-`profile=f"{steps - 1}:{steps}"` (the last step traced, after warm-up), reads the trace the
-run folder holds (perfetto_trace.json.gz: the XLA operations on each runtime thread) and
-sorts every operation (the executor's own spans left out) into: matrix products (dot
-fusions), layout copies and transposes, random bits (dropout's threefry), reductions,
-other fusions (elementwise work fused by XLA); --repeats runs it again as fresh runs.
-Writes results/profile_step.json (a docs results file, a row per run: copy it to
-docs/results/, where docs/performance.md renders it) and profile_step.png (the last run's
-timeline, docs/profile_step.png); prints a JSON line with the shares.
-
-With --gpt2 it traces one training step of experiments/lm_throughput.py's GPT-2-small
-model instead (any of that script's options; --quick for its small model) after three
-warm-up steps, keeps the trace and the compiled step's optimized HLO text
-(profile_gpt2.perfetto.json.gz, profile_gpt2.hlo.txt.gz), and reads them as --trace and
---hlo read a pair taken elsewhere (its model's sizes from lm_throughput's options). Each
-device operation is sorted by the HLO instruction it runs: a kernel XLA generated is named
-after its instruction; on a GPU the step runs as a command buffer (a CUDA graph), whose
-cuBLAS kernels carry cuBLAS's names and run the entry computation's cuBLAS calls in
+Each device operation is sorted by the HLO instruction it runs: a kernel XLA generated is
+named after its instruction; on a GPU the step runs as a command buffer (a CUDA graph),
+whose cuBLAS kernels carry cuBLAS's names and run the entry computation's cuBLAS calls in
 schedule order, and whose cuDNN kernels run its attention calls. An instruction's category
 (`category_of`) comes from its shapes, op_name (the train step's "loss" and "optimizer"
-scopes; transpose(...) for the backward pass), custom-call target and stack frame:
-matrix products by layer (Q/K/V projection, attention output, feed-forward in and out,
-LM head) and pass (forward, backward dX, backward dW), attention, loss, norms/elementwise,
+scopes; transpose(...) for the backward pass), custom-call target and stack frame: matrix
+products by layer (Q/K/V projection, attention output, feed-forward in and out, LM head)
+and pass (forward, backward dX, backward dW), attention, loss, norms/elementwise,
 optimizer, copies; a kernel matched to no instruction is "unmatched". The categories sum
-to the kernels' time per step; the busy time counts overlapping kernels once. Writes
-results/profile_gpt2.{json,md} (ms per step and share by category).
+to the kernels' time per step; the busy time counts overlapping kernels once.
+
+Sizes `s` are the language model's (shared.LMOptions.sizes): batch, context, heads,
+d_model, d_ff, vocab.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
-import datetime
 import gzip
 import json
 import math
-import os
 import pathlib
 import re
-import shutil
-import sys
-import tempfile
 from typing import NamedTuple
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-import jax  # noqa: E402
-
-import jaxformer as jf  # noqa: E402
-from jaxformer.markdown import table  # noqa: E402
-from jaxformer.train import loop  # noqa: E402
-
-KINDS = {  # first match wins, on the lower-cased operation name (ynn: XLA CPU's YNNPACK dots)
-    "matrix products": ("ynn", "dot", "gemm", "matmul", "convolution"),
-    "layout copies": ("copy", "transpose"),
-    "random bits": ("rng", "threefry", "random"),
-    "reductions": ("reduce",),
-}
-
-
-def kind_of(name: str) -> str:
-    low = name.lower()
-    return next(
-        (k for k, keys in KINDS.items() if any(key in low for key in keys)), "other fusions"
-    )
-
-
-def xla_events(trace_file: pathlib.Path) -> list[dict]:
-    """The complete events ("X") of the XLA runtime threads, with their thread's name."""
-    events = json.load(gzip.open(trace_file))
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    threads = {
-        (e["pid"], e["tid"]): e["args"]["name"]
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "thread_name"
-    }
-    out = []
-    for e in events:
-        thread = threads.get((e.get("pid"), e.get("tid")), "")
-        name = e.get("name", "")
-        container = "::" in name or name.startswith("end:")  # the executor's own spans
-        if e.get("ph") == "X" and "python" not in thread.lower() and e.get("dur") and not container:
-            out.append(dict(name=e["name"], thread=thread, ts=e["ts"], dur=e["dur"]))
-    return out
-
-
-def summarise(events: list[dict]) -> dict:
-    by_kind = collections.Counter()
-    by_name = collections.Counter()
-    for e in events:
-        by_kind[kind_of(e["name"])] += e["dur"]
-        by_name[e["name"]] += e["dur"]
-    total = sum(by_kind.values())
-    return dict(
-        busy_ms=round(total / 1e3, 2),
-        span_ms=round(
-            (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3, 2
-        ),
-        shares={k: round(v / total, 3) for k, v in by_kind.most_common()},
-        top_operations=[(n, round(v / 1e3, 2)) for n, v in by_name.most_common(10)],
-    )
-
-
-# The GPT-2 profile: each device operation (a GPU kernel; an XLA operation on a CPU) sorted
-# by the optimized HLO instruction it runs.
 
 ROLES = (
     "Q/K/V projection",
@@ -203,7 +118,7 @@ def _frames(text: str) -> dict[str, str]:
 
 
 def category_of(i: Instruction, hlo: dict[str, Instruction], s: dict) -> str:
-    """The category of one instruction, given the model's sizes `s` (lm_throughput.sizes).
+    """The category of one instruction, given the model's sizes `s`.
     Attention: an array of the [B, H, T, T] scores; matrix products by role and pass
     (`matmul_category`); attention again: an attention kernel's call or op_name; the
     optimizer: its named scope or optax's code (not optax's losses); the loss: its scope, code
@@ -400,179 +315,9 @@ def profile_trace(trace_file: pathlib.Path, hlo_text: str, s: dict) -> dict:
     )
 
 
-def profile_gpt2(argv: list[str], out: pathlib.Path) -> dict:
-    """Trace one step of lm_throughput's model (argv: its options) after three of warm-up,
-    keep the trace and the compiled step's HLO in `out` (profile_gpt2.perfetto.json.gz,
-    profile_gpt2.hlo.txt.gz: --trace and --hlo read them again) and profile them."""
-    import jax
-
-    lm_throughput = _lm_throughput()
-    args = lm_throughput.parse_args(argv)
-    s = lm_throughput.sizes(args)
-    step, state, batch, _ = lm_throughput.setup(s, args)
-    compiled = step.lower(state, batch).compile()
-    trace, hlo = out / "profile_gpt2.perfetto.json.gz", out / "profile_gpt2.hlo.txt.gz"
-    hlo.write_bytes(gzip.compress(compiled.as_text().encode()))
-    for _ in range(3):  # warm-up
-        state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics)
-    with tempfile.TemporaryDirectory() as tmp:
-        jax.profiler.start_trace(tmp, create_perfetto_trace=True)
-        state, metrics = compiled(state, batch)
-        jax.block_until_ready((state, metrics))
-        jax.profiler.stop_trace()
-        shutil.copy(next(pathlib.Path(tmp).rglob("perfetto_trace.json.gz")), trace)
-    device = dict(device=jax.devices()[0].device_kind, jax=jax.__version__)
-    return device | read_profile(trace, hlo, argv)
-
-
-def read_profile(trace: pathlib.Path, hlo: pathlib.Path, argv: list[str]) -> dict:
+def read_profile(trace: pathlib.Path, hlo: pathlib.Path, s: dict) -> dict:
     """The profile (`profile_trace`) of a trace and its step's optimized HLO text (gzipped
-    or not), for lm_throughput's model of options `argv`."""
-    lm_throughput = _lm_throughput()
-    s = lm_throughput.sizes(lm_throughput.parse_args(argv))
+    or not), for the language model of sizes `s`."""
     text = gzip.decompress(hlo.read_bytes()) if hlo.suffix == ".gz" else hlo.read_bytes()
-    summary = dict(trace=str(trace), hlo=str(hlo), argv=argv, sizes=s)
+    summary = dict(trace=str(trace), hlo=str(hlo), sizes=s)
     return summary | profile_trace(trace, text.decode(), s)
-
-
-def write_profile(summary: dict, out: pathlib.Path) -> None:
-    """profile_gpt2.json (the summary) and profile_gpt2.md (its table) in `out`."""
-    (out / "profile_gpt2.json").write_text(json.dumps(summary, indent=2))
-    rows = [[c, f"{ms:.2f}", f"{summary['shares'][c]:.1%}"] for c, ms in summary["ms"].items()]
-    rows.append(["all kernels", f"{summary['kernel_ms']:.2f}", "100%"])
-    lines = table(["category", "ms per step", "share"], rows, "lrr")
-    lines.append(
-        f"\nKernel time per step, the mean over {summary['steps']} traced step(s); the device "
-        f"was busy {summary['busy_ms']:.2f} ms per step (overlapping kernels counted once)."
-    )
-    (out / "profile_gpt2.md").write_text("\n".join(lines) + "\n")
-
-
-def _lm_throughput():
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    import lm_throughput
-
-    return lm_throughput
-
-
-def plot(events: list[dict], path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    threads = sorted({e["thread"] for e in events})
-    start = min(e["ts"] for e in events)
-    colours = dict(zip([*KINDS, "other fusions"], plt.cm.tab10.colors, strict=False))
-    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.5 * len(threads)))
-    for e in events:
-        row = threads.index(e["thread"])
-        ax.barh(
-            row, e["dur"] / 1e3, left=(e["ts"] - start) / 1e3, color=colours[kind_of(e["name"])]
-        )
-    labels = [f"{t.split('/')[0].removeprefix('tf_')} #{i}" for i, t in enumerate(threads)]
-    ax.set_yticks(range(len(threads)), labels)
-    ax.set_xlabel("ms into the traced step")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, list(colours), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=5)
-    fig.suptitle("One training step of make train's model on XLA's CPU runtime, by thread")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def profile_dates(steps: int, out: pathlib.Path, repeats: int = 1) -> dict:
-    """Train the dates job for `steps` steps, the last traced, `repeats` times (fresh
-    runs); the operations of each traced step by kind. Writes profile_step.json as a docs
-    results file (a row per run), and the last run's timeline picture."""
-    runs = []
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            run = jf.RunConfig.from_options(
-                task="dates",
-                steps=steps,
-                profile=f"{steps - 1}:{steps}",
-                eval_every=10**6,
-                eval_examples=64,
-                log_every=10**6,
-                out=f"{tmp}/run",
-            )
-            loop.train(jf.TransformerConfig.tiny(259), run, progress=False)
-            trace = next(pathlib.Path(tmp, "run", "profile").rglob("perfetto_trace.json.gz"))
-            events = xla_events(trace)
-        runs.append(summarise(events))
-    plot(events, out / "profile_step.png")
-    result = docs_result(runs, steps, repeats)
-    (out / "profile_step.json").write_text(json.dumps(result, indent=2) + "\n")
-    return {"shares": [r["shares"] for r in runs], "span_ms": [r["span_ms"] for r in runs]}
-
-
-def docs_result(runs: list[dict], steps: int, repeats: int) -> dict:
-    """The docs' results file of the dates profiles: each run's step time and its shares."""
-    kinds = [*KINDS, "other fusions"]
-    rows = [
-        [str(i), f"{r['span_ms']:.0f}", f"{r['busy_ms']:.0f}"]
-        + [f"{r['shares'].get(k, 0):.1%}" for k in kinds]
-        for i, r in enumerate(runs, 1)
-    ]
-    cpu = ", ".join(f"{k} {v}" for k, v in _machine().items())
-    return {
-        "command": f"python experiments/profile_step.py --steps {steps} --repeats {repeats}",
-        "device": cpu,
-        "versions": {"jax": jax.__version__},
-        "date": datetime.date.today().isoformat(),
-        "source": "each run a fresh `make train` job (the dates task, the tiny preset, batch "
-        f"64) traced at its step {steps} with `--profile {steps - 1}:{steps}`",
-        "tables": [
-            {
-                "caption": "One training step of `make train`'s model in XLA's CPU trace: its "
-                "wall time (first to last operation), the operations' summed time (busy, "
-                "over the runtime threads), and each kind's share of the busy time:",
-                "columns": ["run", "step ms", "busy ms", *kinds],
-                "align": "r" * (3 + len(kinds)),
-                "rows": rows,
-            }
-        ],
-    }
-
-
-def _machine() -> dict:
-    """The CPU's model name and core count, and the load average when profiled."""
-    name = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "a CPU",
-    )
-    return {"cpu": name, "cores": os.cpu_count(), "load average": f"{os.getloadavg()[0]:.1f}"}
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=1, help="fresh runs of the dates job")
-    parser.add_argument("--out", default="results")
-    parser.add_argument("--gpt2", action="store_true", help="lm_throughput's model; see above")
-    parser.add_argument("--trace", type=pathlib.Path, help="read this GPT-2 trace (with --hlo)")
-    parser.add_argument("--hlo", type=pathlib.Path, help="the traced step's optimized HLO text")
-    args, rest = parser.parse_known_args(argv)
-    if (args.trace is None) != (args.hlo is None):
-        parser.error("--trace and --hlo go together")
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.gpt2 or args.trace:
-        summary = (
-            read_profile(args.trace, args.hlo, rest) if args.trace else profile_gpt2(rest, out)
-        )
-        write_profile(summary, out)
-        print(json.dumps({k: summary[k] for k in ("kernel_ms", "busy_ms", "ms")}))
-        return
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    print(json.dumps(profile_dates(args.steps, out, args.repeats)))
-
-
-if __name__ == "__main__":
-    main()

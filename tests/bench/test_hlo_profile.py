@@ -1,20 +1,19 @@
-"""experiments/profile_step.py's GPU profile: two H100 traces of a GPT-2-small training step
-(tests/fixtures/gpu_traces: jaxformer's step and a minimal pure-JAX one) read on a CPU,
-and the rules that sort a kernel, on small hand-written HLO."""
+"""jaxformer.bench.hlo_profile, the GPU profile by category: two H100 traces of a
+GPT-2-small training step (tests/fixtures/gpu_traces: jaxformer's step and a minimal
+pure-JAX one) read on a CPU, and the rules that sort a kernel, on small hand-written HLO."""
 
 import collections
 import gzip
-import importlib.util
 import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("profile_step", ROOT / "experiments/profile_step.py")
-profile_step = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(profile_step)
+from jaxformer.bench import hlo_profile, profile_step, registry
+from jaxformer.results import Record
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures/gpu_traces"
+SIZES = profile_step.ProfileOptions(batch=32).sizes()  # GPT-2 small at batch 32
 JAXFORMER = "lm_throughput-h100-gpt2-b32-cudnn-dense"
 MINIMAL = "minimal-jax-gpt2-h100-b32-cudnn"
 HEAD_BACKWARD = ("matmul: LM head, backward dX", "matmul: LM head, backward dW")
@@ -27,7 +26,7 @@ def profiles():
 
 def _read(name: str) -> dict:
     trace, hlo = FIXTURES / f"{name}.perfetto.json.gz", FIXTURES / f"{name}.hlo.txt.gz"
-    return profile_step.read_profile(trace, hlo, ["--batch", "32"])
+    return hlo_profile.read_profile(trace, hlo, SIZES)
 
 
 @pytest.mark.parametrize("name, kernel_ms", [(JAXFORMER, 91.4), (MINIMAL, 76.7)])
@@ -44,11 +43,11 @@ def test_the_categories_sum_to_the_kernel_time_of_a_step(profiles, name, kernel_
 @pytest.mark.parametrize("name", [JAXFORMER, MINIMAL])
 def test_every_kernel_lands_in_one_category_and_nothing_large_is_unmatched(profiles, name):
     p = profiles[name]
-    assert set(p["ms"]) <= set(profile_step.CATEGORIES)
+    assert set(p["ms"]) <= set(hlo_profile.CATEGORIES)
     assert p["ms"]["unmatched"] < 0.1
     assert sum(ms for c, ms in p["ms"].items() if "matmul: other" in c) < 0.1
-    for role in profile_step.ROLES[:-1]:  # each layer's products, forward and backward
-        for step in profile_step.PASSES:
+    for role in hlo_profile.ROLES[:-1]:  # each layer's products, forward and backward
+        for step in hlo_profile.PASSES:
             assert p["ms"][f"matmul: {role}, {step}"] > 0.5, (role, step)
     assert p["ms"]["attention"] > 8 and p["ms"]["optimizer"] > 1
 
@@ -61,10 +60,10 @@ def test_the_lm_head_backward_is_float32_in_jaxformer_and_bfloat16_in_the_minima
     # cuBLAS kernels, which no HLO instruction names, were matched to the right calls.
     trace = FIXTURES / f"{JAXFORMER}.perfetto.json.gz"
     hlo = gzip.decompress((FIXTURES / f"{JAXFORMER}.hlo.txt.gz").read_bytes()).decode()
-    events = profile_step.device_events(trace)
+    events = hlo_profile.device_events(trace)
     sizes = profiles[JAXFORMER]["sizes"]
     by_kind = collections.defaultdict(set)
-    for e, category in zip(events, profile_step.categorise(events, hlo, sizes), strict=True):
+    for e, category in zip(events, hlo_profile.categorise(events, hlo, sizes), strict=True):
         by_kind["tf32" in e["name"]].add(category)
     assert by_kind[True] == set(HEAD_BACKWARD)
     assert not by_kind[False] & set(HEAD_BACKWARD)
@@ -75,18 +74,25 @@ def test_jaxformers_loss_makes_about_4_ms_more_passes_over_the_logits(profiles):
     assert 3 < extra < 5
 
 
-def test_the_profile_is_written_as_json_and_markdown(profiles, tmp_path):
-    profile_step.write_profile(profiles[JAXFORMER], tmp_path)
-    lines = (tmp_path / "profile_gpt2.md").read_text().splitlines()
+def test_a_trace_taken_elsewhere_is_read_into_a_record(tmp_path):
+    trace, hlo = (
+        str(FIXTURES / f"{JAXFORMER}.{end}") for end in ("perfetto.json.gz", "hlo.txt.gz")
+    )
+    options = profile_step.ProfileOptions(
+        model="gpt2", batch=32, trace=trace, hlo=hlo, out=str(tmp_path / "p.json")
+    )
+    registry.run("profile", options)
+    record = Record.read(tmp_path / "p.json")
+    lines = record.markdown().splitlines()
     assert "| matmul: LM head, backward dW | 9.84 | 10.8% |" in lines
     assert "| all kernels | 91.42 | 100% |" in lines
-    main = profile_step.main
-    args = ["--trace", str(FIXTURES / f"{MINIMAL}.perfetto.json.gz"), "--batch", "32"]
-    with pytest.raises(SystemExit):  # --trace without --hlo
-        main([*args, "--out", str(tmp_path)])
+    assert record.data["kernel_ms"] == pytest.approx(91.42, abs=0.01)
+    assert f"--trace {trace}" in record.command and "--batch 32" in record.command
+    with pytest.raises(ValueError, match="--trace and --hlo go together"):
+        profile_step.ProfileOptions(model="gpt2", trace=trace)
 
 
-SIZES = dict(batch=2, context=3, d_model=8, d_ff=32, vocab=100, heads=2)  # 6 tokens
+SMALL = dict(batch=2, context=3, d_model=8, d_ff=32, vocab=100, heads=2)  # 6 tokens
 HLO = """HloModule jit_step
 FileNames
 1 "site-packages/optax/_src/transform.py"
@@ -123,10 +129,10 @@ ENTRY %main (x: bf16[6,8]) -> f32[8,32] {
 
 
 def test_instructions_are_sorted_by_their_shapes_scopes_and_code():
-    hlo, entry = profile_step.parse_hlo(HLO)
+    hlo, entry = hlo_profile.parse_hlo(HLO)
     assert entry[0] == "x" and entry[-1] == "t"
     assert hlo["adam"].file == "site-packages/optax/_src/transform.py"
-    got = {n: profile_step.category_of(hlo[n], hlo, SIZES) for n in entry}
+    got = {n: hlo_profile.category_of(hlo[n], hlo, SMALL) for n in entry}
     assert got == {
         "x": "norms/elementwise",
         "w1": "norms/elementwise",
@@ -147,7 +153,7 @@ def test_instructions_are_sorted_by_their_shapes_scopes_and_code():
 
 def test_library_kernels_run_the_cublas_calls_in_schedule_order():
     kernels = ["Memset", "nvjet_a", "splitKreduce_kernel", "cudnn_fprop", "nvjet_b", "gemm_c"]
-    got = profile_step._library(kernels, ["first", "second"], "attention")
+    got = hlo_profile._library(kernels, ["first", "second"], "attention")
     assert got == ["copies", "first", "first", "attention", "second", "unmatched"]
 
 
@@ -160,15 +166,5 @@ def test_steps_and_busy_time_of_hand_made_events():
         dict(op="fusion.4", launch="8", ts=30.0, dur=1.0),
         dict(op="fusion.4", launch="9", ts=40.0, dur=1.0),
     ]
-    assert profile_step.steps_in(events) == 2  # two launches of two of the three ops
-    assert profile_step.busy_us(events) == 15 + 5 + 1 + 1
-
-
-@pytest.mark.slow
-def test_the_live_profile_keeps_its_trace_and_hlo_and_reads_them_again(tmp_path):
-    live = profile_step.profile_gpt2(["--quick", "--batch", "2"], tmp_path)
-    trace, hlo = tmp_path / "profile_gpt2.perfetto.json.gz", tmp_path / "profile_gpt2.hlo.txt.gz"
-    again = profile_step.read_profile(trace, hlo, ["--quick", "--batch", "2"])
-    assert {k: live[k] for k in again} == again
-    assert sum(live["ms"].values()) == pytest.approx(live["kernel_ms"], abs=0.02)
-    assert live["ms"]["matmul: LM head, forward"] > 0 and live["ms"]["unmatched"] == 0
+    assert hlo_profile.steps_in(events) == 2  # two launches of two of the three ops
+    assert hlo_profile.busy_us(events) == 15 + 5 + 1 + 1
