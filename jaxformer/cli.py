@@ -45,13 +45,34 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    from jaxformer.bench import BENCHMARKS
-    from jaxformer.bench.registry import add_options
-    from jaxformer.config import PRESETS, RunConfig, TransformerConfig
-
+    """The `jaxformer` parser, and each command's parser by name ("bench NAME" too)."""
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
     shown = "{train,generate,sweep,bench}"  # `sweep report` is main's "sweep-report"
     sub = parser.add_subparsers(dest="command", required=True, metavar=shown)
+    t, g = _train_parser(sub), _generate_parser(sub)
+    for command in (t, g):
+        command.add_argument(
+            "--variants",
+            action="append",
+            default=[],
+            metavar="FILE.py",
+            help="a Python file (or module) that registers your own activations, norms or "
+            "attention kernels (jaxformer.functional.ACTIVATIONS.register, ...); repeatable",
+        )
+        command.add_argument(
+            "--no-compile-cache",
+            action="store_true",
+            help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
+        )
+    commands = {"train": t, "generate": g, "sweep": _sweep_parser(sub)}
+    commands["sweep-report"] = _sweep_report_parser(sub)
+    commands["bench"], benchmarks = _bench_parser(sub)
+    return parser, commands | benchmarks
+
+
+def _train_parser(sub) -> argparse.ArgumentParser:
+    from jaxformer.config import PRESETS, RunConfig, TransformerConfig
+
     t = sub.add_parser(
         "train",
         help="train a model",
@@ -100,7 +121,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     par.add_argument(
         "--coordinator-timeout", type=int, default=120, metavar="SECONDS", help="(default: 120)"
     )
+    return t
 
+
+def _generate_parser(sub) -> argparse.ArgumentParser:
     g = sub.add_parser(
         "generate",
         help="decode with a trained model",
@@ -129,20 +153,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="default: the input's length + 50 (the paper), within the model's max_len",
     )
     g.add_argument("--batch-size", type=int, default=32, metavar="B", help="inputs (default: 32)")
-    for command in (t, g):
-        command.add_argument(
-            "--variants",
-            action="append",
-            default=[],
-            metavar="FILE.py",
-            help="a Python file (or module) that registers your own activations, norms or "
-            "attention kernels (jaxformer.functional.ACTIVATIONS.register, ...); repeatable",
-        )
-        command.add_argument(
-            "--no-compile-cache",
-            action="store_true",
-            help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
-        )
+    return g
+
+
+def _sweep_parser(sub) -> argparse.ArgumentParser:
     w = sub.add_parser(
         "sweep",
         help="train variants x seeds and compare them",
@@ -181,7 +195,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="train each seed as its own process, seed-major (default: a variant's seeds "
         "as one vmapped program, `train --seeds`)",
     )
-    r = _sweep_report_parser(sub)
+    return w
+
+
+def _bench_parser(sub) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """`jaxformer bench`, and each benchmark's parser as "bench NAME" (options from its
+    dataclass)."""
+    from jaxformer.bench import BENCHMARKS
+    from jaxformer.bench.registry import add_options
+
     b = sub.add_parser(
         "bench",
         help="benchmarks, each writing a results record",
@@ -190,13 +212,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "the command that reproduces it. `jaxformer bench NAME --help` lists its options.",
     )
     benchmarks = b.add_subparsers(dest="benchmark", required=True, metavar="NAME")
-    commands = {"train": t, "generate": g, "sweep": w, "sweep-report": r, "bench": b}
+    commands = {}
     for name in sorted(BENCHMARKS.names):
         help = BENCHMARKS[name].help
         n = benchmarks.add_parser(name, help=help, description=help)
         add_options(n, BENCHMARKS[name].options, name)
         commands[f"bench {name}"] = n
-    return parser, commands
+    return b, commands
 
 
 def _sweep_report_parser(sub) -> argparse.ArgumentParser:
