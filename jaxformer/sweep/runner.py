@@ -3,15 +3,16 @@
 Every (variant, seed) is an ordinary `jaxformer train` run in `<out>/<variant>/seed<k>`
 of its resolved configuration, written there as a run file (`run.json`): its command in
 `command.txt`, its output in `train.log`, the hash of that configuration in
-`config_hash.json`. A variant's seeds train as one vmapped program
-(`jaxformer train --seeds`, `jaxformer.train.seed_group`): one process, one compilation,
-each seed still in its own folder; its command and output are those of the group's first
-seed. Seeds at different steps (a sweep resumed after separate runs) go in groups by
-step; a group in which a seed diverged runs its seeds again apart, so only that seed is
-marked diverged. With `vmap_seeds=False` (or a run option that keeps seeds apart: a mesh,
-pmap, a profile, logged internals) every run is its own process, seed-major: seed 0 of
-every variant, then seed 1, ..., so a drift of the machine's speed does not fall on one
-variant.
+`config_hash.json`. With an NVIDIA GPU (or `vmap_seeds=True`) a variant's seeds train
+as one vmapped program (`jaxformer train --seeds`, `jaxformer.train.seed_group`): one
+process, one compilation, each seed still in its own folder; its command and output are
+those of the group's first seed. Seeds at different steps (a sweep resumed after
+separate runs) go in groups by step; a group in which a seed diverged runs its seeds
+again apart, so only that seed is marked diverged. On a CPU (where the vmapped step
+measured slower than the seeds' own steps: docs/training.md), with `vmap_seeds=False`,
+or with a run option that keeps seeds apart (a mesh, pmap, a profile, logged
+internals), every run is its own process, seed-major: seed 0 of every variant, then
+seed 1, ..., so a drift of the machine's speed does not fall on one variant.
 
 A run with a summary.json is finished and never rerun; any other resumes from its last
 checkpoint, so a killed sweep continues where it stopped. A folder whose recorded hash is
@@ -65,11 +66,12 @@ def run(
     jobs: int | None = None,
     rerun_changed: bool = False,
     retry_failed: bool = False,
-    vmap_seeds: bool = True,
+    vmap_seeds: bool | None = None,
     say=print,
 ) -> dict:
-    """Run every pending (variant, seed), a variant's seeds as one program (unless not
-    `vmap_seeds`: then one run at a time, seed-major), `jobs` processes at a time
+    """Run every pending (variant, seed), a variant's seeds as one program with
+    `vmap_seeds` (None: when an NVIDIA GPU is present; on a CPU the vmapped step measured
+    slower), else one run at a time, seed-major; `jobs` processes at a time
     (default: one per NVIDIA GPU present, each pinned to its GPU, else 1), then write the
     report; returns the results. Raises ValueError, before any run starts, for a folder
     made by another configuration (unless `rerun_changed`)."""
@@ -81,10 +83,10 @@ def run(
     spec.out.mkdir(parents=True, exist_ok=True)
     pending = [(v, s) for v, s in todo if status(spec.folder(v, s)) == "pending"]
     say(f"sweep {spec.out}: {len(todo)} runs, {len(todo) - len(pending)} already ended")
-    gpus = _gpu_count()
+    gpus = _gpu_count()  # (not JAX's backend: initialising it here would hold GPU memory)
     slots = list(range(jobs or max(1, gpus)))
     pin = len(slots) > 1 and gpus >= len(slots)  # each slot runs on its own GPU
-    queue = _jobs(spec, pending, vmap_seeds)
+    queue = _jobs(spec, pending, gpus > 0 if vmap_seeds is None else vmap_seeds)
     running: dict[int, tuple] = {}
     done = len(todo) - len(pending)
     while queue or running:

@@ -648,7 +648,7 @@ def test_a_variants_seeds_train_as_one_process_and_a_divergence_is_found_apart(
         write_spec(tmp_path, variants={"base": {}, "bad": {"d_ff": 16}}, seeds=3)
     )
     lines = []
-    results = sweep.run(spec, jobs=1, say=lines.append)
+    results = sweep.run(spec, jobs=1, vmap_seeds=True, say=lines.append)
     assert [line.split(" (")[0] for line in lines[1:]] == [
         "[1/6] base seed 0: done: exact_match 0.5",
         "[2/6] base seed 1: done: exact_match 0.5",
