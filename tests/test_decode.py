@@ -272,6 +272,7 @@ def test_beam_scores_are_right_and_never_worse_than_greedy(kind):
         assert float(scores[b, 0]) >= g - 1e-5
 
 
+@pytest.mark.slow  # a trained run decoded three ways: 20 s of CI's quick suite
 def test_decoding_starts_from_the_tokenizers_bos_and_pads_with_its_pad(tmp_path):
     tok = hf.seq2seq(tmp_path, alphabet="abcdefghijklmno")  # specials 16, 17, 18 < V = 20
     m, (src, valid) = model("transformer"), inputs("transformer")

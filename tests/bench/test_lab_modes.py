@@ -39,6 +39,7 @@ def test_every_mode_computes_the_same_values(name):
         assert first["jit"][1] < first["jit"][0]
 
 
+@pytest.mark.slow  # two train steps compiled: 15 s of CI's quick suite
 def test_the_functional_jax_step_equals_the_nnx_step():
     w = _tiny("train_step")
     calls = modes.mode_calls(w, None, ("jit", "eager, functional"))

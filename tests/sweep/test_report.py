@@ -81,8 +81,11 @@ def test_bad_input_is_one_error_line_with_exit_2(tmp_path, capsys, argv, message
     "name, baseline",
     [
         ("sweep_wyc_web_speedrun", None),
-        ("sweep_wyc_web_speedrun_batch", "no_dropout"),
-        ("sweep_wyc_web_speedrun_levers", "no_dropout_batch_32"),
+        # the other two readings of the same records: make test-all
+        pytest.param("sweep_wyc_web_speedrun_batch", "no_dropout", marks=pytest.mark.slow),
+        pytest.param(
+            "sweep_wyc_web_speedrun_levers", "no_dropout_batch_32", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_the_committed_speedrun_sweep_tables_are_what_its_committed_records_compute(

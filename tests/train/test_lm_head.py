@@ -173,7 +173,7 @@ def _model_and_batch(kind, lm_head, dtype="float32"):
     return jf.DecoderLM(config, rngs=nnx.Rngs(0)), batch
 
 
-@pytest.mark.parametrize("kind", ["transformer", "lm"])
+@pytest.mark.parametrize("kind", [pytest.param("transformer", marks=pytest.mark.slow), "lm"])
 def test_a_models_chunked_loss_and_parameter_gradients_equal_the_dense(kind):
     """The training loss of either model kind (dropout on, padding, smoothing 0.1, a logits
     bias on the LM) and its gradients w.r.t. every parameter."""

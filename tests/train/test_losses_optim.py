@@ -135,6 +135,7 @@ def test_optimizers():
         make_optimizer(sched, weight_decay=0.1)
 
 
+@pytest.mark.slow  # a whole run with its evaluation: 15 s of CI's quick suite
 def test_a_one_step_run_fits_the_default_warmup(tmp_path, capsys):
     """`jaxformer train --steps 1` (a smoke run) trains: the default warm-up is a tenth
     of the run and fewer steps than it; a warm-up the user sets is kept, so one that does

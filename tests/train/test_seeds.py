@@ -28,6 +28,7 @@ def _run(seed: int):
     return graphdef, state, step, data.TaskData("copy", TOK, seed=seed, dev_size=8)
 
 
+@pytest.mark.slow  # test_seed_group.py checks the same through train_seeds in the quick suite
 def test_seeds_vmapped_in_one_program_train_as_separate_runs():
     runs = [_run(seed) for seed in SEEDS]
     graphdef, _, step, _ = runs[0]
