@@ -237,6 +237,7 @@ def test_models_need_layers():
         jf.Encoder({"vocab_size": 3}, rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow  # test_capture checks the same weights against the capture in the quick suite
 def test_cross_attention_weights_are_returned():
     tr = model("transformer")
     src, tgt = tokens(12, 2, 6), tokens(13, 2, 4)

@@ -68,6 +68,7 @@ def _losses(out):
     return [r["loss"] for r in rows if "loss" in r]
 
 
+@pytest.mark.slow  # a fine-tuning run, saved and exported: 15 s of CI's quick suite
 def test_a_converted_gpt2_fine_tunes_saves_restores_and_exports(tmp_path):
     folder, tok = _folder(tmp_path, "gpt2")
     text = tmp_path / "text.txt"
