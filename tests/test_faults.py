@@ -136,3 +136,37 @@ def test_five_sigkills_then_the_same_final_loss(tmp_path):
     assert sorted(got) == list(range(1, STEPS + 1))
     assert got == want
     assert got[STEPS] == want[STEPS]
+
+
+@pytest.mark.slow  # three trainings in processes: 40 s of a quiet 2-core CPU
+def test_sigterm_to_seeds_trained_as_one_program_saves_every_seed_and_resumes_exactly(tmp_path):
+    """`train --seeds`: SIGTERM saves each seed's step in flight in its own folder, and the
+    resumed seeds end with the losses and evaluation of an unstopped group."""
+    args = [
+        *"train --task copy --steps 200 --checkpoint-every 1000 --seeds 0 1".split(),
+        *"--log-every 1 --eval-every 1000 --batch-size 8 --eval-examples 8".split(),
+        *"--schedule constant --lr 0.003 --no-progress --config".split(),
+        config_file(tmp_path),
+    ]
+    stopped = tmp_path / "stopped"
+    command = [sys.executable, "-m", "jaxformer", *args, "--out", str(stopped)]
+    proc = subprocess.Popen(command, env=cli_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while _logged_step(stopped / "seed1") < 3 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    saved = [Checkpointer(stopped / f"seed{s}").latest_step() for s in (0, 1)]
+    assert saved[0] == saved[1] and 3 <= saved[0] < 200
+    assert len([line for line in stderr.splitlines() if "terminated by SIGTERM" in line]) == 2
+    for extra, out in (("--resume", stopped), (None, tmp_path / "straight")):
+        run = [*command[:-1], str(out), *([extra] if extra else [])]
+        assert subprocess.run(run, env=cli_env(), capture_output=True).returncode == 0
+    for seed in ("seed0", "seed1"):
+        assert losses(stopped / seed) == losses(tmp_path / "straight" / seed)
+        summaries = [
+            json.loads((o / seed / "summary.json").read_text())
+            for o in (stopped, tmp_path / "straight")
+        ]
+        assert summaries[0]["eval_nll"] == summaries[1]["eval_nll"]
