@@ -17,7 +17,8 @@ speed-up is separate time / vmapped time per round, the median over rounds with 
 order-statistic interval (`jaxformer.bench.stats.paired_ratio`): what varied is the round.
 Compile seconds and XLA's memory analysis (arguments + temporaries) are reported for the
 vmapped step and the one-seed step: k separate processes would compile the one-seed step
-k times. Writes a results record (`jaxformer.results`) and prints a JSON line.
+k times. Writes a results record (`jaxformer.results`) after every row, so that a stopped run
+keeps the rows it measured, and prints a JSON line.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ def main(argv=None) -> dict:
             print(
                 json.dumps({"task": task, "k": k, "speedup": rows[-1]["speedup"]}), file=sys.stderr
             )
-    out = record(rows, args)
-    out.write(args.out)
+            out = record(rows, args)  # after every row: a stopped run keeps what it measured
+            out.write(args.out)
     print(out.markdown())
     line = {
         "benchmark": "seeds_vmapped",
