@@ -14,6 +14,7 @@ what it trains, its batches, and how it is judged.
 
 from __future__ import annotations
 
+import copy
 import pathlib
 import random
 import zlib
@@ -75,6 +76,15 @@ class TrainingData(Protocol):
         rows (no loss is taken on them)."""
         ...
 
+    def reseeded(self, seed: int) -> TrainingData:
+        """This data for another seed: the batches and held-out sample that building it
+        with `seed` gives, without reading or tokenizing anything again (the seeds of
+        `train --seeds` share one build). Here: a copy with `seed` (data whose seed
+        orders its training rows alone)."""
+        other = copy.copy(self)
+        other.seed = seed
+        return other
+
 
 def encode_pairs(
     pairs: list[tuple[str, str]], tokenizer: Tokenizer, src_len: int, tgt_len: int
@@ -123,12 +133,18 @@ class TaskData(TrainingData):
         # Byte tokenizer: one token per ASCII character; +1 for EOS (and BOS on tgt_in).
         self.src_len = _round_up(self.task.max_source_chars + 1, 8)
         self.tgt_len = _round_up(self.task.max_target_chars + 1, 8)
+        self.dev_size = dev_size
         self.dev_pairs = tasks_lib.dev_examples(self.task, seed, dev_size)
         self.test_pairs: list[tuple[str, str]] = []
 
     @property
     def max_len(self) -> int:
         return max(self.src_len, self.tgt_len)
+
+    def reseeded(self, seed: int) -> TaskData:
+        other = copy.copy(self)
+        other.seed, other.dev_pairs = seed, tasks_lib.dev_examples(self.task, seed, self.dev_size)
+        return other
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
         check_int("batch_size", batch_size)
@@ -181,11 +197,22 @@ class PairData(TrainingData):
         self.max_len = max_len
         self.src_len = self.tgt_len = max_len  # for decoding held-out sources
         self._train = train
-        order = stratified_order(dev_groups or [0] * len(dev), seed)[:dev_size]
-        self.dev_pairs = [dev[i][:2] for i in order]
-        self._dev_ids = [dev[i][2] for i in order]
+        self._dev, self._dev_groups, self._dev_size = dev, dev_groups or [0] * len(dev), dev_size
+        self._draw_dev()
         self.test_pairs = list(test or [])
         self._epoch_cache: tuple[int, int, list[list[int]]] | None = None
+
+    def _draw_dev(self) -> None:
+        """`dev_pairs` (and their ids): the seed's stratified sample of the dev pairs."""
+        order = stratified_order(self._dev_groups, self.seed)[: self._dev_size]
+        self.dev_pairs = [self._dev[i][:2] for i in order]
+        self._dev_ids = [self._dev[i][2] for i in order]
+
+    def reseeded(self, seed: int) -> PairData:
+        other = copy.copy(self)
+        other.seed, other._epoch_cache = seed, None
+        other._draw_dev()
+        return other
 
     def batches_per_epoch(self, batch_size: int) -> int:
         return _batches_per_epoch(len(self._train), batch_size, "training pairs")

@@ -4,7 +4,8 @@
     summaries = train_seeds(model_config, runs)      # one vmapped step for all three
 
 Each seed keeps what its separate run would have: its initialisation, dropout key and
-data order (its own `set_up`), and its folder: config.json, metrics.jsonl, checkpoints,
+data order (its own `set_up`, on data read and tokenized once for the group and
+`reseeded`), and its folder: config.json, metrics.jsonl, checkpoints,
 the evaluations, summary.json and the report, so resume, `jaxformer sweep` and the tables
 read it as a separate run's. Their states are stacked on a leading seed axis and the step
 is `jax.vmap`ped over it (`jaxformer.train.seeds`): one program and one dispatch per step
@@ -105,7 +106,7 @@ class _Seed(NamedTuple):
 def _train_seeds(model_config, runs, resume, progress, hooks) -> list[dict[str, Any]]:
     started = time.perf_counter()
     check_hooks(hooks)
-    setups = [set_up(model_config, run) for run in runs]  # all bad input before any folder
+    setups = _set_up(model_config, runs)  # all bad input before any folder
     group, states = [], []
     for setup in setups:
         run, first = setup.run, not group
@@ -134,6 +135,19 @@ def _train_seeds(model_config, runs, resume, progress, hooks) -> list[dict[str, 
         for seed in group[1:]:
             print(f"seed {seed.setup.run.runtime.seed}: results in {seed.folder.path}/")
     return summaries
+
+
+def _set_up(model_config: TransformerConfig, runs: Sequence[RunConfig]) -> list[Setup]:
+    """Each seed's Setup; the data (read, tokenizer learnt, pairs tokenized) is built once
+    and reseeded for the others, which gives each seed what its own build would."""
+    first = set_up(model_config, runs[0])
+    if first.run.data.init_from is not None:  # a pretrained model: each seed loads its own
+        return [first, *(set_up(model_config, run) for run in runs[1:])]
+    rest = [
+        set_up(model_config, run, (first.tokenizer, first.data.reseeded(run.runtime.seed)))
+        for run in runs[1:]
+    ]
+    return [first, *rest]
 
 
 def _run_steps(group: list[_Seed], state) -> None:

@@ -92,12 +92,18 @@ class Setup:
         }
 
 
-def set_up(model_config: TransformerConfig, run: RunConfig) -> Setup:
+def set_up(
+    model_config: TransformerConfig,
+    run: RunConfig,
+    data: tuple[Tokenizer, TrainingData] | None = None,
+) -> Setup:
     """The run's tokenizer, data, model (a fresh one of `model_config` with the
     tokenizer's vocabulary, or `run.data.init_from`'s), optimizer, fresh train state, placement
-    and compiled steps; bad input raises here, before anything is written."""
+    and compiled steps; bad input raises here, before anything is written. `data`: the
+    tokenizer and data to train on, already built for this run (another seed's,
+    `reseeded`), instead of building them."""
     if run.data.init_from is None:
-        tokenizer, data = build_data(run)
+        tokenizer, data = data or build_data(run)
         config = _fit_config(model_config, tokenizer, data)
         model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.runtime.seed))
     else:

@@ -301,3 +301,10 @@ def test_train_and_generate_on_wyc_web(tmp_path, capsys):
     argv = ["generate", "--checkpoint", str(out), "--input", "In the bigynnyng God made"]
     assert main([*argv, "--max-new-tokens", "5"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_reseeded_bible_pairs_are_a_fresh_build_with_that_seed(wyc_web):
+    from tests.data.test_data import _same_data
+
+    first = wyc_web.data(TOK, max_len=128, seed=0, dev_size=30)
+    _same_data(first.reseeded(2), wyc_web.data(TOK, max_len=128, seed=2, dev_size=30))
