@@ -20,6 +20,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from jaxformer import nn
 from jaxformer.bench import modes, stats
 from jaxformer.bench.workloads import bench_config, build
+from jaxformer.checks import BadValue
 from jaxformer.functional.masks import length_mask
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # one per XLA compilation
@@ -80,29 +81,50 @@ def _compile_once(f, args) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
-def compile_times(points: list[dict], repeats: int, dtype: str) -> list[dict]:
+def compile_times(
+    points: list[dict], repeats: int, dtype: str, caches: tuple[str, ...] = ("off", "cold", "warm")
+) -> list[dict]:
     """Per point (d_model, layers, batch, length) of the train step: `repeats` samples of
-    trace + lower seconds and of compile seconds with the persistent cache off, cold and
-    warm (each repeat a new empty cache folder), as best_median_ci with the samples."""
+    trace + lower seconds and of compile seconds with the persistent cache in each of
+    `caches`: "off", "cold" (a new empty folder each repeat), "warm" (after the cold
+    compile; needs "cold"), as best_median_ci with the samples."""
+    if "warm" in caches and "cold" not in caches:
+        raise BadValue(f"a warm cache is the cold compile's: caches {caches} lack 'cold'")
     rows = []
     for p in points:
         w = build("train_step", bench_config(p["d_model"], p["layers"], dtype=dtype), **_bl(p))
         f, state = modes.pure_function(w)
         args = (state, *w.inputs)
-        samples = {k: [] for k in COMPILE_KEYS}
+        samples = {"trace + lower": []} | {COMPILE_KEYS[c]: [] for c in caches}
         for _ in range(repeats):
-            with persistent_cache(None):
-                lower, off = _compile_once(f, args)
-            with tempfile.TemporaryDirectory() as folder, persistent_cache(folder):
-                cold, warm = _compile_once(f, args)[1], _compile_once(f, args)[1]
-            for key, value in zip(COMPILE_KEYS, (lower, off, cold, warm), strict=True):
+            seconds = _compile_repeat(f, args, caches)
+            for key, value in seconds.items():
                 samples[key].append(value)
         times = {k: stats.best_median_ci(v) | {"samples": v} for k, v in samples.items()}
         rows.append(p | {"times_s": times})
     return rows
 
 
-COMPILE_KEYS = ("trace + lower", "compile, cache off", "compile, cold cache", "compile, warm cache")
+def _compile_repeat(f, args, caches: tuple[str, ...]) -> dict[str, float]:
+    """One repeat of compile_times: {"trace + lower": s, COMPILE_KEYS[cache]: s, ...}."""
+    seconds = {}
+    if "off" in caches:
+        with persistent_cache(None):
+            seconds["trace + lower"], seconds[COMPILE_KEYS["off"]] = _compile_once(f, args)
+    if "cold" in caches:
+        with tempfile.TemporaryDirectory() as folder, persistent_cache(folder):
+            lower, seconds[COMPILE_KEYS["cold"]] = _compile_once(f, args)
+            seconds.setdefault("trace + lower", lower)
+            if "warm" in caches:
+                seconds[COMPILE_KEYS["warm"]] = _compile_once(f, args)[1]
+    return seconds
+
+
+COMPILE_KEYS = {
+    "off": "compile, cache off",
+    "cold": "compile, cold cache",
+    "warm": "compile, warm cache",
+}
 
 
 def _bl(p: dict) -> dict:

@@ -5,6 +5,7 @@ under variable lengths."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,7 +87,13 @@ def measure_workload(ctx: Context, w: Workload, names: tuple[str, ...]) -> dict:
     the program's counts and the launches the profiler saw."""
     ctx.say(f"  building {len(names)} modes (compiling)")
     calls = modes.mode_calls(w, ctx.device, names)
-    first = {m: [modes.to_numpy(call()), modes.to_numpy(call())] for m, call in calls.items()}
+    first, built = {}, {}
+    for m, call in calls.items():  # the first two calls: compiling, warming caches
+        started = time.perf_counter()
+        first[m] = [modes.to_numpy(call()), modes.to_numpy(call())]
+        built[m] = round(time.perf_counter() - started, 2)
+    slowest = ", ".join(f"{m} {built[m]:.1f} s" for m in sorted(built, key=built.get)[-3:])
+    ctx.say(f"  built in {sum(built.values()):.0f} s (longest: {slowest})")
     ctx.say(f"  timing {len(calls)} modes x {ctx.rounds} rounds")
     times = stats.time_interleaved(calls | {"python": modes.python_call(w)}, ctx.rounds, warmup=1)
     counts = program_counts(w)
@@ -102,6 +109,7 @@ def measure_workload(ctx: Context, w: Workload, names: tuple[str, ...]) -> dict:
         "timing": {mode: stats.median_ci(t) for mode, t in times.items()},
         "ratios": paired_ratios(times),
         "agreement": modes.agreement(first, ctx.tolerance),
+        "build_s": built,  # each mode's first two calls, compiling included
         "tolerance": ctx.tolerance,
         "counts": counts,
     }
@@ -213,8 +221,9 @@ def measure_compile(ctx: Context) -> dict:
     points = [
         q | {"batch": p.point["batch"], "length": p.point["length"]} for q in p.compile_points
     ]
-    ctx.say(f"  {len(points)} sizes x {ctx.repeats} repeats x cache off / cold / warm")
-    return {"rows": compile_costs.compile_times(points, ctx.repeats, ctx.dtype)}
+    caches = p.compile_caches
+    ctx.say(f"  {len(points)} sizes x {ctx.repeats} repeats x cache {' / '.join(caches)}")
+    return {"rows": compile_costs.compile_times(points, ctx.repeats, ctx.dtype, caches)}
 
 
 def measure_recompile(ctx: Context) -> dict:

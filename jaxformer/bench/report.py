@@ -422,8 +422,8 @@ def _compile(result: dict) -> list[str]:
         "",
         "Seconds of trace + lower and of XLA's compile with JAX's persistent cache off, "
         "cold (an empty folder: compiles and writes) and warm (reads what the cold compile "
-        "wrote), each after clearing the in-memory caches; median over the repeats (range, "
-        "with its coverage).",
+        "wrote), as the plan measured them (columns), each after clearing the in-memory "
+        "caches; median over the repeats (range, with its coverage).",
         "",
     ]
     keys = list(c["rows"][0]["times_s"])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxformer.bench import compile_costs, modes, workloads
+from jaxformer.checks import BadValue
 
 TORCH_COMPILED = {
     "attention": ("torch.compile",),
@@ -86,8 +87,20 @@ def test_compile_times_read_a_warm_cache_faster_than_they_compile():
         [dict(d_model=64, layers=1, batch=2, length=8)], repeats=1, dtype="float32"
     )
     t = {k: v["median"] for k, v in rows[0]["times_s"].items()}
-    assert set(t) == set(compile_costs.COMPILE_KEYS)
+    assert set(t) == {"trace + lower", *compile_costs.COMPILE_KEYS.values()}
     assert t["compile, warm cache"] < t["compile, cold cache"] / 2
+
+
+def test_compile_times_measure_the_caches_a_plan_asks_for():
+    point = [dict(d_model=64, layers=1, batch=2, length=8)]
+    rows = compile_costs.compile_times(point, repeats=1, dtype="float32", caches=("cold", "warm"))
+    assert list(rows[0]["times_s"]) == [
+        "trace + lower",
+        "compile, cold cache",
+        "compile, warm cache",
+    ]
+    with pytest.raises(BadValue, match="lack 'cold'"):
+        compile_costs.compile_times(point, repeats=1, dtype="float32", caches=("warm",))
 
 
 @pytest.mark.slow  # 50 s of CI's quick suite: three strategies' compilations counted

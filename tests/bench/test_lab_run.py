@@ -250,7 +250,7 @@ def test_the_report_carries_intervals_verdicts_and_load_marks(tmp_path):
     assert "not run: CUDA graphs need CUDA tensors" in text
     assert "| 100 (90 + 10) | 95, 30 |" in text  # estimated; launched, puts
     assert "### Where the model fails" in text and result["why"]["points"] == 4
-    assert "Parts not measured yet: first-calls-layer, scale, compile, recompile" in text
+    assert "Parts not measured yet: scale, compile, recompile" in text
 
 
 def test_docs_tables_render_a_committed_report_json(tmp_path):
