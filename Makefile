@@ -68,7 +68,7 @@ bench: $(DEV)
 	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick $(LAB_OPTIONS)
 	$(BENCH_ENV) $(PY) -m jaxformer bench attention --quick --out docs/results/cpu_attention.json
 	$(BENCH_ENV) $(PY) -m jaxformer bench train-step --quick --out docs/results/cpu_train_step.json
-	$(PY) experiments/update_docs.py
+	$(PY) -m jaxformer docs
 
 # The XLA-vs-eager lab at full size: results/xla_vs_eager/report.md, report.json, PNGs;
 # LAB_OPTIONS passes its options (--allow-load on a busy machine, --parts, --time-limit).

@@ -34,7 +34,7 @@ import sys
 import typing
 import warnings
 
-from jaxformer.checks import BadValue, InputError, InputWarning, command_line
+from jaxformer.checks import BadValue, InputError, InputWarning, MissingFile, command_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The `jaxformer` parser, and each command's parser by name ("bench NAME" too)."""
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
-    shown = "{train,generate,sweep,bench}"  # `sweep report` is main's "sweep-report"
+    shown = "{train,generate,sweep,bench,docs}"  # `sweep report` is main's "sweep-report"
     sub = parser.add_subparsers(dest="command", required=True, metavar=shown)
     t, g = _train_parser(sub), _generate_parser(sub)
     for command in (t, g):
@@ -67,7 +67,22 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     commands = {"train": t, "generate": g, "sweep": _sweep_parser(sub)}
     commands["sweep-report"] = _sweep_report_parser(sub)
     commands["bench"], benchmarks = _bench_parser(sub)
+    commands["docs"] = _docs_parser(sub)
     return parser, commands | benchmarks
+
+
+def _docs_parser(sub) -> argparse.ArgumentParser:
+    d = sub.add_parser(
+        "docs",
+        help="render the docs' results sections from their files",
+        description="Rewrite each results section of the docs pages from the committed file "
+        "it names (jaxformer.pages): a page shows results/NAME.json between "
+        "<!-- results:NAME:start --> and <!-- results:NAME:end -->, an XLA-vs-eager report "
+        "between <!-- lab:DIR:start --> and <!-- lab:DIR:end -->.",
+    )
+    d.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"), metavar="DIR")
+    d.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page differs")
+    return d
 
 
 def _train_parser(sub) -> argparse.ArgumentParser:
@@ -490,6 +505,8 @@ def _command(args) -> int:
             return _sweep_report(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "docs":
+            return _docs(args)
         _use_compilation_cache(not args.no_compile_cache)
         from jaxformer.functional.registry import import_variants
 
@@ -511,6 +528,17 @@ def _name(command: str) -> str:
     if command.startswith("bench "):
         return "jaxformer " + command
     return "jaxformer " + command.replace("-", " ")
+
+
+def _docs(args) -> int:
+    from jaxformer.pages import render_pages
+
+    if not args.docs.is_dir():
+        raise MissingFile(f"--docs {args.docs}: no such folder")
+    changed = render_pages(args.docs, write=not args.check)
+    for page in changed:
+        print(f"{'differs' if args.check else 'updated'}: {page}")
+    return 1 if args.check and changed else 0
 
 
 def _bench(args) -> int:

@@ -5,15 +5,16 @@ one too slow for the quick suite `# slow`. The results pages equal what their co
 result files render to."""
 
 import contextlib
-import importlib.util
 import io
 import json
 import pathlib
 import re
+import shutil
 
 import jax
 import pytest
 
+from jaxformer import cli, pages
 from jaxformer.results import Record
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -58,23 +59,27 @@ def test_python_block_runs_as_written(block, name, tmp_path, monkeypatch):
         assert printed.getvalue().strip().splitlines()[-len(promised) :] == promised
 
 
-def _update_docs():
-    spec = importlib.util.spec_from_file_location(
-        "update_docs", ROOT / "experiments/update_docs.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_results_pages_equal_what_their_result_files_render_to():
-    update_docs = _update_docs()
     for page in sorted((ROOT / "docs").rglob("*.md")):
         text = page.read_text()
-        assert update_docs.render_page(text, ROOT / "docs/results") == text, (
-            f"{page.relative_to(ROOT)} differs from its result files: run "
-            "`python experiments/update_docs.py`"
+        assert pages.render_page(text, ROOT / "docs/results") == text, (
+            f"{page.relative_to(ROOT)} differs from its result files: run `jaxformer docs`"
         )
+
+
+def test_jaxformer_docs_rewrites_a_stale_section_and_check_names_it(tmp_path, capsys):
+    (tmp_path / "results").mkdir()
+    shutil.copy(ROOT / "docs/results/make_train.json", tmp_path / "results")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A page\n\n<!-- results:make_train:start -->\nstale\n<!-- results:make_train:end -->\n"
+    )
+    assert cli.main(["docs", "--docs", str(tmp_path), "--check"]) == 1
+    assert "stale" in page.read_text() and f"differs: {page}" in capsys.readouterr().out
+    assert cli.main(["docs", "--docs", str(tmp_path)]) == 0
+    assert "stale" not in page.read_text() and "*Command:" in page.read_text()
+    assert cli.main(["docs", "--docs", str(tmp_path), "--check"]) == 0
+    assert cli.main(["docs", "--docs", str(tmp_path / "nowhere")]) == 2
 
 
 def test_every_result_file_is_shown_and_names_where_it_comes_from():

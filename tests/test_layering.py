@@ -1,7 +1,7 @@
 """Imports flow one way through the package, read from the source with `ast`:
 
     checks <- data, functional, markdown <- config, results <- nn <- models
-           <- decode, parallel, interop <- train <- sweep, bench <- cli
+           <- decode, parallel, interop <- train <- sweep, bench <- pages <- cli
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
 room below it, never one above or beside it. `functional/` (and the checks) import no
@@ -30,8 +30,9 @@ RANKS = {
     "train": 6,
     "sweep": 7,
     "bench": 7,
-    "cli": 8,
-    "__main__": 9,
+    "pages": 8,
+    "cli": 9,
+    "__main__": 10,
 }
 FORBIDDEN_LIBRARIES = {
     "checks": {"flax", "optax", "orbax"},
