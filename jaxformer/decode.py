@@ -244,6 +244,48 @@ def generate(
     return out
 
 
+def translate_seeds(
+    graphdef: nnx.GraphDef,
+    params,
+    tokenizer,
+    texts: list[list[str]],
+    *,
+    beam_size: int,
+    alpha: float,
+    max_new_tokens: int,
+    batch_size: int,
+    pad_multiple: int,
+    max_len: int,
+) -> list[list[str]]:
+    """`generate` for k encoder-decoders of one structure at once: `params` the k models'
+    parameters stacked on a leading axis (of `graphdef`), `texts[i]` the sources model i
+    translates (as many for each), greedily for beam_size 1, else by beam search with
+    `alpha`, each to at most `max_new_tokens` tokens, sources padded to a multiple of
+    `pad_multiple` tokens up to `max_len`. Each batch of the k is one vmapped program;
+    model i's batch is padded to the widest of the k (masked, as padding is)."""
+    if len({len(t) for t in texts}) != 1:
+        raise BadValue(f"each model needs as many texts, got {[len(t) for t in texts]}")
+    check_int("max_new_tokens", max_new_tokens)
+    rows = [[tokenizer.encode(t) + [tokenizer.eos_id] for t in ts] for ts in texts]
+    ids = (jnp.int32(tokenizer.bos_id), jnp.int32(tokenizer.eos_id), jnp.int32(tokenizer.pad_id))
+    out = [[] for _ in texts]
+    for start in range(0, len(rows[0]), batch_size):
+        chunks = [r[start : start + batch_size] for r in rows]
+        fill = batch_size - len(chunks[0]) if len(rows[0]) > batch_size else 0
+        longest = max(len(row) for chunk in chunks for row in chunk)
+        width = min(-(-longest // pad_multiple) * pad_multiple, max_len)
+        padded = [pad_rows(c + c[:1] * fill, width, tokenizer.pad_id) for c in chunks]
+        src, valid = (np.stack(arrays) for arrays in zip(*padded, strict=True))
+        if beam_size > 1:
+            args = (jnp.float32(alpha), ids, max_new_tokens, beam_size)
+            tokens = np.asarray(_beam_seeds(graphdef, params, src, valid, *args)[0][:, :, 0])
+        else:
+            tokens = np.asarray(_greedy_seeds(graphdef, params, src, valid, ids, max_new_tokens))
+        for i, chunk in enumerate(chunks):
+            out[i] += [tokenizer.decode(row) for row in tokens[i, : len(chunk)]]
+    return out
+
+
 def filter_logits(
     logits: jax.Array,
     *,
@@ -481,6 +523,27 @@ def _beam_jit(graphdef, state, src, src_valid, row_max, alpha, ids, n, beam_size
             eos_id=eos_id,
             pad_id=pad_id,
         )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _greedy_seeds(graphdef, params, src, src_valid, ids, n):
+    """Greedy search of k models (params stacked) over their batches src [k, B, S]."""
+
+    def one(p, s, v):
+        return _sample_jit(graphdef, p, s, v, ids, None, n, ())
+
+    return jax.vmap(one)(params, src, src_valid)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7))
+def _beam_seeds(graphdef, params, src, src_valid, alpha, ids, n, beam_size):
+    """Beam search of k models (params stacked) over src [k, B, S], every row to n."""
+    row_max = jnp.full(src.shape[1], n, jnp.int32)
+
+    def one(p, s, v):
+        return _beam_jit(graphdef, p, s, v, row_max, alpha, ids, n, beam_size, ())
+
+    return jax.vmap(one)(params, src, src_valid)
 
 
 # --- argument checks ------------------------------------------------------------------------

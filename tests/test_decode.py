@@ -11,7 +11,9 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer import decode
+from jaxformer.data import ByteTokenizer
 from jaxformer.data.datasets import pad_rows
+from jaxformer.train import seeds as seed_axis
 from tests import hf_tokenizers as hf
 
 V = 20
@@ -457,3 +459,30 @@ def test_lm_prompts_must_be_right_padded_and_non_empty():
         decode.greedy(m, src, jnp.array([[True, False, False], [False] * 3]), max_new_tokens=2)
     with pytest.raises(ValueError, match="does not fit"):  # prompt 3 + 30 new > max_len 32
         decode.greedy(m, src, max_new_tokens=31)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_seeds_decodes_each_model_as_generate_does(beam):
+    """k models of one structure in one vmapped program per batch, each batch padded to
+    the widest of the k: every model's translations as its own `generate` gives them."""
+    tok = ByteTokenizer()
+    config = jf.TransformerConfig.tiny(tok.vocab_size)
+    models = [jf.Transformer(config, rngs=nnx.Rngs(s)) for s in range(3)]
+    texts = [[f"row {i} " + "xy" * ((i * (s + 2)) % 7) for i in range(11)] for s in range(3)]
+    options = dict(beam_size=beam, alpha=0.6, max_new_tokens=12, batch_size=4, pad_multiple=8)
+    together = decode.translate_seeds(
+        nnx.split(models[0])[0],
+        seed_axis.stack([nnx.state(m) for m in models]),
+        tok,
+        texts,
+        **options,
+        max_len=config.max_len,
+    )
+    strategy = "beam" if beam > 1 else "greedy"
+    assert together == [
+        decode.generate(m, tok, t, strategy, **options) for m, t in zip(models, texts, strict=True)
+    ]
+    with pytest.raises(ValueError, match="as many texts"):
+        decode.translate_seeds(
+            nnx.split(models[0])[0], None, tok, [["a"], []], **options, max_len=config.max_len
+        )

@@ -13,7 +13,9 @@ for all k. Each seed's figures equal its separate run's to float rounding (the v
 reductions may sum in another order; tests/train/test_seed_group.py states the tolerance).
 
 The hooks (in-run evaluation, checkpoint, the caller's, final evaluation) run for each
-seed in turn with its own state; the evaluations decode seed by seed. A stop (Ctrl-C,
+seed in turn with its own state; the dev pairs an evaluation decodes with the step's
+parameters are decoded for all seeds at once, one vmapped program per batch
+(`decode.translate_seeds`), the rest (averaged checkpoints, test pairs) seed by seed. A stop (Ctrl-C,
 SIGTERM, SIGHUP) saves every seed's last step. Seeds run vmapped on one device: a run
 with a mesh or pmap, a profile or logged internals trains its seeds separately.
 """
@@ -27,6 +29,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from jaxformer import decode
 from jaxformer.checks import BadValue
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.train import loop, report
@@ -168,13 +171,14 @@ def _run_steps(group: list[_Seed], state) -> None:
             _read(group, held, keep=1)  # the step before's, as this one runs
             if group[0].hooks.due(step + 1):  # the seeds' hooks are due together
                 records = _read(group, held)  # this step's: a NaN stops the run before hooks
-                for running, mine, record in zip(
-                    group, seed_axis.unstack(state), records, strict=True
-                ):
+                states = seed_axis.unstack(state)
+                _decode_together(group, step + 1, state.params, states)
+                for running, mine, record in zip(group, states, records, strict=True):
                     context = StepContext(
                         step + 1, mine, record, running.folder, running.setup, running.shown.write
                     )
                     running.hooks.run(running.hooks.due(step + 1), context)
+                    running.evaluation.prepared.clear()
                     running.meter.restart_window()
                 running = None
             group[0].shown.advance()
@@ -198,6 +202,39 @@ def _run_steps(group: list[_Seed], state) -> None:
     finally:
         for seed in group:
             seed.shown.close()
+
+
+def _decode_together(group: list[_Seed], step: int, params, states: list) -> None:
+    """The dev decodes that the evaluations due after `step` make with this step's
+    parameters (`params`, stacked), made for every seed in one vmapped program
+    (`decode.translate_seeds`) and handed to each seed's Evaluation (`prepare`); their
+    seconds count in every seed's evaluation time, as the group's wall time held them."""
+    lead = group[0]
+    if lead.setup.data.model_kind != "Transformer":  # a language model decodes nothing
+        return
+    for hooks in zip(*(seed.hooks.due(step) for seed in group), strict=True):  # one each
+        wanted = [seed.evaluation.due(hook.action) for seed, hook in zip(group, hooks, strict=True)]
+        if wanted[0] is None or not wanted[0][1]:
+            continue
+        beam, settings = wanted[0][0], lead.evaluation.settings
+        sources = [texts for _, texts in wanted]
+        started = time.perf_counter()
+        predictions = decode.translate_seeds(
+            lead.setup.graphdef,
+            params,
+            lead.setup.tokenizer,
+            sources,
+            beam_size=beam,
+            alpha=settings.alpha,
+            max_new_tokens=settings.max_new_tokens,
+            batch_size=settings.batch_size,
+            pad_multiple=settings.pad_multiple,
+            max_len=lead.setup.config.max_len,
+        )
+        seconds = time.perf_counter() - started
+        for seed, mine, texts, made in zip(group, states, sources, predictions, strict=True):
+            seed.evaluation.prepare(mine.params, beam, texts, made)
+            seed.evaluation.seconds += seconds
 
 
 def _read(group: list[_Seed], held: list, keep: int = 0) -> list[dict | None]:

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxformer.train import checkpoint, loop
+from jaxformer.train import checkpoint, evaluate, loop
 from jaxformer.train.seed_group import seed_runs, train_seeds
 from tests.train.test_loop import losses, run_config, small_config
 
@@ -24,9 +24,13 @@ def _clock(key: str) -> bool:
     return "seconds" in key or "per_second" in key
 
 
-def test_seeds_vmapped_leave_the_folders_and_figures_of_separate_runs(tmp_path):
+def test_seeds_vmapped_leave_the_folders_and_figures_of_separate_runs(tmp_path, monkeypatch):
     runs = seed_runs(run_config(tmp_path / "group"), SEEDS)
-    summaries = train_seeds(small_config(dropout_rate=0.1), runs, progress=False)
+    alone = evaluate.translate
+    with monkeypatch.context() as patch:  # the group decodes its seeds' dev pairs together
+        patch.setattr(evaluate, "translate", lambda *a, **k: pytest.fail("a seed decoded alone"))
+        summaries = train_seeds(small_config(dropout_rate=0.1), runs, progress=False)
+    assert evaluate.translate is alone
     for seed, summary in zip(SEEDS, summaries, strict=True):
         mine = tmp_path / "group" / f"seed{seed}"
         alone = tmp_path / f"alone{seed}"
@@ -47,6 +51,26 @@ def test_seeds_vmapped_leave_the_folders_and_figures_of_separate_runs(tmp_path):
             np.testing.assert_allclose(summary[key], expected[key], rtol=RTOL, err_msg=key)
         assert [r["step"] for r in _records(mine)] == [r["step"] for r in _records(alone)]
     assert len({s["eval_nll"] for s in summaries}) == len(SEEDS)  # the seeds differ
+
+
+def test_in_run_and_beam_evaluations_decode_together_as_separate_runs(tmp_path, monkeypatch):
+    options = dict(steps=12, eval_every=6, eval_sample=8, eval_beam=3, schedule="constant")
+    runs = seed_runs(run_config(tmp_path / "group", **options), SEEDS)
+    with monkeypatch.context() as patch:
+        patch.setattr(evaluate, "translate", lambda *a, **k: pytest.fail("a seed decoded alone"))
+        train_seeds(small_config(), runs, progress=False)
+    for seed in SEEDS:
+        loop.train(small_config(), run_config(tmp_path / f"alone{seed}", seed=seed, **options))
+        group = [r for r in _records(tmp_path / "group" / f"seed{seed}") if "exact_match" in r]
+        alone = [r for r in _records(tmp_path / f"alone{seed}") if "exact_match" in r]
+        assert [r["step"] for r in group] == [6, 12] == [r["step"] for r in alone]
+        for mine, theirs in zip(group, alone, strict=True):  # greedy at 6, beam 3 at 12
+            assert mine["exact_match"] == theirs["exact_match"]
+            np.testing.assert_allclose(mine["eval_nll"], theirs["eval_nll"], rtol=RTOL)
+        predictions = "predictions.tsv"
+        assert (tmp_path / "group" / f"seed{seed}" / predictions).read_text() == (
+            tmp_path / f"alone{seed}" / predictions
+        ).read_text()
 
 
 def test_resumed_seeds_continue_together_and_must_be_at_one_step(tmp_path):
