@@ -12,6 +12,7 @@ profile        profile_step.py: one step by kind of operation (CPU) or by catego
                a trace and its HLO (hlo_profile)
 compile-time   compile_time.py: compile time and memory against depth; the compile cache
 parity         parity.py (parity_cases): converted torch modules and HF models
+batch-shapes   batch_shapes.py: how many shapes a translation run's batches take per pad multiple
 xla-vs-eager   xla_vs_eager.py: the XLA-vs-eager lab: when compilation pays off, why, and
                how it compares with PyTorch (plan, measure, modes, workloads, host, load,
                fresh, compile_costs, programs, eager_model, validate, report, report_why,
@@ -25,6 +26,7 @@ stats          the one timing harness: interleaved rounds, medians with interval
 # Importing each benchmark's module registers it.
 from jaxformer.bench import (  # noqa: F401
     attention,
+    batch_shapes,
     compile_time,
     decode_speed,
     lm_throughput,
