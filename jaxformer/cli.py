@@ -34,7 +34,14 @@ import sys
 import typing
 import warnings
 
-from jaxformer.checks import BadValue, InputError, InputWarning, MissingFile, command_line
+from jaxformer.checks import (
+    BadValue,
+    InputError,
+    InputWarning,
+    MissingFile,
+    check_int,
+    command_line,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,6 +73,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         )
     commands = {"train": t, "generate": g, "sweep": _sweep_parser(sub)}
     commands["sweep-report"] = _sweep_report_parser(sub)
+    commands["sweep-calibrate"] = _sweep_calibrate_parser(sub)
     commands["bench"], benchmarks = _bench_parser(sub)
     commands["docs"] = _docs_parser(sub)
     return parser, commands | benchmarks
@@ -236,6 +244,23 @@ def _bench_parser(sub) -> tuple[argparse.ArgumentParser, dict[str, argparse.Argu
         add_options(n, BENCHMARKS[name].options, name)
         commands[f"bench {name}"] = n
     return b, commands
+
+
+def _sweep_calibrate_parser(sub) -> argparse.ArgumentParser:
+    from jaxformer.sweep import stats
+
+    c = sub.add_parser(
+        "sweep-calibrate",
+        prog="jaxformer sweep calibrate",
+        description="The sweep's verdict rule by simulation (jaxformer.sweep.calibration): "
+        "how often it calls a variant better or worse when all 4 of a sweep's variants equal "
+        "the baseline, and how often it finds a real gain, at 2, 3, 5 and 8 seeds; writes "
+        "the table as a results file for the docs.",
+    )
+    c.add_argument("--repetitions", type=int, default=1000, help="simulated sweeps a cell")
+    c.add_argument("--samples", type=int, default=stats.BOOTSTRAP_SAMPLES, help="bootstrap")
+    c.add_argument("--out", default="results/verdict_calibration.json", help="the record")
+    return c
 
 
 def _sweep_report_parser(sub) -> argparse.ArgumentParser:
@@ -473,8 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     _tune_glibc_malloc()
     parser, commands = _parser()
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:2] == ["sweep", "report"]:  # a command of its own beside `sweep SPEC`
-        argv = ["sweep-report", *argv[2:]]
+    if argv[:2] in (["sweep", "report"], ["sweep", "calibrate"]):  # beside `sweep SPEC`
+        argv = [f"sweep-{argv[1]}", *argv[2:]]
     args, extras = parser.parse_known_args(argv)
     if extras:
         name = args.command + (f" {args.benchmark}" if args.command == "bench" else "")
@@ -503,6 +528,8 @@ def _command(args) -> int:
             return _sweep(args)
         if args.command == "sweep-report":
             return _sweep_report(args)
+        if args.command == "sweep-calibrate":
+            return _sweep_calibrate(args)
         if args.command == "bench":
             return _bench(args)
         if args.command == "docs":
@@ -585,6 +612,23 @@ def _sweep_report(args) -> int:
     record.write(args.out)
     print(json.dumps(line | {"out": args.out}))
     return 0
+
+
+def _sweep_calibrate(args) -> int:
+    import json
+
+    from jaxformer.sweep import calibration
+
+    check_int("--repetitions", args.repetitions)
+    check_int("--samples", args.samples)
+    record = calibration.record(args.repetitions, args.samples, say=_progress)
+    record.write(args.out)
+    print(json.dumps({"out": args.out, "rows": record.tables[0].rows}))
+    return 0
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _check_report_options(args) -> None:

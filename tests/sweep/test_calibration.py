@@ -1,6 +1,6 @@
 """The sweep's verdict rule holds alpha across a sweep: A/A simulations of a 4-variant
-sweep through the library's own functions (experiments/verdict_calibration.py, which also
-makes the published power table with 1,000 repetitions a cell), at 3 and 8 seeds.
+sweep through the library's own functions (jaxformer.sweep.calibration; `jaxformer sweep
+calibrate` makes the published power table with 1,000 repetitions a cell), at 3 and 8 seeds.
 
 The bound: with R simulated sweeps, the count of sweeps where some equal variant was
 called better or worse is Binomial(R, f) for the rule's familywise rate f. The test
@@ -9,17 +9,12 @@ allows at most the least k with P(Binomial(R, 0.05) > k) <= 0.001: a rule whose 
 passes with probability 0.40, at 13% with 0.03 and at 15% with 0.002 (the issue measured
 the rule before this one at 13.2-18.1%). The slow version's R = 2,000 gives 131 (6.6%)."""
 
-import importlib.util
-import pathlib
+import json
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location(
-    "verdict_calibration", ROOT / "experiments" / "verdict_calibration.py"
-)
-calibration = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(calibration)
+from jaxformer import cli
+from jaxformer.sweep import calibration
 
 REPETITIONS, SAMPLES = 300, 200  # 200 resamples: Holm over 4 of the floor 1/201 is 0.02
 BOUND = calibration.binomial_bound(REPETITIONS, 0.05, 0.001)
@@ -60,3 +55,18 @@ def test_the_familywise_rate_with_more_repetitions(seeds, sentence_effect_sd):
         seeds, 1.0, sentence_effect_sd=sentence_effect_sd, repetitions=2000, rng_seed=seeds + 7
     )
     assert counts["false"] <= calibration.binomial_bound(2000, 0.05, 0.001)
+
+
+def test_jaxformer_sweep_calibrate_writes_the_power_table(tmp_path, capsys):
+    out = tmp_path / "calibration.json"
+    argv = ["sweep", "calibrate", "--repetitions", "2", "--samples", "20", "--out", str(out)]
+    assert cli.main(argv) == 0
+    record = json.loads(out.read_text())
+    assert [row[0] for row in record["tables"][0]["rows"]] == ["2", "3", "5", "8"]
+    assert set(record["data"]["8"]) == {
+        *(f"false, seed SD {sd:g}" for sd in calibration.SEED_SDS),
+        *(f"power +{e:g}, seed SD {sd:g}" for sd in (0.5, 1.0) for e in calibration.EFFECTS),
+        "false, sentence effects SD 7",
+    }
+    assert cli.main(["sweep", "calibrate", "--repetitions", "0"]) == 2
+    assert "--repetitions must be >= 1" in capsys.readouterr().err

@@ -1,10 +1,9 @@
 """The sweep's verdict rule by simulation: how often it calls a variant better or worse
 when every variant equals the baseline (the familywise false-positive rate of a 4-variant
 sweep), and how often it finds a real gain (power), through the library's own functions
-(jaxformer.sweep.stats: t_test, bootstrap, verdicts).
+(jaxformer.sweep.stats: t_test, bootstrap, verdicts): `jaxformer sweep calibrate`.
 
-    python experiments/verdict_calibration.py [--repetitions 1000] \
-        [--out docs/results/verdict_calibration.json]
+    jaxformer sweep calibrate [--repetitions 1000] [--out docs/results/verdict_calibration.json]
 
 The model of a sweep: every run scores the same N dev sentences; run (system s, seed j)
 scores sentence i at
@@ -20,24 +19,19 @@ one-seed difference of two systems on 400 sentences has a standard error of 0.35
 the committed speedrun runs' one-seed comparisons, whose 95% intervals are about ± 0.7
 BLEU). A run's corpus score is the mean of its sentences' (exact match's form of
 statistics, (x, 1) per sentence); the verdicts are read over the family of the sweep's
-variants (one metric, one reading). Writes --out in the docs/results format.
+variants (one metric, one reading). `record` is the power table as a results file.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import math
-import pathlib
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from jaxformer.sweep import stats  # noqa: E402
+from jaxformer.results import Record, Table, capture
+from jaxformer.sweep import stats
 
 NOISE_SD = 5.0  # per sentence and run
 DIFFICULTY_SD = 10.0
@@ -117,8 +111,9 @@ def wilson(count: int, n: int) -> str:
     return f"{100 * p:.1f}% [{100 * (centre - half):.1f}, {100 * (centre + half):.1f}]"
 
 
-def table(repetitions: int, samples: int) -> tuple[list[list[str]], dict]:
-    """The power table's rows (one per seed count) and the raw counts of every cell."""
+def table(repetitions: int, samples: int, say=print) -> tuple[list[list[str]], dict]:
+    """The power table's rows (one per seed count) and the raw counts of every cell; each
+    seed count's counts are said (`say`) as they are made."""
     rows, raw = [], {}
     for i, seeds in enumerate(SEEDS):
         cells = {}
@@ -138,7 +133,7 @@ def table(repetitions: int, samples: int) -> tuple[list[list[str]], dict]:
         )  # fmt: skip
         raw[str(seeds)] = cells
         rows.append([str(seeds)] + [_rate(name, c) for name, c in cells.items()])
-        print(json.dumps({"seeds": seeds} | {k: c for k, c in cells.items()}), flush=True)
+        say(json.dumps({"seeds": seeds} | cells))
     return rows, raw
 
 
@@ -146,40 +141,20 @@ def _rate(name: str, counts: dict) -> str:
     return wilson(counts["found" if name.startswith("power") else "false"], counts["repetitions"])
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repetitions", type=int, default=1000, help="simulated sweeps a cell")
-    parser.add_argument("--samples", type=int, default=stats.BOOTSTRAP_SAMPLES)
-    parser.add_argument("--device", default="2-core CPU", help="the machine, in words")
-    parser.add_argument("--out", default="docs/results/verdict_calibration.json")
-    args = parser.parse_args(argv)
-    start = time.time()
-    rows, raw = table(args.repetitions, args.samples)
-    n = args.repetitions
-    result = {
-        "command": f"python experiments/verdict_calibration.py --repetitions {n}",
-        "device": f"{args.device}; {time.time() - start:.0f} s",
-        "versions": {"numpy": np.__version__},
-        "date": datetime.date.today().isoformat(),
-        "source": "simulated sweeps through jaxformer.sweep.stats (t_test, bootstrap, verdicts)",
-        "tables": [
-            {
-                "caption": caption(n, args.samples),
-                "columns": ["seeds"]
-                + [f"false better/worse, seed SD {sd:g}" for sd in SEED_SDS]
-                + [f"power at +{e:g}, seed SD {sd:g}" for sd in (0.5, 1.0) for e in EFFECTS]
-                + ["false, sentence effects SD 7 (seed SD 0.5)"],
-                "align": "r" * 9,
-                "rows": rows,
-                "notes": [],
-            }
-        ],
-        "data": raw,
-    }
-    path = pathlib.Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+def record(repetitions: int = 1000, samples: int = stats.BOOTSTRAP_SAMPLES, say=print) -> Record:
+    """The power table as a results record (its device, versions and date this process's)."""
+    started = time.perf_counter()
+    rows, raw = table(repetitions, samples, say)
+    columns = ["seeds"]
+    columns += [f"false better/worse, seed SD {sd:g}" for sd in SEED_SDS]
+    columns += [f"power at +{e:g}, seed SD {sd:g}" for sd in (0.5, 1.0) for e in EFFECTS]
+    columns += ["false, sentence effects SD 7 (seed SD 0.5)"]
+    made = Table(
+        columns=columns, rows=rows, align="r" * len(columns), caption=caption(repetitions, samples)
+    )
+    made.notes.append(f"{time.perf_counter() - started:.0f} s of simulation.")
+    source = "simulated sweeps through jaxformer.sweep.stats (t_test, bootstrap, verdicts)"
+    return capture([made], source=source, data=raw)
 
 
 def caption(repetitions: int, samples: int) -> str:
@@ -194,7 +169,3 @@ def caption(repetitions: int, samples: int) -> str:
         "3 equal); and the false-positive rate when each variant helps some sentences and "
         "hurts others by SD 7 in every seed, with no gain on average:"
     )
-
-
-if __name__ == "__main__":
-    main()
