@@ -70,3 +70,13 @@ def part_of(workload: str, mode: str) -> tuple[str, ...]:
     """The parts that measure a workload's first calls in `mode`."""
     torch = f"first-calls-{workload}-torch" if mode.startswith("torch") else ""
     return tuple(p for p in (f"first-calls-{workload}", torch) if p)
+
+
+def figure(result: dict, name: str) -> list[str]:
+    """The markdown lines that show the report's PNG `name` ("" around it), or none: the
+    PNGs are drawn when the plan's last part is done, so a report with parts still to
+    measure has none to show."""
+    parts = (result.get("plan") or {}).get("parts", [])
+    if any(p["status"] != "done" for p in parts):
+        return []
+    return [f"![{name.removesuffix('.png')}]({name})", ""]

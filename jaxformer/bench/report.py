@@ -11,7 +11,7 @@ import json
 import pathlib
 
 from jaxformer.bench import report_why
-from jaxformer.bench.fmt import first, g, mark, mib, ms, part_of, x
+from jaxformer.bench.fmt import figure, first, g, mark, mib, ms, part_of, x
 from jaxformer.markdown import table
 
 
@@ -471,8 +471,7 @@ def _scale(result: dict) -> list[str]:
         "",
         "## Scale: the forward pass as the model, batch and sequence grow" + mark(result, "scale"),
         "",
-        "![scale](scale.png)",
-        "",
+        *figure(result, "scale.png"),
     ]
     predicted = report_why.predicted_by_point(result)
     rows = []

@@ -5,7 +5,7 @@ every figure with its interval."""
 
 from __future__ import annotations
 
-from jaxformer.bench.fmt import g, mark, ms, part_of, pct, share, x
+from jaxformer.bench.fmt import figure, g, mark, ms, part_of, pct, share, x
 from jaxformer.bench.validate import CONSTANT_NAMES
 from jaxformer.markdown import table
 
@@ -107,8 +107,7 @@ def programs(result: dict) -> list[str]:
         "analysis before optimisation (unfused: eager's traffic) and after (fused). jit's "
         "rates: over jit's median time (interval from its interval). " + _roofs_line(result),
         "",
-        "![roofline](roofline.png)",
-        "",
+        *figure(result, "roofline.png"),
     ]
     table_rows = []
     for r in rows:
