@@ -251,6 +251,10 @@ def test_the_report_carries_intervals_verdicts_and_load_marks(tmp_path):
     assert "| 100 (90 + 10) | 95, 30 |" in text  # estimated; launched, puts
     assert "### Where the model fails" in text and result["why"]["points"] == 4
     assert "Parts not measured yet: scale, compile, recompile" in text
+    assert "](roofline.png)" not in text  # drawn when the last part is done: none yet
+    for part in result["plan"]["parts"]:
+        part["status"] = "done"
+    assert "![roofline](roofline.png)" in report.markdown(result)
 
 
 def test_docs_tables_render_a_committed_report_json(tmp_path):
