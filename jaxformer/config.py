@@ -417,7 +417,8 @@ class EvalOptions:
 
     eval_every: int = option(250, "steps between held-out evaluations")
     eval_examples: int = option(
-        1000, "held-out examples (a Bible's dev books: a seeded sample stratified by book)"
+        1000,
+        "held-out examples (a Bible's dev books: a sample stratified by book, the same for every seed)",
     )
     eval_sample: int = option(
         200, "of those, decoded greedily at each in-run evaluation; the final model decodes all"

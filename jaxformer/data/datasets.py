@@ -30,6 +30,11 @@ from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
 Batch = dict[str, np.ndarray]
 
+# The held-out pairs a run evaluates are drawn with this seed, whatever the run's: every
+# seed of a configuration, and every variant of a sweep, is scored on the same sentences,
+# which the sweep's seed-paired statistics pair (its crossed bootstrap needs them shared).
+DEV_SEED = 0
+
 
 class TrainingData(Protocol):
     """What the training loop and evaluation read of a dataset. TaskData, PairData and
@@ -77,10 +82,9 @@ class TrainingData(Protocol):
         ...
 
     def reseeded(self, seed: int) -> TrainingData:
-        """This data for another seed: the batches and held-out sample that building it
-        with `seed` gives, without reading or tokenizing anything again (the seeds of
-        `train --seeds` share one build). Here: a copy with `seed` (data whose seed
-        orders its training rows alone)."""
+        """This data for another seed: the batches that building it with `seed` gives (the
+        held-out pairs do not depend on the seed: DEV_SEED), without reading or
+        tokenizing anything again (the seeds of `train --seeds` share one build)."""
         other = copy.copy(self)
         other.seed = seed
         return other
@@ -111,7 +115,9 @@ def encode_pairs(
 
 
 class TaskData(TrainingData):
-    """A synthetic task: fixed padded lengths, so one compiled step serves every batch."""
+    """A synthetic task: fixed padded lengths, so one compiled step serves every batch. Its
+    dev pairs are `dev_size` held-out examples drawn with DEV_SEED, the same for every
+    seed; the seed draws the training examples."""
 
     model_kind = "Transformer"
     metrics = ("exact_match",)
@@ -133,18 +139,12 @@ class TaskData(TrainingData):
         # Byte tokenizer: one token per ASCII character; +1 for EOS (and BOS on tgt_in).
         self.src_len = _round_up(self.task.max_source_chars + 1, 8)
         self.tgt_len = _round_up(self.task.max_target_chars + 1, 8)
-        self.dev_size = dev_size
-        self.dev_pairs = tasks_lib.dev_examples(self.task, seed, dev_size)
+        self.dev_pairs = tasks_lib.dev_examples(self.task, DEV_SEED, dev_size)
         self.test_pairs: list[tuple[str, str]] = []
 
     @property
     def max_len(self) -> int:
         return max(self.src_len, self.tgt_len)
-
-    def reseeded(self, seed: int) -> TaskData:
-        other = copy.copy(self)
-        other.seed, other.dev_pairs = seed, tasks_lib.dev_examples(self.task, seed, self.dev_size)
-        return other
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
         check_int("batch_size", batch_size)
@@ -168,8 +168,8 @@ class PairData(TrainingData):
     source alone left wyc-web's targets 43% padding) are batched together and padded to a
     multiple of `pad_multiple` tokens (a bound on the shapes XLA compiles for).
     `train` and `dev` hold (source, target, (source ids, target ids)). The held-out
-    pairs evaluated (`dev_pairs`) are `dev_size` of the dev pairs drawn at random
-    (seeded), stratified by `dev_groups` (e.g. a Bible's books; none: one group), in
+    pairs evaluated (`dev_pairs`) are `dev_size` of the dev pairs drawn at random with
+    DEV_SEED (the same for every run seed), stratified by `dev_groups` (e.g. a Bible's books; none: one group), in
     `stratified_order`, so that any prefix is a stratified sample too (an in-run
     evaluation decodes a prefix). The `test` (source, target) pairs are scored by the
     final model alone, all of them."""
@@ -197,21 +197,15 @@ class PairData(TrainingData):
         self.max_len = max_len
         self.src_len = self.tgt_len = max_len  # for decoding held-out sources
         self._train = train
-        self._dev, self._dev_groups, self._dev_size = dev, dev_groups or [0] * len(dev), dev_size
-        self._draw_dev()
+        order = stratified_order(dev_groups or [0] * len(dev), DEV_SEED)[:dev_size]
+        self.dev_pairs = [dev[i][:2] for i in order]
+        self._dev_ids = [dev[i][2] for i in order]
         self.test_pairs = list(test or [])
         self._epoch_cache: tuple[int, int, list[list[int]]] | None = None
-
-    def _draw_dev(self) -> None:
-        """`dev_pairs` (and their ids): the seed's stratified sample of the dev pairs."""
-        order = stratified_order(self._dev_groups, self.seed)[: self._dev_size]
-        self.dev_pairs = [self._dev[i][:2] for i in order]
-        self._dev_ids = [self._dev[i][2] for i in order]
 
     def reseeded(self, seed: int) -> PairData:
         other = copy.copy(self)
         other.seed, other._epoch_cache = seed, None
-        other._draw_dev()
         return other
 
     def batches_per_epoch(self, batch_size: int) -> int:

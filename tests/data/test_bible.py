@@ -205,7 +205,8 @@ def test_translation_data_drops_long_pairs_and_counts_them(wyc_web):
     dev = {(s, t): bible.book_of(v) for v, s, t in wyc_web.splits["dev"]}
     assert len(d.dev_pairs) == 8 and {dev[p] for p in d.dev_pairs} == set(bible.DEV_BOOKS)
     assert d.dev_pairs == wyc_web.data(TOK, max_len=128, seed=0, dev_size=8).dev_pairs
-    assert d.dev_pairs != wyc_web.data(TOK, max_len=128, seed=1, dev_size=8).dev_pairs
+    # The same for every run seed: seeds and variants are scored on the same sentences.
+    assert d.dev_pairs == wyc_web.data(TOK, max_len=128, seed=1, dev_size=8).dev_pairs
     # The test books, scored by the final model (with final_test): every source that fits.
     fits = [(s, t) for _, s, t in wyc_web.splits["test"] if len(TOK.encode(s)) + 1 <= 128]
     assert d.test_pairs == fits
