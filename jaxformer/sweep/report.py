@@ -398,7 +398,15 @@ def _differences_table(results: dict) -> dict | None:
         "mean difference ± half-width of its 95% t-interval over the paired seeds."
     )
     head = ["variant", "paired seeds"] + [f"Δ {t}" for _, t, _ in shown]
-    return _table(caption, head, body, "lr" + "r" * len(shown))
+    notes = []
+    if not any(p["bootstrap"] for p in paired.values()):
+        notes.append(
+            "No verdict: the paired runs decoded no dev sentence in common (or wrote no "
+            "predictions), so the crossed bootstrap, which a verdict needs, has none to draw. "
+            "Runs made before every seed was scored on the same pairs (datasets.DEV_SEED) "
+            "drew each seed's own dev examples."
+        )
+    return _table(caption, head, body, "lr" + "r" * len(shown), notes)
 
 
 def _verdict_table(results: dict) -> dict | None:

@@ -10,6 +10,7 @@ import pytest
 
 from jaxformer import results
 from jaxformer.cli import main
+from jaxformer.train.report import write_predictions
 from tests.sweep.test_sweep import finished, system, write_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -102,3 +103,17 @@ def test_the_committed_speedrun_sweep_tables_are_what_its_committed_records_comp
     for table in committed + computed:  # the words around the tables are options
         table.caption, table.notes = "", []
     assert computed == committed
+
+
+def test_runs_that_scored_different_dev_sentences_get_no_verdict_and_say_why(tmp_path, capsys):
+    path = write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=2)
+    for name in ("base", "other"):
+        for seed in range(2):
+            folder = tmp_path / "sweep" / name / f"seed{seed}"
+            finished(folder, {"exact_match": 0.5 + 0.1 * seed + 0.2 * (name == "other")})
+            pairs = [(f"seed {seed} source {i}", f"ref {i}") for i in range(4)]  # its own
+            write_predictions(pairs, [f"ref {i}" for i in range(4)], folder / "predictions.tsv")
+    out = tmp_path / "sweep.json"
+    assert report(capsys, path, "--out", out)["verdicts"] == {"other": {}}
+    differences = results.Record.read(out).tables[1]
+    assert differences.notes[0].startswith("No verdict: the paired runs decoded no dev")
