@@ -189,7 +189,8 @@ def _sweep_parser(sub) -> argparse.ArgumentParser:
         "seed by seed on dev, the seed-paired t-test and the crossed two-level bootstrap, "
         "both Holm-adjusted over every comparison reported, and a verdict. See "
         "jaxformer.sweep.spec for the spec. `jaxformer sweep report --help`: its tables as a "
-        "results file for the docs.",
+        "results file for the docs; `jaxformer sweep calibrate --help`: the verdict rule's "
+        "error rates and power by simulation.",
     )
     w.add_argument("spec", metavar="SPEC", help="YAML or JSON: base, variants, seeds, ...")
     w.add_argument("--out", metavar="DIR", help="the sweep's folder (default: the spec's out)")
