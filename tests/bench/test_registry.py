@@ -14,6 +14,7 @@ from jaxformer.bench import BENCHMARKS, registry
 
 NAMES = (
     "attention",
+    "batch-shapes",
     "compile-time",
     "decode",
     "gpt2-peers",
@@ -55,6 +56,7 @@ def test_every_benchmark_is_registered_with_frozen_typed_options():
         ["attention", "--lengths", "256", "--max-gib", "0.5"],
         ["profile", "--model", "gpt2", "--quick", "--steps", "3"],
         ["parity", "--parts", "hf", "--quick"],
+        ["batch-shapes", "--pad-multiples", "16", "64", "--steps", "10"],
     ],
 )
 def test_the_recorded_command_gives_back_the_options(words):
