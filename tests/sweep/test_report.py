@@ -117,3 +117,18 @@ def test_runs_that_scored_different_dev_sentences_get_no_verdict_and_say_why(tmp
     assert report(capsys, path, "--out", out)["verdicts"] == {"other": {}}
     differences = results.Record.read(out).tables[1]
     assert differences.notes[0].startswith("No verdict: the paired runs decoded no dev")
+
+
+def test_the_committed_dates_variants_table_is_what_its_committed_records_compute(tmp_path, capsys):
+    out = tmp_path / "sweep.json"
+    spec = ROOT / "configs" / "sweeps" / "dates_variants.yaml"
+    line = report(capsys, spec, "--sweep-out", ROOT / "records/sweeps/dates-variants", "--out", out)
+    assert line["verdicts"] == {
+        "squared_relu": {"exact_match": "no detectable difference"},
+        "qk_norm": {"exact_match": "better"},
+    }
+    committed = results.Record.read(ROOT / "docs/results/sweep_dates_variants.json").tables
+    computed = results.Record.read(out).tables
+    for table in committed + computed:
+        table.caption, table.notes = "", []
+    assert computed == committed
