@@ -53,6 +53,7 @@ def test_seeds_vmapped_leave_the_folders_and_figures_of_separate_runs(tmp_path, 
     assert len({s["eval_nll"] for s in summaries}) == len(SEEDS)  # the seeds differ
 
 
+@pytest.mark.slow  # 15 s: the first test decodes together too; tests/test_decode.py the beam
 def test_in_run_and_beam_evaluations_decode_together_as_separate_runs(tmp_path, monkeypatch):
     options = dict(steps=12, eval_every=6, eval_sample=8, eval_beam=3, schedule="constant")
     runs = seed_runs(run_config(tmp_path / "group", **options), SEEDS)
