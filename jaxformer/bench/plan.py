@@ -78,7 +78,7 @@ CPU_QUICK = Profile(
         "attention": ("torch.compile",),
         "layer": ("torch.compile", "torch.compile max-autotune", "torch.compile reduce-overhead"),
         "forward": ("torch.compile",),
-        "train_step": (),  # compiling it took 30 of the part's 86 s (the full plan has it)
+        "train_step": (),  # its compile: 59 of the part's 93 s of building (the full plan has it)
     },
     first_calls=(("first-calls-train_step", "train_step", ("eager", "jit")),),
     scale_axes={"d_model": [64, 128, 256], "batch": [1, 8, 32], "length": [16, 32, 64]},
@@ -93,7 +93,7 @@ CPU_QUICK = Profile(
     recompile_size=dict(d_model=64, batch=4),
     overhead_sizes=(1, 4, 16, 64),
     roofs=dict(gemm_n=512, stream_mib=16),
-    compile_caches=("cold", "warm"),  # the cache off took half the part's 80 s
+    compile_caches=("cold", "warm"),  # the cache off: about half the part's 80 s
     # From the quiet run of 2026-11-26 (docs/results/xla_vs_eager/cpu-2core-quiet-quick-
     # 2026-11-26), less what this plan left out of it.
     budgets={
