@@ -46,13 +46,13 @@ test-gpu:
 # The GPU tables in parts of at most 4 minutes each (compile included), in priority order,
 # jaxformer against its pure-JAX and PyTorch peers first, on the GPU machine as test-gpu (a
 # CUDA build of JAX already installed; tokamax from the wheels: see the docstring of
-# experiments/gpu_report.py). Resumable: each call runs the parts not yet finished while
+# jaxformer/gpu_report.py). Resumable: each call runs the parts not yet finished while
 # they fit in 9 minutes, and merges them into results/gpu_report/{summary.json,gpu_tables.md};
 # call again until its last line says "left": []. `make gpu-report PARTS=peers` runs part
-# one alone (about 3 minutes); FORCE=1 reruns finished parts. `python
-# experiments/gpu_report.py --dry-run` checks on a CPU that every part starts.
+# one alone (about 3 minutes); FORCE=1 reruns finished parts. `jaxformer gpu-report
+# --dry-run` checks on a CPU that every part starts.
 gpu-report:
-	PYTHONPATH=.:$$PWD/.site $(PYTHON) experiments/gpu_report.py --out results/gpu_report \
+	PYTHONPATH=.:$$PWD/.site $(PYTHON) -m jaxformer gpu-report --out results/gpu_report \
 		$(if $(PARTS),--parts $(PARTS)) $(if $(FORCE),--force)
 
 # Benchmarks run with tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) preloaded

@@ -13,6 +13,7 @@
     jaxformer sweep report sweep.yaml --out docs/results/sweep.json   # its tables, as a record
     jaxformer sweep report --runs runs/speedrun runs/other --out speedrun.json
     jaxformer bench decode --quick             # a benchmark: results/decode.json
+    jaxformer gpu-report --parts peers         # the GPU tables, in parts that fit a loan
 
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...: a `checks.InputError`) is
@@ -54,7 +55,9 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The `jaxformer` parser, and each command's parser by name ("bench NAME" too)."""
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
-    shown = "{train,generate,sweep,bench,docs}"  # `sweep report` is main's "sweep-report"
+    shown = (
+        "{train,generate,sweep,bench,docs,gpu-report}"  # `sweep report` is main's "sweep-report"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar=shown)
     t, g = _train_parser(sub), _generate_parser(sub)
     for command in (t, g):
@@ -76,6 +79,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     commands["sweep-calibrate"] = _sweep_calibrate_parser(sub)
     commands["bench"], benchmarks = _bench_parser(sub)
     commands["docs"] = _docs_parser(sub)
+    commands["gpu-report"] = _gpu_report_parser(sub)
     return parser, commands | benchmarks
 
 
@@ -91,6 +95,18 @@ def _docs_parser(sub) -> argparse.ArgumentParser:
     d.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"), metavar="DIR")
     d.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page differs")
     return d
+
+
+def _gpu_report_parser(sub) -> argparse.ArgumentParser:
+    from jaxformer import gpu_report
+
+    g = sub.add_parser(
+        "gpu-report",
+        help="the GPU tables, in resumable parts that fit a loan of GPU time",
+        description=gpu_report.__doc__.split("\n\n")[0],
+    )
+    gpu_report.add_options(g)
+    return g
 
 
 def _train_parser(sub) -> argparse.ArgumentParser:
@@ -535,6 +551,11 @@ def _command(args) -> int:
             return _bench(args)
         if args.command == "docs":
             return _docs(args)
+        if args.command == "gpu-report":
+            from jaxformer import gpu_report
+
+            gpu_report.run(args)
+            return 0
         _use_compilation_cache(not args.no_compile_cache)
         from jaxformer.functional.registry import import_variants
 
@@ -555,7 +576,7 @@ def _name(command: str) -> str:
     benchmark's name kept: "jaxformer bench gpt2-peers")."""
     if command.startswith("bench "):
         return "jaxformer " + command
-    return "jaxformer " + command.replace("-", " ")
+    return "jaxformer " + command.replace("sweep-", "sweep ")
 
 
 def _docs(args) -> int:

@@ -1,24 +1,28 @@
-"""experiments/gpu_report.py on a CPU: the parts of configs/gpu_report.yaml (peers first,
+"""`jaxformer gpu-report` on a CPU: the parts of configs/gpu_report.yaml (peers first,
 each within 4 minutes, benchmarks through `jaxformer bench`),
 the dry run starts every part, a part keeps to its budget, calls resume where the last
 one stopped and merge into one summary and one markdown, and the markdown is rendered
 from the parts' files."""
 
-import importlib.util
 import json
 import pathlib
 import sys
+from unittest import mock
 
 import pytest
 
-from jaxformer import results
+from jaxformer import cli, gpu_report, results
 from jaxformer.bench import plan
 from jaxformer.functional import ATTENTION
 
-PATH = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "gpu_report.py"
-spec = importlib.util.spec_from_file_location("gpu_report", PATH)
-gpu_report = sys.modules["gpu_report"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_report)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def report(*argv: str) -> int:
+    """`jaxformer gpu-report ARGV`'s exit status, run in this process as if typed."""
+    with mock.patch.object(sys, "argv", ["jaxformer", "gpu-report", *argv]):
+        return cli.main(["gpu-report", *argv])
+
 
 ORDER = [
     "peers",
@@ -61,7 +65,7 @@ def test_the_labs_gpu_runs_fit_their_parts_and_cover_its_plan(tmp_path):
 
 
 def test_the_test_parts_are_make_test_gpus_subset():
-    makefile = (PATH.parents[1] / "Makefile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
     line = makefile[makefile.index("test-gpu:") : makefile.index("# The GPU tables")]
     paths = [p for paths in gpu_report.gpu_tests().values() for p in paths]
     assert sorted(paths) == sorted(w for w in line.split() if w.startswith("tests/"))
@@ -69,11 +73,15 @@ def test_the_test_parts_are_make_test_gpus_subset():
 
 @pytest.mark.slow  # 25 s of CI's quick suite: two dozen programs started with --help
 def test_the_dry_run_starts_every_part(tmp_path):
-    result = gpu_report.main(["--dry-run", "--out", str(tmp_path)])
-    assert list(result["parts"]) == ORDER
-    assert {s["status"] for s in result["parts"].values()} == {"started"}
+    assert report("--dry-run", "--out", str(tmp_path)) == 0
     saved = json.loads((tmp_path / "dry_run.json").read_text())
-    assert saved["machine"]["jax"] and saved["date"] and "--dry-run" in saved["command"]
+    assert list(saved["parts"]) == ORDER
+    assert {s["status"] for s in saved["parts"].values()} == {"started"}
+    assert (
+        saved["machine"]["jax"]
+        and saved["date"]
+        and saved["command"].startswith("jaxformer gpu-report --dry-run")
+    )
     assert not (tmp_path / "summary.json").exists()  # a dry run touches no result
 
 
@@ -138,39 +146,39 @@ def runs(out):
 
 
 def test_calls_resume_and_merge_into_one_summary(tmp_path, fake, capsys):
-    gpu_report.main(["--parts", "peers", "--out", str(tmp_path)])
+    assert report("--parts", "peers", "--out", str(tmp_path)) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {
         "ran": {"peers": "ok"},
         "left": ["tests-kernels", "tests-rest"],
     }
-    summary = gpu_report.main(["--out", str(tmp_path)])  # the finished part is skipped
+    report("--out", str(tmp_path))  # the finished part is skipped
     assert runs(tmp_path) == ORDER[:3]
+    summary = json.loads((tmp_path / "summary.json").read_text())
     assert [c["ran"] for c in summary["calls"]] == [["peers"], ["tests-kernels", "tests-rest"]]
-    assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert {p["status"] for p in summary["parts"].values()} == {"ok"}
     assert summary["parts"]["peers"]["device"] == "Fake GPU"
     tables = (tmp_path / "gpu_tables.md").read_text()  # both calls' parts, in one file
     assert "## jaxformer bench gpt2-peers --batch 32" in tables and "| program | ms |" in tables
     assert "- tests-kernels (tests/functional tests/nn): `3 passed in 1.00s`" in tables
     assert tables.index("| peers | ok |") < tables.index("| tests-rest | ok |")
-    gpu_report.main(["--out", str(tmp_path)])
+    report("--out", str(tmp_path))
     assert runs(tmp_path) == ORDER[:3]  # nothing left to run
 
 
 def test_a_forced_part_reruns_and_a_killed_one_resumes(tmp_path, fake):
-    gpu_report.main(["--out", str(tmp_path)])
-    gpu_report.main(["--parts", "tests-rest", "--force", "--out", str(tmp_path)])
+    report("--out", str(tmp_path))
+    report("--parts", "tests-rest", "--force", "--out", str(tmp_path))
     assert runs(tmp_path) == [*ORDER[:3], "tests-rest"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     summary["parts"]["peers"]["status"] = "running"  # its call was killed
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    gpu_report.main(["--out", str(tmp_path)])
+    report("--out", str(tmp_path))
     assert runs(tmp_path) == [*ORDER[:3], "tests-rest", "peers"]
 
 
 def test_a_call_stops_at_the_first_part_its_time_cannot_hold(tmp_path, fake, monkeypatch):
     monkeypatch.setattr(gpu_report, "parts", lambda out, jobs: fake_parts(out, jobs, (30, 600, 30)))
-    gpu_report.main(["--budget-minutes", "1", "--out", str(tmp_path)])
+    report("--budget-minutes", "1", "--out", str(tmp_path))
     assert runs(tmp_path) == ["peers"]  # tests-kernels needs 600 s of 60; order is kept
 
 
@@ -192,7 +200,7 @@ def test_the_markdown_is_rendered_from_the_parts_files(tmp_path):
     (tmp_path / "tests-rest" / "log0.txt").write_text("....\n7 passed, 1 failed in 9.10s\n")
     record = dict(status="ok", wall_s=9.5, budget_s=240, date="2026-01-01", device="H100")
     summary = dict(
-        calls=[dict(date="2026-01-01T00:00:00+00:00", command="gpu_report.py", machine={})],
+        calls=[dict(date="2026-01-01T00:00:00+00:00", command="jaxformer gpu-report", machine={})],
         parts={"tests-rest": record},
     )
     summary["calls"][0]["machine"] = dict(device="H100")
@@ -204,7 +212,6 @@ def test_the_markdown_is_rendered_from_the_parts_files(tmp_path):
 
 
 def test_unknown_parts_are_refused(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        gpu_report.main(["--dry-run", "--parts", "peers", "bogus", "--out", str(tmp_path)])
-    assert exit_.value.code == 2
-    assert "unknown parts ['bogus']" in capsys.readouterr().err
+    assert report("--dry-run", "--parts", "peers", "bogus", "--out", str(tmp_path)) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("jaxformer gpu-report: error: unknown parts ['bogus']")

@@ -1,11 +1,12 @@
-"""experiments/length_penalty.py on a real (tiny) translation run: the run's own alpha
-gives back the dev scores its training reported, other alphas are compared with the
-first, and bad input is one error line with exit 2."""
+"""experiments/length_penalty.py, run as a user runs it, on a real (tiny) translation run:
+the run's own alpha gives back the dev scores its training reported, other alphas are
+compared with the first, and bad input is one error line with exit 2."""
 
-import importlib.util
 import json
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -14,10 +15,14 @@ from jaxformer.train import train
 
 pytestmark = pytest.mark.slow  # two trained runs: 60 s of CI's quick suite
 
-PATH = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "length_penalty.py"
-spec = importlib.util.spec_from_file_location("length_penalty", PATH)
-length_penalty = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(length_penalty)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def length_penalty(*argv: str) -> subprocess.CompletedProcess:
+    """`python experiments/length_penalty.py ARGV` from the repository's root."""
+    command = [sys.executable, "experiments/length_penalty.py", *argv]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
 
 WORDS = "the king said to her be doers of word hope send him at once".split()
 
@@ -48,10 +53,12 @@ def translation_run(tmp_path_factory) -> tuple[pathlib.Path, dict]:
 def test_the_runs_own_alpha_gives_its_dev_scores_and_others_are_compared(translation_run, tmp_path):
     folder, summary = translation_run
     out = tmp_path / "alpha.json"
-    line = length_penalty.main([str(folder), "--alphas", "0.6", "2.0", "--out", str(out)])
+    done = length_penalty(str(folder), "--alphas", "0.6", "2.0", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout.splitlines()[-1])
     table = json.loads(out.read_text())["tables"][0]
     first, second = table["rows"]
-    assert line["dev_bleu"] == {0.6: [round(summary["bleu"], 2)], 2.0: [float(second[1])]}
+    assert line["dev_bleu"] == {"0.6": [round(summary["bleu"], 2)], "2.0": [float(second[1])]}
     assert first == [
         "0.6",
         f"{summary['bleu']:.2f}",
@@ -89,8 +96,7 @@ def copy_run(tmp_path_factory) -> pathlib.Path:
         (["COPY"], "not scored by BLEU"),
     ],
 )
-def test_bad_input_is_one_error_line_with_exit_2(translation_run, copy_run, capsys, argv, message):
+def test_bad_input_is_one_error_line_with_exit_2(translation_run, copy_run, argv, message):
     named = {"RUN": str(translation_run[0]), "COPY": str(copy_run)}
-    with pytest.raises(SystemExit) as exit_:
-        length_penalty.main([named.get(a, a) for a in argv] + ["--out", "/dev/null"])
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    done = length_penalty(*[named.get(a, a) for a in argv], "--out", "/dev/null")
+    assert done.returncode == 2 and message in done.stderr.splitlines()[-1]

@@ -13,6 +13,7 @@ profile        profile_step.py: one step by kind of operation (CPU) or by catego
 compile-time   compile_time.py: compile time and memory against depth; the compile cache
 parity         parity.py (parity_cases): converted torch modules and HF models
 batch-shapes   batch_shapes.py: how many shapes a translation run's batches take per pad multiple
+seeds-vmapped  seeds_vmapped.py: k seeds as one vmapped step against k steps one after another
 xla-vs-eager   xla_vs_eager.py: the XLA-vs-eager lab: when compilation pays off, why, and
                how it compares with PyTorch (plan, measure, modes, workloads, host, load,
                fresh, compile_costs, programs, eager_model, validate, report, report_why,
@@ -33,6 +34,7 @@ from jaxformer.bench import (  # noqa: F401
     parity,
     peers,
     profile_step,
+    seeds_vmapped,
     train_step,
     xla_vs_eager,
 )

@@ -21,6 +21,7 @@ NAMES = (
     "lm-throughput",
     "parity",
     "profile",
+    "seeds-vmapped",
     "train-step",
     "xla-vs-eager",
 )
@@ -57,6 +58,7 @@ def test_every_benchmark_is_registered_with_frozen_typed_options():
         ["profile", "--model", "gpt2", "--quick", "--steps", "3"],
         ["parity", "--parts", "hf", "--quick"],
         ["batch-shapes", "--pad-multiples", "16", "64", "--steps", "10"],
+        ["seeds-vmapped", "--tasks", "dates", "--seeds", "1", "8", "--rounds", "6"],
     ],
 )
 def test_the_recorded_command_gives_back_the_options(words):
@@ -84,6 +86,8 @@ def test_the_default_out_is_not_recorded():
         ("profile", dict(trace="t.json.gz"), "--trace and --hlo go together"),
         ("compile-time", dict(layers=(2, 0)), "--layers must be >= 1"),
         ("xla-vs-eager", dict(time_limit=-1.0), "--time-limit must be > 0"),
+        ("seeds-vmapped", dict(seeds=(8, 0)), "every --seeds value >= 1"),
+        ("seeds-vmapped", dict(tasks=("copy",)), "--tasks must be of"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(name, fields, message):

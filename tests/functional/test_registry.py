@@ -2,7 +2,6 @@
 variant in a file of its own trains, saves, restores and decodes by name; unknown names
 list the registered ones."""
 
-import importlib.util
 import pathlib
 
 import jax.numpy as jnp
@@ -13,15 +12,15 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer import functional as F
 from jaxformer.cli import main
+from jaxformer.functional.registry import import_variants
 from jaxformer.train import checkpoint
 
 VARIANTS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "variants"
 
 
 def load(name):
-    """Import experiments/variants/<name>.py, as `--variants` does (registering it)."""
-    spec = importlib.util.spec_from_file_location(f"variants_{name}", VARIANTS / f"{name}.py")
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    """Register experiments/variants/<name>.py through `--variants`' own loader."""
+    import_variants([str(VARIANTS / f"{name}.py")])
 
 
 def test_the_built_ins_are_registered_variants():

@@ -48,11 +48,12 @@ Then, on the GPU machine, with .whl/ copied into the checkout:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target .site .whl/*.whl
-    PYTHONPATH=.:$PWD/.site python3 experiments/gpu_report.py --parts peers   # ~3 min
-    PYTHONPATH=.:$PWD/.site python3 experiments/gpu_report.py                 # the rest, in calls
+    PYTHONPATH=.:$PWD/.site python3 -m jaxformer gpu-report --parts peers   # ~3 min
+    PYTHONPATH=.:$PWD/.site python3 -m jaxformer gpu-report                 # the rest, in calls
 
 (`make gpu-report PYTHON=python3 [PARTS=peers]` runs these, writing to results/gpu_report.)
 
+It runs from a checkout of the repository (configs/, tests/ and the package beside them).
 `--dry-run` (CPU, seconds) only checks that every part starts: each program is started with
 --help (pytest with --version, after checking that the test paths exist), and every
 benchmark command's options are parsed and checked; it writes --out/dry_run.json and
@@ -62,6 +63,7 @@ touches no result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib.util
@@ -79,6 +81,7 @@ import yaml
 
 from jaxformer import results
 from jaxformer.bench import plan
+from jaxformer.checks import BadValue, MissingFile
 from jaxformer.markdown import table
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -104,6 +107,8 @@ class Part:
 
 def config() -> list[dict]:
     """configs/gpu_report.yaml's parts, in priority order (options as strings)."""
+    if not CONFIG.is_file():
+        raise MissingFile(f"{CONFIG}: not found (gpu-report runs from a checkout)")
     parts = yaml.safe_load(CONFIG.read_text())["parts"]
     return [p | {"options": [str(o) for o in p.get("options", [])]} for p in parts]
 
@@ -267,7 +272,7 @@ def _run(cmd: list[str], env: dict, log, timeout: float) -> str:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         return "timed out"
-    finally:  # also when this process is stopped (SIGTERM: see the end of this file)
+    finally:  # also when this process is stopped (SIGTERM: _exit_on_sigterm)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -292,7 +297,7 @@ def dry_run(chosen: list[Part], out: pathlib.Path) -> dict:
         check_bench(command[len(BENCH) :])
     missing = [t for paths in gpu_tests().values() for t in paths if not (ROOT / t).exists()]
     if missing:
-        raise FileNotFoundError(f"{CONFIG.name} names missing test paths {missing}")
+        raise MissingFile(f"{CONFIG.name} names missing test paths {missing}")
     with ThreadPoolExecutor(4) as pool:
         return dict(zip([p.name for p in chosen], pool.map(dry_run_part, chosen), strict=True))
 
@@ -328,22 +333,25 @@ def machine() -> dict:
     return info
 
 
-def parse_args(argv, names: list[str]):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """`jaxformer gpu-report`'s options."""
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "results/gpu_report")
-    parser.add_argument("--parts", nargs="+", help=f"these parts only, of: {' '.join(names)}")
+    parser.add_argument("--parts", nargs="+", help="these parts only (default: all, in order)")
     parser.add_argument("--force", action="store_true", help="rerun chosen parts that finished")
     parser.add_argument("--dry-run", action="store_true", help="check every part starts (CPU)")
     parser.add_argument("--budget-minutes", type=float, default=9.0, help="this call's time")
     parser.add_argument("--budget-scale", type=float, default=1.0, help="times each part's budget")
     parser.add_argument("--jobs", type=int, default=3, help="Table 3 runs at once on the GPU")
-    args = parser.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Bad options raise BadValue, naming them."""
     if args.budget_minutes <= 0 or args.budget_scale <= 0 or args.jobs < 1:
-        parser.error("--budget-minutes and --budget-scale must be > 0, --jobs >= 1")
+        raise BadValue("--budget-minutes and --budget-scale must be > 0, --jobs >= 1")
+    names = part_names()
     unknown = sorted(set(args.parts or ()) - set(names))
     if unknown:
-        parser.error(f"unknown parts {unknown}; the parts are {names}")
-    return args
+        raise BadValue(f"unknown parts {unknown}; the parts are {names}")
 
 
 def part_names() -> list[str]:
@@ -351,16 +359,15 @@ def part_names() -> list[str]:
     return [p.name for p in parts(ROOT / "results/gpu_report", 1)]
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv, part_names())
+def run(args: argparse.Namespace) -> dict:
+    """One call: the dry run's result, or the summary of every call into --out so far.
+    Stopped by SIGTERM (a command's time limit), it exits through the `finally` of _run,
+    which kills the running part's processes instead of leaving them on the GPU."""
+    check(args)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in parts(out, args.jobs) if not args.parts or p.name in args.parts]
-    call = dict(
-        date=_now(),
-        command=shlex.join([PY, *sys.argv]) if argv is None else shlex.join(argv),
-        machine=machine(),
-    )
+    call = dict(date=_now(), command=results.command_line(), machine=machine())
     if args.dry_run:
         result = call | {"parts": dry_run(chosen, out)}
         (out / "dry_run.json").write_text(json.dumps(result, indent=2))
@@ -368,10 +375,21 @@ def main(argv=None) -> dict:
         return result
     summary = load_summary(out)
     summary["calls"].append(call | {"ran": []})
-    ran = run_parts(chosen, summary, out, args)
+    with _exit_on_sigterm():
+        ran = run_parts(chosen, summary, out, args)
     left = [name for name in part_names() if not finished(summary, name)]
     print(json.dumps({"ran": ran, "left": left}))
     return summary
+
+
+@contextlib.contextmanager
+def _exit_on_sigterm():
+    """Inside, SIGTERM exits (status 143) through the `finally` blocks."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_parts(chosen: list[Part], summary: dict, out: pathlib.Path, args) -> dict:
@@ -497,10 +515,3 @@ def _lm_table(out: pathlib.Path) -> str:
         )
     columns = ["attention", "lm_head", "batch", "remat", "tokens/s", "MFU", "step (ms)"]
     return "\n".join(table([*columns, "temp (GiB)"], cells, "llrlrrrr"))
-
-
-if __name__ == "__main__":
-    # Stopped from outside (a command's time limit), exit through the `finally` of _run,
-    # which kills the running part's process group, instead of leaving it on the GPU.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    main()

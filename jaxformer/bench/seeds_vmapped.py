@@ -1,9 +1,8 @@
 """k seeds as one vmapped step against the same k seeds stepped one after another, side by
-side in alternating rounds of one process (issue 44, item 2).
+side in alternating rounds of one process (`jaxformer bench seeds-vmapped`).
 
-    python experiments/seeds_vmapped.py [--tasks dates wyc-web] [--seeds 1 3 8]
-                                        [--rounds 8] [--steps 5]
-                                        [--out results/seeds_vmapped.json]
+    jaxformer bench seeds-vmapped [--tasks dates wyc-web] [--seeds 1 3 8] [--rounds 8]
+                                  [--steps 5] [--out results/seeds-vmapped.json]
 
 For each task (`dates`: make train's model and batch; `wyc-web`: the speedrun's run
 defaults, which need the `data` extra) and each k, it builds the k seeds' runs as `jaxformer
@@ -17,48 +16,66 @@ speed-up is separate time / vmapped time per round, the median over rounds with 
 order-statistic interval (`jaxformer.bench.stats.paired_ratio`): what varied is the round.
 Compile seconds and XLA's memory analysis (arguments + temporaries) are reported for the
 vmapped step and the one-seed step: k separate processes would compile the one-seed step
-k times. Writes a results record (`jaxformer.results`) after every row, so that a stopped run
-keeps the rows it measured, and prints a JSON line.
+k times. The record is written after every row, so that a stopped run keeps the rows it
+measured.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
-import sys
+import tempfile
 import time
+from dataclasses import dataclass
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+import jax
 
-import jax  # noqa: E402
-
-from jaxformer import results  # noqa: E402
-from jaxformer.bench import stats  # noqa: E402
-from jaxformer.config import load_run  # noqa: E402
-from jaxformer.train import seed_runs, set_up  # noqa: E402
-from jaxformer.train import seeds as seed_axis  # noqa: E402
+from jaxformer import results
+from jaxformer.bench import stats
+from jaxformer.bench.registry import BENCHMARKS, Options, command, option, say
+from jaxformer.checks import BadValue
+from jaxformer.config import load_run
+from jaxformer.train import seed_runs, set_up
+from jaxformer.train import seeds as seed_axis
 
 TASKS = {"dates": dict(task="dates"), "wyc-web": dict(dataset="wyc-web")}
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=["dates", "wyc-web"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[1, 3, 8], help="values of k")
-    p.add_argument("--rounds", type=int, default=8, help="timed rounds (>= 6)")
-    p.add_argument("--steps", type=int, default=5, help="steps per program per round")
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/seeds_vmapped.json"))
-    args = p.parse_args(argv)
-    if args.rounds < 6 or args.steps < 1 or min(args.seeds) < 1:
-        p.error("--rounds must be >= 6, --steps and every --seeds value >= 1")
-    return args
+@dataclass(frozen=True)
+class SeedsOptions(Options):
+    tasks: tuple[str, ...] = option(
+        ("dates", "wyc-web"), "the runs' tasks (wyc-web needs the data extra)", choices=tuple(TASKS)
+    )
+    seeds: tuple[int, ...] = option((1, 3, 8), "the values of k, seeds in one step")
+    rounds: int = option(8, "timed rounds (>= 6)")
+    steps: int = option(5, "steps per program per round")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rounds < 6 or self.steps < 1 or not self.seeds or min(self.seeds) < 1:
+            raise BadValue("--rounds must be >= 6, --steps and every --seeds value >= 1")
+        unknown = sorted(set(self.tasks) - set(TASKS))
+        if not self.tasks or unknown:
+            raise BadValue(f"--tasks must be of {tuple(TASKS)}, got {self.tasks}")
 
 
-def measure(task: str, k: int, args) -> dict:
+@BENCHMARKS.register("seeds-vmapped", SeedsOptions)
+def run(options: SeedsOptions) -> results.Record:
+    """k seeds as one vmapped step against the k seeds' own steps one after another."""
+    rows = []
+    for task in options.tasks:
+        for k in options.seeds:
+            rows.append(measure(task, k, options))
+            say(f"{task}, {k} seed(s): {_row(rows[-1])[4]} faster vmapped")
+            partial = record(rows, options)  # a stopped run keeps the rows it measured
+            partial.command = command("seeds-vmapped", options)
+            partial.write(options.record_path())
+    headline = {f"{r['task']} k={r['k']}": round(r["speedup"]["median"], 3) for r in rows}
+    return record(rows, options, headline)
+
+
+def measure(task: str, k: int, args: SeedsOptions) -> dict:
     """One row: the vmapped and the one-after-another steps of k seeds of `task`."""
-    config, base = load_run(None, run=TASKS[task] | {"out": f"/tmp/seeds_vmapped/{task}"})
+    out = f"{tempfile.gettempdir()}/seeds_vmapped/{task}"  # set_up writes nothing there
+    config, base = load_run(None, run=TASKS[task] | {"out": out})
     setups = [set_up(config, run) for run in seed_runs(base, range(k))]
     run, batch_size = setups[0].run, setups[0].run.optim.batch_size
     vmapped = jax.jit(jax.vmap(setups[0].train_fn), donate_argnums=0)
@@ -111,7 +128,7 @@ def _compile(fn, state, batch) -> dict:
     return dict(seconds=round(seconds, 2), memory_mib=None if mib is None else round(mib, 1))
 
 
-def record(rows: list[dict], args) -> results.Record:
+def record(rows: list[dict], args: SeedsOptions, headline=None) -> results.Record:
     table = results.Table(
         columns=[
             "task",
@@ -134,7 +151,8 @@ def record(rows: list[dict], args) -> results.Record:
             "XLA's analysis of the compiled step (arguments and temporaries)."
         ],
     )
-    return results.capture([table], data={"rows": rows})
+    data = {"rows": rows} | ({"headline": headline} if headline else {})
+    return results.capture([table], data=data)
 
 
 def _row(r: dict) -> list[str]:
@@ -148,30 +166,3 @@ def _row(r: dict) -> list[str]:
         f"{c['vmapped']['seconds']:.1f} / {c['one seed']['seconds']:.1f}",
         f"{c['vmapped']['memory_mib']} / {c['one seed']['memory_mib']}",
     ]
-
-
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    rows = []
-    for task in args.tasks:
-        for k in args.seeds:
-            rows.append(measure(task, k, args))
-            print(
-                json.dumps({"task": task, "k": k, "speedup": rows[-1]["speedup"]}), file=sys.stderr
-            )
-            out = record(rows, args)  # after every row: a stopped run keeps what it measured
-            out.write(args.out)
-    print(out.markdown())
-    line = {
-        "benchmark": "seeds_vmapped",
-        "rows": [
-            {"task": r["task"], "k": r["k"], "speedup": round(r["speedup"]["median"], 3)}
-            for r in rows
-        ],
-    }
-    print(json.dumps(line))
-    return line
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,28 @@
+"""jaxformer bench seeds-vmapped: k seeds as one vmapped step against the k seeds' own
+steps, timed side by side; the record carries each row's intervals and is written after
+every row."""
+
+import json
+
+from jaxformer import cli
+
+
+def test_a_row_with_intervals_and_compile_costs(tmp_path):
+    out = tmp_path / "seeds.json"
+    argv = ["--tasks", "dates", "--seeds", "2", "--rounds", "6", "--steps", "1"]
+    assert cli.main(["bench", "seeds-vmapped", *argv, "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    given = ["jaxformer", "bench", "seeds-vmapped", "--out", str(out), *argv]
+    assert record["command"] == " ".join(given)
+    rows = record["data"]["rows"]
+    assert [(r["task"], r["k"]) for r in rows] == [("dates", 2)]
+    for r in rows:
+        s = r["speedup"]
+        assert 0 < s["low"] <= s["median"] <= s["high"]
+        assert all(r["compiled"][m]["seconds"] > 0 for m in ("vmapped", "one seed"))
+    assert record["data"]["headline"] == {
+        f"dates k={r['k']}": round(r["speedup"]["median"], 3) for r in rows
+    }
+    table = record["tables"][0]
+    assert [row[:2] for row in table["rows"]] == [["dates", "2"]]
+    assert "what varied: the round" in table["caption"]
