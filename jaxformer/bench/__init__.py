@@ -14,6 +14,8 @@ compile-time   compile_time.py: compile time and memory against depth; the compi
 parity         parity.py (parity_cases): converted torch modules and HF models
 batch-shapes   batch_shapes.py: how many shapes a translation run's batches take per pad multiple
 seeds-vmapped  seeds_vmapped.py: k seeds as one vmapped step against k steps one after another
+internals-overhead  internals_overhead.py: what --log-internals N costs a training step
+make-train     make_train.py: how long `make train` takes, as a fresh process
 xla-vs-eager   xla_vs_eager.py: the XLA-vs-eager lab: when compilation pays off, why, and
                how it compares with PyTorch (plan, measure, modes, workloads, host, load,
                fresh, compile_costs, programs, eager_model, validate, report, report_why,
@@ -30,7 +32,9 @@ from jaxformer.bench import (  # noqa: F401
     batch_shapes,
     compile_time,
     decode_speed,
+    internals_overhead,
     lm_throughput,
+    make_train,
     parity,
     peers,
     profile_step,

@@ -18,7 +18,9 @@ NAMES = (
     "compile-time",
     "decode",
     "gpt2-peers",
+    "internals-overhead",
     "lm-throughput",
+    "make-train",
     "parity",
     "profile",
     "seeds-vmapped",
@@ -59,6 +61,7 @@ def test_every_benchmark_is_registered_with_frozen_typed_options():
         ["parity", "--parts", "hf", "--quick"],
         ["batch-shapes", "--pad-multiples", "16", "64", "--steps", "10"],
         ["seeds-vmapped", "--tasks", "dates", "--seeds", "1", "8", "--rounds", "6"],
+        ["internals-overhead", "--every", "25", "--rounds", "8"],
     ],
 )
 def test_the_recorded_command_gives_back_the_options(words):
@@ -88,6 +91,7 @@ def test_the_default_out_is_not_recorded():
         ("xla-vs-eager", dict(time_limit=-1.0), "--time-limit must be > 0"),
         ("seeds-vmapped", dict(seeds=(8, 0)), "every --seeds value >= 1"),
         ("seeds-vmapped", dict(tasks=("copy",)), "--tasks must be of"),
+        ("internals-overhead", dict(every=1), "--every must be >= 2"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(name, fields, message):
