@@ -10,13 +10,14 @@ train --seeds` would (`train.seed_runs`, each seed's own `set_up`: initialisatio
 data order) and times, per round, the batches of steps 1 .. --steps (the same each round,
 so that warm-up compiles every batch shape) through the vmapped step (`jax.vmap` of the
 run's train step over the stacked states; the k batches stacked and padded, as
-`train_seeds` does each step) and through each seed's own step in turn (one
-process's view of k separate runs: one compiled program shared, no k-fold compile). The
-speed-up is separate time / vmapped time per round, the median over rounds with its 95%
+`train_seeds` does each step), through the mapped step (`jax.lax.map` over the same stacked
+states and batches: one seed at a time inside one program, so a step's working set is one
+seed's: `seeds.seed_step(fn, 1)`) and through each seed's own step in turn (one process's
+view of k separate runs: one compiled program shared, no k-fold compile). A speed-up is
+separate time / the program's time per round, the median over rounds with its 95%
 order-statistic interval (`jaxformer.bench.stats.paired_ratio`): what varied is the round.
-Compile seconds and XLA's memory analysis (arguments + temporaries) are reported for the
-vmapped step and the one-seed step: k separate processes would compile the one-seed step
-k times. The record is written after every row, so that a stopped run keeps the rows it
+Compile seconds and XLA's memory analysis (arguments + temporaries) are reported for each
+program: k separate processes would compile the one-seed step k times. The record is written after every row, so that a stopped run keeps the rows it
 measured.
 """
 
@@ -68,7 +69,11 @@ def run(options: SeedsOptions) -> results.Record:
             partial = record(rows, options)  # a stopped run keeps the rows it measured
             partial.command = command("seeds-vmapped", options)
             partial.write(options.record_path())
-    headline = {f"{r['task']} k={r['k']}": round(r["speedup"]["median"], 3) for r in rows}
+    headline = {
+        f"{r['task']} k={r['k']} {mode}": round(r[key]["median"], 3)
+        for r in rows
+        for mode, key in (("vmapped", "speedup"), ("mapped", "mapped_speedup"))
+    }
     return record(rows, options, headline)
 
 
@@ -78,18 +83,23 @@ def measure(task: str, k: int, args: SeedsOptions) -> dict:
     config, base = load_run(None, run=TASKS[task] | {"out": out})
     setups = [set_up(config, run) for run in seed_runs(base, range(k))]
     run, batch_size = setups[0].run, setups[0].run.optim.batch_size
-    vmapped = jax.jit(jax.vmap(setups[0].train_fn), donate_argnums=0)
+    programs = {
+        "vmapped": jax.jit(seed_axis.seed_step(setups[0].train_fn), donate_argnums=0),
+        "mapped": jax.jit(seed_axis.seed_step(setups[0].train_fn, 1), donate_argnums=0),
+    }
     one = jax.jit(setups[0].train_fn, donate_argnums=0)
-    box = {"stacked": seed_axis.stack([s.state for s in setups]), "each": [s.state for s in setups]}
+    box = {m: seed_axis.stack([s.state for s in setups]) for m in programs}
+    box["each"] = [s.state for s in setups]
 
     def batches(step: int) -> list[dict]:
         return [s.data.train_batch(step, batch_size) for s in setups]
 
     # Every round trains on the batches of steps 0 .. --steps-1 again, so that the warm-up
     # rounds compile every batch shape (translation batches vary in length) for both.
-    def run_vmapped():
+    def run_stacked(mode: str) -> None:
         for step in range(args.steps):
-            box["stacked"], m = vmapped(box["stacked"], seed_axis.stack_batches(batches(step)))
+            stacked = seed_axis.stack_batches(batches(step))
+            box[mode], m = programs[mode](box[mode], stacked)
         jax.block_until_ready(m)
 
     def run_each():
@@ -98,11 +108,11 @@ def measure(task: str, k: int, args: SeedsOptions) -> dict:
                 box["each"][i], m = one(box["each"][i], batch)
         jax.block_until_ready(m)
 
-    compiled = {
-        "vmapped": _compile(vmapped, box["stacked"], seed_axis.stack_batches(batches(0))),
-        "one seed": _compile(one, box["each"][0], batches(0)[0]),
-    }
-    times = stats.time_interleaved({"vmapped": run_vmapped, "each": run_each}, args.rounds)
+    first = seed_axis.stack_batches(batches(0))
+    compiled = {m: _compile(fn, box[m], first) for m, fn in programs.items()}
+    compiled["one seed"] = _compile(one, box["each"][0], batches(0)[0])
+    calls = {m: (lambda m=m: run_stacked(m)) for m in programs} | {"each": run_each}
+    times = stats.time_interleaved(calls, args.rounds)
     return dict(
         task=task,
         k=k,
@@ -112,6 +122,7 @@ def measure(task: str, k: int, args: SeedsOptions) -> dict:
             m: stats.median_ci([t / args.steps * 1e3 for t in ts]) for m, ts in times.items()
         },
         speedup=stats.paired_ratio(times["each"], times["vmapped"]),
+        mapped_speedup=stats.paired_ratio(times["each"], times["mapped"]),
         compiled=compiled,
     )
 
@@ -134,17 +145,20 @@ def record(rows: list[dict], args: SeedsOptions, headline=None) -> results.Recor
             "task",
             "k",
             "vmapped ms / step [95%]",
+            "mapped",
             "k one after another",
-            "speed-up [95%]",
-            "compile s (vmapped / one seed)",
-            "MiB (vmapped / one seed)",
+            "vmapped speed-up [95%]",
+            "mapped speed-up [95%]",
+            "compile s (vmapped / mapped / one seed)",
+            "MiB (vmapped / mapped / one seed)",
         ],
         rows=[_row(r) for r in rows],
-        align="lrrrrrr",
+        align="lrrrrrrrr",
         caption=(
-            f"k seeds as one vmapped step against the k seeds' own steps one after another, "
-            f"{args.rounds} alternating rounds of {args.steps} steps each (what varied: the "
-            "round); a step is one optimizer step of all k seeds:"
+            f"k seeds as one program, vmapped (all k at once) and mapped (`jax.lax.map`, one "
+            f"seed at a time inside the program), against the k seeds' own steps one after "
+            f"another, {args.rounds} rotating rounds of {args.steps} steps each (what varied: "
+            "the round); a step is one optimizer step of all k seeds:"
         ),
         notes=[
             "Separate processes would also compile the one-seed step k times; memory is "
@@ -156,13 +170,15 @@ def record(rows: list[dict], args: SeedsOptions, headline=None) -> results.Recor
 
 
 def _row(r: dict) -> list[str]:
-    v, e, s, c = r["ms_per_step"]["vmapped"], r["ms_per_step"]["each"], r["speedup"], r["compiled"]
+    ms, compiled, modes = r["ms_per_step"], r["compiled"], ("vmapped", "mapped", "one seed")
     return [
         r["task"],
         str(r["k"]),
-        f"{v['median']:.1f} [{v['low']:.1f}, {v['high']:.1f}]",
-        f"{e['median']:.1f} [{e['low']:.1f}, {e['high']:.1f}]",
-        f"{s['median']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]",
-        f"{c['vmapped']['seconds']:.1f} / {c['one seed']['seconds']:.1f}",
-        f"{c['vmapped']['memory_mib']} / {c['one seed']['memory_mib']}",
+        *(f"{c['median']:.1f} [{c['low']:.1f}, {c['high']:.1f}]" for c in ms.values()),
+        *(
+            f"{s['median']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]"
+            for s in (r["speedup"], r["mapped_speedup"])
+        ),
+        " / ".join(f"{compiled[m]['seconds']:.1f}" for m in modes),
+        " / ".join(str(compiled[m]["memory_mib"]) for m in modes),
     ]

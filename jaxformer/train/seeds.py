@@ -18,7 +18,7 @@ to float rounding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -29,6 +29,21 @@ from flax import nnx
 from jaxformer.checks import BadValue
 
 Batch = dict[str, Any]
+
+
+def seed_step(train_fn: Callable, at_once: int | None = None) -> Callable:
+    """`train_fn(state, batch)` for k stacked seeds: vmapped over the seed axis (`at_once`
+    None: all k at once), or `jax.lax.map`ped over it, `at_once` seeds vmapped at a time (1:
+    one seed after another inside the one program, each step's working set one seed's)."""
+    if at_once is None:
+        return jax.vmap(train_fn)
+    if at_once < 1:
+        raise BadValue(f"at_once must be >= 1 (or None: all seeds), got {at_once}")
+
+    def mapped(state, batch):
+        return jax.lax.map(lambda pair: train_fn(*pair), (state, batch), batch_size=at_once)
+
+    return mapped
 
 
 def stack(trees: Sequence[Any]) -> Any:

@@ -16,12 +16,13 @@ def test_a_row_with_intervals_and_compile_costs(tmp_path):
     assert record["command"] == " ".join(given)
     rows = record["data"]["rows"]
     assert [(r["task"], r["k"]) for r in rows] == [("dates", 2)]
-    for r in rows:
-        s = r["speedup"]
+    (row,) = rows
+    for s in (row["speedup"], row["mapped_speedup"]):
         assert 0 < s["low"] <= s["median"] <= s["high"]
-        assert all(r["compiled"][m]["seconds"] > 0 for m in ("vmapped", "one seed"))
+    assert all(row["compiled"][m]["seconds"] > 0 for m in ("vmapped", "mapped", "one seed"))
     assert record["data"]["headline"] == {
-        f"dates k={r['k']}": round(r["speedup"]["median"], 3) for r in rows
+        "dates k=2 vmapped": round(row["speedup"]["median"], 3),
+        "dates k=2 mapped": round(row["mapped_speedup"]["median"], 3),
     }
     table = record["tables"][0]
     assert [row[:2] for row in table["rows"]] == [["dates", "2"]]

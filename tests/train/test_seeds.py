@@ -29,12 +29,13 @@ def _run(seed: int):
 
 
 @pytest.mark.slow  # test_seed_group.py checks the same through train_seeds in the quick suite
-def test_seeds_vmapped_in_one_program_train_as_separate_runs():
+@pytest.mark.parametrize("at_once", [None, 1, 2])  # vmapped, mapped, mapped 2 at a time
+def test_seeds_in_one_program_train_as_separate_runs(at_once):
     runs = [_run(seed) for seed in SEEDS]
     graphdef, _, step, _ = runs[0]
     separate = [(jax.jit(s), state, d) for _, state, s, d in runs]
     stacked = seeds_lib.stack([state for _, state, _, _ in runs])
-    vmapped = jax.jit(jax.vmap(step), donate_argnums=0)
+    vmapped = jax.jit(seeds_lib.seed_step(step, at_once), donate_argnums=0)
     for i in range(3):
         batches = [d.train_batch(i, 8) for _, _, _, d in runs]
         stacked, metrics = vmapped(stacked, seeds_lib.stack_batches(batches))
@@ -47,6 +48,19 @@ def test_seeds_vmapped_in_one_program_train_as_separate_runs():
         assert int(mine.step) == 3
         for a, b in zip(jax.tree.leaves(mine.params), jax.tree.leaves(state.params), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_mapped_step_gives_the_vmapped_steps_results():
+    def step(state, batch):
+        return state * 2 + batch.sum(), {"loss": (state * batch).sum()}
+
+    state, batch = np.arange(5.0), np.arange(15.0).reshape(5, 3)
+    vmapped = seeds_lib.seed_step(step)(state, batch)
+    for at_once in (1, 2, 5):
+        mapped = jax.jit(seeds_lib.seed_step(step, at_once))(state, batch)
+        jax.tree.map(np.testing.assert_allclose, mapped, vmapped)
+    with pytest.raises(ValueError, match="at_once must be >= 1"):
+        seeds_lib.seed_step(step, 0)
 
 
 def test_batches_of_different_lengths_are_padded_as_padding():
