@@ -16,6 +16,7 @@ batch-shapes   batch_shapes.py: how many shapes a translation run's batches take
 seeds-vmapped  seeds_vmapped.py: k seeds as one vmapped step against k steps one after another
 internals-overhead  internals_overhead.py: what --log-internals N costs a training step
 make-train     make_train.py: how long `make train` takes, as a fresh process
+speedrun-levers  speedrun_levers.py: the wyc-web speedrun's padding and candidate models' step time
 xla-vs-eager   xla_vs_eager.py: the XLA-vs-eager lab: when compilation pays off, why, and
                how it compares with PyTorch (plan, measure, modes, workloads, host, load,
                fresh, compile_costs, programs, eager_model, validate, report, report_why,
@@ -39,6 +40,7 @@ from jaxformer.bench import (  # noqa: F401
     peers,
     profile_step,
     seeds_vmapped,
+    speedrun_levers,
     train_step,
     xla_vs_eager,
 )

@@ -24,6 +24,7 @@ NAMES = (
     "parity",
     "profile",
     "seeds-vmapped",
+    "speedrun-levers",
     "train-step",
     "xla-vs-eager",
 )
@@ -62,6 +63,7 @@ def test_every_benchmark_is_registered_with_frozen_typed_options():
         ["batch-shapes", "--pad-multiples", "16", "64", "--steps", "10"],
         ["seeds-vmapped", "--tasks", "dates", "--seeds", "1", "8", "--rounds", "6"],
         ["internals-overhead", "--every", "25", "--rounds", "8"],
+        ["speedrun-levers", "--rounds", "7", "--batches", "3"],
     ],
 )
 def test_the_recorded_command_gives_back_the_options(words):
@@ -92,6 +94,7 @@ def test_the_default_out_is_not_recorded():
         ("seeds-vmapped", dict(seeds=(8, 0)), "every --seeds value >= 1"),
         ("seeds-vmapped", dict(tasks=("copy",)), "--tasks must be of"),
         ("internals-overhead", dict(every=1), "--every must be >= 2"),
+        ("speedrun-levers", dict(rounds=3), "--rounds must be >= 6"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(name, fields, message):
