@@ -38,6 +38,7 @@ from jaxformer.train import seed_runs, set_up
 from jaxformer.train import seeds as seed_axis
 
 TASKS = {"dates": dict(task="dates"), "wyc-web": dict(dataset="wyc-web")}
+SPEEDUPS = {"vmapped": "speedup", "mapped": "mapped_speedup"}  # each over k steps apart
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,15 @@ def run(options: SeedsOptions) -> results.Record:
     for task in options.tasks:
         for k in options.seeds:
             rows.append(measure(task, k, options))
-            say(f"{task}, {k} seed(s): {_row(rows[-1])[4]} faster vmapped")
+            speedups = {m: rows[-1][key]["median"] for m, key in SPEEDUPS.items()}
+            say(f"{task}, {k} seed(s): " + ", ".join(f"{m} {v:.2f}x" for m, v in speedups.items()))
             partial = record(rows, options)  # a stopped run keeps the rows it measured
             partial.command = command("seeds-vmapped", options)
             partial.write(options.record_path())
     headline = {
         f"{r['task']} k={r['k']} {mode}": round(r[key]["median"], 3)
         for r in rows
-        for mode, key in (("vmapped", "speedup"), ("mapped", "mapped_speedup"))
+        for mode, key in SPEEDUPS.items()
     }
     return record(rows, options, headline)
 
