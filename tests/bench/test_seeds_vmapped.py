@@ -4,9 +4,12 @@ every row."""
 
 import json
 
+import pytest
+
 from jaxformer import cli
 
 
+@pytest.mark.slow  # 25-75 s: three programs compiled for the dates model
 def test_a_row_with_intervals_and_compile_costs(tmp_path):
     out = tmp_path / "seeds.json"
     argv = ["--tasks", "dates", "--seeds", "2", "--rounds", "6", "--steps", "1"]
