@@ -103,11 +103,9 @@ def run(options: LeversOptions) -> Record:
     return capture(tables, source=source, data={"headline": headline, "times": times})
 
 
-def padding_row(tokenizer, epoch_batches: int, multiple: int) -> list[str]:
-    """Shapes compiled, and the padded share of each side, at one pad multiple."""
-    _, data = build_data(
-        RunConfig.from_options(dataset="wyc-web", pad_multiple=multiple), tokenizer
-    )
+def padding_row(data, epoch_batches: int, multiple: int) -> list[str]:
+    """Shapes compiled, and the padded share of each side, of `data` (a dataset at pad
+    multiple `multiple`)."""
     shapes, real, padded = set(), np.zeros(2), np.zeros(2)
     for i in range(epoch_batches):
         b = data.train_batch(i, BATCH)
