@@ -54,11 +54,14 @@ def timed_run(tmp: pathlib.Path) -> dict:
     sampler.start()
     say(f"running {' '.join(['python', *COMMAND])} (minutes)")
     start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, *COMMAND, "--out", str(out)], env=env, check=True, capture_output=True
-    )
+    command = [sys.executable, *COMMAND, "--out", str(out)]
+    finished = subprocess.run(command, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     done.set()
+    if finished.returncode != 0:  # the run's own error, not a bare exit status
+        raise RuntimeError(
+            f"{' '.join(command)} exited with {finished.returncode}: {finished.stderr[-2000:]}"
+        )
     sampler.join()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return dict(wall=wall, user=usage.ru_utime, system=usage.ru_stime, loads=loads, out=out)
