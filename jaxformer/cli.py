@@ -143,8 +143,16 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         type=int,
         nargs="+",
         metavar="S",
-        help="train these seeds of the run as one vmapped program, each in <out>/seed<S> "
+        help="train these seeds of the run in one process, each in <out>/seed<S> "
         "(see jaxformer.train.seed_group)",
+    )
+    t.add_argument(
+        "--vmap-seeds",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="with --seeds: on, one vmapped step for all seeds; off, each seed's step in turn "
+        "(one compilation); auto (default): on with a GPU or TPU, off on a CPU (where the "
+        "vmapped step measured slower: docs/training.md)",
     )
     t.add_argument(
         "--no-progress",
@@ -395,7 +403,10 @@ def _train(args) -> int:
     )
     runs = [run] if args.seeds is None else seed_runs(run, args.seeds)
     try:
-        train_seeds(config, runs, resume=args.resume, progress=not args.no_progress)
+        vmapped = {"auto": None, "on": True, "off": False}[args.vmap_seeds]
+        train_seeds(
+            config, runs, resume=args.resume, progress=not args.no_progress, vmapped=vmapped
+        )
     except TrainingDiverged as e:
         print(f"jaxformer train: {e}", file=sys.stderr)
         return 1

@@ -314,6 +314,12 @@ class DataOptions:
         "translation batches are padded to a multiple of this many tokens: larger means "
         "fewer shapes to compile (wyc-web, batch 64: 10 at 16, 6 at 32, 3 at 64) and more padding",
     )
+    shared_lengths: bool = option(
+        False,
+        "translation: every seed's batches come in the same order of lengths (each holds "
+        "that seed's own pairs), so seeds in one vmapped step (--vmap-seeds on) pad little",
+        resume=True,
+    )
 
     def __post_init__(self):
         given = [name for name in SOURCES if getattr(self, name) is not None]
@@ -574,6 +580,7 @@ class RunConfig:
             for f in dataclasses.fields(kind)
             if f.metadata["resume"]
         }
+        settings = without_added_defaults(settings)
         cosine = self.optim.schedule == "cosine"
         settings["cosine_total_steps"] = self.optim.steps if cosine else None
         return settings
@@ -582,6 +589,17 @@ class RunConfig:
         """Every option by its flat name: {"task": "dates", ..., "steps": 1500, ...}."""
         groups = [dataclasses.asdict(getattr(self, g)) for g in self.groups()]
         return {name: value for group in groups for name, value in group.items()}
+
+
+# Run options added after runs recorded their settings (a checkpoint's meta, a sweep's
+# config hash): recorded only when set away from their default, so earlier runs still match.
+ADDED_RUN_OPTIONS = ("shared_lengths",)
+
+
+def without_added_defaults(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` (flat run options) less the ADDED_RUN_OPTIONS at their defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(DataOptions)}
+    return {k: v for k, v in fields.items() if k not in ADDED_RUN_OPTIONS or v != defaults[k]}
 
 
 def _yaml_problem(error) -> str:

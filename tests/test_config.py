@@ -6,6 +6,7 @@ import pytest
 from jaxformer import RunConfig, TransformerConfig
 from jaxformer.checks import BadValue
 from jaxformer.config import (
+    ADDED_RUN_OPTIONS,
     TABLE3_ROWS,
     DataOptions,
     EvalOptions,
@@ -111,14 +112,15 @@ RESUME_KEYS = """task data_tsv data_text dataset tokenizer init_from bpe_vocab_s
 
 def test_run_options_are_grouped_and_keep_their_flat_names():
     run = RunConfig.from_options()
-    assert run.to_dict() == FLAT_DEFAULT_RUN
-    assert sorted(RunConfig.options()) == sorted(FLAT_DEFAULT_RUN)
+    added = {name: False for name in ADDED_RUN_OPTIONS}  # options added since, at defaults
+    assert run.to_dict() == FLAT_DEFAULT_RUN | added
+    assert sorted(RunConfig.options()) == sorted(FLAT_DEFAULT_RUN | added)
     assert RunConfig.from_options(**run.to_dict()) == run
     run = RunConfig.from_options(steps=7, eval_every=3, seq_len=64, seed=-2, mesh="data=1")
     assert (run.optim.steps, run.eval.eval_every, run.data.seq_len) == (7, 3, 64)
     assert (run.runtime.seed, run.runtime.mesh) == (-2, "data=1")
     changed = dict(steps=7, eval_every=3, seq_len=64, seed=-2, mesh="data=1")
-    assert run.to_dict() == FLAT_DEFAULT_RUN | changed
+    assert run.to_dict() == FLAT_DEFAULT_RUN | added | changed
     assert RunConfig.options()["clip_norm"] == "optim"
     assert RunConfig.from_options(clip_norm=None).optim.clip_norm is None  # none = no clipping
 
@@ -184,6 +186,8 @@ def test_resume_settings_are_the_options_marked_resume():
         "cosine_total_steps": 300
     }
     assert RunConfig.from_options(schedule="paper").resume_settings()["cosine_total_steps"] is None
+    shared = RunConfig.from_options(shared_lengths=True).resume_settings()  # an added option:
+    assert shared["shared_lengths"] is True  # recorded once set, so a resume must match it
 
 
 RUN_FILE = """

@@ -23,6 +23,8 @@ measured.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ from jaxformer.train import seed_runs, set_up
 from jaxformer.train import seeds as seed_axis
 
 TASKS = {"dates": dict(task="dates"), "wyc-web": dict(dataset="wyc-web")}
+TRAIN = [sys.executable, "-m", "jaxformer", "train", "--no-progress", "--eval-examples", "32"]
 SPEEDUPS = {"vmapped": "speedup", "mapped": "mapped_speedup"}  # each over k steps apart
 
 
@@ -49,11 +52,18 @@ class SeedsOptions(Options):
     seeds: tuple[int, ...] = option((1, 3, 8), "the values of k, seeds in one step")
     rounds: int = option(8, "timed rounds (>= 6)")
     steps: int = option(5, "steps per program per round")
+    processes: int = option(
+        0,
+        "also time whole runs of --steps steps, this many rounds (>= 6; 0: not): one "
+        "`train --seeds` process (the seeds stepped in turn) against k `train` processes",
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.rounds < 6 or self.steps < 1 or not self.seeds or min(self.seeds) < 1:
             raise BadValue("--rounds must be >= 6, --steps and every --seeds value >= 1")
+        if self.processes and self.processes < 6:
+            raise BadValue(f"--processes must be 0 or >= 6, got {self.processes}")
         unknown = sorted(set(self.tasks) - set(TASKS))
         if not self.tasks or unknown:
             raise BadValue(f"--tasks must be of {tuple(TASKS)}, got {self.tasks}")
@@ -102,19 +112,26 @@ def measure(task: str, k: int, args: SeedsOptions) -> dict:
         for step in range(args.steps):
             stacked = seed_axis.stack_batches(batches(step))
             box[mode], m = programs[mode](box[mode], stacked)
-        jax.block_until_ready(m)
+        jax.block_until_ready((box[mode], m))
 
     def run_each():
         for step in range(args.steps):
             for i, batch in enumerate(batches(step)):
                 box["each"][i], m = one(box["each"][i], batch)
-        jax.block_until_ready(m)
+        jax.block_until_ready((box["each"], m))  # every seed's step, not only the last's
 
     first = seed_axis.stack_batches(batches(0))
     compiled = {m: _compile(fn, box[m], first) for m, fn in programs.items()}
     compiled["one seed"] = _compile(one, box["each"][0], batches(0)[0])
     calls = {m: (lambda m=m: run_stacked(m)) for m in programs} | {"each": run_each}
     times = stats.time_interleaved(calls, args.rounds)
+    timed = [batches(step) for step in range(args.steps)]
+    positions = {
+        "stacked": sum(
+            k * max(b["src"].shape[1] + b["tgt_in"].shape[1] for b in bs) for bs in timed
+        ),
+        "apart": sum(b["src"].shape[1] + b["tgt_in"].shape[1] for bs in timed for b in bs),
+    }
     return dict(
         task=task,
         k=k,
@@ -126,6 +143,36 @@ def measure(task: str, k: int, args: SeedsOptions) -> dict:
         speedup=stats.paired_ratio(times["each"], times["vmapped"]),
         mapped_speedup=stats.paired_ratio(times["each"], times["mapped"]),
         compiled=compiled,
+        padding=round(positions["stacked"] / positions["apart"], 3),
+    ) | (processes(task, k, args) if args.processes and k > 1 else {})
+
+
+def processes(task: str, k: int, args: SeedsOptions) -> dict:
+    """Whole runs: one `jaxformer train --seeds 0 .. k-1` process (on a CPU its seeds are
+    stepped in turn by one compiled program) against k `jaxformer train --seed S` processes
+    one after another, per round, each run --steps steps with a 32-pair final evaluation,
+    with the compilation cache as a user has it (the warm-up round fills it)."""
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in TASKS[task].items()]
+    command = [*TRAIN, *flags, "--steps", str(args.steps)]
+
+    def run(extra: list[str]) -> None:
+        done = subprocess.run(command + extra, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command + extra)} failed:\n{done.stderr[-2000:]}")
+
+    def together():
+        with tempfile.TemporaryDirectory() as out:
+            run(["--out", out, "--seeds", *map(str, range(k))])
+
+    def apart():
+        with tempfile.TemporaryDirectory() as out:
+            for seed in range(k):
+                run(["--out", f"{out}/seed{seed}", "--seed", str(seed)])
+
+    times = stats.time_interleaved({"one": together, "k": apart}, args.processes, warmup=1)
+    return dict(
+        process_seconds={m: stats.median_ci(ts) for m, ts in times.items()},
+        process_speedup=stats.paired_ratio(times["k"], times["one"]),
     )
 
 
@@ -153,9 +200,10 @@ def record(rows: list[dict], args: SeedsOptions, headline=None) -> results.Recor
             "mapped speed-up [95%]",
             "compile s (vmapped / mapped / one seed)",
             "MiB (vmapped / mapped / one seed)",
+            "positions stacked / apart",
         ],
         rows=[_row(r) for r in rows],
-        align="lrrrrrrrr",
+        align="lrrrrrrrrr",
         caption=(
             f"k seeds as one program, vmapped (all k at once) and mapped (`jax.lax.map`, one "
             f"seed at a time inside the program), against the k seeds' own steps one after "
@@ -164,11 +212,44 @@ def record(rows: list[dict], args: SeedsOptions, headline=None) -> results.Recor
         ),
         notes=[
             "Separate processes would also compile the one-seed step k times; memory is "
-            "XLA's analysis of the compiled step (arguments and temporaries)."
+            "XLA's analysis of the compiled step (arguments and temporaries); positions: "
+            "source + target positions each timed step computes, the k batches stacked "
+            "(padded to the longest) over their own lengths."
         ],
     )
+    tables = [table]
+    whole = [r for r in rows if "process_speedup" in r]
+    if whole:
+        tables.append(
+            results.Table(
+                columns=["task", "k", "one process s [95%]", "k processes s", "speed-up [95%]"],
+                rows=[_process_row(r) for r in whole],
+                align="lrrrr",
+                caption=(
+                    f"Whole runs of {args.steps} steps: one `jaxformer train --seeds` process "
+                    "(the seeds stepped in turn, the CPU's default) against k `jaxformer train` "
+                    f"processes one after another, {args.processes} rotating rounds (what "
+                    "varied: the round), the compilation cache on as by default:"
+                ),
+            )
+        )
     data = {"rows": rows} | ({"headline": headline} if headline else {})
-    return results.capture([table], data=data)
+    return results.capture(tables, data=data)
+
+
+def _interval(c: dict, unit: str = "", digits: int = 2) -> str:
+    return f"{c['median']:.{digits}f}{unit} [{c['low']:.{digits}f}, {c['high']:.{digits}f}]"
+
+
+def _process_row(r: dict) -> list[str]:
+    seconds = r["process_seconds"]
+    return [
+        r["task"],
+        str(r["k"]),
+        _interval(seconds["one"], digits=1),
+        _interval(seconds["k"], digits=1),
+        _interval(r["process_speedup"], "x"),
+    ]
 
 
 def _row(r: dict) -> list[str]:
@@ -176,11 +257,9 @@ def _row(r: dict) -> list[str]:
     return [
         r["task"],
         str(r["k"]),
-        *(f"{c['median']:.1f} [{c['low']:.1f}, {c['high']:.1f}]" for c in ms.values()),
-        *(
-            f"{s['median']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]"
-            for s in (r["speedup"], r["mapped_speedup"])
-        ),
+        *(_interval(c, digits=1) for c in ms.values()),
+        *(_interval(s, "x") for s in (r["speedup"], r["mapped_speedup"])),
         " / ".join(f"{compiled[m]['seconds']:.1f}" for m in modes),
         " / ".join(str(compiled[m]["memory_mib"]) for m in modes),
+        f"{r['padding']:.2f}" if "padding" in r else "",
     ]

@@ -343,10 +343,12 @@ class BibleCorpus:
         seed: int = 0,
         dev_size: int = 1000,
         pad_multiple: int = 16,
+        shared_lengths: bool = False,
     ) -> BibleTranslation | BibleLM:
         """The dataset with `tokenizer`: pairs longer than max_len tokens (with EOS) are
-        dropped and counted, batches padded to a multiple of pad_multiple tokens; an LM
-        packs rows of max_len tokens."""
+        dropped and counted, batches padded to a multiple of pad_multiple tokens (the
+        order of their lengths the same for every seed with shared_lengths: see
+        PairData); an LM packs rows of max_len tokens."""
         if self.lm:
             return BibleLM(self, tokenizer, seq_len=max_len, seed=seed)
         return BibleTranslation(
@@ -356,6 +358,7 @@ class BibleCorpus:
             seed=seed,
             dev_size=dev_size,
             pad_multiple=pad_multiple,
+            shared_lengths=shared_lengths,
         )
 
     def description(self) -> str:
@@ -451,6 +454,7 @@ class BibleTranslation(PairData):
         seed: int = 0,
         dev_size: int = 1000,
         pad_multiple: int = 16,
+        shared_lengths: bool = False,
     ):
         self.counts = dict(corpus.counts)
         kept, dev_books = {}, []
@@ -482,6 +486,7 @@ class BibleTranslation(PairData):
             seed=seed,
             dev_size=dev_size,
             pad_multiple=pad_multiple,
+            shared_lengths=shared_lengths,
             test=test,
             dev_groups=dev_books,
         )

@@ -166,7 +166,11 @@ class PairData(TrainingData):
     """Translation pairs: epoch-wise shuffles of the training pairs; within a pool of 50
     batches, pairs of similar length (the longer of source and target: sorting by the
     source alone left wyc-web's targets 43% padding) are batched together and padded to a
-    multiple of `pad_multiple` tokens (a bound on the shapes XLA compiles for).
+    multiple of `pad_multiple` tokens (a bound on the shapes XLA compiles for), and the
+    batches are shuffled. With `shared_lengths` that shuffle is the same for every seed:
+    step i of any seed draws the batch of the same pool and length rank (its pairs the
+    seed's own), so the batches of k seeds stacked in one program (`seeds.stack_batches`)
+    differ little in length and pad little.
     `train` and `dev` hold (source, target, (source ids, target ids)). The held-out
     pairs evaluated (`dev_pairs`) are `dev_size` of the dev pairs drawn at random with
     DEV_SEED (the same for every run seed), stratified by `dev_groups` (e.g. a Bible's books; none: one group), in
@@ -187,11 +191,12 @@ class PairData(TrainingData):
         seed: int = 0,
         dev_size: int = 1000,
         pad_multiple: int = 16,
+        shared_lengths: bool = False,
         test: list[tuple[str, str]] | None = None,
         dev_groups: list | None = None,
     ):
         check_int("pad_multiple", pad_multiple)
-        self.pad_multiple = pad_multiple
+        self.pad_multiple, self.shared_lengths = pad_multiple, shared_lengths
         self.tokenizer = tokenizer
         self.seed = seed
         self.max_len = max_len
@@ -222,7 +227,8 @@ class PairData(TrainingData):
         for start in range(0, n, pool):
             chunk = sorted(order[start : start + pool], key=self._length)
             batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
-        random.Random(f"tsv:{self.seed}:{epoch}:order").shuffle(batches)
+        lengths = "shared" if self.shared_lengths else self.seed  # one (pool, rank) per step
+        random.Random(f"tsv:{lengths}:{epoch}:order").shuffle(batches)
         self._epoch_cache = (epoch, batch_size, batches)
         return batches
 
@@ -290,6 +296,7 @@ class TsvData(PairData):
         dev_size: int = 1000,
         vocab_size: int | None = None,
         pad_multiple: int = 16,
+        shared_lengths: bool = False,
     ):
         check_int("max_len", max_len)
         _check_vocab(tokenizer, vocab_size)
@@ -327,6 +334,7 @@ class TsvData(PairData):
             seed=seed,
             dev_size=dev_size,
             pad_multiple=pad_multiple,
+            shared_lengths=shared_lengths,
         )
 
 

@@ -183,7 +183,14 @@ def _launch(spec: Spec, variant: str, seeds: tuple, *, gpu: int | None) -> subpr
         write_whole(spec.folder(variant, seed) / HASH_FILE, json.dumps(hashed))
     first, args = spec.folder(variant, seeds[0]), commands[seeds[0]]
     if len(seeds) > 1:
-        args += ["--out", str(spec.out / variant), "--seeds", *map(str, seeds)]
+        args += [
+            "--out",
+            str(spec.out / variant),
+            "--vmap-seeds",
+            "on",
+            "--seeds",
+            *map(str, seeds),
+        ]
     for seed in seeds:
         (spec.folder(variant, seed) / "command.txt").write_text(
             "jaxformer " + " ".join(args) + "\n"

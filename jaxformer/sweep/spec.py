@@ -39,7 +39,13 @@ import pathlib
 import yaml
 
 from jaxformer.checks import BadValue, InputError
-from jaxformer.config import RunConfig, TransformerConfig, load_config_file, load_run
+from jaxformer.config import (
+    RunConfig,
+    TransformerConfig,
+    load_config_file,
+    load_run,
+    without_added_defaults,
+)
 from jaxformer.functional.registry import import_variants
 from jaxformer.sweep.paper import Paper
 from jaxformer.train.run_folder import read_json
@@ -136,12 +142,13 @@ class Spec:
         return given | {"seed": seed, "out": str(self.folder(variant, seed))}
 
     def config_hash(self, variant: str, seed: int) -> str:
-        """A hash of the run's resolved model and run configuration (its folder aside) and
-        of the variant files it registers."""
+        """A hash of the run's resolved model and run configuration (its folder aside; an
+        option added since hashes were first recorded only when set away from its default:
+        `config.ADDED_RUN_OPTIONS`) and of the variant files it registers."""
         model, run = self.configs(variant, seed)
         resolved = {
             "model": model.to_dict(),
-            "run": run.to_dict() | {"out": None},
+            "run": without_added_defaults(run.to_dict() | {"out": None}),
             "variant_files": list(self.variant_files),
         }
         text = json.dumps(resolved, sort_keys=True, default=str)

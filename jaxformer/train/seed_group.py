@@ -1,15 +1,19 @@
-"""k seeds of one run trained as one compiled program, each in its own run folder.
+"""k seeds of one run trained in one process, each in its own run folder.
 
     runs = seed_runs(run, seeds=(0, 1, 2))          # run once per seed, in <out>/seed<S>
-    summaries = train_seeds(model_config, runs)      # one vmapped step for all three
+    summaries = train_seeds(model_config, runs)      # one program for all three
 
 Each seed keeps what its separate run would have: its initialisation, dropout key and
 data order (its own `set_up`, on data read and tokenized once for the group and
 `reseeded`), and its folder: config.json, metrics.jsonl, checkpoints,
 the evaluations, summary.json and the report, so resume, `jaxformer sweep` and the tables
-read it as a separate run's. Their states are stacked on a leading seed axis and the step
-is `jax.vmap`ped over it (`jaxformer.train.seeds`): one program and one dispatch per step
-for all k. Each seed's figures equal its separate run's to float rounding (the vmapped
+read it as a separate run's. On an accelerator (or `vmapped=True`) their states are
+stacked on a leading seed axis and the step is `jax.vmap`ped over it
+(`jaxformer.train.seeds`): one program and one dispatch per step for all k, each step's k
+batches padded to the longest (`shared_lengths` keeps translation batches alike). On a
+CPU (or `vmapped=False`) each seed's state is stepped in turn by the one program of one
+seed, compiled once: its steps are its separate run's, without k compilations and k
+data builds. Each seed's figures equal its separate run's to float rounding (the vmapped
 reductions may sum in another order; tests/train/test_seed_group.py states the tolerance).
 
 The hooks (in-run evaluation, checkpoint, the caller's, final evaluation) run for each
@@ -62,15 +66,21 @@ def train_seeds(
     resume: bool = False,
     progress: bool = True,
     hooks: Sequence[Hook] = (),
+    vmapped: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Train `runs` (one configuration, differing only in seed and folder) as one vmapped
-    program; returns their summaries, in order. One run trains as `loop.train` does.
-    Resumed, every run must be at the same step. Stops and errors as `loop.train`."""
+    """Train `runs` (one configuration, differing only in seed and folder) in one process;
+    returns their summaries, in order. `vmapped`: one vmapped step for all seeds (None:
+    on an accelerator), else the one-seed step on each seed in turn (a CPU's default:
+    there the vmapped step measured slower than the seeds' own steps, docs/training.md).
+    One run trains as `loop.train` does. Resumed, every run must be at the same step.
+    Stops and errors as `loop.train`."""
     check_seed_runs(runs)
     if len(runs) == 1:
         return [loop.train(model_config, runs[0], resume=resume, progress=progress, hooks=hooks)]
+    if vmapped is None:
+        vmapped = jax.default_backend() != "cpu"
     with stop_signals_raise():
-        return _train_seeds(model_config, runs, resume, progress, hooks)
+        return _train_seeds(model_config, runs, resume, progress, hooks, vmapped)
 
 
 def check_seed_runs(runs: Sequence[RunConfig]) -> None:
@@ -106,7 +116,7 @@ class _Seed(NamedTuple):
     shown: report.Progress
 
 
-def _train_seeds(model_config, runs, resume, progress, hooks) -> list[dict[str, Any]]:
+def _train_seeds(model_config, runs, resume, progress, hooks, vmapped) -> list[dict[str, Any]]:
     started = time.perf_counter()
     check_hooks(hooks)
     setups = _set_up(model_config, runs)  # all bad input before any folder
@@ -132,7 +142,7 @@ def _train_seeds(model_config, runs, resume, progress, hooks) -> list[dict[str, 
         hooks_run = loop._hooks(run, evaluation, hooks)
         group.append(_Seed(setup, folder, evaluation, meter, hooks_run, shown))
         states.append(state)
-    _run_steps(group, seed_axis.stack(states))
+    _run_steps(group, _Steps(group[0].setup, states, vmapped))
     summaries = [_finish(seed) for seed in group]  # the first seed's report is shown
     if progress and group[0].folder.is_main:
         for seed in group[1:]:
@@ -153,26 +163,56 @@ def _set_up(model_config: TransformerConfig, runs: Sequence[RunConfig]) -> list[
     return [first, *rest]
 
 
-def _run_steps(group: list[_Seed], state) -> None:
-    """The steps after the group's first up to the run's last, vmapped; each step's
-    metrics are brought to the host while the next runs and logged in each seed's folder,
-    and after a step with hooks due each seed runs them with its own state. On a stop or
-    a hook's error every seed's last step is saved before the error is raised again."""
-    lead, run = group[0].setup, group[0].setup.run
-    like = seed_axis.seed_layout(lead.layout, len(group))
-    step_fn = lead.placement.compile(jax.vmap(lead.train_fn), like, donate_state=True)
-    state, held, running = lead.placement.put(state, like=like), [], None
+class _Steps:
+    """The k seeds' states and their step: stacked on a leading seed axis and stepped by
+    one vmapped program (`vmapped`), or kept apart and stepped by the first seed's
+    one-seed program in turn (one compilation; each batch keeps its own length)."""
+
+    def __init__(self, lead: Setup, states: list, vmapped: bool):
+        self.vmapped, placement = vmapped, lead.placement
+        if vmapped:
+            like = seed_axis.seed_layout(lead.layout, len(states))
+            self.fn = placement.compile(jax.vmap(lead.train_fn), like, donate_state=True)
+            self.state = placement.put(seed_axis.stack(states), like=like)
+        else:
+            self.fn, self.state = lead.train_step, states  # each laid out by loop._start
+
+    def step(self, batches: list) -> Any:
+        """One step of every seed on its batch; returns the metrics, stacked [k]."""
+        if self.vmapped:
+            self.state, metrics = self.fn(self.state, seed_axis.stack_batches(batches))
+            return metrics
+        done = [self.fn(state, batch) for state, batch in zip(self.state, batches, strict=True)]
+        self.state = [state for state, _ in done]
+        return seed_axis.stack([metrics for _, metrics in done])
+
+    def states(self) -> list:
+        return seed_axis.unstack(self.state) if self.vmapped else list(self.state)
+
+    def params(self) -> Any:
+        """The seeds' parameters stacked [k, ...] (what `decode.translate_seeds` reads)."""
+        return (
+            self.state.params if self.vmapped else seed_axis.stack([s.params for s in self.state])
+        )
+
+
+def _run_steps(group: list[_Seed], steps: _Steps) -> None:
+    """The steps after the group's first up to the run's last; each step's metrics are
+    brought to the host while the next runs and logged in each seed's folder, and after
+    a step with hooks due each seed runs them with its own state. On a stop or a hook's
+    error every seed's last step is saved before the error is raised again."""
+    run = group[0].setup.run
+    held, running = [], None
     try:
         for step in range(group[0].meter.first, run.optim.steps):
             batches = [s.setup.data.train_batch(step, run.optim.batch_size) for s in group]
             with signals_held():
-                state, metrics = step_fn(state, seed_axis.stack_batches(batches))
-                held.append((step + 1, metrics))
+                held.append((step + 1, steps.step(batches)))
             _read(group, held, keep=1)  # the step before's, as this one runs
             if group[0].hooks.due(step + 1):  # the seeds' hooks are due together
                 records = _read(group, held)  # this step's: a NaN stops the run before hooks
-                states = seed_axis.unstack(state)
-                _decode_together(group, step + 1, state.params, states)
+                states = steps.states()
+                _decode_together(group, step + 1, steps.params(), states)
                 for running, mine, record in zip(group, states, records, strict=True):
                     context = StepContext(
                         step + 1, mine, record, running.folder, running.setup, running.shown.write
@@ -183,7 +223,7 @@ def _run_steps(group: list[_Seed], state) -> None:
                 running = None
             group[0].shown.advance()
         if group[0].meter.first >= run.optim.steps:  # resumed complete: the at_end hooks
-            for running, mine in zip(group, seed_axis.unstack(state), strict=True):
+            for running, mine in zip(group, steps.states(), strict=True):
                 at_end, step = running.hooks.due(run.optim.steps), running.meter.step
                 running.hooks.run(
                     at_end,
@@ -191,13 +231,13 @@ def _run_steps(group: list[_Seed], state) -> None:
                 )
     except KeyboardInterrupt as e:
         stop = e
-        _save_all(group, held, state, lambda seed: loop._stop(stop, seed.hooks.running))
+        _save_all(group, held, steps, lambda seed: loop._stop(stop, seed.hooks.running))
         raise
     except Exception:
         if running is None:
             raise
         why = f"hook {running.hooks.running.name!r} raised"
-        _save_all(group, held, state, lambda seed: why)
+        _save_all(group, held, steps, lambda seed: why)
         raise
     finally:
         for seed in group:
@@ -253,10 +293,10 @@ def _read(group: list[_Seed], held: list, keep: int = 0) -> list[dict | None]:
     return records
 
 
-def _save_all(group: list[_Seed], held: list, state, why) -> None:
+def _save_all(group: list[_Seed], held: list, steps: _Steps, why) -> None:
     """Every seed's last step saved (unless its loss is NaN), each saying so in one line."""
     _read(group, held)
-    for seed, mine in zip(group, seed_axis.unstack(state), strict=True):
+    for seed, mine in zip(group, steps.states(), strict=True):
         loop._save_before_stopping(
             seed.folder, seed.meter, seed.shown, mine, seed.setup.run, why(seed)
         )

@@ -175,6 +175,7 @@ def _pair_options(run: RunConfig) -> dict:
         seed=run.runtime.seed,
         dev_size=run.eval.eval_examples,
         pad_multiple=run.data.pad_multiple,
+        shared_lengths=run.data.shared_lengths,
     )
 
 

@@ -23,6 +23,7 @@ def test_a_row_with_intervals_and_compile_costs(tmp_path):
     for s in (row["speedup"], row["mapped_speedup"]):
         assert 0 < s["low"] <= s["median"] <= s["high"]
     assert all(row["compiled"][m]["seconds"] > 0 for m in ("vmapped", "mapped", "one seed"))
+    assert row["padding"] == 1.0  # the dates task's batches are all one length
     assert record["data"]["headline"] == {
         "dates k=2 vmapped": round(row["speedup"]["median"], 3),
         "dates k=2 mapped": round(row["mapped_speedup"]["median"], 3),
@@ -30,3 +31,8 @@ def test_a_row_with_intervals_and_compile_costs(tmp_path):
     table = record["tables"][0]
     assert [row[:2] for row in table["rows"]] == [["dates", "2"]]
     assert "what varied: the round" in table["caption"]
+
+
+def test_whole_runs_need_rounds_for_an_interval(capsys):
+    assert cli.main(["bench", "seeds-vmapped", "--processes", "3"]) == 2
+    assert "--processes must be 0 or >= 6, got 3" in capsys.readouterr().err

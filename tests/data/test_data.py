@@ -129,6 +129,32 @@ def test_pad_multiple_sets_the_padded_lengths(tmp_path):
         data.TsvData(path, TOK, max_len=96, pad_multiple=0)
 
 
+def test_shared_lengths_give_every_seed_alike_lengths_and_its_own_pairs(tmp_path):
+    """With shared_lengths, step i of each seed draws a batch of the same length rank in its
+    pool: the seeds' batches stacked in one program pad far less than with each seed's own
+    order of lengths, and each seed still trains on pairs of its own."""
+    rng = np.random.default_rng(1)
+    path = tmp_path / "pairs.tsv"
+    lengths = rng.integers(2, 90, 3000)
+    path.write_text("".join(f"{i}{'s' * n}\t{'t' * n}\n" for i, n in enumerate(lengths)))
+
+    def lengths_and_pairs(shared: bool):
+        seeds = [
+            data.TsvData(path, TOK, max_len=96, seed=s, pad_multiple=8, shared_lengths=shared)
+            for s in range(4)
+        ]
+        batches = [[d.train_batch(i, 16) for d in seeds] for i in range(40)]
+        lengths = np.array([[b["src"].shape[1] for b in step] for step in batches])
+        return lengths, [[b["src"].tobytes() for b in step] for step in batches]
+
+    own, _ = lengths_and_pairs(False)
+    shared, rows = lengths_and_pairs(True)
+    padded = lambda lengths: lengths.max(1).sum() * 4 / lengths.sum()  # noqa: E731
+    assert padded(own) > 1.3 and padded(shared) < 1.1
+    assert all(len(set(step)) == 4 for step in rows)  # each seed's own pairs
+    np.testing.assert_array_equal(lengths_and_pairs(True)[0], shared)  # and reproducible
+
+
 @pytest.mark.parametrize(
     "content,match",
     [

@@ -508,6 +508,8 @@ def test_the_config_hash_reads_the_flat_run_options(tmp_path):
     }
     text = json.dumps(resolved, sort_keys=True, default=str)
     assert spec.config_hash("sq", 1) == hashlib.sha256(text.encode()).hexdigest()[:16]
+    shared = sweep.Spec.load(write_spec(tmp_path, base=BASE | {"shared_lengths": True}))
+    assert shared.config_hash("sq", 1) != spec.config_hash("sq", 1)  # an added option, set
 
 
 def test_the_committed_sweep_runs_keep_their_config_hashes():
@@ -660,7 +662,7 @@ def test_a_variants_seeds_train_as_one_process_and_a_divergence_is_found_apart(
     ]
     assert results["variants"]["bad"]["runs"] == {0: "done", 1: "diverged", 2: "done"}
     group = (spec.folder("base", 2) / "command.txt").read_text()
-    assert group.endswith(f"--out {spec.out / 'base'} --seeds 0 1 2\n")
+    assert group.endswith(f"--out {spec.out / 'base'} --vmap-seeds on --seeds 0 1 2\n")
     assert (
         "the fake run trained seed0 seed1 seed2"
         in (spec.folder("base", 0) / "train.log").read_text()

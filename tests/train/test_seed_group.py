@@ -1,5 +1,6 @@
-"""k seeds of one run as one vmapped program (jaxformer.train.seed_group): each seed's folder
-holds what its separate run's holds, with the same figures to float rounding."""
+"""k seeds of one run in one process (jaxformer.train.seed_group), vmapped or stepped in
+turn: each seed's folder holds what its separate run's holds, with the same figures to
+float rounding."""
 
 import json
 
@@ -24,33 +25,38 @@ def _clock(key: str) -> bool:
     return "seconds" in key or "per_second" in key
 
 
-def test_seeds_vmapped_leave_the_folders_and_figures_of_separate_runs(tmp_path, monkeypatch):
-    runs = seed_runs(run_config(tmp_path / "group"), SEEDS)
+def test_seeds_together_leave_the_folders_and_figures_of_separate_runs(tmp_path, monkeypatch):
+    """Vmapped, each seed's figures are its separate run's to RTOL; stepped in turn (the
+    CPU's default), its losses are its separate run's to the bit."""
     alone = evaluate.translate
+    summaries = {}
     with monkeypatch.context() as patch:  # the group decodes its seeds' dev pairs together
         patch.setattr(evaluate, "translate", lambda *a, **k: pytest.fail("a seed decoded alone"))
-        summaries = train_seeds(small_config(dropout_rate=0.1), runs, progress=False)
+        for vmapped in (True, False):
+            runs = seed_runs(run_config(tmp_path / f"vmapped{vmapped}"), SEEDS)
+            config = small_config(dropout_rate=0.1)
+            summaries[vmapped] = train_seeds(config, runs, progress=False, vmapped=vmapped)
     assert evaluate.translate is alone
-    for seed, summary in zip(SEEDS, summaries, strict=True):
-        mine = tmp_path / "group" / f"seed{seed}"
+    for i, seed in enumerate(SEEDS):
         alone = tmp_path / f"alone{seed}"
         expected = loop.train(
-            small_config(dropout_rate=0.1),
-            run_config(alone, seed=seed),
-            progress=False,
+            small_config(dropout_rate=0.1), run_config(alone, seed=seed), progress=False
         )
-        assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in alone.iterdir())
-        assert checkpoint.Checkpointer(mine).latest_step() == 20
-        got, want = losses(mine), losses(alone)
-        assert list(got) == list(want)
-        np.testing.assert_allclose(list(got.values()), list(want.values()), rtol=RTOL)
-        assert list(summary) == list(expected) and summary["steps"] == 20
-        figures = [k for k, v in expected.items() if isinstance(v, float) and not _clock(k)]
-        assert "eval_nll" in figures and "exact_match" in figures
-        for key in figures:
-            np.testing.assert_allclose(summary[key], expected[key], rtol=RTOL, err_msg=key)
-        assert [r["step"] for r in _records(mine)] == [r["step"] for r in _records(alone)]
-    assert len({s["eval_nll"] for s in summaries}) == len(SEEDS)  # the seeds differ
+        for vmapped, summary in ((v, summaries[v][i]) for v in (True, False)):
+            mine = tmp_path / f"vmapped{vmapped}" / f"seed{seed}"
+            assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in alone.iterdir())
+            assert checkpoint.Checkpointer(mine).latest_step() == 20
+            got, want = losses(mine), losses(alone)
+            assert list(got) == list(want)
+            rtol = RTOL if vmapped else 0
+            np.testing.assert_allclose(list(got.values()), list(want.values()), rtol=rtol)
+            assert list(summary) == list(expected) and summary["steps"] == 20
+            figures = [k for k, v in expected.items() if isinstance(v, float) and not _clock(k)]
+            assert "eval_nll" in figures and "exact_match" in figures
+            for key in figures:
+                np.testing.assert_allclose(summary[key], expected[key], rtol=RTOL, err_msg=key)
+            assert [r["step"] for r in _records(mine)] == [r["step"] for r in _records(alone)]
+    assert len({s["eval_nll"] for s in summaries[False]}) == len(SEEDS)  # the seeds differ
 
 
 @pytest.mark.slow  # 15 s: the first test decodes together too; tests/test_decode.py the beam
@@ -59,7 +65,7 @@ def test_in_run_and_beam_evaluations_decode_together_as_separate_runs(tmp_path, 
     runs = seed_runs(run_config(tmp_path / "group", **options), SEEDS)
     with monkeypatch.context() as patch:
         patch.setattr(evaluate, "translate", lambda *a, **k: pytest.fail("a seed decoded alone"))
-        train_seeds(small_config(), runs, progress=False)
+        train_seeds(small_config(), runs, progress=False, vmapped=True)
     for seed in SEEDS:
         loop.train(small_config(), run_config(tmp_path / f"alone{seed}", seed=seed, **options))
         group = [r for r in _records(tmp_path / "group" / f"seed{seed}") if "exact_match" in r]
