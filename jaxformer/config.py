@@ -598,8 +598,15 @@ ADDED_RUN_OPTIONS = ("shared_lengths",)
 
 def without_added_defaults(fields: dict[str, Any]) -> dict[str, Any]:
     """`fields` (flat run options) less the ADDED_RUN_OPTIONS at their defaults."""
+    added = with_added_defaults({})
+    return {k: v for k, v in fields.items() if k not in added or v != added[k]}
+
+
+def with_added_defaults(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` (flat run options, as an earlier run recorded them) with the defaults of
+    the ADDED_RUN_OPTIONS it lacks."""
     defaults = {f.name: f.default for f in dataclasses.fields(DataOptions)}
-    return {k: v for k, v in fields.items() if k not in ADDED_RUN_OPTIONS or v != defaults[k]}
+    return {name: defaults[name] for name in ADDED_RUN_OPTIONS} | fields
 
 
 def _yaml_problem(error) -> str:

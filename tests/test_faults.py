@@ -44,6 +44,7 @@ def _train(args, out, *extra):
     return {k: v for k, v in summary.items() if k not in TIMES}
 
 
+@pytest.mark.slow  # three trainings in processes: 35 s of the quick suite (Ctrl-C: test_loop)
 def test_sigterm_saves_the_step_in_flight_and_the_resumed_run_ends_as_an_unstopped_one(tmp_path):
     """What `kill`, `timeout`, `docker stop` or a scheduler's preemption sends: the process
     saves the step it was running, says so in one line and exits with 143 (128 + 15); the

@@ -2,7 +2,7 @@
 side in alternating rounds of one process (`jaxformer bench seeds-vmapped`).
 
     jaxformer bench seeds-vmapped [--tasks dates wyc-web] [--seeds 1 3 8] [--rounds 8]
-                                  [--steps 5] [--out results/seeds-vmapped.json]
+                                  [--steps 5] [--processes 0] [--out results/seeds-vmapped.json]
 
 For each task (`dates`: make train's model and batch; `wyc-web`: the speedrun's run
 defaults, which need the `data` extra) and each k, it builds the k seeds' runs as `jaxformer
@@ -12,13 +12,15 @@ so that warm-up compiles every batch shape) through the vmapped step (`jax.vmap`
 run's train step over the stacked states; the k batches stacked and padded, as
 `train_seeds` does each step), through the mapped step (`jax.lax.map` over the same stacked
 states and batches: one seed at a time inside one program, so a step's working set is one
-seed's: `seeds.seed_step(fn, 1)`) and through each seed's own step in turn (one process's
-view of k separate runs: one compiled program shared, no k-fold compile). A speed-up is
+seed's: `seeds.seed_step(fn, 1)`) and through each seed's own step in turn (what `train
+--seeds` does on a CPU: one compiled program shared, no k-fold compile). A speed-up is
 separate time / the program's time per round, the median over rounds with its 95%
 order-statistic interval (`jaxformer.bench.stats.paired_ratio`): what varied is the round.
-Compile seconds and XLA's memory analysis (arguments + temporaries) are reported for each
-program: k separate processes would compile the one-seed step k times. The record is written after every row, so that a stopped run keeps the rows it
-measured.
+Compile seconds, XLA's memory analysis (arguments + temporaries) and the positions the
+stacked batches compute over their own are reported for each row. With --processes N,
+each row with k > 1 also times whole runs of --steps steps in N rounds: one `jaxformer
+train --seeds` process against k `jaxformer train` processes. The record is written after
+every row, so that a stopped run keeps the rows it measured.
 """
 
 from __future__ import annotations

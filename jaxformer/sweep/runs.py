@@ -26,7 +26,7 @@ import pathlib
 
 from jaxformer import results
 from jaxformer.checks import BadValue, MissingFile
-from jaxformer.config import load_run
+from jaxformer.config import load_run, with_added_defaults
 from jaxformer.sweep import report, stats
 
 SPEEDRUN = "jaxformer train --dataset wyc-web --steps 2000 --eval-every 500 --final-test"
@@ -66,7 +66,7 @@ def load(folder: pathlib.Path) -> dict:
         raise BadValue(f"{folder}: the run did not score the test set (final_test)")
     config = json.loads((folder / "config.json").read_text())
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    flat = config["model"] | config["run"]
+    flat = config["model"] | with_added_defaults(config["run"])  # an earlier run's too
     return {"folder": folder, "summary": summary, "config": flat, "records": records}
 
 

@@ -1,6 +1,6 @@
 """Training with optax: losses, schedules, optimizers, the train and eval steps, the
-run's set-up (`set_up`) and the loop that runs them (`train`; k seeds of a run as one
-vmapped program: `train_seeds`), with periodic work as hooks (`Hook`); a trained run's
+run's set-up (`set_up`) and the loop that runs them (`train`; k seeds of a run in one
+process, vmapped or in turn: `train_seeds`), with periodic work as hooks (`Hook`); a trained run's
 model and tokenizer back (`restore_model`)."""
 
 from jaxformer.train.checkpoint import restore_model

@@ -25,38 +25,40 @@ def _clock(key: str) -> bool:
     return "seconds" in key or "per_second" in key
 
 
-def test_seeds_together_leave_the_folders_and_figures_of_separate_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "vmapped",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # vmapped: the slow test below too
+)
+def test_seeds_together_leave_the_folders_and_figures_of_separate_runs(
+    tmp_path, monkeypatch, vmapped
+):
     """Vmapped, each seed's figures are its separate run's to RTOL; stepped in turn (the
     CPU's default), its losses are its separate run's to the bit."""
     alone = evaluate.translate
-    summaries = {}
+    runs = seed_runs(run_config(tmp_path / "group"), SEEDS)
     with monkeypatch.context() as patch:  # the group decodes its seeds' dev pairs together
         patch.setattr(evaluate, "translate", lambda *a, **k: pytest.fail("a seed decoded alone"))
-        for vmapped in (True, False):
-            runs = seed_runs(run_config(tmp_path / f"vmapped{vmapped}"), SEEDS)
-            config = small_config(dropout_rate=0.1)
-            summaries[vmapped] = train_seeds(config, runs, progress=False, vmapped=vmapped)
+        config = small_config(dropout_rate=0.1)
+        summaries = train_seeds(config, runs, progress=False, vmapped=vmapped)
     assert evaluate.translate is alone
-    for i, seed in enumerate(SEEDS):
-        alone = tmp_path / f"alone{seed}"
+    for seed, summary in zip(SEEDS, summaries, strict=True):
+        mine, alone = tmp_path / "group" / f"seed{seed}", tmp_path / f"alone{seed}"
         expected = loop.train(
             small_config(dropout_rate=0.1), run_config(alone, seed=seed), progress=False
         )
-        for vmapped, summary in ((v, summaries[v][i]) for v in (True, False)):
-            mine = tmp_path / f"vmapped{vmapped}" / f"seed{seed}"
-            assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in alone.iterdir())
-            assert checkpoint.Checkpointer(mine).latest_step() == 20
-            got, want = losses(mine), losses(alone)
-            assert list(got) == list(want)
-            rtol = RTOL if vmapped else 0
-            np.testing.assert_allclose(list(got.values()), list(want.values()), rtol=rtol)
-            assert list(summary) == list(expected) and summary["steps"] == 20
-            figures = [k for k, v in expected.items() if isinstance(v, float) and not _clock(k)]
-            assert "eval_nll" in figures and "exact_match" in figures
-            for key in figures:
-                np.testing.assert_allclose(summary[key], expected[key], rtol=RTOL, err_msg=key)
-            assert [r["step"] for r in _records(mine)] == [r["step"] for r in _records(alone)]
-    assert len({s["eval_nll"] for s in summaries[False]}) == len(SEEDS)  # the seeds differ
+        assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in alone.iterdir())
+        assert checkpoint.Checkpointer(mine).latest_step() == 20
+        got, want = losses(mine), losses(alone)
+        assert list(got) == list(want)
+        rtol = RTOL if vmapped else 0
+        np.testing.assert_allclose(list(got.values()), list(want.values()), rtol=rtol)
+        assert list(summary) == list(expected) and summary["steps"] == 20
+        figures = [k for k, v in expected.items() if isinstance(v, float) and not _clock(k)]
+        assert "eval_nll" in figures and "exact_match" in figures
+        for key in figures:
+            np.testing.assert_allclose(summary[key], expected[key], rtol=RTOL, err_msg=key)
+        assert [r["step"] for r in _records(mine)] == [r["step"] for r in _records(alone)]
+    assert len({s["eval_nll"] for s in summaries}) == len(SEEDS)  # the seeds differ
 
 
 @pytest.mark.slow  # 15 s: the first test decodes together too; tests/test_decode.py the beam
@@ -80,6 +82,7 @@ def test_in_run_and_beam_evaluations_decode_together_as_separate_runs(tmp_path, 
         ).read_text()
 
 
+@pytest.mark.slow  # 15 s; tests/test_faults.py resumes stopped seeds too
 def test_resumed_seeds_continue_together_and_must_be_at_one_step(tmp_path):
     runs = seed_runs(run_config(tmp_path, steps=10, schedule="constant"), (0, 1))
     train_seeds(small_config(), runs, progress=False)
