@@ -146,13 +146,10 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         help="train these seeds of the run in one process, each in <out>/seed<S> "
         "(see jaxformer.train.seed_group)",
     )
-    t.add_argument(
-        "--vmap-seeds",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="with --seeds: on, one vmapped step for all seeds; off, each seed's step in turn "
-        "(one compilation); auto (default): on with a GPU or TPU, off on a CPU (where the "
-        "vmapped step measured slower: docs/training.md)",
+    _vmap_seeds_option(
+        t,
+        "with --seeds: on, one vmapped step for all seeds; off, each seed's step in turn "
+        "(one compilation); auto (default): on with a GPU or TPU, off on a CPU",
     )
     t.add_argument(
         "--no-progress",
@@ -237,15 +234,25 @@ def _sweep_parser(sub) -> argparse.ArgumentParser:
     w.add_argument(
         "--retry-failed", action="store_true", help="empty and rerun failed and diverged runs"
     )
-    w.add_argument(
-        "--vmap-seeds",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="on: a variant's seeds as one vmapped program (`train --seeds`); off: each seed "
-        "its own process, seed-major; auto (default): on with an NVIDIA GPU, else off (on a "
-        "CPU the vmapped step measured slower: docs/training.md)",
+    _vmap_seeds_option(
+        w,
+        "on: a variant's seeds as one vmapped program (`train --seeds`); off: each seed "
+        "its own process, seed-major; auto (default): on with an NVIDIA GPU, else off",
     )
     return w
+
+
+VMAP_SEEDS = {"auto": None, "on": True, "off": False}  # --vmap-seeds: the `vmapped` argument
+
+
+def _vmap_seeds_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """--vmap-seeds {auto,on,off} (read through VMAP_SEEDS)."""
+    parser.add_argument(
+        "--vmap-seeds",
+        choices=tuple(VMAP_SEEDS),
+        default="auto",
+        help=help + " (on a CPU the vmapped step measured slower: docs/training.md)",
+    )
 
 
 def _bench_parser(sub) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -394,6 +401,8 @@ def _train(args) -> int:
         )
     elif args.num_processes is not None or args.process_id is not None:
         raise BadValue("--num-processes and --process-id need --coordinator HOST:PORT")
+    if args.seeds is None and args.vmap_seeds != "auto":
+        raise BadValue("--vmap-seeds says how --seeds train; give it with --seeds S [S ...]")
     given = vars(args)  # the options given: the others are left out (argparse.SUPPRESS)
     model_fields = ["preset", *(f.name for f in dataclasses.fields(TransformerConfig))]
     config, run = load_run(
@@ -403,7 +412,7 @@ def _train(args) -> int:
     )
     runs = [run] if args.seeds is None else seed_runs(run, args.seeds)
     try:
-        vmapped = {"auto": None, "on": True, "off": False}[args.vmap_seeds]
+        vmapped = VMAP_SEEDS[args.vmap_seeds]
         train_seeds(
             config, runs, resume=args.resume, progress=not args.no_progress, vmapped=vmapped
         )
@@ -625,7 +634,7 @@ def _sweep(args) -> int:
             jobs=args.jobs,
             rerun_changed=args.rerun_changed,
             retry_failed=args.retry_failed,
-            vmap_seeds={"auto": None, "on": True, "off": False}[args.vmap_seeds],
+            vmap_seeds=VMAP_SEEDS[args.vmap_seeds],
         )
     except KeyboardInterrupt:
         print("jaxformer sweep: interrupted; run the same command to continue", file=sys.stderr)

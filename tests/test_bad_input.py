@@ -491,6 +491,7 @@ CLI = [
     ("out is a file", ["--out", "pairs.tsv"], "pairs.tsv exists and is not a folder"),
     ("averaging more than kept", ["--average-checkpoints", "5"], "average_checkpoints=5 needs keep_checkpoints >= 5, got keep_checkpoints=3"),
     ("averaging more than saved", ["--average-checkpoints", "3", "--steps", "20", "--checkpoint-every", "10"], r"average_checkpoints=3 but steps=20 with checkpoint_every=10 saves 2 checkpoint\(s\)"),
+    ("vmap seeds without seeds", ["--vmap-seeds", "on"], r"--vmap-seeds says how --seeds train; give it with --seeds"),
     ("eval beam 0", ["--eval-beam", "0"], "eval_beam must be >= 1, got 0"),
     ("negative eval alpha", ["--eval-alpha", "-1"], "eval_alpha must be >= 0, got -1.0"),
 ]  # fmt: skip

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxformer.train import checkpoint, evaluate, loop
+from jaxformer import cli
+from jaxformer.train import checkpoint, evaluate, loop, seed_group
 from jaxformer.train.seed_group import seed_runs, train_seeds
 from tests.train.test_loop import losses, run_config, small_config
 
@@ -110,3 +111,12 @@ def test_runs_that_are_not_one_configuration_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"this run sets \['profile'\]"):
         train_seeds(small_config(), profiled)
     assert not (tmp_path / "seed0").exists()  # refused before any folder
+
+
+@pytest.mark.parametrize("flag, vmapped", [("auto", None), ("on", True), ("off", False)])
+def test_the_command_hands_vmap_seeds_to_train_seeds(tmp_path, monkeypatch, flag, vmapped):
+    got = {}
+    monkeypatch.setattr(seed_group, "train_seeds", lambda *a, **k: got.update(k))
+    argv = ["train", "--out", str(tmp_path), "--seeds", "0", "1", "--vmap-seeds", flag]
+    assert cli.main([*argv, "--no-progress"]) == 0
+    assert got["vmapped"] is vmapped
