@@ -32,7 +32,7 @@ from jaxformer.markdown import table
 SECTION = re.compile(
     r"(<!-- results:(?P<name>[\w-]+):start -->\n).*?(<!-- results:(?P=name):end -->)", re.S
 )
-VERSIONED = ("jax", "jaxlib", "flax", "optax", "torch", "tokamax", "transformers")
+VERSIONED = ("jax", "jaxlib", "flax", "optax", "torch", "tokamax", "transformers", "sacrebleu")
 
 
 @dataclasses.dataclass

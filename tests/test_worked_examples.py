@@ -57,18 +57,3 @@ def test_worked_examples_script(tmp_path):
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert summary["stated_values_wrong"] == 8
     assert (tmp_path / "worked_examples.md").exists()
-
-
-@pytest.mark.slow  # runs the whole Table 3 script (about 30 s); the rows themselves are checked in test_config
-def test_paper_table3_script(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "experiments/paper_table3.py", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    s = json.loads(run.stdout.strip().splitlines()[-1])
-    assert abs(s["base_M"] - 65) < 0.5
-    assert s["max_abs_delta_mismatch_M_without_big"] <= 1.0
-    # The documented inconsistency of the paper's base and big counts: disjoint intervals.
-    assert s["vocab_interval_big_minus_base_148M"][1] < s["vocab_interval_base_65M"][0]

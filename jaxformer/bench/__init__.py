@@ -11,7 +11,9 @@ decode         decode_speed.py: the KV cache against recomputing the prefix
 profile        profile_step.py: one step by kind of operation (CPU) or by category from
                a trace and its HLO (hlo_profile)
 compile-time   compile_time.py: compile time and memory against depth; the compile cache
+copy-baseline  copy_baseline.py: copying the source as the translation, the floor to beat
 parity         parity.py (parity_cases): converted torch modules and HF models
+paper-params   paper_params.py: Table 3's parameter counts, the paper's against ours
 batch-shapes   batch_shapes.py: how many shapes a translation run's batches take per pad multiple
 seeds-vmapped  seeds_vmapped.py: k seeds as one vmapped step against k steps one after another
 internals-overhead  internals_overhead.py: what --log-internals N costs a training step
@@ -32,10 +34,12 @@ from jaxformer.bench import (  # noqa: F401
     attention,
     batch_shapes,
     compile_time,
+    copy_baseline,
     decode_speed,
     internals_overhead,
     lm_throughput,
     make_train,
+    paper_params,
     parity,
     peers,
     profile_step,
