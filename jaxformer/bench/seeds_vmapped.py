@@ -2,7 +2,8 @@
 side in alternating rounds of one process (`jaxformer bench seeds-vmapped`).
 
     jaxformer bench seeds-vmapped [--tasks dates wyc-web] [--seeds 1 3 8] [--rounds 8]
-                                  [--steps 5] [--processes 0] [--out results/seeds-vmapped.json]
+                                  [--steps 5] [--processes 0] [--shared-lengths]
+                                  [--out results/seeds-vmapped.json]
 
 For each task (`dates`: make train's model and batch; `wyc-web`: the speedrun's run
 defaults, which need the `data` extra) and each k, it builds the k seeds' runs as `jaxformer
@@ -19,7 +20,9 @@ order-statistic interval (`jaxformer.bench.stats.paired_ratio`): what varied is 
 Compile seconds, XLA's memory analysis (arguments + temporaries) and the positions the
 stacked batches compute over their own are reported for each row. With --processes N,
 each row with k > 1 also times whole runs of --steps steps in N rounds: one `jaxformer
-train --seeds` process against k `jaxformer train` processes. The record is written after
+train --seeds` process against k `jaxformer train` processes. With --shared-lengths the
+runs' translation batches come in one order of lengths for every seed (the run option
+shared_lengths), so that the stacked batches pad little. The record is written after
 every row, so that a stopped run keeps the rows it measured.
 """
 
@@ -59,6 +62,11 @@ class SeedsOptions(Options):
         "also time whole runs of --steps steps, this many rounds (>= 6; 0: not): one "
         "`train --seeds` process (the seeds stepped in turn) against k `train` processes",
     )
+    shared_lengths: bool = option(
+        False,
+        "the runs' translation batches in one order of lengths for every seed (the run "
+        "option shared_lengths), so that the stacked batches pad little",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -94,7 +102,7 @@ def run(options: SeedsOptions) -> results.Record:
 def measure(task: str, k: int, args: SeedsOptions) -> dict:
     """One row: the vmapped and the one-after-another steps of k seeds of `task`."""
     out = f"{tempfile.gettempdir()}/seeds_vmapped/{task}"  # set_up writes nothing there
-    config, base = load_run(None, run=TASKS[task] | {"out": out})
+    config, base = load_run(None, run=_run_fields(task, args) | {"out": out})
     setups = [set_up(config, run) for run in seed_runs(base, range(k))]
     run, batch_size = setups[0].run, setups[0].run.optim.batch_size
     programs = {
@@ -154,8 +162,7 @@ def processes(task: str, k: int, args: SeedsOptions) -> dict:
     stepped in turn by one compiled program) against k `jaxformer train --seed S` processes
     one after another, per round, each run --steps steps with a 32-pair final evaluation,
     with the compilation cache as a user has it (the warm-up round fills it)."""
-    flags = [f"--{key.replace('_', '-')}={value}" for key, value in TASKS[task].items()]
-    command = [*TRAIN, *flags, "--steps", str(args.steps)]
+    command = [*TRAIN, *train_flags(task, args), "--steps", str(args.steps)]
 
     def run(extra: list[str]) -> None:
         done = subprocess.run(command + extra, capture_output=True, text=True)
@@ -176,6 +183,19 @@ def processes(task: str, k: int, args: SeedsOptions) -> dict:
         process_seconds={m: stats.median_ci(ts) for m, ts in times.items()},
         process_speedup=stats.paired_ratio(times["k"], times["one"]),
     )
+
+
+def train_flags(task: str, args: SeedsOptions) -> list[str]:
+    """The `jaxformer train` options of `task`'s runs."""
+    return [
+        f"--{key.replace('_', '-')}" + ("" if value is True else f"={value}")
+        for key, value in _run_fields(task, args).items()
+    ]
+
+
+def _run_fields(task: str, args: SeedsOptions) -> dict:
+    """The run options of `task`'s runs."""
+    return TASKS[task] | ({"shared_lengths": True} if args.shared_lengths else {})
 
 
 def _compile(fn, state, batch) -> dict:
@@ -210,7 +230,12 @@ def record(rows: list[dict], args: SeedsOptions, headline=None) -> results.Recor
             f"k seeds as one program, vmapped (all k at once) and mapped (`jax.lax.map`, one "
             f"seed at a time inside the program), against the k seeds' own steps one after "
             f"another, {args.rounds} rotating rounds of {args.steps} steps each (what varied: "
-            "the round); a step is one optimizer step of all k seeds:"
+            "the round); a step is one optimizer step of all k seeds"
+            + (
+                ", every seed's batches in one order of lengths (shared_lengths)"
+                * args.shared_lengths
+            )
+            + ":"
         ),
         notes=[
             "Separate processes would also compile the one-seed step k times; memory is "

@@ -65,7 +65,7 @@ def test_every_benchmark_is_registered_with_frozen_typed_options():
         ["batch-shapes", "--pad-multiples", "16", "64", "--steps", "10"],
         ["paper-params", "--vocab", "37000", "--rows", "base", "big"],
         ["copy-baseline", "--datasets", "asv-web"],
-        ["seeds-vmapped", "--tasks", "dates", "--seeds", "1", "8", "--rounds", "6"],
+        ["seeds-vmapped", "--tasks", "dates", "--seeds", "1", "8", "--shared-lengths"],
         ["internals-overhead", "--every", "25", "--rounds", "8"],
         ["speedrun-levers", "--rounds", "7", "--batches", "3"],
     ],

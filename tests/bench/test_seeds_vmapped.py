@@ -7,6 +7,7 @@ import json
 import pytest
 
 from jaxformer import cli
+from jaxformer.bench import seeds_vmapped
 
 
 @pytest.mark.slow  # 25-75 s: three programs compiled for the dates model
@@ -36,3 +37,13 @@ def test_a_row_with_intervals_and_compile_costs(tmp_path):
 def test_whole_runs_need_rounds_for_an_interval(capsys):
     assert cli.main(["bench", "seeds-vmapped", "--processes", "3"]) == 2
     assert "--processes must be 0 or >= 6, got 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_runs_timed_whole_are_the_runs_measured_in_process(shared):
+    options = seeds_vmapped.SeedsOptions(shared_lengths=shared)
+    flags = seeds_vmapped.train_flags("wyc-web", options)
+    parser, _ = cli._parser()
+    args = parser.parse_args(["train", *flags])
+    assert args.dataset == "wyc-web" and getattr(args, "shared_lengths", False) is shared
+    assert seeds_vmapped._run_fields("wyc-web", options).get("shared_lengths", False) is shared

@@ -110,6 +110,7 @@ def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp
     assert sorted(_logged_losses(tmp_path)) == list(range(1, bad_step))
 
 
+@pytest.mark.slow  # 11 s of the quick suite; a NaN on a checkpoint step is checked there
 def test_ctrl_c_saves_no_checkpoint_of_a_diverged_step(tmp_path, monkeypatch):
     """An interrupt right after step 3 (NaN) is dispatched: its held metrics are read before
     the interrupted run's checkpoint, so there is none."""

@@ -109,6 +109,7 @@ def test_values_match_norms_and_entropies_computed_by_hand():
         )
 
 
+@pytest.mark.slow  # 20 s of the quick suite; the unstacked model's values are checked there
 def test_stacked_layers_give_the_same_norms_per_layer_and_no_sites():
     _, optimizer, graphdef, state, batch = setup()
     _, plain = internals_of(graphdef, optimizer, state, batch)

@@ -93,6 +93,7 @@ def test_resume_is_bit_exact(tmp_path):
     assert (split / "loss.png").stat().st_size > 0 and (split / "attention.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # 13 s of the quick suite; test_resume_is_bit_exact resumes there
 def test_a_resumed_run_adds_its_time_to_the_kept_steps_time(tmp_path):
     """wall_seconds and eval_seconds are the whole run's: a resume continues the running
     totals of the records it keeps (here edited to 2,000 s and 1,000 s), so train_seconds
@@ -315,6 +316,7 @@ def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
 
 
 @NEEDS_SIGHUP
+@pytest.mark.slow  # 13 s of the quick suite; test_ctrl_c_saves_and_exits_130 stops a run there
 def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
     tmp_path, capsys, monkeypatch
 ):
