@@ -290,7 +290,8 @@ class DataOptions:
     dataset: str | None = option(
         None,
         "a Bible dataset (pip install 'jaxformer[data]'): SRC-TGT translation between two "
-        "versions (wyc-web, kjv-bbe) or VER-lm, a decoder-only LM (web-lm)",
+        "versions (wyc-web, kjv-bbe), SRC+EXTRA-TGT with other versions' training books as "
+        "extra training pairs (wyc+kjv-web), or VER-lm, a decoder-only LM (web-lm)",
         resume=True,
     )
     tokenizer: str = option(

