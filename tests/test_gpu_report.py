@@ -36,6 +36,7 @@ ORDER = [
     "xla_vs_eager",
     "train-step",
     "table3",
+    "seeds",
     *(f"xla_vs_eager_full_{i}" for i in range(1, len(gpu_report.lab_full_groups()) + 1)),
 ]
 
