@@ -321,6 +321,12 @@ class DataOptions:
         "that seed's own pairs), so seeds in one vmapped step (--vmap-seeds on) pad little",
         resume=True,
     )
+    batch_tokens: int | None = option(
+        None,
+        "translation: batches of up to this many tokens a side (rows x the padded longer "
+        "side, as the paper's ~25,000) in place of batch_size pairs; one process, one device",
+        resume=True,
+    )
 
     def __post_init__(self):
         given = [name for name in SOURCES if getattr(self, name) is not None]
@@ -340,6 +346,12 @@ class DataOptions:
             check_int("bpe_vocab_size", self.bpe_vocab_size, minimum=300)
         check_int("seq_len", self.seq_len)
         check_int("pad_multiple", self.pad_multiple)
+        if self.batch_tokens is not None:
+            check_int("batch_tokens", self.batch_tokens)
+            if not (self.data_tsv or (self.dataset and not self.dataset.endswith("-lm"))):
+                raise BadValue(
+                    "batch_tokens batches translation pairs: give data_tsv or a SRC-TGT dataset"
+                )
 
     @classmethod
     def from_options(cls, **given) -> DataOptions:
@@ -529,6 +541,12 @@ class RunConfig:
                 f"average_checkpoints={k} but steps={steps} with checkpoint_every={every} "
                 f"saves {saved} checkpoint(s)"
             )
+        tokens = self.data.batch_tokens
+        if tokens and (self.optim.accum_steps > 1 or self.runtime.mesh or self.runtime.pmap):
+            raise BadValue(
+                f"batch_tokens={tokens} makes batches of varying rows, which accum_steps, a "
+                "mesh and pmap cannot split: use batch_size with them"
+            )
         profile = self.runtime.profile_steps
         if profile and profile[1] > steps:
             raise BadValue(
@@ -594,7 +612,7 @@ class RunConfig:
 
 # Run options added after runs recorded their settings (a checkpoint's meta, a sweep's
 # config hash): recorded only when set away from their default, so earlier runs still match.
-ADDED_RUN_OPTIONS = ("shared_lengths",)
+ADDED_RUN_OPTIONS = ("shared_lengths", "batch_tokens")
 
 
 def without_added_defaults(fields: dict[str, Any]) -> dict[str, Any]:

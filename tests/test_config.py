@@ -112,7 +112,8 @@ RESUME_KEYS = """task data_tsv data_text dataset tokenizer init_from bpe_vocab_s
 
 def test_run_options_are_grouped_and_keep_their_flat_names():
     run = RunConfig.from_options()
-    added = {name: False for name in ADDED_RUN_OPTIONS}  # options added since, at defaults
+    added = {"shared_lengths": False, "batch_tokens": None}  # options added since, at defaults
+    assert tuple(added) == ADDED_RUN_OPTIONS
     assert run.to_dict() == FLAT_DEFAULT_RUN | added
     assert sorted(RunConfig.options()) == sorted(FLAT_DEFAULT_RUN | added)
     assert RunConfig.from_options(**run.to_dict()) == run
@@ -178,6 +179,21 @@ def test_each_group_checks_its_own_options_and_run_config_the_rest():
         )
 
 
+@pytest.mark.parametrize(
+    "given, match",
+    [
+        (dict(task="copy"), "batch_tokens batches translation pairs: give data_tsv or a SRC-TGT"),
+        (dict(data_text="x.txt"), "batch_tokens batches translation pairs"),
+        (dict(data_tsv="x.tsv", accum_steps=2), "batch_tokens=500 makes batches of varying rows"),
+        (dict(data_tsv="x.tsv", pmap=True), "accum_steps, a mesh and pmap cannot split"),
+        (dict(data_tsv="x.tsv", batch_tokens=0), "batch_tokens must be >= 1"),
+    ],
+)
+def test_token_batches_need_pairs_and_one_unsplit_batch(given, match):
+    with pytest.raises(BadValue, match=match):
+        RunConfig.from_options(**({"batch_tokens": 500} | given))
+
+
 def test_resume_settings_are_the_options_marked_resume():
     run = RunConfig.from_options(steps=300, lr=1e-3, seed=4)
     settings = run.resume_settings()
@@ -188,6 +204,8 @@ def test_resume_settings_are_the_options_marked_resume():
     assert RunConfig.from_options(schedule="paper").resume_settings()["cosine_total_steps"] is None
     shared = RunConfig.from_options(shared_lengths=True).resume_settings()  # an added option:
     assert shared["shared_lengths"] is True  # recorded once set, so a resume must match it
+    tokens = RunConfig.from_options(data_tsv="x.tsv", batch_tokens=500).resume_settings()
+    assert tokens["batch_tokens"] == 500 and "batch_tokens" not in settings
 
 
 RUN_FILE = """

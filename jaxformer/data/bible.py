@@ -354,11 +354,12 @@ class BibleCorpus:
         dev_size: int = 1000,
         pad_multiple: int = 16,
         shared_lengths: bool = False,
+        batch_tokens: int | None = None,
     ) -> BibleTranslation | BibleLM:
         """The dataset with `tokenizer`: pairs longer than max_len tokens (with EOS) are
         dropped and counted, batches padded to a multiple of pad_multiple tokens (the
-        order of their lengths the same for every seed with shared_lengths: see
-        PairData); an LM packs rows of max_len tokens."""
+        order of their lengths the same for every seed with shared_lengths, or batches of
+        batch_tokens tokens: see PairData); an LM packs rows of max_len tokens."""
         if self.lm:
             return BibleLM(self, tokenizer, seq_len=max_len, seed=seed)
         return BibleTranslation(
@@ -369,6 +370,7 @@ class BibleCorpus:
             dev_size=dev_size,
             pad_multiple=pad_multiple,
             shared_lengths=shared_lengths,
+            batch_tokens=batch_tokens,
         )
 
     def description(self) -> str:
@@ -487,6 +489,7 @@ class BibleTranslation(PairData):
         dev_size: int = 1000,
         pad_multiple: int = 16,
         shared_lengths: bool = False,
+        batch_tokens: int | None = None,
     ):
         self.counts = dict(corpus.counts)
         kept, dev_books = {}, []
@@ -519,6 +522,7 @@ class BibleTranslation(PairData):
             dev_size=dev_size,
             pad_multiple=pad_multiple,
             shared_lengths=shared_lengths,
+            batch_tokens=batch_tokens,
             test=test,
             dev_groups=dev_books,
         )

@@ -14,6 +14,7 @@ what it trains, its batches, and how it is judged.
 
 from __future__ import annotations
 
+import collections
 import copy
 import pathlib
 import random
@@ -170,7 +171,12 @@ class PairData(TrainingData):
     batches are shuffled. With `shared_lengths` that shuffle is the same for every seed:
     step i of any seed draws the batch of the same pool and length rank (its pairs the
     seed's own), so the batches of k seeds stacked in one program (`seeds.stack_batches`)
-    differ little in length and pad little.
+    differ little in length and pad little. With `batch_tokens` a batch holds as many pairs as
+    fit that many tokens on each side instead (rows x the padded longer side, as the
+    paper's batches of about 25,000 source and 25,000 target tokens): the pairs of each
+    padded length in rows of batch_tokens // length (the last batch of a length filled
+    with all-padding rows, so each length is one shape), the same batches every epoch,
+    cut with seeded ties, in a new order each epoch.
     `train` and `dev` hold (source, target, (source ids, target ids)). The held-out
     pairs evaluated (`dev_pairs`) are `dev_size` of the dev pairs drawn at random with
     DEV_SEED (the same for every run seed), stratified by `dev_groups` (e.g. a Bible's books; none: one group), in
@@ -192,11 +198,15 @@ class PairData(TrainingData):
         dev_size: int = 1000,
         pad_multiple: int = 16,
         shared_lengths: bool = False,
+        batch_tokens: int | None = None,
         test: list[tuple[str, str]] | None = None,
         dev_groups: list | None = None,
     ):
         check_int("pad_multiple", pad_multiple)
+        if batch_tokens is not None:
+            check_int("batch_tokens", batch_tokens)
         self.pad_multiple, self.shared_lengths = pad_multiple, shared_lengths
+        self.batch_tokens = batch_tokens
         self.tokenizer = tokenizer
         self.seed = seed
         self.max_len = max_len
@@ -207,18 +217,29 @@ class PairData(TrainingData):
         self._dev_ids = [dev[i][2] for i in order]
         self.test_pairs = list(test or [])
         self._epoch_cache: tuple[int, int, list[list[int]]] | None = None
+        self._token_batches: list[list[int | None]] | None = None
 
     def reseeded(self, seed: int) -> PairData:
         other = copy.copy(self)
-        other.seed, other._epoch_cache = seed, None
+        other.seed, other._epoch_cache, other._token_batches = seed, None, None
         return other
 
     def batches_per_epoch(self, batch_size: int) -> int:
+        if self.batch_tokens:
+            return len(self._by_tokens())
         return _batches_per_epoch(len(self._train), batch_size, "training pairs")
 
     def _epoch(self, epoch: int, batch_size: int) -> list[list[int]]:
         if self._epoch_cache and self._epoch_cache[:2] == (epoch, batch_size):
             return self._epoch_cache[2]
+        batches = list(self._by_tokens()) if self.batch_tokens else self._pooled(epoch, batch_size)
+        lengths = "shared" if self.shared_lengths else self.seed  # one (pool, rank) per step
+        random.Random(f"tsv:{lengths}:{epoch}:order").shuffle(batches)
+        self._epoch_cache = (epoch, batch_size, batches)
+        return batches
+
+    def _pooled(self, epoch: int, batch_size: int) -> list[list[int]]:
+        """Epoch `epoch`'s batches of batch_size pairs, of similar lengths within a pool."""
         order = list(range(len(self._train)))
         random.Random(f"tsv:{self.seed}:{epoch}").shuffle(order)
         n = self.batches_per_epoch(batch_size) * batch_size
@@ -227,10 +248,25 @@ class PairData(TrainingData):
         for start in range(0, n, pool):
             chunk = sorted(order[start : start + pool], key=self._length)
             batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
-        lengths = "shared" if self.shared_lengths else self.seed  # one (pool, rank) per step
-        random.Random(f"tsv:{lengths}:{epoch}:order").shuffle(batches)
-        self._epoch_cache = (epoch, batch_size, batches)
         return batches
+
+    def _by_tokens(self) -> list[list[int | None]]:
+        """The training pairs in batches of at most batch_tokens tokens a side: by padded
+        length (ties in a seeded order), batch_tokens // length rows each, a length's last
+        batch filled with None (all-padding rows); a pair longer than batch_tokens alone."""
+        if self._token_batches is None:
+            rng = random.Random(f"tsv:{self.seed}:tokens")
+            order, by_width = list(range(len(self._train))), collections.defaultdict(list)
+            rng.shuffle(order)
+            for i in order:
+                width = min(_round_up(self._length(i) + 1, self.pad_multiple), self.max_len)
+                by_width[width].append(i)
+            self._token_batches = []
+            for width in sorted(by_width):
+                pairs, rows = by_width[width], max(1, self.batch_tokens // width)
+                for j in range(0, len(pairs), rows):
+                    self._token_batches.append(_fill(pairs[j : j + rows], rows))
+        return self._token_batches
 
     def _length(self, i: int) -> int:
         """The batching length of training pair `i`: its longer side, in tokens."""
@@ -240,7 +276,8 @@ class PairData(TrainingData):
     def train_batch(self, index: int, batch_size: int) -> Batch:
         check_int("batch_size", batch_size)
         epoch, j = divmod(index, self.batches_per_epoch(batch_size))
-        return self._encode([self._train[i][2] for i in self._epoch(epoch, batch_size)[j]])
+        batch = self._epoch(epoch, batch_size)[j]
+        return self._encode([None if i is None else self._train[i][2] for i in batch])
 
     def eval_batches(self, batch_size: int):
         check_int("batch_size", batch_size)
@@ -297,6 +334,7 @@ class TsvData(PairData):
         vocab_size: int | None = None,
         pad_multiple: int = 16,
         shared_lengths: bool = False,
+        batch_tokens: int | None = None,
     ):
         check_int("max_len", max_len)
         _check_vocab(tokenizer, vocab_size)
@@ -335,6 +373,7 @@ class TsvData(PairData):
             dev_size=dev_size,
             pad_multiple=pad_multiple,
             shared_lengths=shared_lengths,
+            batch_tokens=batch_tokens,
         )
 
 

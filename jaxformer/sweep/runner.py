@@ -11,7 +11,7 @@ separate runs) go in groups by step; a group in which a seed diverged runs its s
 again apart, so only that seed is marked diverged. On a CPU (where the vmapped step
 measured slower than the seeds' own steps: docs/training.md), with `vmap_seeds=False`,
 or with a run option that keeps seeds apart (a mesh, pmap, a profile, logged
-internals), every run is its own process, seed-major: seed 0 of every variant, then
+internals, token-count batches), every run is its own process, seed-major: seed 0 of every variant, then
 seed 1, ..., so a drift of the machine's speed does not fall on one variant.
 
 A run with a summary.json is finished and never rerun; any other resumes from its last
@@ -119,8 +119,9 @@ def _jobs(spec: Spec, pending: list[tuple[str, int]], vmap_seeds: bool) -> list[
     the variants' order; else one job per run, in `pending`'s (seed-major) order."""
     groups: dict[tuple, list[int]] = {}
     for variant, seed in pending:
-        run = spec.configs(variant, seed)[1].runtime
-        apart = not vmap_seeds or any(getattr(run, n) not in (None, False) for n in UNVMAPPED)
+        run = spec.configs(variant, seed)[1]
+        kept_apart = [getattr(run.runtime, n) not in (None, False) for n in UNVMAPPED]
+        apart = not vmap_seeds or any(kept_apart) or run.data.batch_tokens is not None
         key = (variant, seed) if apart else (variant, _latest_step(spec.folder(variant, seed)))
         groups.setdefault(key, []).append(seed)
     return [(key[0], tuple(seeds)) for key, seeds in groups.items()]

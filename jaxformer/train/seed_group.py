@@ -70,15 +70,21 @@ def train_seeds(
 ) -> list[dict[str, Any]]:
     """Train `runs` (one configuration, differing only in seed and folder) in one process;
     returns their summaries, in order. `vmapped`: one vmapped step for all seeds (None:
-    on an accelerator), else the one-seed step on each seed in turn (a CPU's default:
+    on an accelerator, unless batch_tokens), else the one-seed step on each seed in turn (a CPU's default:
     there the vmapped step measured slower than the seeds' own steps, docs/training.md).
     One run trains as `loop.train` does. Resumed, every run must be at the same step.
     Stops and errors as `loop.train`."""
     check_seed_runs(runs)
     if len(runs) == 1:
         return [loop.train(model_config, runs[0], resume=resume, progress=progress, hooks=hooks)]
+    tokens = runs[0].data.batch_tokens  # each seed's batches hold their own number of rows
     if vmapped is None:
-        vmapped = jax.default_backend() != "cpu"
+        vmapped = jax.default_backend() != "cpu" and not tokens
+    if vmapped and tokens:
+        raise BadValue(
+            f"batch_tokens={tokens}: the seeds' batches differ in rows and cannot be stacked "
+            "in one vmapped step; step them in turn (--vmap-seeds off)"
+        )
     with stop_signals_raise():
         return _train_seeds(model_config, runs, resume, progress, hooks, vmapped)
 

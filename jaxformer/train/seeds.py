@@ -71,6 +71,8 @@ def stack_batches(batches: Sequence[Batch]) -> Batch:
     out = {}
     for key in keys.pop():
         arrays = [np.asarray(b[key]) for b in batches]
+        if len({a.shape[:1] for a in arrays}) > 1:
+            raise BadValue(f"batch[{key!r}]: the seeds' batches hold different numbers of rows")
         longest = max(a.shape[1] for a in arrays) if arrays[0].ndim > 1 else None
         if longest is not None and any(a.shape[1] != longest for a in arrays):
             if not key.endswith("_valid") and f"{key.split('_')[0]}_valid" not in batches[0]:

@@ -176,6 +176,7 @@ def _pair_options(run: RunConfig) -> dict:
         dev_size=run.eval.eval_examples,
         pad_multiple=run.data.pad_multiple,
         shared_lengths=run.data.shared_lengths,
+        batch_tokens=run.data.batch_tokens,
     )
 
 

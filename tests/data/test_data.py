@@ -155,6 +155,33 @@ def test_shared_lengths_give_every_seed_alike_lengths_and_its_own_pairs(tmp_path
     np.testing.assert_array_equal(lengths_and_pairs(True)[0], shared)  # and reproducible
 
 
+def test_token_batches_hold_at_most_their_tokens_and_every_pair_once_an_epoch(tmp_path):
+    """batch_tokens: a batch holds batch_tokens // its padded length rows (one shape per
+    length, the last batch of a length filled with all-padding rows); the same batches every
+    epoch, in a new order."""
+    rng = np.random.default_rng(2)
+    path = tmp_path / "pairs.tsv"
+    lengths = rng.integers(2, 90, 1000)
+    path.write_text("".join(f"{i}{'s' * n}\t{'t' * n}\n" for i, n in enumerate(lengths)))
+    d = data.TsvData(path, TOK, max_len=96, seed=0, pad_multiple=16, batch_tokens=600)
+    n = d.batches_per_epoch(64)  # batch_size is not what cuts them
+    epochs = [[d.train_batch(e * n + i, 64) for i in range(n)] for e in range(2)]
+    for b in epochs[0]:
+        rows, width = b["src"].shape[0], max(b["src"].shape[1], b["tgt_in"].shape[1])
+        assert rows == 600 // width and rows * width <= 600  # every width here is <= 96
+    firsts = [[bytes(b["src"][0]) for b in batches] for batches in epochs]
+    pairs = [
+        bytes(row)
+        for b in epochs[0]
+        for row, ok in zip(b["src"], b["src_valid"][:, 0], strict=True)
+        if ok
+    ]
+    assert len(pairs) == len(set(pairs)) == len(d._train)  # each training pair once
+    assert sorted(firsts[0]) == sorted(firsts[1]) and firsts[0] != firsts[1]  # reordered
+    loss_rows = sum(int(b["tgt_valid"].any(1).sum()) for b in epochs[0])
+    assert loss_rows == len(d._train)  # the filled rows carry no target
+
+
 @pytest.mark.parametrize(
     "content,match",
     [

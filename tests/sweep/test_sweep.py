@@ -19,7 +19,7 @@ import pytest
 from jaxformer import sweep
 from jaxformer.cli import main
 from jaxformer.config import load_run
-from jaxformer.sweep import stats
+from jaxformer.sweep import runner, stats
 from tests.test_config import FLAT_DEFAULT_RUN
 
 BASE = dict(
@@ -534,6 +534,18 @@ def test_each_run_is_an_ordinary_train_command_of_its_resolved_run_file(tmp_path
     assert resolved["model"]["activation"] == "squared_relu" and resolved["run"]["seed"] == 1
     assert load_run(run_file) == spec.configs("sq", 1)  # the command resolves nothing anew
     assert resolved["run"]["out"] == str(spec.folder("sq", 1))
+
+
+def test_vmapped_seeds_group_by_variant_unless_an_option_keeps_them_apart(tmp_path):
+    spec = sweep.Spec.load(write_spec(tmp_path, seeds=3))
+    pending = [(v, s) for s in spec.seeds for v in spec.variants]
+    grouped = [("baseline", (0, 1, 2)), ("sq", (0, 1, 2))]
+    assert runner._jobs(spec, pending, vmap_seeds=True) == grouped
+    assert runner._jobs(spec, pending, vmap_seeds=False) == [(v, (s,)) for v, s in pending]
+    (tmp_path / "pairs.tsv").write_text("a b\tb a\n" * 20)
+    tokens = {"task": None, "data_tsv": str(tmp_path / "pairs.tsv"), "batch_tokens": 64}
+    spec = sweep.Spec.load(write_spec(tmp_path, seeds=3, base=BASE | tokens))
+    assert runner._jobs(spec, pending, vmap_seeds=True) == [(v, (s,)) for v, s in pending]
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ turn: each seed's folder holds what its separate run's holds, with the same figu
 float rounding."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -111,6 +112,35 @@ def test_runs_that_are_not_one_configuration_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"this run sets \['profile'\]"):
         train_seeds(small_config(), profiled)
     assert not (tmp_path / "seed0").exists()  # refused before any folder
+
+
+def token_runs(tmp_path, out, seeds):
+    """Runs of `seeds` in `out` on a small TSV file, batches of at most 96 tokens a side."""
+    path = tmp_path / "pairs.tsv"
+    words = "the cat sat on a red mat and ran to the big dog".split()
+    lines = [f"{' '.join(words[: 1 + i % 12])}\t{' '.join(words[i % 12 :])}\n" for i in range(120)]
+    path.write_text("".join(lines))
+    fields = dict(task=None, data_tsv=str(path), batch_tokens=96, seq_len=32, steps=4)
+    return seed_runs(run_config(out, **fields), seeds)
+
+
+def test_token_batches_refuse_one_vmapped_step_for_seeds(tmp_path):
+    """batch_tokens: each batch holds the rows its lengths allow, so seeds differ in rows."""
+    runs = token_runs(tmp_path, tmp_path / "g", (0, 1))
+    with pytest.raises(ValueError, match="batch_tokens=96: the seeds' batches differ in rows"):
+        train_seeds(small_config(), runs, progress=False, vmapped=True)
+    assert not (tmp_path / "g").exists()  # refused before anything started
+
+
+@pytest.mark.slow  # 25 s: three token-batch runs
+def test_token_batch_seeds_stepped_in_turn_train_as_separate_runs(tmp_path):
+    summaries = train_seeds(
+        small_config(), token_runs(tmp_path, tmp_path / "g", (0, 1)), progress=False
+    )
+    assert all(math.isfinite(s["final_eval"]["eval_loss"]) for s in summaries)
+    (alone,) = token_runs(tmp_path, tmp_path / "alone", (1,))
+    loop.train(small_config(), alone, progress=False)
+    assert losses(tmp_path / "alone" / "seed1") == losses(tmp_path / "g" / "seed1")  # to the bit
 
 
 @pytest.mark.parametrize("flag, vmapped", [("auto", None), ("on", True), ("off", False)])
