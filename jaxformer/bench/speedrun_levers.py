@@ -5,8 +5,9 @@ Two measurements on the real wyc-web training batches (the BPE the default run l
 
 1. **Padding.** Over one epoch of batch-64 batches, the share of source and target
    positions that are padding at each `--pad-multiple`, and how many batch shapes XLA
-   compiles. Padding is the most a length-aware batching (batches by token count, as the
-   paper's ~25k tokens) could save on a CPU, where a step's time follows its padded size.
+   compiles; and the same for batches cut by token count (`--batch-tokens`, as the
+   paper's ~25k tokens) at batch 64's mean tokens a step. On a CPU a step's time follows
+   its padded size.
 2. **Train-step time** of candidate models on the same fixed batches (a spread of the
    epoch's shapes at pad multiple 16): the default tiny model in float32, with bfloat16
    compute, without dropout, with 4 encoder layers and 1 decoder layer, and 2x wider
@@ -67,20 +68,28 @@ def run(options: LeversOptions) -> Record:
     run_config = RunConfig.from_options(dataset="wyc-web", pad_multiple=16)
     tokenizer, data = build_data(run_config)
     corpus, epoch = bible.load("wyc-web"), data.batches_per_epoch(BATCH)
+    max_len = run_config.data.seq_len
     sides = {
-        m: corpus.data(tokenizer, max_len=run_config.data.seq_len, pad_multiple=m)
+        f"{BATCH} pairs, pad multiple {m}": corpus.data(tokenizer, max_len=max_len, pad_multiple=m)
         for m in (16, 32, 64)
     }
-    padding = [padding_row(side, epoch, m) for m, side in sides.items()]
+    tokens = mean_tokens(data, epoch)  # the same tokens a step, on average, cut by tokens
+    sides[f"{tokens:,} tokens a side, pad multiple 16"] = corpus.data(
+        tokenizer, max_len=max_len, pad_multiple=16, batch_tokens=tokens
+    )
+    padding = [padding_row(side, label) for label, side in sides.items()]
     batches = spread(data, epoch, options.batches)
     times = time_steps(batches, options.rounds, tokenizer.vocab_size)
     shapes = ", ".join(f"{b['src'].shape[1]}/{b['tgt_in'].shape[1]}" for b in batches)
     tables = [
         Table(
-            caption=f"Padding of wyc-web's training batches (batch {BATCH}, one epoch of "
-            f"{epoch} batches, the {tokenizer.vocab_size:,}-id BPE), by pad multiple:",
-            columns=["pad multiple", "shapes compiled", "source padding", "target padding"],
-            align="rrrr",
+            caption=f"Padding of wyc-web's training batches (one epoch, the "
+            f"{tokenizer.vocab_size:,}-id BPE), by pad multiple, and cut by tokens "
+            f"(`--batch-tokens`) at batch {BATCH}'s mean tokens a step (rows x the padded "
+            "longer side):",
+            columns=["batches", "batches an epoch", "shapes compiled", "source padding"]
+            + ["target padding"],
+            align="lrrrr",
             rows=padding,
         ),
         Table(
@@ -103,18 +112,28 @@ def run(options: LeversOptions) -> Record:
     return capture(tables, source=source, data={"headline": headline, "times": times})
 
 
-def padding_row(data, epoch_batches: int, multiple: int) -> list[str]:
-    """Shapes compiled, and the padded share of each side, of `data` (a dataset at pad
-    multiple `multiple`)."""
+def padding_row(data, label: str) -> list[str]:
+    """One epoch's batches of `data`: how many, the shapes compiled, and the padded share
+    of each side."""
     shapes, real, padded = set(), np.zeros(2), np.zeros(2)
-    for i in range(epoch_batches):
+    epoch = data.batches_per_epoch(BATCH)
+    for i in range(epoch):
         b = data.train_batch(i, BATCH)
-        shapes.add((b["src"].shape[1], b["tgt_in"].shape[1]))
+        shapes.add(b["src"].shape + b["tgt_in"].shape)
         real += [b["src_valid"].sum(), b["tgt_valid"].sum()]
         padded += [b["src"].size, b["tgt_in"].size]
     share = 1 - real / padded
-    say(f"pad multiple {multiple}: {len(shapes)} shapes")
-    return [str(multiple), str(len(shapes)), f"{share[0]:.1%}", f"{share[1]:.1%}"]
+    say(f"{label}: {len(shapes)} shapes")
+    return [label, f"{epoch:,}", str(len(shapes)), f"{share[0]:.1%}", f"{share[1]:.1%}"]
+
+
+def mean_tokens(data, epoch_batches: int) -> int:
+    """The mean tokens a side of an epoch's batches: rows x the padded longer side."""
+    total = 0
+    for i in range(epoch_batches):
+        b = data.train_batch(i, BATCH)
+        total += b["src"].shape[0] * max(b["src"].shape[1], b["tgt_in"].shape[1])
+    return round(total / epoch_batches)
 
 
 def spread(data, epoch_batches: int, n: int) -> list[dict]:

@@ -17,9 +17,13 @@ def test_padding_and_every_candidates_speed_against_the_default(tmp_path):
     argv = ["bench", "speedrun-levers", "--batches", "2", "--out", str(out)]
     assert cli.main(argv) == 0
     padding, steps = json.loads(out.read_text())["tables"]
-    assert [r[0] for r in padding["rows"]] == ["16", "32", "64"]
-    shapes = [int(r[1]) for r in padding["rows"]]
+    labels = [r[0] for r in padding["rows"]]
+    assert labels[:3] == [f"64 pairs, pad multiple {m}" for m in (16, 32, 64)]
+    assert labels[3].endswith("tokens a side, pad multiple 16")
+    shapes = [int(r[2]) for r in padding["rows"][:3]]
     assert shapes == sorted(shapes, reverse=True)  # a larger multiple, fewer shapes
+    pairs, tokens = (int(r[1].replace(",", "")) for r in (padding["rows"][0], padding["rows"][3]))
+    assert abs(tokens - pairs) < 0.1 * pairs  # the same tokens a step, on average
     assert [r[0] for r in steps["rows"]] == list(CANDIDATES)
     assert steps["rows"][0][3] == "1.00 [1.00, 1.00]"  # the default against itself
     assert all("[" in cell for row in steps["rows"] for cell in row[1:])
