@@ -119,15 +119,26 @@ def test_runs_that_scored_different_dev_sentences_get_no_verdict_and_say_why(tmp
     assert differences.notes[0].startswith("No verdict: the paired runs decoded no dev")
 
 
-def test_the_committed_dates_variants_table_is_what_its_committed_records_compute(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "spec, records, name, verdicts",
+    [
+        (
+            "dates_variants",
+            "dates-variants",
+            "sweep_dates_variants",
+            {"squared_relu": "no detectable difference", "qk_norm": "better"},
+        ),
+        ("table3_quick", "table3-quick", "table3_quick", {v: "better" for v in ("A1", "C1", "D1")}),
+    ],
+)
+def test_the_committed_sweep_tables_are_what_their_committed_records_compute(
+    tmp_path, capsys, spec, records, name, verdicts
+):
     out = tmp_path / "sweep.json"
-    spec = ROOT / "configs" / "sweeps" / "dates_variants.yaml"
-    line = report(capsys, spec, "--sweep-out", ROOT / "records/sweeps/dates-variants", "--out", out)
-    assert line["verdicts"] == {
-        "squared_relu": {"exact_match": "no detectable difference"},
-        "qk_norm": {"exact_match": "better"},
-    }
-    committed = results.Record.read(ROOT / "docs/results/sweep_dates_variants.json").tables
+    spec = ROOT / "configs" / "sweeps" / f"{spec}.yaml"
+    line = report(capsys, spec, "--sweep-out", ROOT / "records/sweeps" / records, "--out", out)
+    assert line["verdicts"] == {v: {"exact_match": verdict} for v, verdict in verdicts.items()}
+    committed = results.Record.read(ROOT / f"docs/results/{name}.json").tables
     computed = results.Record.read(out).tables
     for table in committed + computed:
         table.caption, table.notes = "", []
