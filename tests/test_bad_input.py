@@ -486,7 +486,7 @@ CLI = [
     ("model flag", ["--d-model", "10", "--num-heads", "4"], "d_model=10 is not divisible by num_heads=4"),
     ("bpe with a task", ["--tokenizer", "bpe"], "the BPE tokenizer is trained on data"),
     ("unknown Bible version", ["--dataset", "xyz-web"], "dataset 'xyz-web': unknown Bible version 'xyz'; installed versions are .*web, wyc"),
-    ("bad dataset name", ["--dataset", "web"], "dataset 'web' must be SRC-TGT or VER-lm with versions"),
+    ("bad dataset name", ["--dataset", "web"], "dataset 'web' must be SRC-TGT, SRC\\+EXTRA-TGT or VER-lm with versions"),
     ("dataset and a file", ["--dataset", "wyc-web", "--data-tsv", "pairs.tsv"], "give one of task, data_tsv, data_text and dataset, not several"),
     ("out is a file", ["--out", "pairs.tsv"], "pairs.tsv exists and is not a folder"),
     ("averaging more than kept", ["--average-checkpoints", "5"], "average_checkpoints=5 needs keep_checkpoints >= 5, got keep_checkpoints=3"),
