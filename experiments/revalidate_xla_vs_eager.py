@@ -7,8 +7,9 @@ measured again: the per-round times, counts and roofs are the run's own.
     python experiments/revalidate_xla_vs_eager.py docs/results/xla_vs_eager/NAME [...]
 
 Rewrites report.json ("why", and for a report of the lab's first version a "revalidated"
-note naming this script and what that version did not measure), report.md and the plots
-in each folder (for a current report: its why and pages re-rendered by the current code).
+note naming this script and what that version did not measure), report.md, the body of
+record.json (the docs render it) and the plots in each folder (for a current report: its
+why and pages re-rendered by the current code).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import pathlib
 
 from jaxformer.bench import plots, report, validate
+from jaxformer.results import Record
 
 NOT_MEASURED = (
     "what one eager call launched (the dispatch term uses the jaxpr's estimate), other "
@@ -48,6 +50,9 @@ def revalidate(folder: pathlib.Path) -> dict:
         }
     path.write_text(json.dumps(result, indent=1))
     (folder / "report.md").write_text(report.markdown(result))
+    record = Record.read(folder / "record.json")
+    record.body = report.tables(result)
+    record.write(folder / "record.json")
     plots.plots(result, folder)
     return result
 

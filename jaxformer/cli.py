@@ -88,9 +88,9 @@ def _docs_parser(sub) -> argparse.ArgumentParser:
         "docs",
         help="render the docs' results sections from their files",
         description="Rewrite each results section of the docs pages from the committed file "
-        "it names (jaxformer.pages): a page shows results/NAME.json between "
-        "<!-- results:NAME:start --> and <!-- results:NAME:end -->, an XLA-vs-eager report "
-        "between <!-- lab:DIR:start --> and <!-- lab:DIR:end -->.",
+        "it names (jaxformer.results): a page shows results/NAME.json between "
+        "<!-- results:NAME:start --> and <!-- results:NAME:end --> (NAME may name a "
+        "subfolder's record: xla_vs_eager/DIR/record, an XLA-vs-eager report).",
     )
     d.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"), metavar="DIR")
     d.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page differs")
@@ -600,7 +600,7 @@ def _name(command: str) -> str:
 
 
 def _docs(args) -> int:
-    from jaxformer.pages import render_pages
+    from jaxformer.results import render_pages
 
     if not args.docs.is_dir():
         raise MissingFile(f"--docs {args.docs}: no such folder")

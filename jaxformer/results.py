@@ -1,15 +1,19 @@
 """Measured results as data: one record type that a benchmark or a study writes, and that
 the documentation's pages render.
 
-A `Record` is its tables (caption, columns, alignment, rows, notes) and where they come
-from: the command that made them, the device, the versions, the date and the source (the
-code's commit, or what the record was computed from). `capture(tables)` fills in the
-provenance itself; `Record.write(path)` writes the JSON the pages render from, and
-`render_page` rewrites each section of a page marked
+A `Record` is its tables (caption, columns, alignment, rows, notes), for a report also a
+body of markdown ahead of them (headings, prose, figures: the XLA-vs-eager lab's), and
+where they come from: the command that made them, the device, the versions, the date and
+the source (the code's commit, or what the record was computed from). `capture(tables)`
+fills in the provenance itself; `Record.write(path)` writes the JSON the pages render
+from, and `render_page` rewrites each section of a page marked
 
     <!-- results:NAME:start -->  ...  <!-- results:NAME:end -->
 
-with the record docs/results/NAME.json (`jaxformer docs` runs it over every page).
+with the record docs/results/NAME.json; NAME may name a subfolder's record
+(xla_vs_eager/DIR/record), whose headings then sit one level down in the page and whose
+figures are linked from the page. `render_pages` (`jaxformer docs`) runs it over every
+page; `tests/test_docs.py` checks that the committed pages equal what their records render.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from jaxformer.checks import BadValue, MissingFile
 from jaxformer.markdown import table
 
 SECTION = re.compile(
-    r"(<!-- results:(?P<name>[\w-]+):start -->\n).*?(<!-- results:(?P=name):end -->)", re.S
+    r"(<!-- results:(?P<name>[\w-]+(?:/[\w.-]+)*):start -->\n).*?(<!-- results:(?P=name):end -->)",
+    re.S,
 )
+FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.(?:png|svg))\)")
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "torch", "tokamax", "transformers", "sacrebleu")
 
 
@@ -56,7 +62,8 @@ class Table:
 
 @dataclasses.dataclass
 class Record:
-    """Tables and their provenance; `data` holds the raw figures they were made from."""
+    """Tables (after `body`, a report's markdown, if any) and their provenance; `data` holds
+    the raw figures they were made from."""
 
     tables: list[Table]
     command: str
@@ -65,6 +72,7 @@ class Record:
     source: str
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     data: dict[str, Any] | None = None
+    body: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -100,8 +108,9 @@ class Record:
         path.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
     def markdown(self) -> str:
-        """Each table with its caption and notes, then one line of provenance."""
-        lines = [line for t in self.tables for line in t.markdown()]
+        """The body, each table with its caption and notes, then one line of provenance."""
+        lines = [self.body.rstrip("\n"), ""] if self.body else []
+        lines += [line for t in self.tables for line in t.markdown()]
         return "\n".join(lines + [self.provenance()]) + "\n"
 
     def provenance(self) -> str:
@@ -117,7 +126,13 @@ class Record:
         return "*" + "; ".join(p for p in parts if p) + ".*"
 
 
-def capture(tables: list[Table], *, source: str | None = None, data: dict | None = None) -> Record:
+def capture(
+    tables: list[Table],
+    *,
+    source: str | None = None,
+    data: dict | None = None,
+    body: str | None = None,
+) -> Record:
     """A record of `tables` made now by this process: its command line, this machine's
     first device, the versions of the packages it has imported, today's date (UTC) and,
     unless `source` is given, the code's commit."""
@@ -129,6 +144,7 @@ def capture(tables: list[Table], *, source: str | None = None, data: dict | None
         source=source or code_version(),
         versions=versions(),
         data=data,
+        body=body,
     )
 
 
@@ -195,13 +211,34 @@ def _git(cwd: pathlib.Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def render_page(text: str, results: pathlib.Path) -> str:
-    """`text` with each results section rendered from results/NAME.json."""
+def render_page(text: str, results: pathlib.Path, page_dir: pathlib.Path | None = None) -> str:
+    """`text` (a page in `page_dir`, by default `results`) with each results section rendered
+    from results/NAME.json: a subfolder's record with its headings one level down and its
+    figures' links made from the page."""
 
     def section(match: re.Match) -> str:
         path = results / f"{match['name']}.json"
         if not path.exists():
             raise MissingFile(f"a page shows results:{match['name']}, but {path} does not exist")
-        return match.group(1) + Record.read(path).markdown() + match.group(3)
+        body = Record.read(path).markdown()
+        if "/" in match["name"]:
+            body = re.sub(r"^#", "##", body, flags=re.M)
+            where = os.path.relpath(path.parent, page_dir or results)
+            body = FIGURE_LINK.sub(lambda m: f"]({where}/{m[1]})", body)
+        return match.group(1) + body + match.group(3)
 
     return SECTION.sub(section, text)
+
+
+def render_pages(docs: pathlib.Path, *, write: bool = True) -> list[pathlib.Path]:
+    """The pages under `docs` whose sections differ from docs/results' records, rewritten
+    (with write=False, only listed)."""
+    changed = []
+    for page in sorted(docs.rglob("*.md")):
+        text = page.read_text()
+        new = render_page(text, docs / "results", page.parent)
+        if new != text:
+            changed.append(page)
+            if write:
+                page.write_text(new)
+    return changed

@@ -43,3 +43,14 @@ def test_a_page_section_renders_from_its_record_and_a_missing_one_is_named(tmp_p
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="bad.json: not JSON"):
         results.Record.read(tmp_path / "bad.json")
+
+
+def test_a_reports_body_comes_before_its_tables_and_round_trips(tmp_path):
+    record = results.Record([results.Table(["a"], [[1]], "r")], "cmd", "cpu", "2026-01-01", "s")
+    record.body = "## Report\n\nProse ![fig](fig.png)\n"
+    record.write(tmp_path / "sub/record.json")
+    assert results.Record.read(tmp_path / "sub/record.json") == record
+    assert record.markdown().startswith("## Report\n\nProse ![fig](fig.png)\n\n| a |")
+    page = "<!-- results:sub/record:start -->\n<!-- results:sub/record:end -->\n"
+    shown = results.render_page(page, tmp_path, tmp_path.parent)
+    assert f"### Report\n\nProse ![fig]({tmp_path.name}/sub/fig.png)" in shown

@@ -1,14 +1,11 @@
 """The XLA-vs-eager lab's report.md, every table rendered from the lab's result dict
-(report.json): `markdown` for report.md, `docs_tables` for a committed report.json in the
-documentation. Every derived figure is printed with its interval; a section measured while
+(report.json): `markdown` for report.md, `tables` for the body of the lab's record (the
+documentation renders it). Every derived figure is printed with its interval; a section measured while
 other processes kept the machine busy is marked; sections a run did not measure (a part
 not run, or a report of an earlier lab version) are left out. The why: report_why.py;
 the PNGs: plots.py."""
 
 from __future__ import annotations
-
-import json
-import pathlib
 
 from jaxformer.bench import report_why
 from jaxformer.bench.fmt import figure, first, g, mark, mib, ms, part_of, x
@@ -18,11 +15,6 @@ from jaxformer.markdown import table
 def markdown(result: dict) -> str:
     """The whole report.md."""
     return "# XLA vs eager\n\n" + tables(result)
-
-
-def docs_tables(report_json: pathlib.Path) -> str:
-    """The documentation's XLA-vs-eager tables, rendered from a committed report.json."""
-    return tables(json.loads(pathlib.Path(report_json).read_text()))
 
 
 def tables(result: dict) -> str:

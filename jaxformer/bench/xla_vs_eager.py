@@ -5,11 +5,12 @@ with PyTorch, for the same model, batch and data (`jaxformer bench xla-vs-eager`
 or full; each part with its time budget) in order (measure.py), after checking that the
 machine is quiet enough (load.py). Its --out is a folder (default results/xla_vs_eager).
 Each finished part is saved at once to <out>/parts/<part>.json and the report
-(report.json, report.md) is rewritten from every part there, so a run that is stopped (Ctrl-C, SIGTERM, --time-limit) keeps what it
-measured, and running the same command again skips the finished parts and merges the
-rest. report.json records the command with every option given, so it reruns as recorded;
-the benchmark's record (`run`, <out>/record.json) holds the headline: jit's speed-up and
-break-even per workload.
+(report.json, report.md) is rewritten from every part there, so a run that is stopped
+(Ctrl-C, SIGTERM, --time-limit) keeps what it measured, and running the same command
+again skips the finished parts and merges the rest. report.json records the command with
+every option given, so it reruns as recorded; the benchmark's record (`run`,
+<out>/record.json) is what the documentation renders: the report as its body, then the
+headline (jit's speed-up and break-even per workload) and the provenance.
 
 Modes: modes.py. Timing: stats.py (interleaved rounds, paired ratios). Why: programs.py
 (counts, and launches read from JAX's profiler), eager_model.py and validate.py (the
@@ -27,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from jaxformer.bench import load, plan
+from jaxformer.bench import load, plan, report
 from jaxformer.bench.plan import TORCH_PAIRS
 from jaxformer.bench.registry import BENCHMARKS, Options, Stopped, command, option, say
 from jaxformer.checks import BadValue, check_int, check_number
@@ -87,7 +88,8 @@ class LabOptions(Options):
 @BENCHMARKS.register(NAME, LabOptions)
 def run(options: LabOptions) -> Record:
     """When jax.jit pays off against eager execution, why, and how torch compares."""
-    line = run_lab(options)
+    result = run_lab(options)
+    line = headline(result, pathlib.Path(options.out))
     rows = [
         [
             name,
@@ -107,7 +109,7 @@ def run(options: LabOptions) -> Record:
     notes += ["Measured on a busy machine: see the report's marks."] if line["loaded"] else []
     columns = ["workload", "eager / jit [95%]", "jit pays off", "torch / jit [95%]"]
     table = Table(columns, rows, "lrlr", caption=caption, notes=notes)
-    return capture([table], data={"headline": line})
+    return capture([table], data={"headline": line}, body=report.tables(result))
 
 
 def _ci_text(ci: list[float] | None) -> str:
@@ -146,7 +148,7 @@ def fingerprint(options: LabOptions, profile: plan.Profile) -> dict:
 def run_lab(options: LabOptions) -> dict:
     """The lab (see the module doc): refuses a busy machine (unless --allow-load), then
     measures the plan's parts not yet in its folder, saving each and rewriting the
-    report; returns the headline. Raises Stopped after writing what it has when a signal
+    report; returns the report's dict (report.json). Raises Stopped after writing what it has when a signal
     or --time-limit stops it."""
     start = time.perf_counter()
     say(f"jaxformer bench {NAME}: measuring the machine's load for 3 s (other processes, in cores)")
@@ -173,7 +175,9 @@ def run_lab(options: LabOptions) -> dict:
             result = assemble(records, options, profile, call, stopped=why)
             write(result, out, final=True)
             raise Stopped(f"stopped by {why}; what was measured is in {out}", code) from None
-    return write(assemble(records, options, profile, call), out, final=True)
+    result = assemble(records, options, profile, call)
+    write(result, out, final=True)
+    return result
 
 
 def _earlier_calls(out: pathlib.Path, records: dict) -> list[dict]:
@@ -483,18 +487,15 @@ def model_text(p: dict, dtype: str) -> str:
     )
 
 
-def write(result: dict, out: pathlib.Path, final: bool) -> dict:
-    """report.json and report.md in `out`; when `final`, also the PNGs, and returns the
-    headline."""
-    from jaxformer.bench import plots, report
+def write(result: dict, out: pathlib.Path, final: bool) -> None:
+    """report.json and report.md in `out`; when `final`, also the PNGs."""
+    from jaxformer.bench import plots
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(result, indent=1))
     (out / "report.md").write_text(report.markdown(result))
-    if not final:
-        return {}
-    plots.plots(result, out)
-    return headline(result, out)
+    if final:
+        plots.plots(result, out)
 
 
 def headline(result: dict, out: pathlib.Path) -> dict:

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+from jaxformer import results
 from jaxformer.bench import load, plan, registry, report, stats
 from jaxformer.bench import xla_vs_eager as lab
 
@@ -96,6 +97,7 @@ def test_parts_that_do_not_fit_the_time_limit_are_left_for_the_next_call(monkeyp
     result = json.loads((tmp_path / "report.json").read_text())
     assert result["command"] == _command(options) == record.command
     assert result["load"]["others_cores"] == 1.9
+    assert record.body == report.tables(result)  # the report, as the docs show it
     assert "Parts not measured yet: host, attention" in (tmp_path / "report.md").read_text()
 
 
@@ -257,10 +259,19 @@ def test_the_report_carries_intervals_verdicts_and_load_marks(tmp_path):
     assert "![roofline](roofline.png)" in report.markdown(result)
 
 
-def test_docs_tables_render_a_committed_report_json(tmp_path):
+def test_a_page_shows_the_labs_record_with_its_report_one_level_down(tmp_path):
     result = _result(np.random.default_rng(1))
-    (tmp_path / "report.json").write_text(json.dumps(result))
-    assert report.docs_tables(tmp_path / "report.json") == report.tables(result)
+    for part in result["plan"]["parts"]:
+        part["status"] = "done"  # the report links its figures
+    record = results.Record([], "jaxformer bench xla-vs-eager", "cpu", "2026-01-01", "s")
+    record.body = report.tables(result)
+    record.write(tmp_path / "results/xla_vs_eager/run1/record.json")
+    marker = "<!-- results:xla_vs_eager/run1/record:{} -->\n"
+    page = "# Lab\n\n" + marker.format("start") + marker.format("end")
+    shown = results.render_page(page, tmp_path / "results", tmp_path)
+    assert "\n### Modes: ms per call\n" in shown and "\n## Modes" not in shown
+    assert "](results/xla_vs_eager/run1/roofline.png)" in shown
+    assert shown.rstrip().endswith("source: s.*\n" + marker.format("end").rstrip())
 
 
 def test_too_few_rounds_is_one_line_and_exit_2(tmp_path):
