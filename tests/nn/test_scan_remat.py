@@ -69,7 +69,10 @@ def test_scan_layers_stacks_the_same_parameters():
 
 @pytest.mark.parametrize(
     "overrides",
-    [dict(remat="full"), dict(remat="dots", scan_layers=True)],
+    [  # full remat with scan: the language model's test below, in make test
+        pytest.param(dict(remat="full"), marks=pytest.mark.slow),
+        dict(remat="dots", scan_layers=True),
+    ],
     ids=["remat-full", "remat-dots+scan"],
 )
 def test_training_gives_the_plain_models_losses(overrides):

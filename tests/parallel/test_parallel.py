@@ -137,10 +137,10 @@ def check_layout(state, mesh):
 @pytest.mark.devices(8)
 @pytest.mark.parametrize(
     "shape,accum",
-    [
-        (dict(data=8), 1),
-        (dict(data=2, fsdp=4), 1),
-        (dict(data=2, tensor=4), 1),
+    [  # the last uses every axis and accumulates: the others run in make test-all
+        pytest.param(dict(data=8), 1, marks=pytest.mark.slow),
+        pytest.param(dict(data=2, fsdp=4), 1, marks=pytest.mark.slow),
+        pytest.param(dict(data=2, tensor=4), 1, marks=pytest.mark.slow),
         (dict(data=2, fsdp=2, tensor=2), 2),
     ],
     ids=["data8", "fsdp2x4", "tensor2x4", "dft2x2x2-accum2"],
