@@ -32,6 +32,9 @@ def test_a_row_with_intervals_and_compile_costs(tmp_path):
     table = record["tables"][0]
     assert [row[:2] for row in table["rows"]] == [["dates", "2"]]
     assert "what varied: the round" in table["caption"]
+    flops, bytes_ = (float(x) for x in table["rows"][0][-1].split(", "))
+    assert flops == pytest.approx(1.0, abs=0.02)  # vmapping adds no arithmetic
+    assert 0.5 < bytes_ < 1.5
 
 
 def test_whole_runs_need_rounds_for_an_interval(capsys):
