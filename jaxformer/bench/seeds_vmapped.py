@@ -3,7 +3,7 @@ side in alternating rounds of one process (`jaxformer bench seeds-vmapped`).
 
     jaxformer bench seeds-vmapped [--tasks dates wyc-web] [--seeds 1 3 8] [--rounds 8]
                                   [--steps 5] [--processes 0] [--shared-lengths]
-                                  [--out results/seeds-vmapped.json]
+                                  [--decode 0] [--out results/seeds-vmapped.json]
 
 For each task (`dates`: make train's model and batch; `wyc-web`: the speedrun's run
 defaults, which need the `data` extra) and each k, it builds the k seeds' runs as `jaxformer
@@ -22,8 +22,12 @@ stacked batches compute over their own are reported for each row. With --process
 each row with k > 1 also times whole runs of --steps steps in N rounds: one `jaxformer
 train --seeds` process against k `jaxformer train` processes. With --shared-lengths the
 runs' translation batches come in one order of lengths for every seed (the run option
-shared_lengths), so that the stacked batches pad little. The record is written after
-every row, so that a stopped run keeps the rows it measured.
+shared_lengths), so that the stacked batches pad little. With --decode N each row also
+times decoding the first N dev sources with the final evaluation's settings, the k seeds'
+models in one vmapped program (`decode.translate_seeds`, as a seed group evaluates)
+against one seed's after another (`evaluate.translate`). XLA's cost analysis of each
+compiled step gives the vmapped step's flops and bytes over k one-seed steps'. The record
+is written after every row, so that a stopped run keeps the rows it measured.
 """
 
 from __future__ import annotations
@@ -35,14 +39,16 @@ import time
 from dataclasses import dataclass
 
 import jax
+from flax import nnx
 
-from jaxformer import results
+from jaxformer import decode, results
 from jaxformer.bench import stats
 from jaxformer.bench.registry import BENCHMARKS, Options, command, option, say
 from jaxformer.checks import BadValue
 from jaxformer.config import load_run
 from jaxformer.train import seed_runs, set_up
 from jaxformer.train import seeds as seed_axis
+from jaxformer.train.evaluate import EvalSettings, translate
 
 TASKS = {"dates": dict(task="dates"), "wyc-web": dict(dataset="wyc-web")}
 TRAIN = [sys.executable, "-m", "jaxformer", "train", "--no-progress", "--eval-examples", "32"]
@@ -67,11 +73,18 @@ class SeedsOptions(Options):
         "the runs' translation batches in one order of lengths for every seed (the run "
         "option shared_lengths), so that the stacked batches pad little",
     )
+    decode: int = option(
+        0,
+        "also time decoding the first N dev sources with the final evaluation's settings: "
+        "the k seeds in one vmapped program against one seed after another (0: not)",
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.rounds < 6 or self.steps < 1 or not self.seeds or min(self.seeds) < 1:
             raise BadValue("--rounds must be >= 6, --steps and every --seeds value >= 1")
+        if not isinstance(self.decode, int) or self.decode < 0:
+            raise BadValue(f"--decode must be an int >= 0, got {self.decode}")
         if self.processes and self.processes < 6:
             raise BadValue(f"--processes must be 0 or >= 6, got {self.processes}")
         unknown = sorted(set(self.tasks) - set(TASKS))
@@ -95,6 +108,11 @@ def run(options: SeedsOptions) -> results.Record:
         f"{r['task']} k={r['k']} {mode}": round(r[key]["median"], 3)
         for r in rows
         for mode, key in SPEEDUPS.items()
+    }
+    headline |= {
+        f"{r['task']} k={r['k']} decode": round(r["decode"]["speedup"]["median"], 3)
+        for r in rows
+        if "decode" in r
     }
     return record(rows, options, headline)
 
@@ -142,19 +160,70 @@ def measure(task: str, k: int, args: SeedsOptions) -> dict:
         ),
         "apart": sum(b["src"].shape[1] + b["tgt_in"].shape[1] for bs in timed for b in bs),
     }
+    return (
+        dict(
+            task=task,
+            k=k,
+            steps=run.optim.steps,
+            batch_size=batch_size,
+            ms_per_step={
+                m: stats.median_ci([t / args.steps * 1e3 for t in ts]) for m, ts in times.items()
+            },
+            speedup=stats.paired_ratio(times["each"], times["vmapped"]),
+            mapped_speedup=stats.paired_ratio(times["each"], times["mapped"]),
+            compiled=compiled,
+            padding=round(positions["stacked"] / positions["apart"], 3),
+        )
+        | (processes(task, k, args) if args.processes and k > 1 else {})
+        | (decoding(setups, box["each"], args) if args.decode else {})
+    )
+
+
+def decoding(setups: list, states: list, args: SeedsOptions) -> dict:
+    """The k seeds' translations of the first --decode dev sources, with the final
+    evaluation's beam, length penalty and batches: in one vmapped program
+    (decode.translate_seeds, as a seed group evaluates) against each seed's own decode one
+    after another (evaluate.translate, as a run evaluates), in paired rounds, after checking
+    that both make the same predictions (`same_predictions`). The models
+    are the timed steps' (a few steps from their initialisation: their predictions' lengths
+    are not a trained model's)."""
+    lead = setups[0]
+    settings = EvalSettings.of(lead.run, lead.data)
+    sources = [src for src, _ in lead.data.dev_pairs[: args.decode]]
+    models = [nnx.merge(lead.graphdef, state.params) for state in states]
+    stacked = seed_axis.stack([state.params for state in states])
+
+    def together():
+        return decode.translate_seeds(
+            lead.graphdef,
+            stacked,
+            lead.tokenizer,
+            [sources] * len(states),
+            beam_size=settings.beam,
+            alpha=settings.alpha,
+            max_new_tokens=settings.max_new_tokens,
+            batch_size=settings.batch_size,
+            pad_multiple=settings.pad_multiple,
+            max_len=lead.config.max_len,
+        )
+
+    def apart():
+        return [
+            translate(model, lead.tokenizer, sources, settings, settings.beam) for model in models
+        ]
+
+    times = stats.time_interleaved({"vmapped": together, "apart": apart}, args.rounds)
+    same = together() == apart()
     return dict(
-        task=task,
-        k=k,
-        steps=run.optim.steps,
-        batch_size=batch_size,
-        ms_per_step={
-            m: stats.median_ci([t / args.steps * 1e3 for t in ts]) for m, ts in times.items()
-        },
-        speedup=stats.paired_ratio(times["each"], times["vmapped"]),
-        mapped_speedup=stats.paired_ratio(times["each"], times["mapped"]),
-        compiled=compiled,
-        padding=round(positions["stacked"] / positions["apart"], 3),
-    ) | (processes(task, k, args) if args.processes and k > 1 else {})
+        decode=dict(
+            same_predictions=same,
+            sources=len(sources),
+            beam=settings.beam,
+            max_new_tokens=settings.max_new_tokens,
+            ms={m: stats.median_ci([t * 1e3 for t in ts]) for m, ts in times.items()},
+            speedup=stats.paired_ratio(times["apart"], times["vmapped"]),
+        )
+    )
 
 
 def processes(task: str, k: int, args: SeedsOptions) -> dict:
@@ -255,6 +324,31 @@ def record(rows: list[dict], args: SeedsOptions, headline=None) -> results.Recor
         ],
     )
     tables = [table]
+    decoded = [r for r in rows if "decode" in r]
+    if decoded:
+        tables.append(
+            results.Table(
+                columns=[
+                    "task",
+                    "k",
+                    "sources",
+                    "beam",
+                    "same predictions",
+                    "vmapped ms [95%]",
+                    "one after another ms",
+                    "speed-up [95%]",
+                ],
+                rows=[_decode_row(r) for r in decoded],
+                align="lrrrlrrr",
+                caption=(
+                    "Decoding dev sources with the final evaluation's settings: the k seeds "
+                    "in one vmapped program (a seed group's evaluation) against each seed's "
+                    f"own decode one after another, {args.rounds} rotating rounds (what "
+                    "varied: the round); the models a few steps from their initialisation "
+                    "(their predictions' lengths are not a trained model's):"
+                ),
+            )
+        )
     whole = [r for r in rows if "process_speedup" in r]
     if whole:
         tables.append(
@@ -276,6 +370,20 @@ def record(rows: list[dict], args: SeedsOptions, headline=None) -> results.Recor
 
 def _interval(c: dict, unit: str = "", digits: int = 2) -> str:
     return f"{c['median']:.{digits}f}{unit} [{c['low']:.{digits}f}, {c['high']:.{digits}f}]"
+
+
+def _decode_row(r: dict) -> list[str]:
+    d = r["decode"]
+    return [
+        r["task"],
+        str(r["k"]),
+        str(d["sources"]),
+        str(d["beam"]),
+        "yes" if d["same_predictions"] else "**no**",
+        _interval(d["ms"]["vmapped"], digits=1),
+        _interval(d["ms"]["apart"], digits=1),
+        _interval(d["speedup"], "x"),
+    ]
 
 
 def _process_row(r: dict) -> list[str]:

@@ -13,7 +13,7 @@ from jaxformer.bench import seeds_vmapped
 @pytest.mark.slow  # 25-75 s: three programs compiled for the dates model
 def test_a_row_with_intervals_and_compile_costs(tmp_path):
     out = tmp_path / "seeds.json"
-    argv = ["--tasks", "dates", "--seeds", "2", "--rounds", "6", "--steps", "1"]
+    argv = ["--tasks", "dates", "--seeds", "2", "--rounds", "6", "--steps", "1", "--decode", "4"]
     assert cli.main(["bench", "seeds-vmapped", *argv, "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     given = ["jaxformer", "bench", "seeds-vmapped", "--out", str(out), *argv]
@@ -28,7 +28,17 @@ def test_a_row_with_intervals_and_compile_costs(tmp_path):
     assert record["data"]["headline"] == {
         "dates k=2 vmapped": round(row["speedup"]["median"], 3),
         "dates k=2 mapped": round(row["mapped_speedup"]["median"], 3),
+        "dates k=2 decode": round(row["decode"]["speedup"]["median"], 3),
     }
+    decoded = row["decode"]
+    assert decoded["sources"] == 4 and decoded["beam"] == 1  # exact match: greedy
+    assert decoded["same_predictions"]
+    assert decoded["ms"]["apart"]["n"] == 6 and record["tables"][1]["rows"][0][:4] == [
+        "dates",
+        "2",
+        "4",
+        "1",
+    ]
     table = record["tables"][0]
     assert [row[:2] for row in table["rows"]] == [["dates", "2"]]
     assert "what varied: the round" in table["caption"]
