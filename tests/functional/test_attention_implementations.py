@@ -307,6 +307,33 @@ def test_cudnn_matches_plain(masking):
             assert float(error) < 1e-2, (implementation, float(error))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
+def test_cudnn_under_vmap_of_grad_gives_each_seeds_own_gradients():
+    """k seeds as one vmapped train step take the vmap of cuDNN attention's gradient (a
+    batching rule reported broken until a 2026 JAX): each seed's gradients from the
+    vmapped program equal its own program's, to the bfloat16 kernel's rounding (relative
+    L2 error below 1e-2)."""
+    seeds = [_inputs((2, 64, 48, 4, 4, 32, 32), seed=20 + i) for i in range(3)]
+    q, k, v = (jnp.asarray(np.stack([s[i] for s in seeds]), jnp.bfloat16) for i in (1, 2, 3))
+    k_valid = jnp.asarray(np.stack([s[5] for s in seeds]))
+
+    def grads(q, k, v, k_valid):
+        def loss(q, k, v):
+            out = F.scaled_dot_product_attention(q, k, v, implementation="cudnn", k_valid=k_valid)
+            return jnp.sum(jnp.sin(out.astype(jnp.float32)) * out.astype(jnp.float32))
+
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    together = jax.jit(jax.vmap(grads))(q, k, v, k_valid)
+    for i in range(len(seeds)):
+        alone = jax.jit(grads)(q[i], k[i], v[i], k_valid[i])
+        for got, want in zip(together, alone, strict=True):
+            got, want = (jnp.asarray(a, jnp.float32).ravel() for a in (got[i], want))
+            assert bool(jnp.isfinite(got).all())
+            assert float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want)) < 1e-2
+
+
 @pytest.mark.parametrize("self_attention", [True, False], ids=["self", "cross"])
 def test_fused_projections_match_reference(self_attention):
     """d_k = d_v: Q, K, V (or K, V) are projected by one product; same values, GQA and biases."""

@@ -86,3 +86,25 @@ def test_a_placement_lays_out_the_seed_axis_whole():
     assert wq.shape[0] == 2 and wq.sharding.spec == jax.sharding.PartitionSpec(
         None, "fsdp", "tensor", None
     )
+
+
+def test_vmapping_the_step_adds_no_loop_and_no_arithmetic():
+    """The pitfalls of vmapping a train step: a batching rule that falls back to a loop over
+    the seeds (reported for other kinds of random keys) and work the seeds do not need.
+    XLA's compiled step for 3 seeds has the one seed's loops (threefry's rounds) and
+    counts 3 times its flops."""
+    runs = [_run(seed) for seed in SEEDS]
+    _, state, step, d = runs[0]
+    batches = [r[3].train_batch(0, 8) for r in runs]
+    one = jax.jit(step).lower(state, batches[0]).compile()
+    stacked = seeds_lib.stack([r[1] for r in runs])
+    vmapped = jax.jit(seeds_lib.seed_step(step)).lower(stacked, seeds_lib.stack_batches(batches))
+    vmapped = vmapped.compile()
+    # threefry's own rounds run as loops (5 trips of 4 rounds), in both programs alike
+    assert vmapped.as_text().count(" while(") == one.as_text().count(" while(")
+
+    def flops(compiled):
+        cost = compiled.cost_analysis()
+        return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+    assert flops(vmapped) == pytest.approx(len(SEEDS) * flops(one), rel=0.02)
