@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from jaxformer.checks import BadValue, MissingFile, check_int
+from jaxformer.checks import BadValue, InputError, MissingFile, check_int
 from jaxformer.data import tasks as tasks_lib
 from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
@@ -97,15 +97,8 @@ def encode_pairs(
     """Source tokens + EOS, and the target as decoder input (BOS + target) and output
     (target + EOS), padded to src_len / tgt_len, with the tokenizer's special ids. A None
     pair is an all-padding row."""
-    ids = [
-        None
-        if p is None
-        else tuple(
-            _token_ids(tokenizer, x, f"example {i}'s {side}")
-            for x, side in zip(p, ("source", "target"), strict=True)
-        )
-        for i, p in enumerate(pairs)
-    ]
+    ids = [None if p is None else (tokenizer.encode(p[0]), tokenizer.encode(p[1])) for p in pairs]
+    _check_pair_ids(ids, tokenizer)
     for i, p in enumerate(ids):
         if p is not None and (len(p[0]) + 1 > src_len or len(p[1]) + 1 > tgt_len):
             lengths = (len(p[0]) + 1, len(p[1]) + 1)
@@ -561,6 +554,21 @@ def read_text_lines(path: str | pathlib.Path) -> list[tuple[int, str]]:
                 f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"
             ) from None
     return out
+
+
+def _check_pair_ids(ids: list[tuple[list[int], list[int]] | None], tokenizer: Tokenizer) -> None:
+    """Every id of encode_pairs' `ids` in the tokenizer's vocabulary: one check of the whole
+    batch (a batch is built every step), then, if it fails, the first example and side at
+    fault named."""
+    flat = [t for pair in ids if pair is not None for row in pair for t in row]
+    try:
+        check_tokens(flat, tokenizer.vocab_size)
+    except InputError:
+        for i, pair in enumerate(ids):
+            for side, row in zip(("source", "target"), pair or (), strict=False):
+                name = f"the tokenizer's ids for example {i}'s {side}"
+                check_tokens(row, tokenizer.vocab_size, name=name)
+        raise
 
 
 def _token_ids(tokenizer: Tokenizer, text: str, where: str) -> list[int]:
