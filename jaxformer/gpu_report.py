@@ -168,10 +168,12 @@ def parts(out: pathlib.Path, jobs: int) -> list[Part]:
 
 
 def _sweep_part(p: dict, out: pathlib.Path, jobs: int) -> Part:
-    """A sweep, its runs sharing the GPU (`jobs` at once)."""
+    """A sweep, its runs sharing the GPU (`jobs` at once), each run's train.log naming every
+    program it compiles and the seconds it took (Table 3's first GPU part spent minutes
+    starting and evaluating against seconds training: the log says which programs)."""
     sweep = [PY, "-m", "jaxformer", "sweep"]
     command = [*sweep, str(ROOT / p["sweep"]), "--jobs", str(jobs), *p["options"]]
-    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.2f}"}
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.2f}", "JAX_LOG_COMPILES": "1"}
     return Part(
         p["name"],
         p["budget_s"],

@@ -48,6 +48,8 @@ def test_parts_run_in_priority_order_within_four_minutes(tmp_path):
     peers = parts[0].commands[0]
     assert peers[1:5] == ["-m", "jaxformer", "bench", "gpt2-peers"] and "--batch" in peers
     assert peers[-1] == str(tmp_path / "peers" / "gpt2-peers.json")
+    table3 = parts[ORDER.index("table3")]  # 3 runs share the GPU; their logs time compiles
+    assert table3.env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.30", "JAX_LOG_COMPILES": "1"}
 
 
 def test_the_labs_gpu_runs_fit_their_parts_and_cover_its_plan(tmp_path):
