@@ -22,8 +22,8 @@ stacked batches compute over their own are reported for each row. With --process
 each row with k > 1 also times whole runs of --steps steps in N rounds: one `jaxformer
 train --seeds` process against k `jaxformer train` processes. With --shared-lengths the
 runs' translation batches come in one order of lengths for every seed (the run option
-shared_lengths), so that the stacked batches pad little. With --decode N each row also
-times decoding the first N dev sources with the final evaluation's settings, the k seeds'
+shared_lengths), so that the stacked batches pad little. With --decode N each row with
+k > 1 also times decoding the first N dev sources with the final evaluation's settings, the k seeds'
 models in one vmapped program (`decode.translate_seeds`, as a seed group evaluates)
 against one seed's after another (`evaluate.translate`). XLA's cost analysis of each
 compiled step gives the vmapped step's flops and bytes over k one-seed steps'. The record
@@ -75,8 +75,8 @@ class SeedsOptions(Options):
     )
     decode: int = option(
         0,
-        "also time decoding the first N dev sources with the final evaluation's settings: "
-        "the k seeds in one vmapped program against one seed after another (0: not)",
+        "also time decoding the first N dev sources with the final evaluation's settings, "
+        "for k > 1: the k seeds in one vmapped program against one after another (0: not)",
     )
 
     def __post_init__(self):
@@ -175,7 +175,7 @@ def measure(task: str, k: int, args: SeedsOptions) -> dict:
             padding=round(positions["stacked"] / positions["apart"], 3),
         )
         | (processes(task, k, args) if args.processes and k > 1 else {})
-        | (decoding(setups, box["each"], args) if args.decode else {})
+        | (decoding(setups, box["each"], args) if args.decode and k > 1 else {})
     )
 
 
