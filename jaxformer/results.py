@@ -10,9 +10,9 @@ from, and `render_page` rewrites each section of a page marked
 
     <!-- results:NAME:start -->  ...  <!-- results:NAME:end -->
 
-with the record docs/results/NAME.json; NAME may name a subfolder's record
-(xla_vs_eager/DIR/record), whose headings then sit one level down in the page and whose
-figures are linked from the page. `render_pages` (`jaxformer docs`) runs it over every
+with the record docs/results/NAME.json (NAME may name a subfolder's:
+xla_vs_eager/DIR/record), its headings one level down in the page and its figures linked
+from the page. `render_pages` (`jaxformer docs`) runs it over every
 page; `tests/test_docs.py` checks that the committed pages equal what their records render.
 """
 
@@ -213,18 +213,16 @@ def _git(cwd: pathlib.Path, *args: str) -> str:
 
 def render_page(text: str, results: pathlib.Path, page_dir: pathlib.Path | None = None) -> str:
     """`text` (a page in `page_dir`, by default `results`) with each results section rendered
-    from results/NAME.json: a subfolder's record with its headings one level down and its
-    figures' links made from the page."""
+    from results/NAME.json, the record's headings one level down (the page's own heading
+    sits above them) and its figures' links made from the page."""
 
     def section(match: re.Match) -> str:
         path = results / f"{match['name']}.json"
         if not path.exists():
             raise MissingFile(f"a page shows results:{match['name']}, but {path} does not exist")
-        body = Record.read(path).markdown()
-        if "/" in match["name"]:
-            body = re.sub(r"^#", "##", body, flags=re.M)
-            where = os.path.relpath(path.parent, page_dir or results)
-            body = FIGURE_LINK.sub(lambda m: f"]({where}/{m[1]})", body)
+        body = re.sub(r"^#", "##", Record.read(path).markdown(), flags=re.M)
+        where = os.path.relpath(path.parent, page_dir or results)
+        body = FIGURE_LINK.sub(lambda m: f"]({where}/{m[1]})", body)
         return match.group(1) + body + match.group(3)
 
     return SECTION.sub(section, text)
