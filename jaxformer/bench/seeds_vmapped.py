@@ -23,8 +23,8 @@ each row with k > 1 also times whole runs of --steps steps in N rounds: one `jax
 train --seeds` process against k `jaxformer train` processes. With --shared-lengths the
 runs' translation batches come in one order of lengths for every seed (the run option
 shared_lengths), so that the stacked batches pad little. With --decode N each row with
-k > 1 also times decoding the first N dev sources with the final evaluation's settings, the k seeds'
-models in one vmapped program (`decode.translate_seeds`, as a seed group evaluates)
+k > 1 also times decoding the first N dev sources with the final evaluation's settings,
+the k seeds' models in one vmapped program (`decode.translate_seeds`, as a seed group evaluates)
 against one seed's after another (`evaluate.translate`). XLA's cost analysis of each
 compiled step gives the vmapped step's flops and bytes over k one-seed steps'. The record
 is written after every row, so that a stopped run keeps the rows it measured.
@@ -184,9 +184,9 @@ def decoding(setups: list, states: list, args: SeedsOptions) -> dict:
     evaluation's beam, length penalty and batches: in one vmapped program
     (decode.translate_seeds, as a seed group evaluates) against each seed's own decode one
     after another (evaluate.translate, as a run evaluates), in paired rounds, after checking
-    that both make the same predictions (`same_predictions`). The models
-    are the timed steps' (a few steps from their initialisation: their predictions' lengths
-    are not a trained model's)."""
+    that both make the same predictions (`same_predictions`). The models are the timed
+    steps' (a few steps from their initialisation: their predictions' lengths are not a
+    trained model's)."""
     lead = setups[0]
     settings = EvalSettings.of(lead.run, lead.data)
     sources = [src for src, _ in lead.data.dev_pairs[: args.decode]]
@@ -212,8 +212,8 @@ def decoding(setups: list, states: list, args: SeedsOptions) -> dict:
             translate(model, lead.tokenizer, sources, settings, settings.beam) for model in models
         ]
 
+    same = together() == apart()  # and the first calls compile both
     times = stats.time_interleaved({"vmapped": together, "apart": apart}, args.rounds)
-    same = together() == apart()
     return dict(
         decode=dict(
             same_predictions=same,

@@ -148,8 +148,8 @@ def fingerprint(options: LabOptions, profile: plan.Profile) -> dict:
 def run_lab(options: LabOptions) -> dict:
     """The lab (see the module doc): refuses a busy machine (unless --allow-load), then
     measures the plan's parts not yet in its folder, saving each and rewriting the
-    report; returns the report's dict (report.json). Raises Stopped after writing what it has when a signal
-    or --time-limit stops it."""
+    report; returns the report's dict (report.json). Raises Stopped after writing what it
+    has when a signal or --time-limit stops it."""
     start = time.perf_counter()
     say(f"jaxformer bench {NAME}: measuring the machine's load for 3 s (other processes, in cores)")
     guard = load.probe(3.0) | {"max_cores": options.max_load, "allowed": options.allow_load}
