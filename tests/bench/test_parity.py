@@ -15,6 +15,7 @@ def test_the_paper_rows_are_the_base_preset():
     assert post[4] == (6, 6)
 
 
+@pytest.mark.slow  # the quick suite's slowest test; tests/interop checks parity there
 def test_a_quick_run_compares_every_small_case(tmp_path):
     pytest.importorskip("transformers")
     options = parity.ParityOptions(quick=True, out=str(tmp_path / "p.json"))

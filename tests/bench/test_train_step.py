@@ -19,6 +19,7 @@ def test_the_analytic_flops_count_every_matrix_product():
     assert flops == 3 * 2 * (enc + dec + tokens * E * V) == 50_658_803_712  # docs: 50.7 GFLOP
 
 
+@pytest.mark.slow  # one of the quick suite's slowest; gpt2-peers' quick run tests paired rounds there
 def test_a_quick_run_times_the_programs_in_paired_rounds(tmp_path):
     options = train_step.TrainStepOptions(
         quick=True, steps_per_round=1, batch=2, loss_steps=0, out=str(tmp_path / "t.json")
