@@ -7,6 +7,7 @@
     jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
     jaxformer train --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0 --mesh data=-1
     jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
+    jaxformer train --init-from runs/pretrained --dataset wyc-web  # or a jaxformer run
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
     jaxformer generate --checkpoint gpt2-folder/ --input "Once upon a time"
     jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict

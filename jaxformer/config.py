@@ -303,7 +303,8 @@ class DataOptions:
     )
     init_from: str | None = option(
         None,
-        "fine-tune a Hugging Face model folder: its architecture, weights and tokenizer",
+        "fine-tune a trained model, its architecture, weights and tokenizer: a jaxformer "
+        "run folder (its averaged or latest checkpoint) or a Hugging Face model folder",
         resume=True,
     )
     bpe_vocab_size: int | None = option(

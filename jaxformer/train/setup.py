@@ -24,9 +24,9 @@ from jaxformer.data import (
 )
 from jaxformer.data.datasets import read_text_lines
 from jaxformer.data.tokenizers import Tokenizer
-from jaxformer.interop import hf
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, make_placement
+from jaxformer.train.checkpoint import restore_model
 from jaxformer.train.metrics import check_metrics
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.run_folder import tensorboard_writer
@@ -188,8 +188,9 @@ def _tokenizer(run: RunConfig, texts: Callable[[], list[str]]) -> Tokenizer:
 
 
 def _pretrained(run: RunConfig) -> tuple[nnx.Module, Tokenizer, TrainingData]:
-    """(model, tokenizer, data) of a run that fine-tunes the Hugging Face folder init_from."""
-    model, tokenizer = hf.load(run.data.init_from)
+    """(model, tokenizer, data) of a run that fine-tunes init_from: a jaxformer run folder
+    (its averaged parameters, else its latest checkpoint's) or a Hugging Face model folder."""
+    model, tokenizer = restore_model(run.data.init_from)
     _, data = build_data(run, tokenizer)
     kind = type(model).__name__
     if kind != data.model_kind:
@@ -201,7 +202,7 @@ def _pretrained(run: RunConfig) -> tuple[nnx.Module, Tokenizer, TrainingData]:
     if model.config.max_len < data.max_len:
         raise BadValue(
             f"the data needs sequences of {data.max_len} tokens but {run.data.init_from} takes "
-            f"{model.config.max_len} (max_position_embeddings)"
+            f"{model.config.max_len} (its max_len; a Hugging Face max_position_embeddings)"
         )
     return model, tokenizer, data
 

@@ -12,8 +12,10 @@ import sys
 import threading
 import time
 
+import jax
 import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 import jaxformer as jf
 from jaxformer.cli import main
@@ -172,6 +174,35 @@ def test_restore_model_for_inference(tmp_path, capsys):
     )
     with pytest.raises(FileNotFoundError, match="no such run folder"):
         checkpoint.restore_model(tmp_path / "nope")
+
+
+def test_a_run_fine_tunes_another_runs_model_on_its_own_data(tmp_path):
+    """init_from a jaxformer run folder (a pre-training stage): the new run starts from that
+    run's last parameters, architecture and BPE tokenizer (the model options given are not
+    used) with a fresh optimizer and step, and trains on its own pairs in its own folder."""
+    words = "the cat sat on a red mat and ran to the big dog".split()
+    for name, turn in (("pre.tsv", 3), ("tuned.tsv", 5)):
+        pairs = [" ".join(words[i % 12 :][:turn]) for i in range(60)]
+        (tmp_path / name).write_text("".join(f"{p}\t{p[::-1]}\n" for p in pairs))
+    data = dict(task=None, seq_len=32, steps=2)
+    first = tmp_path / "pretrained"
+    pre = run_config(first, data_tsv=str(tmp_path / "pre.tsv"), tokenizer="bpe", **data)
+    loop.train(small_config(), pre, progress=False)
+    pretrained, _ = checkpoint.restore_model(first)
+    run = run_config(
+        tmp_path / "tuned", data_tsv=str(tmp_path / "tuned.tsv"), init_from=str(first), **data
+    )
+    tuned = setup.set_up(small_config(d_model=64), run)
+    assert tuned.config == pretrained.config and tuned.config.d_model == 32
+    flat = jax.tree.leaves(nnx.split(pretrained)[1])
+    assert all(
+        (a == b).all() for a, b in zip(jax.tree.leaves(tuned.state.params), flat, strict=True)
+    )
+    assert int(tuned.state.step) == 0
+    summary = loop.train(small_config(d_model=64), run, progress=False)
+    assert summary["steps_run"] == 2 and summary["params"] == tuned.param_count
+    tokenizer = (first / "tokenizer.json").read_text()
+    assert '"BPE"' in tokenizer and (tmp_path / "tuned" / "tokenizer.json").read_text() == tokenizer
 
 
 KILLER = """
