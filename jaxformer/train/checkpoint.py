@@ -236,7 +236,8 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
         return hf.load(run_dir)
     if not (run_dir / CHECKPOINTS).is_dir():
         raise MissingFile(
-            f"{run_dir}: no {CHECKPOINTS}/ folder; is this a `jaxformer train --out` folder?"
+            f"{run_dir}: neither a `jaxformer train --out` folder (no {CHECKPOINTS}/) nor a "
+            "Hugging Face model folder (config.json and safetensors weights)"
         )
     tokenizer = load_tokenizer(run_dir)
     checkpointer = Checkpointer(run_dir)

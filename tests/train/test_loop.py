@@ -174,6 +174,9 @@ def test_restore_model_for_inference(tmp_path, capsys):
     )
     with pytest.raises(FileNotFoundError, match="no such run folder"):
         checkpoint.restore_model(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither a `jaxformer train --out` folder"):
+        checkpoint.restore_model(tmp_path / "empty")
 
 
 def test_a_run_fine_tunes_another_runs_model_on_its_own_data(tmp_path):
