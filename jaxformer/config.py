@@ -369,6 +369,10 @@ class DataOptions:
             given["tokenizer"] = "bpe" if bpe else "byte"
         elif init_from is not None and given["tokenizer"] != "byte":  # "byte": as resolved
             raise BadValue("a model given by init_from brings its tokenizer; leave tokenizer unset")
+        if init_from is not None and given.get("bpe_vocab_size") is not None:
+            raise BadValue(
+                "a model given by init_from brings its tokenizer; leave bpe_vocab_size unset"
+            )
         return cls(**given)
 
     @property

@@ -149,6 +149,8 @@ def test_defaults_that_depend_on_other_options():
     assert RunConfig.from_options(**fine_tune.to_dict()) == fine_tune
     with pytest.raises(BadValue, match="a model given by init_from brings its tokenizer"):
         RunConfig.from_options(data_text="a.txt", init_from="m", tokenizer="bpe")
+    with pytest.raises(BadValue, match="brings its tokenizer; leave bpe_vocab_size unset"):
+        RunConfig.from_options(dataset="wyc-web", init_from="m", bpe_vocab_size=2000)
     # Built from its groups, a RunConfig takes the source, tokenizer and folder as given.
     direct = RunConfig(
         data=DataOptions(task="sort", tokenizer="byte"),
