@@ -98,12 +98,14 @@ def summarize(spec: Spec) -> dict:
     variants = {}
     for name in spec.variants:
         runs = {seed: status(spec.folder(name, seed)) for seed in spec.seeds}
-        summaries = {s: _summary(spec.folder(name, s)) for s, st in runs.items() if st == "done"}
+        summaries = {s: _summary(spec, name, s) for s, st in runs.items() if st == "done"}
         variants[name] = {
             "runs": runs,
             "problems": _problems(spec, name),
             "figures": _figures(summaries.values()),
         }
+        if spec.stage_of(name) is not None:
+            variants[name]["stage"] = spec.stage_of(name)
     pairs, cache = {}, {}  # (variant, baseline) -> comparison: each pair of variants once
     for baseline in spec.baselines:
         for name in spec.variants:
@@ -141,8 +143,15 @@ def _done(spec: Spec, name: str) -> list[int]:
     return [s for s in spec.seeds if status(spec.folder(name, s)) == "done"]
 
 
-def _summary(folder: pathlib.Path) -> dict:
-    return read_json(folder / "summary.json")
+def _summary(spec: Spec, name: str, seed: int) -> dict:
+    """A run's summary.json; a variant started from a stage counts the stage run's wall
+    seconds in its own (what the variant cost)."""
+    summary = read_json(spec.folder(name, seed) / "summary.json")
+    stage = spec.stage_of(name)
+    if stage is not None and "wall_seconds" in summary:
+        staged = read_json(spec.folder(stage, seed) / "summary.json")
+        summary["wall_seconds"] += staged.get("wall_seconds", 0)
+    return summary
 
 
 def _figures(summaries) -> dict:
@@ -172,8 +181,8 @@ def _paired(spec: Spec, name: str, baseline: str, cache: dict) -> dict:
     """The variant against `baseline` on the seeds both finished."""
     done = _done(spec, baseline)
     seeds = [s for s in _done(spec, name) if s in done]
-    summaries = {s: _summary(spec.folder(name, s)) for s in seeds}
-    base_summaries = {s: _summary(spec.folder(baseline, s)) for s in seeds}
+    summaries = {s: _summary(spec, name, s) for s in seeds}
+    base_summaries = {s: _summary(spec, baseline, s) for s in seeds}
     differences = {}
     for key, *_ in FIGURES:
         values = [
@@ -354,9 +363,20 @@ def _figures_table(results: dict) -> dict:
         "Each variant: mean ± half-width of the 95% t-interval over its finished seeds "
         f"{results['seeds']}."
     )
-    notes = [n for n in (_per_seed(results), _left_out(results)) if n]
+    notes = [n for n in (_per_seed(results), _left_out(results), _staged(results)) if n]
     head = ["variant", "runs"] + [t for _, t, _ in shown]
     return _table(caption, head, body, "ll" + "r" * len(shown), notes)
+
+
+def _staged(results: dict) -> str:
+    """Which variants fine-tune a stage's runs ("" if none does)."""
+    parts = [f"{n} from {r['stage']}'s" for n, r in results["variants"].items() if "stage" in r]
+    if not parts:
+        return ""
+    return (
+        f"Started from a stage's runs, seed by seed: {'; '.join(parts)}; their wall seconds "
+        "count the stage's."
+    )
 
 
 def _per_seed(results: dict) -> str:

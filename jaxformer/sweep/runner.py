@@ -10,9 +10,12 @@ those of the group's first seed. Seeds at different steps (a sweep resumed after
 separate runs) go in groups by step; a group in which a seed diverged runs its seeds
 again apart, so only that seed is marked diverged. On a CPU (where the vmapped step
 measured slower than the seeds' own steps: docs/training.md), with `vmap_seeds=False`,
-or with a run option that keeps seeds apart (a mesh, pmap, a profile, logged
-internals, token-count batches), every run is its own process, seed-major: seed 0 of every variant, then
-seed 1, ..., so a drift of the machine's speed does not fall on one variant.
+or with a run option that keeps seeds apart (a mesh, pmap, a profile, logged internals,
+token-count batches, a stage to start from: each seed has its own), every run is its own
+process, seed-major: seed 0 of every variant, then seed 1, ..., so a drift of the
+machine's speed does not fall on one variant. A seed's stages run before its variants; a
+variant started from a stage waits for that seed's stage run, and fails, naming it, when
+that run failed or diverged.
 
 A run with a summary.json is finished and never rerun; any other resumes from its last
 checkpoint, so a killed sweep continues where it stopped. A folder whose recorded hash is
@@ -75,7 +78,7 @@ def run(
     (default: one per NVIDIA GPU present, each pinned to its GPU, else 1), then write the
     report; returns the results. Raises ValueError, before any run starts, for a folder
     made by another configuration (unless `rerun_changed`)."""
-    todo = [(v, s) for s in spec.seeds for v in spec.variants]
+    todo = [(v, s) for s in spec.seeds for v in spec.runs]
     _clear(spec, _changed(spec, todo, rerun_changed), "its configuration changed", say)
     if retry_failed:
         again = [(v, s) for v, s in todo if status(spec.folder(v, s)) in ("failed", "diverged")]
@@ -90,11 +93,18 @@ def run(
     running: dict[int, tuple] = {}
     done = len(todo) - len(pending)
     while queue or running:
-        while queue and len(running) < len(slots):
+        for variant, seed, why in _after_failed_stages(spec, queue):
+            done += 1
+            say(f"[{done}/{len(todo)}] {variant} seed {seed}: failed: {why}")
+        while len(running) < len(slots) and (job := _ready(spec, queue)):
             slot = next(s for s in slots if s not in running)
-            variant, seeds = queue.pop(0)
-            proc = _launch(spec, variant, seeds, gpu=slot if pin else None)
-            running[slot] = (variant, seeds, proc, time.time())
+            proc = _launch(spec, *job, gpu=slot if pin else None)
+            running[slot] = (*job, proc, time.time())
+        if queue and not running:  # each waits for a stage run that was interrupted
+            for variant, seeds in queue:
+                which = f"seed{'s' * (len(seeds) > 1)} {_names(seeds)}"
+                say(f"{variant} {which}: not run: its stage run did not end (run the sweep again)")
+            break
         time.sleep(0.2)
         for slot, (variant, seeds, proc, t0) in list(running.items()):
             if proc.poll() is None:
@@ -113,6 +123,36 @@ def run(
     return report.write(spec)
 
 
+def _ready(spec: Spec, queue: list[tuple]) -> tuple | None:
+    """The first job in `queue` whose stage runs (if it starts from a stage) are done,
+    taken from the queue; None if each waits for one."""
+    for i, (variant, seeds) in enumerate(queue):
+        stage = spec.stage_of(variant)
+        if stage is None or all(status(spec.folder(stage, s)) == "done" for s in seeds):
+            return queue.pop(i)
+    return None
+
+
+def _after_failed_stages(spec: Spec, queue: list[tuple]) -> list[tuple[str, int, str]]:
+    """Take from `queue` the seeds whose stage run failed or diverged, marking each
+    failed (a retry reruns it with its stage); returns (variant, seed, why) of each."""
+    failed = []
+    for i, (variant, seeds) in enumerate(queue):
+        stage = spec.stage_of(variant)
+        states = {s: status(spec.folder(stage, s)) if stage else "done" for s in seeds}
+        for seed in [s for s in seeds if states[s] in ("failed", "diverged")]:
+            why = f"its stage {stage!r} seed {seed} {states[seed]}"
+            folder = spec.folder(variant, seed)
+            folder.mkdir(parents=True, exist_ok=True)
+            write_whole(folder / "failed.json", json.dumps({"returncode": None, "message": why}))
+            hashed = {"config_hash": spec.config_hash(variant, seed)}
+            write_whole(folder / HASH_FILE, json.dumps(hashed))
+            failed.append((variant, seed, why))
+        queue[i] = (variant, tuple(s for s in seeds if states[s] not in ("failed", "diverged")))
+    queue[:] = [job for job in queue if job[1]]
+    return failed
+
+
 def _jobs(spec: Spec, pending: list[tuple[str, int]], vmap_seeds: bool) -> list[tuple]:
     """The pending runs as (variant, seeds) jobs: with `vmap_seeds`, a variant's seeds
     that are at one step (none started, or all saved at one checkpoint) as one job, in
@@ -122,6 +162,7 @@ def _jobs(spec: Spec, pending: list[tuple[str, int]], vmap_seeds: bool) -> list[
         run = spec.configs(variant, seed)[1]
         kept_apart = [getattr(run.runtime, n) not in (None, False) for n in UNVMAPPED]
         apart = not vmap_seeds or any(kept_apart) or run.data.batch_tokens is not None
+        apart = apart or spec.stage_of(variant) is not None  # each seed its own init_from
         key = (variant, seed) if apart else (variant, _latest_step(spec.folder(variant, seed)))
         groups.setdefault(key, []).append(seed)
     return [(key[0], tuple(seeds)) for key, seeds in groups.items()]
@@ -154,7 +195,7 @@ def _changed(spec: Spec, todo: list[tuple[str, int]], rerun_changed: bool) -> li
             what = "holds no config hash (an older sweep's run)"
         others = f" (and {more} other run{'s' * (more > 1)})" if more else ""
         raise BadValue(
-            f"variant {variant!r} seed {seed}: {folder} {what}{others}; pass --rerun-changed "
+            f"{spec.what(variant)} seed {seed}: {folder} {what}{others}; pass --rerun-changed "
             "to run it again (its folder is emptied), or restore the spec, or choose another --out"
         )
     return changed

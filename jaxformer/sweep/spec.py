@@ -13,6 +13,9 @@ RunConfig options and TransformerConfig fields), an optional grid, and seeds:
     seeds: 3                       # or a list: [0, 1, 2]
     baseline: baseline             # default: the first variant
     readings: [squared_relu]       # other baselines the same runs are read against
+    stages:                        # runs a variant starts from, not compared themselves
+      pretrain: {dataset: wyc+kjv-web, steps: 3000}
+    # a variant {init_from: {stage: pretrain}, steps: 1000} fine-tunes seed k's stage run
     variant_files: [experiments/variants/squared_relu.py]  # registrations, if any
     out: runs/sweeps/activations   # default: runs/sweeps/<the spec's file name>
     paper: {...}                   # a paper's figure and finding per variant (see `paper`)
@@ -25,6 +28,11 @@ verdicts, which stay on dev; it is set for the whole sweep, never per variant. A
 fields (base, then its variant's, then the sweep's seed and folder) resolve as a run file
 would (jaxformer.config.load_run), and each run of `<out>/<variant>/seed<k>` records the
 hash of its resolved configuration in `config_hash.json` when it is launched.
+
+A stage is a run of base and its overrides, seed by seed, in `<out>/<stage>/seed<k>`, that a
+variant starts from with `init_from: {stage: NAME}`: seed k of the variant fine-tunes seed
+k's stage run (its model, architecture and tokenizer; a fresh step and optimizer). Its
+hash is part of the variant's, so a changed stage reruns the variants started from it.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from jaxformer.train.run_folder import read_json
 
 SPEC_KEYS = (
     *("base", "variants", "grid", "seeds", "baseline", "readings", "variant_files", "out"),
-    "paper",
+    *("paper", "stages"),
 )
 MODEL_FIELDS = ("preset", *(f.name for f in dataclasses.fields(TransformerConfig)))
 RUN_FIELDS = tuple(RunConfig.options())
@@ -73,6 +81,7 @@ class Spec:
     out: pathlib.Path
     readings: tuple[str, ...] = ()  # other baselines the runs are read against
     paper: Paper | None = None  # a paper's figures and findings, which the report reads
+    stages: dict[str, dict] = dataclasses.field(default_factory=dict)  # runs variants start from
 
     @classmethod
     def load(
@@ -84,8 +93,9 @@ class Spec:
         if unknown:
             raise BadValue(f"{path}: unknown key {unknown[0]!r}; a spec has {', '.join(SPEC_KEYS)}")
         variants = _variants(fields, path)
+        base = _mapping(fields.get("base", {}), f"{path}: base") | _overrides(overrides)
         spec = cls(
-            base=_mapping(fields.get("base", {}), f"{path}: base") | _overrides(overrides),
+            base=base,
             variants=variants,
             seeds=_seeds(fields.get("seeds", 1), path),
             baseline=str(fields.get("baseline", next(iter(variants)))),
@@ -94,6 +104,7 @@ class Spec:
                 out or fields.get("out") or pathlib.Path("runs/sweeps") / pathlib.Path(path).stem
             ),
             readings=_readings(fields.get("readings", []), path),
+            stages=_stages(fields.get("stages", {}), base, variants, path),
             paper=None
             if "paper" not in fields
             else Paper.read(fields["paper"], path, MODEL_FIELDS),
@@ -104,9 +115,19 @@ class Spec:
                     f"{path}: baseline {name!r} is not one of the variants {list(spec.variants)}"
                 )
         import_variants(list(spec.variant_files))
-        for name in spec.variants:  # every configuration is checked before any run starts
+        for name in spec.runs:  # every configuration is checked before any run starts
             spec.configs(name, spec.seeds[0])
         return spec
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The names of a seed's runs in the order they run: the stages, then the variants."""
+        return (*self.stages, *self.variants)
+
+    def stage_of(self, name: str) -> str | None:
+        """The stage a variant starts from (None: it starts from scratch or a folder)."""
+        init_from = self.variants.get(name, {}).get("init_from")
+        return init_from["stage"] if isinstance(init_from, dict) else None
 
     @property
     def baselines(self) -> tuple[str, ...]:
@@ -118,12 +139,13 @@ class Spec:
         return self.out / variant / f"seed{seed}"
 
     def configs(self, variant: str, seed: int) -> tuple[TransformerConfig, RunConfig]:
-        """The model and run configuration of one run (errors name the variant)."""
-        where = f"variant {variant!r}"
-        for key in self.variants[variant]:
+        """The model and run configuration of one run, of a variant or a stage (errors
+        name it)."""
+        where = self.what(variant)
+        for key in self._overrides(variant):
             if key in SWEEP_WIDE:
                 raise BadValue(f"{where}: {key!r} is set for the whole sweep, in base")
-        fields = self.base | self.variants[variant]
+        fields = self.base | self._overrides(variant)
         for key in fields:
             if key in SWEEP_OWNS:
                 raise BadValue(f"{where}: {key!r} is set by the sweep (seeds, out)")
@@ -136,10 +158,21 @@ class Spec:
 
     def run_options(self, variant: str, seed: int) -> dict:
         """The run options of one run as the spec gives them (base, then the variant's),
-        with the sweep's seed and folder; the defaults are load_run's."""
-        fields = self.base | self.variants[variant]
+        with the sweep's seed and folder (and a stage's folder for `init_from: {stage:
+        NAME}`); the defaults are load_run's."""
+        fields = self.base | self._overrides(variant)
         given = {k: v for k, v in fields.items() if k in RUN_FIELDS}
+        stage = self.stage_of(variant)
+        if stage is not None:
+            given["init_from"] = str(self.folder(stage, seed))
         return given | {"seed": seed, "out": str(self.folder(variant, seed))}
+
+    def what(self, name: str) -> str:
+        """ "variant 'NAME'" or "stage 'NAME'", for messages."""
+        return f"{'stage' if name in self.stages else 'variant'} {name!r}"
+
+    def _overrides(self, name: str) -> dict:
+        return self.stages[name] if name in self.stages else self.variants[name]
 
     def config_hash(self, variant: str, seed: int) -> str:
         """A hash of the run's resolved model and run configuration (its folder aside; an
@@ -151,6 +184,9 @@ class Spec:
             "run": without_added_defaults(run.to_dict() | {"out": None}),
             "variant_files": list(self.variant_files),
         }
+        stage = self.stage_of(variant)
+        if stage is not None:
+            resolved["stage"] = self.config_hash(stage, seed)
         text = json.dumps(resolved, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -259,6 +295,33 @@ def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
         raise BadValue(f"{where} must be a mapping of config fields, got {value!r}")
     return dict(value)
+
+
+def _stages(value, base: dict, variants: dict[str, dict], path) -> dict[str, dict]:
+    """`stages: {NAME: overrides}`, each name not a variant's, each started from scratch
+    or a folder; and every variant's `init_from: {stage: NAME}` one of them (set in the
+    variants, not in base, which the stages share)."""
+    if isinstance(base.get("init_from"), dict):
+        raise BadValue(f"{path}: base: init_from {{stage: NAME}} is set in a variant")
+    stages = {
+        str(k): _mapping(v or {}, f"{path}: stage {k!r}")
+        for k, v in _mapping(value, f"{path}: stages").items()
+    }
+    for name, overrides in stages.items():
+        if name in variants:
+            raise BadValue(f"{path}: {name!r} is both a stage and a variant")
+        if isinstance(overrides.get("init_from"), dict):
+            raise BadValue(f"{path}: stage {name!r}: a stage cannot start from a stage")
+    for name, overrides in variants.items():
+        init_from = overrides.get("init_from")
+        if isinstance(init_from, dict) and (
+            list(init_from) != ["stage"] or init_from["stage"] not in stages
+        ):
+            raise BadValue(
+                f"{path}: variant {name!r}: init_from {init_from!r} names no stage; give a "
+                f"folder or {{stage: NAME}}, NAME one of the stages {list(stages)}"
+            )
+    return stages
 
 
 def _readings(value, path) -> tuple[str, ...]:

@@ -257,6 +257,20 @@ def test_holm_adjusts_step_down_and_keeps_the_floor_a_bound():
         ({"grid": {"num_heads": 4}}, "grid: num_heads must be a non-empty list"),
         ({"grid": {"num_heads": [1]}, "variants": {"num_heads=1": {}}}, "also a named variant"),
         ({"variants": {"a": {"final_test": True}}}, "'final_test' is set for the whole sweep"),
+        ({"stages": {"sq": {}}}, "'sq' is both a stage and a variant"),
+        ({"stages": {"pre": {"d_fff": 8}}}, "stage 'pre': unknown field 'd_fff'"),
+        (
+            {"stages": {"pre": {}}, "variants": {"a": {"init_from": {"stage": "pro"}}}},
+            "variant 'a': init_from {'stage': 'pro'} names no stage; .* stages \\['pre'\\]",
+        ),
+        (
+            {"stages": {"pre": {}, "pre2": {"init_from": {"stage": "pre"}}}},
+            "stage 'pre2': a stage cannot start from a stage",
+        ),
+        (
+            {"stages": {"pre": {}}, "base": BASE | {"init_from": {"stage": "pre"}}},
+            "base: init_from {stage: NAME} is set in a variant",
+        ),
     ],
 )
 def test_bad_specs_are_one_clear_error(tmp_path, capsys, fields, message):
@@ -554,7 +568,7 @@ def test_vmapped_seeds_group_by_variant_unless_an_option_keeps_them_apart(tmp_pa
 def test_every_committed_spec_resolves_each_run(path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the specs name their files from the repository
     spec = sweep.Spec.load(path)
-    for variant in spec.variants:
+    for variant in spec.runs:  # the stages too
         model, run = spec.configs(variant, spec.seeds[0])
         assert run.runtime.seed == spec.seeds[0] and model.vocab_size > 0
 
@@ -632,6 +646,91 @@ def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
         "[3/4] bad seed 0",
         "[4/4] bad seed 1",
     ]
+
+
+FAKE_STAGED = """#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in --config) out="$(dirname "$2")";; esac; shift; done
+case "$out" in *"$FAKE_FAIL"*) echo "the fake run failed"; exit "${FAKE_CODE:-3}";; esac
+echo '{"exact_match": 0.5, "wall_seconds": 10}' > "$out/summary.json"
+"""
+
+
+def staged_spec(tmp_path, **fields):
+    """A stage of 6 steps on another task, and a variant fine-tuning it 2 steps."""
+    return write_spec(
+        tmp_path,
+        stages={"pre": {"task": "reverse", "steps": 6}},
+        variants={"base": {}, "tuned": {"init_from": {"stage": "pre"}, "steps": 2}},
+        **fields,
+    )
+
+
+def test_a_stage_runs_before_the_variants_that_start_from_it_seed_by_seed(tmp_path, monkeypatch):
+    """With a stand-in for `python -m jaxformer train` (10 wall seconds a run), the stage
+    of seed 1 failing: its variant's seed 1 fails naming it; stages are not compared."""
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_STAGED)
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setenv("FAKE_FAIL", "/pre/seed1")
+    spec = sweep.Spec.load(staged_spec(tmp_path))
+    assert spec.runs == ("pre", "base", "tuned") and spec.stage_of("tuned") == "pre"
+    model, run = spec.configs("tuned", 1)
+    assert run.data.init_from == str(spec.folder("pre", 1)) and run.optim.steps == 2
+    assert run.data.task == "copy" and spec.configs("pre", 1)[1].data.task == "reverse"
+    lines = []
+    pending = [(v, s) for s in spec.seeds for v in spec.runs]
+    jobs = [("pre", (0, 1)), ("base", (0, 1)), ("tuned", (0,)), ("tuned", (1,))]
+    assert runner._jobs(spec, pending, vmap_seeds=True) == jobs  # each its own init_from
+    results = sweep.run(spec, jobs=1, vmap_seeds=False, say=lines.append)
+    assert [line.split(" (")[0] for line in lines[1:]] == [
+        "[1/6] pre seed 0: done: exact_match 0.5",
+        "[2/6] base seed 0: done: exact_match 0.5",
+        "[3/6] tuned seed 0: done: exact_match 0.5",
+        "[4/6] pre seed 1: failed: the fake run failed",
+        "[5/6] tuned seed 1: failed: its stage 'pre' seed 1 failed",
+        "[6/6] base seed 1: done: exact_match 0.5",
+    ]
+    assert list(results["variants"]) == ["base", "tuned"]
+    tuned = results["variants"]["tuned"]
+    assert tuned["runs"] == {0: "done", 1: "failed"} and tuned["stage"] == "pre"
+    assert tuned["figures"]["wall_seconds"]["values"] == [20]  # its own 10 and its stage's
+    assert results["variants"]["base"]["figures"]["wall_seconds"]["values"] == [10, 10]
+    staged = "Started from a stage's runs, seed by seed: tuned from pre's; their wall seconds"
+    assert staged in (spec.out / "results.md").read_text()
+
+    monkeypatch.setenv("FAKE_FAIL", "nothing")
+    lines = []
+    sweep.run(spec, retry_failed=True, vmap_seeds=False, say=lines.append)
+    assert [line.split(":")[0] for line in lines if line.startswith("[")] == [
+        "[5/6] pre seed 1",
+        "[6/6] tuned seed 1",
+    ]
+
+
+def test_a_variant_waits_for_its_stage_run_when_that_was_stopped(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_STAGED)
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setenv("FAKE_FAIL", "/pre/seed0")
+    monkeypatch.setenv("FAKE_CODE", "143")  # SIGTERM's: the stage run resumes next time
+    lines = []
+    sweep.run(sweep.Spec.load(staged_spec(tmp_path, seeds=1)), jobs=1, say=lines.append)
+    assert [line.split(" (")[0] for line in lines[1:]] == [
+        "[1/3] pre seed 0: interrupted",
+        "[2/3] base seed 0: done: exact_match 0.5",
+        "tuned seed 0: not run: its stage run did not end",
+    ]
+
+
+def test_a_changed_stage_changes_the_hash_of_the_variants_started_from_it(tmp_path):
+    spec = sweep.Spec.load(staged_spec(tmp_path))
+    edited = sweep.Spec.load(staged_spec(tmp_path, base=BASE | {"d_ff": 48}))
+    other = dataclasses.replace(spec, stages={"pre": {"task": "reverse", "steps": 8}})
+    assert other.config_hash("base", 0) == spec.config_hash("base", 0)
+    assert other.config_hash("tuned", 0) != spec.config_hash("tuned", 0)
+    assert edited.config_hash("tuned", 0) != spec.config_hash("tuned", 0)
 
 
 FAKE_GROUP = """
@@ -719,6 +818,20 @@ def test_sweep_writes_its_table_and_reruns_only_what_is_missing(tmp_path, monkey
     assert "resumed from step 4" in (spec.folder("sq", 1) / "train.log").read_text()
     for path, mtime in kept.items():
         assert path.stat().st_mtime_ns == mtime or path == lost
+
+
+@pytest.mark.slow  # three short trainings
+def test_a_variant_fine_tunes_its_seeds_stage_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")  # the runs: one CPU device, not conftest's eight
+    spec = sweep.Spec.load(staged_spec(tmp_path, seeds=1, variant_files=[]))
+    results = sweep.run(spec, say=lambda line: None)
+    assert results["variants"]["tuned"]["runs"] == {0: "done"}
+    stage, tuned = (
+        json.loads((spec.folder(n, 0) / "summary.json").read_text()) for n in spec.runs[::2]
+    )
+    assert tuned["params"] == stage["params"] and (tuned["steps"], stage["steps"]) == (2, 6)
+    config = json.loads((spec.folder("tuned", 0) / "config.json").read_text())
+    assert config["run"]["init_from"] == str(spec.folder("pre", 0))
 
 
 @pytest.mark.slow
