@@ -1,6 +1,6 @@
 """Imports flow one way through the package, read from the source with `ast`:
 
-    checks <- data, functional, markdown <- config, results <- nn <- models
+    checks <- data, functional, markdown, cores <- config, results <- nn <- models
            <- decode, parallel, interop <- train <- sweep, bench <- gpu_report <- cli
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
@@ -19,6 +19,7 @@ RANKS = {
     "data": 1,
     "functional": 1,
     "markdown": 1,
+    "cores": 1,
     "config": 2,
     "results": 2,
     "nn": 3,
@@ -36,6 +37,7 @@ RANKS = {
 }
 FORBIDDEN_LIBRARIES = {
     "checks": {"flax", "optax", "orbax"},
+    "cores": {"jax", "flax", "optax", "orbax"},
     "functional": {"flax", "optax", "orbax"},
     "nn": {"optax", "orbax"},
 }

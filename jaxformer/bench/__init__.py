@@ -19,6 +19,7 @@ seeds-vmapped  seeds_vmapped.py: k seeds as one vmapped step against k steps one
 internals-overhead  internals_overhead.py: what --log-internals N costs a training step
 make-train     make_train.py: how long `make train` takes, as a fresh process
 speedrun-levers  speedrun_levers.py: the wyc-web speedrun's padding and candidate models' step time
+sweep-jobs     sweep_jobs.py: one run on every core against N pinned runs at once (--jobs N)
 xla-vs-eager   xla_vs_eager.py: the XLA-vs-eager lab: when compilation pays off, why, and
                how it compares with PyTorch (plan, measure, modes, workloads, host, load,
                fresh, compile_costs, programs, eager_model, validate, report, report_why,
@@ -45,6 +46,7 @@ from jaxformer.bench import (  # noqa: F401
     profile_step,
     seeds_vmapped,
     speedrun_levers,
+    sweep_jobs,
     train_step,
     xla_vs_eager,
 )

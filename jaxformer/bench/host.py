@@ -220,3 +220,10 @@ def _overheads(layers: int, rounds: int, calls_per_round: int) -> dict:
         if name != "plain jit"
     }
     return {"variables": 2 * layers, "us": us, "extra_us": extra}
+
+
+def cpu_name() -> str:
+    """The CPU and the vector extensions its matmul speed hangs on."""
+    cpu = cpu_info()
+    extensions = ", ".join(cpu.get("flags", [])) or "none of " + ", ".join(ISA_FLAGS)
+    return f"{cpu.get('model', 'a CPU')} ({extensions})"

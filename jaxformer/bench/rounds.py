@@ -25,6 +25,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import IO, NamedTuple
 
+from jaxformer.cores import on_cores
+
 MARK = "@rounds "  # starts every message line
 
 
@@ -72,14 +74,22 @@ def serve(build: Callable[[], Program]) -> None:
 
 class Worker:
     """The coordinator's handle on one worker process, started at once; `log` takes its
-    stderr (and is closed with it)."""
+    stderr (and is closed with it); `cores`: the only CPU cores it runs on (Linux)."""
 
-    def __init__(self, name: str, command: list[str], env: dict, log: IO[str]):
+    def __init__(
+        self, name: str, command: list[str], env: dict, log: IO[str], cores: set[int] | None = None
+    ):
         self.name, self.log = name, log
         self.started = time.time()  # the worker's clock too: ready_at is its time.time()
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True
-        )
+        with on_cores(cores):
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                text=True,
+            )
 
     def ready(self) -> dict:
         """The worker's ready message, with ready_s: seconds from its start to its ready

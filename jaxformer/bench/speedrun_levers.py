@@ -29,7 +29,7 @@ from flax import nnx
 
 from jaxformer import train
 from jaxformer.bench import stats
-from jaxformer.bench.host import ISA_FLAGS, cpu_info
+from jaxformer.bench.host import cpu_name
 from jaxformer.bench.registry import BENCHMARKS, Options, option, say
 from jaxformer.checks import BadValue
 from jaxformer.config import RunConfig, TransformerConfig
@@ -103,7 +103,7 @@ def run(options: LeversOptions) -> Record:
         ),
     ]
     source = (
-        f"the speed levers of the wyc-web speedrun, side by side in one process, on {device_name()}"
+        f"the speed levers of the wyc-web speedrun, side by side in one process, on {cpu_name()}"
     )
     headline = {
         name: round(stats.paired_ratio(times[next(iter(times))], t)["median"], 3)
@@ -196,10 +196,3 @@ def step_rows(times: dict[str, list[float]], batches: list[dict]) -> list[list[s
             ]
         )
     return rows
-
-
-def device_name() -> str:
-    """The CPU, its cores and the vector extensions its matmul speed hangs on."""
-    cpu = cpu_info()
-    extensions = ", ".join(cpu.get("flags", [])) or "none of " + ", ".join(ISA_FLAGS)
-    return f"{cpu.get('model', 'a CPU')} ({extensions})"

@@ -35,6 +35,7 @@ import sys
 import time
 
 from jaxformer.checks import BadValue
+from jaxformer.cores import on_cores, shares
 from jaxformer.sweep import report
 from jaxformer.sweep.spec import HASH_FILE, Spec, status
 from jaxformer.train.checkpoint import Checkpointer
@@ -75,8 +76,9 @@ def run(
     """Run every pending (variant, seed), a variant's seeds as one program with
     `vmap_seeds` (None: when an NVIDIA GPU is present; on a CPU the vmapped step measured
     slower), else one run at a time, seed-major; `jobs` processes at a time
-    (default: one per NVIDIA GPU present, each pinned to its GPU, else 1), then write the
-    report; returns the results. Raises ValueError, before any run starts, for a folder
+    (default: one per NVIDIA GPU present, each pinned to its GPU, else 1; on a CPU each
+    pinned to its share of the cores: `jaxformer.cores`), then write the report; returns the
+    results. Raises ValueError, before any run starts, for a folder
     made by another configuration (unless `rerun_changed`)."""
     todo = [(v, s) for s in spec.seeds for v in spec.runs]
     _clear(spec, _changed(spec, todo, rerun_changed), "its configuration changed", say)
@@ -89,6 +91,7 @@ def run(
     gpus = _gpu_count()  # (not JAX's backend: initialising it here would hold GPU memory)
     slots = list(range(jobs or max(1, gpus)))
     pin = len(slots) > 1 and gpus >= len(slots)  # each slot runs on its own GPU
+    cores = shares(len(slots)) if not gpus and len(slots) > 1 else None  # or its cores
     queue = _jobs(spec, pending, gpus > 0 if vmap_seeds is None else vmap_seeds)
     running: dict[int, tuple] = {}
     done = len(todo) - len(pending)
@@ -98,7 +101,7 @@ def run(
             say(f"[{done}/{len(todo)}] {variant} seed {seed}: failed: {why}")
         while len(running) < len(slots) and (job := _ready(spec, queue)):
             slot = next(s for s in slots if s not in running)
-            proc = _launch(spec, *job, gpu=slot if pin else None)
+            proc = _launch(spec, *job, gpu=slot if pin else None, cores=cores and cores[slot])
             running[slot] = (*job, proc, time.time())
         if queue and not running:  # each waits for a stage run that was interrupted
             for variant, seeds in queue:
@@ -215,10 +218,13 @@ def _gpu_count() -> int:
     return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
-def _launch(spec: Spec, variant: str, seeds: tuple, *, gpu: int | None) -> subprocess.Popen:
+def _launch(
+    spec: Spec, variant: str, seeds: tuple, *, gpu: int | None, cores: set[int] | None = None
+) -> subprocess.Popen:
     """One process training `seeds` of `variant` (several: `train --seeds`, in the first
-    seed's run file with the variant's folder as --out); each seed's folder gets its run
-    file, hash and command, the first seed's its output."""
+    seed's run file with the variant's folder as --out), on GPU `gpu` or on `cores` only
+    if given; each seed's folder gets its run file, hash and command, the first seed's its
+    output."""
     commands = {seed: train_command(spec, variant, seed) for seed in seeds}  # run files
     for seed in seeds:
         hashed = {"config_hash": spec.config_hash(variant, seed)}
@@ -241,7 +247,7 @@ def _launch(spec: Spec, variant: str, seeds: tuple, *, gpu: int | None) -> subpr
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     command = [sys.executable, "-m", "jaxformer", *args]
-    with open(first / "train.log", "a") as log:
+    with open(first / "train.log", "a") as log, on_cores(cores):
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 

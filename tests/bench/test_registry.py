@@ -27,6 +27,7 @@ NAMES = (
     "profile",
     "seeds-vmapped",
     "speedrun-levers",
+    "sweep-jobs",
     "train-step",
     "xla-vs-eager",
 )
@@ -99,6 +100,7 @@ def test_the_default_out_is_not_recorded():
         ("seeds-vmapped", dict(tasks=("copy",)), "--tasks must be of"),
         ("internals-overhead", dict(every=1), "--every must be >= 2"),
         ("speedrun-levers", dict(rounds=3), "--rounds must be >= 6"),
+        ("sweep-jobs", dict(jobs=(2, 1)), "every --jobs value must be >= 2"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(name, fields, message):

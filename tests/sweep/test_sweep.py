@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from jaxformer import cores as cores_lib
 from jaxformer import sweep
 from jaxformer.cli import main
 from jaxformer.config import load_run
@@ -722,6 +723,40 @@ def test_a_variant_waits_for_its_stage_run_when_that_was_stopped(tmp_path, monke
         "[2/3] base seed 0: done: exact_match 0.5",
         "tuned seed 0: not run: its stage run did not end",
     ]
+
+
+FAKE_CORES = """
+import json, os, pathlib, sys
+a = sys.argv[1:]
+folder = pathlib.Path(a[a.index("--config") + 1]).parent
+cores = sorted(os.sched_getaffinity(0))
+(folder / "summary.json").write_text(json.dumps({"exact_match": 0.5, "cores": cores}))
+"""
+
+
+@pytest.mark.skipif(
+    len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2,
+    reason="pinning two runs needs Linux and two cores",
+)
+def test_cpu_runs_at_once_are_each_pinned_to_their_share_of_the_cores(tmp_path, monkeypatch):
+    """With a stand-in for `python -m jaxformer train` that records the cores it may use."""
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_CORES}")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setattr(runner, "_gpu_count", lambda: 0)
+    cores = sorted(os.sched_getaffinity(0))
+    assert cores_lib.shares(2) == [set(cores[: len(cores) // 2]), set(cores[len(cores) // 2 :])]
+    assert cores_lib.shares(1) == [set(cores)] and cores_lib.shares(len(cores) + 1) is None
+    for jobs, shares in ((2, cores_lib.shares(2)), (1, [set(cores)])):
+        spec = sweep.Spec.load(write_spec(tmp_path, out=str(tmp_path / f"jobs{jobs}")))
+        sweep.run(spec, jobs=jobs, vmap_seeds=False, say=lambda line: None)
+        used = [
+            set(json.loads((spec.folder(v, s) / "summary.json").read_text())["cores"])
+            for s in spec.seeds
+            for v in spec.variants
+        ]
+        assert all(u in shares for u in used) and (jobs == 1 or len({*map(tuple, used)}) == 2)
 
 
 def test_a_changed_stage_changes_the_hash_of_the_variants_started_from_it(tmp_path):
