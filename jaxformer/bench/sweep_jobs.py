@@ -102,6 +102,7 @@ def measure(n: int, options: JobsOptions) -> dict:
     return dict(
         jobs=n,
         cores=[sorted(s) for s in shares],
+        times=times,  # seconds of each round, one list per arm: entry i is round i
         seconds={m: stats.median_ci(ts) for m, ts in times.items()},
         speedup=stats.paired_ratio(times["one"], times["at_once"]),
         peak_mib={name: round(m["peak_bytes"] / 2**20) for name, m in ready.items()},
