@@ -590,19 +590,24 @@ def test_a_fine_tuning_sweep_leaves_the_tokenizer_to_the_model(tmp_path):
 
 FAKE_TRAIN = """#!/bin/sh
 while [ $# -gt 0 ]; do case "$1" in --config) out="$(dirname "$2")";; esac; shift; done
-case "$out" in *"$FAKE_FAIL"*) echo "the fake run failed"; exit 3;; esac
-echo '{"exact_match": 0.5}' > "$out/summary.json"
+case "$out" in *"$FAKE_FAIL"*) echo "the fake run failed"; exit "${FAKE_CODE:-3}";; esac
+echo '{"exact_match": 0.5, "wall_seconds": 10}' > "$out/summary.json"
 """
+
+
+def fake_train(tmp_path, monkeypatch, script: str) -> None:
+    """`script` (a file's text, with its #! line) stands in for `python -m jaxformer train`."""
+    fake = tmp_path / "fake_python"
+    fake.write_text(script)
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
 
 
 def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
     tmp_path, monkeypatch, capsys
 ):
     """With a stand-in for `python -m jaxformer train` that writes a summary (or fails)."""
-    fake = tmp_path / "fake_python"
-    fake.write_text(FAKE_TRAIN)
-    fake.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(fake))
+    fake_train(tmp_path, monkeypatch, FAKE_TRAIN)
     monkeypatch.setenv("FAKE_FAIL", "/bad/seed1")
     path = write_spec(tmp_path, variants={"base": {}, "bad": {"d_ff": 16}})
     spec = sweep.Spec.load(path)
@@ -649,13 +654,6 @@ def test_runs_go_seed_major_and_a_changed_or_failed_run_is_never_reused(
     ]
 
 
-FAKE_STAGED = """#!/bin/sh
-while [ $# -gt 0 ]; do case "$1" in --config) out="$(dirname "$2")";; esac; shift; done
-case "$out" in *"$FAKE_FAIL"*) echo "the fake run failed"; exit "${FAKE_CODE:-3}";; esac
-echo '{"exact_match": 0.5, "wall_seconds": 10}' > "$out/summary.json"
-"""
-
-
 def staged_spec(tmp_path, **fields):
     """A stage of 6 steps on another task, and a variant fine-tuning it 2 steps."""
     return write_spec(
@@ -669,10 +667,7 @@ def staged_spec(tmp_path, **fields):
 def test_a_stage_runs_before_the_variants_that_start_from_it_seed_by_seed(tmp_path, monkeypatch):
     """With a stand-in for `python -m jaxformer train` (10 wall seconds a run), the stage
     of seed 1 failing: its variant's seed 1 fails naming it; stages are not compared."""
-    fake = tmp_path / "fake_python"
-    fake.write_text(FAKE_STAGED)
-    fake.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(fake))
+    fake_train(tmp_path, monkeypatch, FAKE_TRAIN)
     monkeypatch.setenv("FAKE_FAIL", "/pre/seed1")
     spec = sweep.Spec.load(staged_spec(tmp_path))
     assert spec.runs == ("pre", "base", "tuned") and spec.stage_of("tuned") == "pre"
@@ -710,10 +705,7 @@ def test_a_stage_runs_before_the_variants_that_start_from_it_seed_by_seed(tmp_pa
 
 
 def test_a_variant_waits_for_its_stage_run_when_that_was_stopped(tmp_path, monkeypatch):
-    fake = tmp_path / "fake_python"
-    fake.write_text(FAKE_STAGED)
-    fake.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(fake))
+    fake_train(tmp_path, monkeypatch, FAKE_TRAIN)
     monkeypatch.setenv("FAKE_FAIL", "/pre/seed0")
     monkeypatch.setenv("FAKE_CODE", "143")  # SIGTERM's: the stage run resumes next time
     lines = []
@@ -740,10 +732,7 @@ cores = sorted(os.sched_getaffinity(0))
 )
 def test_cpu_runs_at_once_are_each_pinned_to_their_share_of_the_cores(tmp_path, monkeypatch):
     """With a stand-in for `python -m jaxformer train` that records the cores it may use."""
-    fake = tmp_path / "fake_python"
-    fake.write_text(f"#!{sys.executable}\n{FAKE_CORES}")
-    fake.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(fake))
+    fake_train(tmp_path, monkeypatch, f"#!{sys.executable}\n{FAKE_CORES}")
     monkeypatch.setattr(runner, "_gpu_count", lambda: 0)
     cores = sorted(os.sched_getaffinity(0))
     assert cores_lib.shares(2) == [set(cores[: len(cores) // 2]), set(cores[len(cores) // 2 :])]
@@ -787,10 +776,7 @@ def test_a_variants_seeds_train_as_one_process_and_a_divergence_is_found_apart(
 ):
     """With a stand-in for `python -m jaxformer train` that writes each folder's summary,
     or exits 1 (diverged) when a folder it trains matches FAKE_DIVERGE."""
-    fake = tmp_path / "fake_python"
-    fake.write_text(f"#!{sys.executable}\n{FAKE_GROUP}")
-    fake.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(fake))
+    fake_train(tmp_path, monkeypatch, f"#!{sys.executable}\n{FAKE_GROUP}")
     monkeypatch.setenv("FAKE_DIVERGE", "/bad/seed1")
     spec = sweep.Spec.load(
         write_spec(tmp_path, variants={"base": {}, "bad": {"d_ff": 16}}, seeds=3)
