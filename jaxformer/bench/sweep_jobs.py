@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pathlib
 import resource
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from jaxformer import cores as cores_lib
 from jaxformer.bench import rounds, stats
 from jaxformer.bench.host import cpu_name
 from jaxformer.bench.registry import BENCHMARKS, Options, beside, option, say
-from jaxformer.checks import BadValue
+from jaxformer.checks import BadValue, MissingFile
 from jaxformer.results import Record, Table, capture
 
 
@@ -50,6 +51,8 @@ class JobsOptions(Options):
             )
         if not self.jobs or min(self.jobs) < 2:
             raise BadValue(f"every --jobs value must be >= 2, got {list(self.jobs)}")
+        if self.config and not pathlib.Path(self.config).is_file():
+            raise MissingFile(f"--config {self.config}: no such run file")
 
 
 @BENCHMARKS.register("sweep-jobs", JobsOptions)
@@ -110,6 +113,8 @@ def measure(n: int, options: JobsOptions) -> dict:
 
 
 def _start(name: str, seeds: list[int], cores: set[int] | None, options: JobsOptions):
+    """A worker process for the runs of `seeds` (on `cores` only, if given), its stderr
+    in a log next to the record."""
     code = "import sys; from jaxformer.bench import sweep_jobs; sweep_jobs.worker(*sys.argv[1:])"
     command = [sys.executable, "-c", code, options.config, json.dumps(seeds)]
     path = beside(options, f"-{name}.log")

@@ -11,6 +11,7 @@ import pytest
 
 from jaxformer import cli
 from jaxformer.bench import BENCHMARKS, registry
+from jaxformer.checks import InputError
 
 NAMES = (
     "attention",
@@ -101,10 +102,11 @@ def test_the_default_out_is_not_recorded():
         ("internals-overhead", dict(every=1), "--every must be >= 2"),
         ("speedrun-levers", dict(rounds=3), "--rounds must be >= 6"),
         ("sweep-jobs", dict(jobs=(2, 1)), "every --jobs value must be >= 2"),
+        ("sweep-jobs", dict(config="nowhere.yaml"), "--config nowhere.yaml: no such run file"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(name, fields, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InputError, match=message):
         BENCHMARKS[name].options(**fields)
 
 
