@@ -185,7 +185,8 @@ class Spec:
             "variant_files": list(self.variant_files),
         }
         stage = self.stage_of(variant)
-        if stage is not None:
+        if stage is not None:  # the stage's configuration, not its folder: a moved sweep keeps it
+            resolved["run"]["init_from"] = None
             resolved["stage"] = self.config_hash(stage, seed)
         text = json.dumps(resolved, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

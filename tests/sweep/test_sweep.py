@@ -755,6 +755,8 @@ def test_a_changed_stage_changes_the_hash_of_the_variants_started_from_it(tmp_pa
     assert other.config_hash("base", 0) == spec.config_hash("base", 0)
     assert other.config_hash("tuned", 0) != spec.config_hash("tuned", 0)
     assert edited.config_hash("tuned", 0) != spec.config_hash("tuned", 0)
+    moved = sweep.Spec.load(staged_spec(tmp_path), out=str(tmp_path / "moved"))
+    assert moved.config_hash("tuned", 0) == spec.config_hash("tuned", 0)  # its folder aside
 
 
 FAKE_GROUP = """
