@@ -16,6 +16,7 @@ from flax import nnx
 
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.models import Transformer
+from jaxformer.results import code_version, versions
 from jaxformer.train.run_folder import RunFolder, read_metrics, write_whole
 from jaxformer.train.setup import Setup
 
@@ -63,10 +64,11 @@ class Progress:
 
 
 def starting(setup: Setup, folder: RunFolder, step: int) -> None:
-    """What a run says as it starts at `step`: what the data kept and dropped, the devices
-    and the vocabulary, and whether it was already complete."""
+    """What a run says as it starts at `step`: the code, what the data kept and dropped,
+    the devices and the vocabulary, and whether it was already complete."""
     asked, vocab = setup.requested_vocab, setup.config.vocab_size
     note = "" if asked == vocab else f"; the model config said {asked}"
+    folder.say(f"code: {code_version()}")
     if setup.data.description:
         folder.say(setup.data.description)
     ids = f"vocabulary of {vocab} ids (the tokenizer's{note})"
@@ -79,11 +81,15 @@ def starting(setup: Setup, folder: RunFolder, step: int) -> None:
 
 
 def description(setup: Setup) -> dict[str, Any]:
-    """summary.json's fields that describe the run: model, layout, configs, data counts."""
+    """summary.json's fields that describe the run: model, layout, configs, data counts,
+    and the code and package versions that finished it (train.log names the code of each
+    start, so a run resumed after a code change says so)."""
     counts = {"data_counts": dict(setup.data.counts)} if setup.data.counts else {}
     return {
         "params": setup.param_count,
         "device": str(jax.devices()[0].device_kind),
+        "code": code_version(),
+        "versions": versions(),
         "layout": setup.placement.description,
         "model_kind": setup.data.model_kind,
         "model_config": setup.config.to_dict(),
