@@ -38,7 +38,7 @@ from jaxformer.checks import BadValue
 from jaxformer.cores import on_cores, shares
 from jaxformer.sweep import report
 from jaxformer.sweep.spec import HASH_FILE, Spec, status
-from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.checkpoint import CHECKPOINTS, Checkpointer
 from jaxformer.train.run_folder import read_json, write_whole
 from jaxformer.train.seed_group import UNVMAPPED
 
@@ -87,6 +87,9 @@ def run(
         _clear(spec, again, "retrying", say)
     spec.out.mkdir(parents=True, exist_ok=True)
     pending = [(v, s) for v, s in todo if status(spec.folder(v, s)) == "pending"]
+    why = "a pending variant starts from it, and its checkpoints are gone"
+    _clear(spec, _stages_without_checkpoints(spec, pending), why, say)
+    pending = [(v, s) for v, s in todo if status(spec.folder(v, s)) == "pending"]
     say(f"sweep {spec.out}: {len(todo)} runs, {len(todo) - len(pending)} already ended")
     gpus = _gpu_count()  # (not JAX's backend: initialising it here would hold GPU memory)
     slots = list(range(jobs or max(1, gpus)))
@@ -134,6 +137,18 @@ def _ready(spec: Spec, queue: list[tuple]) -> tuple | None:
         if stage is None or all(status(spec.folder(stage, s)) == "done" for s in seeds):
             return queue.pop(i)
     return None
+
+
+def _stages_without_checkpoints(spec: Spec, pending: list[tuple[str, int]]) -> list[tuple]:
+    """The finished stage runs that a pending variant starts from but that hold no
+    checkpoint (a copy of the run's records, say): they must run again first."""
+    stages = {(spec.stage_of(v), s) for v, s in pending if spec.stage_of(v) is not None}
+    return [
+        (stage, seed)
+        for stage, seed in sorted(stages)
+        if status(spec.folder(stage, seed)) == "done"
+        and not (spec.folder(stage, seed) / CHECKPOINTS).is_dir()
+    ]
 
 
 def _after_failed_stages(spec: Spec, queue: list[tuple]) -> list[tuple[str, int, str]]:

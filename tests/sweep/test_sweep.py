@@ -8,6 +8,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -715,6 +716,29 @@ def test_a_variant_waits_for_its_stage_run_when_that_was_stopped(tmp_path, monke
         "[2/3] base seed 0: done: exact_match 0.5",
         "tuned seed 0: not run: its stage run did not end",
     ]
+
+
+def test_a_stage_run_without_checkpoints_runs_again_when_a_variant_needs_it(tmp_path, monkeypatch):
+    """A stage run copied back from its records (a finished run, its checkpoints left
+    out) with its variant's run missing: the stage runs again first; with nothing pending
+    it is left as it is. (The stand-in train command writes no checkpoints.)"""
+    fake_train(tmp_path, monkeypatch, FAKE_TRAIN)
+    monkeypatch.setenv("FAKE_FAIL", "nothing")
+    spec = sweep.Spec.load(staged_spec(tmp_path, seeds=1))
+    sweep.run(spec, say=lambda line: None)
+    shutil.rmtree(spec.folder("tuned", 0))
+    lines = []
+    sweep.run(spec, say=lines.append)
+    why = "a pending variant starts from it, and its checkpoints are gone"
+    assert [line.split(" (")[0] for line in lines[:4]] == [
+        f"pre seed 0: {why}: emptying {spec.folder('pre', 0)}",
+        f"sweep {spec.out}: 3 runs, 1 already ended",
+        "[2/3] pre seed 0: done: exact_match 0.5",
+        "[3/3] tuned seed 0: done: exact_match 0.5",
+    ]
+    lines = []
+    sweep.run(spec, say=lines.append)
+    assert lines[0] == f"sweep {spec.out}: 3 runs, 3 already ended"
 
 
 FAKE_CORES = """
