@@ -16,7 +16,7 @@ from flax import nnx
 
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.models import Transformer
-from jaxformer.results import code_version, versions
+from jaxformer.results import code_version, describe_device, versions
 from jaxformer.train.run_folder import RunFolder, read_metrics, write_whole
 from jaxformer.train.setup import Setup
 
@@ -82,12 +82,13 @@ def starting(setup: Setup, folder: RunFolder, step: int) -> None:
 
 def description(setup: Setup) -> dict[str, Any]:
     """summary.json's fields that describe the run: model, layout, configs, data counts,
-    and the code and package versions that finished it (train.log names the code of each
-    start, so a run resumed after a code change says so)."""
+    and the machine (a CPU's processor), code and package versions that finished it
+    (train.log names the code of each start, so a run resumed after a change says so)."""
     counts = {"data_counts": dict(setup.data.counts)} if setup.data.counts else {}
     return {
         "params": setup.param_count,
         "device": str(jax.devices()[0].device_kind),
+        "machine": describe_device(),
         "code": code_version(),
         "versions": versions(),
         "layout": setup.placement.description,

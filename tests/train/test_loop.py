@@ -19,7 +19,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.results import code_version
+from jaxformer.results import code_version, describe_device
 from jaxformer.train import checkpoint, evaluate, loop, setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -213,7 +213,7 @@ KILLER = """
 import os, signal, sys
 import orbax.checkpoint as ocp
 from jaxformer.cli import main
-from jaxformer.results import code_version
+from jaxformer.results import code_version, describe_device
 
 finalize = ocp.StandardCheckpointHandler.finalize
 calls = 0
@@ -462,7 +462,7 @@ SUMMARY_KEYS = [
     *"steps steps_run wall_seconds seconds_to_first_step train_tokens_per_second".split(),
     *"eval_loss eval_nll eval_perplexity token_accuracy exact_match".split(),
     *"eval_beam final_eval averaged_eval averaged_steps".split(),
-    *"params device code versions layout model_kind model_config run".split(),
+    *"params device machine code versions layout model_kind model_config run".split(),
     *"final_test test_exact_match test_pairs eval_seconds test_seconds train_seconds".split(),
 ]
 TRAIN = "step grad_norm loss lr nll perplexity token_accuracy tokens_per_second wall_seconds"
@@ -535,6 +535,7 @@ def test_a_finished_runs_summary_records_and_report(tmp_path, capsys, monkeypatc
     numbers = r"\d+([.,]\d+)*(e[+-]\d+)?"
     assert lines[0] == f"code: {summary['code']}" and summary["code"] == code_version()
     assert summary["versions"]["jax"] == jax.__version__
+    assert summary["machine"] == describe_device()
     assert [re.sub(numbers, "#", line) for line in lines[1 : len(SHOWN) + 1]] == SHOWN
     assert lines[-3].startswith("mean of the checkpoints of steps 3, 4: held-out NLL")
     assert lines[-2] == "test (3 pairs, final model): exact match " + lines[-2].split()[-1]
