@@ -104,6 +104,9 @@ def summarize(spec: Spec) -> dict:
             "problems": _problems(spec, name),
             "figures": _figures(summaries.values()),
         }
+        machines = {s: summary.get("machine") for s, summary in summaries.items()}
+        if any(machines.values()):
+            variants[name]["machines"] = machines
         if spec.stage_of(name) is not None:
             variants[name]["stage"] = spec.stage_of(name)
     pairs, cache = {}, {}  # (variant, baseline) -> comparison: each pair of variants once
@@ -363,9 +366,35 @@ def _figures_table(results: dict) -> dict:
         "Each variant: mean ± half-width of the 95% t-interval over its finished seeds "
         f"{results['seeds']}."
     )
-    notes = [n for n in (_per_seed(results), _left_out(results), _staged(results)) if n]
+    notes = (_per_seed(results), _left_out(results), _staged(results), _machines(results))
     head = ["variant", "runs"] + [t for _, t, _ in shown]
-    return _table(caption, head, body, "ll" + "r" * len(shown), notes)
+    return _table(caption, head, body, "ll" + "r" * len(shown), [n for n in notes if n])
+
+
+def _machines(results: dict) -> str:
+    """Which runs ran on which machine, when their summaries name more than one ("" else)."""
+    by_machine: dict[str, dict[int, list[str]]] = {}
+    for name, r in results["variants"].items():
+        done = [s for s, state in r["runs"].items() if state == "done"]
+        for seed in done:
+            machine = r.get("machines", {}).get(seed) or "not recorded"
+            by_machine.setdefault(machine, {}).setdefault(seed, []).append(name)
+    if len(by_machine) < 2:
+        return ""
+    parts = [
+        f"{machine[0].upper()}{machine[1:]}: "
+        + "; ".join(f"seed {s} of {_and(names)}" for s, names in sorted(seeds.items()))
+        + "."
+        for machine, seeds in by_machine.items()
+    ]
+    return (
+        "The runs ran on more than one machine (summary.json's machine), whose float "
+        f"kernels need not round alike. {' '.join(parts)}"
+    )
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _staged(results: dict) -> str:

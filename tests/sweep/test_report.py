@@ -143,3 +143,25 @@ def test_the_committed_sweep_tables_are_what_their_committed_records_compute(
     for table in committed + computed:
         table.caption, table.notes = "", []
     assert computed == committed
+
+
+def test_runs_on_more_than_one_machine_are_named_under_the_first_table(tmp_path, capsys):
+    """Seed 1's runs name a machine, seed 0's none (made before runs recorded it)."""
+    path = write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=2)
+    for name in ("base", "other"):
+        for seed in range(2):
+            summary = {"exact_match": 0.5 + 0.1 * seed, "machine": "CPU X" if seed else None}
+            finished(tmp_path / "sweep" / name / f"seed{seed}", summary)
+    out = tmp_path / "sweep.json"
+    report(capsys, path, "--out", out)
+    assert results.Record.read(out).tables[0].notes[-1] == (
+        "The runs ran on more than one machine (summary.json's machine), whose float kernels "
+        "need not round alike. Not recorded: seed 0 of base and other. CPU X: seed 1 of base "
+        "and other."
+    )
+    for name in ("base", "other"):  # one machine: no note
+        summary = json.loads((tmp_path / "sweep" / name / "seed0" / "summary.json").read_text())
+        summary["machine"] = "CPU X"
+        (tmp_path / "sweep" / name / "seed0" / "summary.json").write_text(json.dumps(summary))
+    report(capsys, path, "--out", out)
+    assert not any("machine" in n for n in results.Record.read(out).tables[0].notes)
