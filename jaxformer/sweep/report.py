@@ -564,8 +564,8 @@ def _cell(figure: dict | None, fmt: str, signed: bool = False) -> str:
 
 def curves(spec: Spec, out_png: pathlib.Path) -> None:
     """Dev loss, and BLEU (or exact match), against steps (against examples seen when the
-    variants' batch sizes differ): each variant's mean over its seeds, with a band from the
-    lowest to the highest seed."""
+    variants' batch sizes differ; a variant started from a stage, after its stage's): each
+    variant's mean over its seeds, with a band from the lowest to the highest seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -585,9 +585,12 @@ def curves(spec: Spec, out_png: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2 + 0.25 * legend_rows), layout="constrained")
     for i, (name, runs) in enumerate(evals.items()):
         done = len(_done(spec, name))
-        label = f"{name} ({done} of {len(spec.seeds)} seeds)"
+        stage = spec.stage_of(name)
+        after = f", after {stage}" if stage else ""
+        label = f"{name} ({done} of {len(spec.seeds)} seeds{after})"
+        x0 = _stage_length(spec, stage, per_example) if stage else 0
         for ax, key in zip(axes, keys, strict=True):
-            _band(ax, runs, key, label, f"C{i}", rows[name] if per_example else 1)
+            _band(ax, runs, key, label, f"C{i}", rows[name] if per_example else 1, x0)
     for ax, key in zip(axes, keys, strict=True):
         xlabel = "examples seen (steps x batch size)" if per_example else "step"
         ax.set(xlabel=xlabel, title=titles[key])
@@ -598,6 +601,12 @@ def curves(spec: Spec, out_png: pathlib.Path) -> None:
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
+
+
+def _stage_length(spec: Spec, stage: str, per_example: bool) -> int:
+    """A stage's steps (its examples seen, `per_example`): where its variants start."""
+    optim = spec.configs(stage, spec.seeds[0])[1].optim
+    return optim.steps * (optim.batch_size if per_example else 1)
 
 
 def _evals(folder: pathlib.Path) -> list[dict]:
@@ -623,13 +632,13 @@ def _series(evals: list[list[dict]], key: str) -> dict[str, dict[int, list[float
     return series
 
 
-def _band(ax, evals: list[list[dict]], key: str, label: str, color: str, rows: int) -> None:
-    """Mean and min-max over the seeds that logged `key` at each step (x: step * rows), one
-    series per evaluation protocol; a lone point (the final evaluation) is a square, its bar
-    the range."""
+def _band(ax, evals: list[list[dict]], key: str, label: str, color: str, rows: int, x0: int):
+    """Mean and min-max over the seeds that logged `key` at each step (x: x0 + step * rows),
+    one series per evaluation protocol; a lone point (the final evaluation) is a square, its
+    bar the range."""
     for protocol, by_step in _series(evals, key).items():
         steps = sorted(by_step)
-        x = [s * rows for s in steps]
+        x = [x0 + s * rows for s in steps]
         mean = [sum(by_step[s]) / len(by_step[s]) for s in steps]
         low, high = [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps]
         name = f"{label} ({protocol})" if protocol else label

@@ -675,6 +675,7 @@ def test_a_stage_runs_before_the_variants_that_start_from_it_seed_by_seed(tmp_pa
     model, run = spec.configs("tuned", 1)
     assert run.data.init_from == str(spec.folder("pre", 1)) and run.optim.steps == 2
     assert run.data.task == "copy" and spec.configs("pre", 1)[1].data.task == "reverse"
+    assert sweep.report._stage_length(spec, "pre", per_example=False) == 6  # where it starts
     lines = []
     pending = [(v, s) for s in spec.seeds for v in spec.runs]
     jobs = [("pre", (0, 1)), ("base", (0, 1)), ("tuned", (0,)), ("tuned", (1,))]
