@@ -213,7 +213,6 @@ KILLER = """
 import os, signal, sys
 import orbax.checkpoint as ocp
 from jaxformer.cli import main
-from jaxformer.results import code_version, describe_device
 
 finalize = ocp.StandardCheckpointHandler.finalize
 calls = 0
