@@ -194,16 +194,19 @@ def versions() -> dict[str, str]:
 
 def code_version() -> str:
     """ "jaxformer at commit SHA" (with "and uncommitted changes" when the tree differs), or
-    the package's version outside a git checkout."""
+    the package's version outside a jaxformer checkout (installed, even into a folder that
+    another git repository holds)."""
     here = pathlib.Path(__file__).resolve().parent
     try:
-        sha = _git(here, "rev-parse", "--short", "HEAD")
-        dirty = _git(here, "status", "--porcelain", "--untracked-files=no")
+        if pathlib.Path(_git(here, "rev-parse", "--show-toplevel")).resolve() == here.parent:
+            sha = _git(here, "rev-parse", "--short", "HEAD")
+            dirty = _git(here, "status", "--porcelain", "--untracked-files=no")
+            return f"jaxformer at commit {sha}" + (" and uncommitted changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        from importlib import metadata
+        pass
+    from importlib import metadata
 
-        return f"jaxformer {metadata.version('jaxformer')}"
-    return f"jaxformer at commit {sha}" + (" and uncommitted changes" if dirty else "")
+    return f"jaxformer {metadata.version('jaxformer')}"
 
 
 def _git(cwd: pathlib.Path, *args: str) -> str:

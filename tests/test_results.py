@@ -4,6 +4,7 @@ renders as its page shows it."""
 import json
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
@@ -24,6 +25,19 @@ def test_a_captured_record_names_this_process_and_round_trips(tmp_path):
     text = again.markdown()
     assert text.startswith("Times:\n\n| run | ms |") and "\nn\n" in text
     assert text.rstrip().endswith(f"source: {record.source}.*")
+
+
+def test_the_code_is_a_commit_only_in_jaxformers_own_checkout(tmp_path, monkeypatch):
+    """Installed into a folder another git repository holds (a project's .venv), the code
+    is the package's version, not that repository's commit."""
+    assert results.code_version().startswith("jaxformer at commit ")  # this checkout
+    git = results._git
+
+    def elsewhere(cwd, *args):
+        return str(tmp_path) if args == ("rev-parse", "--show-toplevel") else git(cwd, *args)
+
+    monkeypatch.setattr(results, "_git", elsewhere)
+    assert results.code_version() == f"jaxformer {metadata.version('jaxformer')}"
 
 
 def test_the_command_of_a_module_run_is_the_command_typed(tmp_path):
