@@ -104,9 +104,10 @@ def summarize(spec: Spec) -> dict:
             "problems": _problems(spec, name),
             "figures": _figures(summaries.values()),
         }
-        machines = {s: summary.get("machine") for s, summary in summaries.items()}
-        if any(machines.values()):
-            variants[name]["machines"] = machines
+        for field, key in (("machine", "machines"), ("code", "codes")):
+            made_by = {s: summary.get(field) for s, summary in summaries.items()}
+            if any(made_by.values()):
+                variants[name][key] = made_by
         if spec.stage_of(name) is not None:
             variants[name]["stage"] = spec.stage_of(name)
     pairs, cache = {}, {}  # (variant, baseline) -> comparison: each pair of variants once
@@ -366,31 +367,45 @@ def _figures_table(results: dict) -> dict:
         "Each variant: mean ± half-width of the 95% t-interval over its finished seeds "
         f"{results['seeds']}."
     )
-    notes = (_per_seed(results), _left_out(results), _staged(results), _machines(results))
+    notes = (
+        _per_seed(results),
+        _left_out(results),
+        _staged(results),
+        _made_by(results, "machines", MACHINES_NOTE),
+        _made_by(results, "codes", CODES_NOTE),
+    )
     head = ["variant", "runs"] + [t for _, t, _ in shown]
     return _table(caption, head, body, "ll" + "r" * len(shown), [n for n in notes if n])
 
 
-def _machines(results: dict) -> str:
-    """Which runs ran on which machine, when their summaries name more than one ("" else)."""
-    by_machine: dict[str, dict[int, list[str]]] = {}
+MACHINES_NOTE = (
+    "The runs ran on more than one machine (summary.json's machine), whose float kernels "
+    "need not round alike."
+)
+CODES_NOTE = (
+    "The runs ran at more than one version of the code (summary.json's code: the version "
+    "that finished the run)."
+)
+
+
+def _made_by(results: dict, key: str, note: str) -> str:
+    """Which runs each machine (key "machines") or code version ("codes") made, when the
+    summaries name more than one ("" else)."""
+    by_maker: dict[str, dict[int, list[str]]] = {}
     for name, r in results["variants"].items():
         done = [s for s, state in r["runs"].items() if state == "done"]
         for seed in done:
-            machine = r.get("machines", {}).get(seed) or "not recorded"
-            by_machine.setdefault(machine, {}).setdefault(seed, []).append(name)
-    if len(by_machine) < 2:
+            maker = r.get(key, {}).get(seed) or "Not recorded"
+            by_maker.setdefault(maker, {}).setdefault(seed, []).append(name)
+    if len(by_maker) < 2:
         return ""
     parts = [
-        f"{machine[0].upper()}{machine[1:]}: "
+        f"{maker}: "
         + "; ".join(f"seed {s} of {_and(names)}" for s, names in sorted(seeds.items()))
         + "."
-        for machine, seeds in by_machine.items()
+        for maker, seeds in by_maker.items()
     ]
-    return (
-        "The runs ran on more than one machine (summary.json's machine), whose float "
-        f"kernels need not round alike. {' '.join(parts)}"
-    )
+    return f"{note} {' '.join(parts)}"
 
 
 def _and(names: list[str]) -> str:

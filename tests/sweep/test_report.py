@@ -165,23 +165,33 @@ def test_the_committed_sweep_tables_are_what_their_committed_records_compute(
     assert computed == committed
 
 
-def test_runs_on_more_than_one_machine_are_named_under_the_first_table(tmp_path, capsys):
-    """Seed 1's runs name a machine, seed 0's none (made before runs recorded it)."""
+def test_runs_on_more_than_one_machine_or_code_are_named_under_the_first_table(tmp_path, capsys):
+    """Seed 1's runs name a machine and a commit, seed 0's neither (made before runs
+    recorded them); then seed 0's name the same machine and another commit."""
     path = write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=2)
     for name in ("base", "other"):
         for seed in range(2):
-            summary = {"exact_match": 0.5 + 0.1 * seed, "machine": "CPU X" if seed else None}
-            finished(tmp_path / "sweep" / name / f"seed{seed}", summary)
+            made_by = {"machine": "CPU X", "code": "jaxformer at commit b"} if seed else {}
+            finished(tmp_path / "sweep" / name / f"seed{seed}", {"exact_match": 0.5, **made_by})
     out = tmp_path / "sweep.json"
     report(capsys, path, "--out", out)
-    assert results.Record.read(out).tables[0].notes[-1] == (
+    assert results.Record.read(out).tables[0].notes[-2:] == [
         "The runs ran on more than one machine (summary.json's machine), whose float kernels "
         "need not round alike. Not recorded: seed 0 of base and other. CPU X: seed 1 of base "
-        "and other."
-    )
-    for name in ("base", "other"):  # one machine: no note
-        summary = json.loads((tmp_path / "sweep" / name / "seed0" / "summary.json").read_text())
-        summary["machine"] = "CPU X"
-        (tmp_path / "sweep" / name / "seed0" / "summary.json").write_text(json.dumps(summary))
+        "and other.",
+        "The runs ran at more than one version of the code (summary.json's code: the version "
+        "that finished the run). Not recorded: seed 0 of base and other. jaxformer at commit "
+        "b: seed 1 of base and other.",
+    ]
+    for name in ("base", "other"):  # one machine, two commits: no machine note
+        summary_path = tmp_path / "sweep" / name / "seed0" / "summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary |= {"machine": "CPU X", "code": "jaxformer at commit a"}
+        summary_path.write_text(json.dumps(summary))
     report(capsys, path, "--out", out)
-    assert not any("machine" in n for n in results.Record.read(out).tables[0].notes)
+    notes = results.Record.read(out).tables[0].notes
+    assert not any("machine" in n for n in notes)
+    assert notes[-1].endswith(
+        "jaxformer at commit a: seed 0 of base and other. jaxformer at "
+        "commit b: seed 1 of base and other."
+    )
