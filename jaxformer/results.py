@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import pathlib
@@ -192,10 +193,12 @@ def versions() -> dict[str, str]:
     return out
 
 
+@functools.cache
 def code_version() -> str:
     """ "jaxformer at commit SHA" (with "and uncommitted changes" when the tree differs), or
     the package's version outside a jaxformer checkout (installed, even into a folder that
-    another git repository holds)."""
+    another git repository holds). Read once, at the first call (a run's start): a commit
+    made while the process runs is not the code it runs."""
     here = pathlib.Path(__file__).resolve().parent
     try:
         if pathlib.Path(_git(here, "rev-parse", "--show-toplevel")).resolve() == here.parent:

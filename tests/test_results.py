@@ -29,15 +29,21 @@ def test_a_captured_record_names_this_process_and_round_trips(tmp_path):
 
 def test_the_code_is_a_commit_only_in_jaxformers_own_checkout(tmp_path, monkeypatch):
     """Installed into a folder another git repository holds (a project's .venv), the code
-    is the package's version, not that repository's commit."""
-    assert results.code_version().startswith("jaxformer at commit ")  # this checkout
+    is the package's version, not that repository's commit. Either is read once a process:
+    a commit made while a run trains is not the code it runs."""
+    results.code_version.cache_clear()
+    here = results.code_version()
+    assert here.startswith("jaxformer at commit ")  # this checkout
     git = results._git
 
     def elsewhere(cwd, *args):
         return str(tmp_path) if args == ("rev-parse", "--show-toplevel") else git(cwd, *args)
 
     monkeypatch.setattr(results, "_git", elsewhere)
+    assert results.code_version() == here
+    results.code_version.cache_clear()
     assert results.code_version() == f"jaxformer {metadata.version('jaxformer')}"
+    results.code_version.cache_clear()
 
 
 def test_the_command_of_a_module_run_is_the_command_typed(tmp_path):
