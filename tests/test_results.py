@@ -27,11 +27,12 @@ def test_a_captured_record_names_this_process_and_round_trips(tmp_path):
     assert text.rstrip().endswith(f"source: {record.source}.*")
 
 
-def test_the_code_is_a_commit_only_in_jaxformers_own_checkout(tmp_path, monkeypatch):
+def test_the_code_is_a_commit_only_in_jaxformers_own_checkout(tmp_path, monkeypatch, request):
     """Installed into a folder another git repository holds (a project's .venv), the code
     is the package's version, not that repository's commit. Either is read once a process:
     a commit made while a run trains is not the code it runs."""
     results.code_version.cache_clear()
+    request.addfinalizer(results.code_version.cache_clear)  # the stand-in's answer goes too
     here = results.code_version()
     assert here.startswith("jaxformer at commit ")  # this checkout
     git = results._git
@@ -43,7 +44,6 @@ def test_the_code_is_a_commit_only_in_jaxformers_own_checkout(tmp_path, monkeypa
     assert results.code_version() == here
     results.code_version.cache_clear()
     assert results.code_version() == f"jaxformer {metadata.version('jaxformer')}"
-    results.code_version.cache_clear()
 
 
 def test_the_command_of_a_module_run_is_the_command_typed(tmp_path):
