@@ -137,7 +137,7 @@ SAME = "no detectable difference"
             "table3_quick",
             {v: {"exact_match": "better"} for v in ("A1", "C1", "D1")},
         ),
-        (  # in progress: the runs finished so far
+        (
             "wyc_web_levers",
             "wyc-web-levers",
             "sweep_wyc_web_levers",
