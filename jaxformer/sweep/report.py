@@ -364,8 +364,8 @@ def _figures_table(results: dict) -> dict:
         for name, r in rows.items()
     ]
     caption = (
-        "Each variant: mean ± half-width of the 95% t-interval over its finished seeds "
-        f"{results['seeds']}."
+        "Each variant: mean ± half-width of the 95% t-interval over the seeds it finished, "
+        f"of seeds {_seed_names(results['seeds'])} (the runs column counts them)."
     )
     notes = (
         _per_seed(results),
@@ -399,12 +399,21 @@ def _made_by(results: dict, key: str, note: str) -> str:
             by_maker.setdefault(maker, {}).setdefault(seed, []).append(name)
     if len(by_maker) < 2:
         return ""
-    parts = [
-        f"{maker}: "
-        + "; ".join(f"seed {s} of {_and(names)}" for s, names in sorted(seeds.items()))
-        + "."
-        for maker, seeds in by_maker.items()
-    ]
+    every = list(results["variants"])
+    parts = []
+    for maker, seeds in by_maker.items():
+        runs: dict[tuple, list[int]] = {}  # the seeds that share their variants, together
+        for seed, names in sorted(seeds.items()):
+            runs.setdefault(tuple(names), []).append(seed)
+        parts.append(
+            f"{maker}: "
+            + "; ".join(
+                f"seed{'s' * (len(s) > 1)} {_and([str(k) for k in s])} of "
+                + ("every variant" if list(names) == every and len(every) > 2 else _and(names))
+                for names, s in runs.items()
+            )
+            + "."
+        )
     return f"{note} {' '.join(parts)}"
 
 
@@ -433,8 +442,7 @@ def _per_seed(results: dict) -> str:
         figure = r["figures"].get(metric)
         if figure and len(figure["values"]) == len(done):
             values = ", ".join(fmt.format(v) for v in figure["values"])
-            seeds = ", ".join(str(seed) for seed in done)
-            parts.append(f"{name} {values} (seeds {seeds})")
+            parts.append(f"{name} {values} (seeds {_seed_names(done)})")
     return f"{title[0].upper()}{title[1:]} of each run: " + "; ".join(parts) + "." if parts else ""
 
 
@@ -550,16 +558,22 @@ def _p(result: dict) -> str:
 
 
 def _left_out(results: dict) -> str:
-    lines = [
-        f"- {name} seed {seed}: {why}"
-        for name, r in results["variants"].items()
-        for seed, why in r["problems"].items()
-    ]
+    lines = []
+    for name, r in results["variants"].items():
+        reasons: dict[str, list] = {}  # the seeds that share a reason, on one line
+        for seed, why in r["problems"].items():
+            reasons.setdefault(why, []).append(seed)
+        for why, seeds in reasons.items():
+            lines.append(f"- {name} seed{'s' * (len(seeds) > 1)} {_seed_names(seeds)}: {why}")
     if not lines:
         return ""
     return "Runs not compared (each comparison uses the seeds both runs finished):\n\n" + "\n".join(
         lines
     )
+
+
+def _seed_names(seeds) -> str:
+    return ", ".join(map(str, seeds))
 
 
 def _runs(runs: dict[int, str]) -> str:

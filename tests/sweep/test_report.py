@@ -199,3 +199,22 @@ def test_runs_on_more_than_one_machine_or_code_are_named_under_the_first_table(t
         "jaxformer at commit a: seed 0 of base and other. jaxformer at "
         "commit b: seed 1 of base and other."
     )
+
+
+def test_seeds_that_share_a_maker_or_a_reason_are_named_together(tmp_path, capsys):
+    """Three variants, four seeds: seeds 0-2 made before runs named their machine, seed 3
+    on CPU X; the third variant's seeds 2 and 3 pending."""
+    path = write_spec(tmp_path, variants={"base": {}, "other": {}, "third": {}}, seeds=4)
+    for name in ("base", "other", "third"):
+        for seed in range(2 if name == "third" else 4):
+            made_by = {"machine": "CPU X"} if seed == 3 else {}
+            finished(tmp_path / "sweep" / name / f"seed{seed}", {"exact_match": 0.5, **made_by})
+    out = tmp_path / "sweep.json"
+    report(capsys, path, "--out", out)
+    table = results.Record.read(out).tables[0]
+    assert table.caption.endswith("of seeds 0, 1, 2, 3 (the runs column counts them).")
+    assert "- third seeds 2, 3: pending (not run, or interrupted)" in table.notes[1]
+    assert table.notes[2].endswith(
+        "Not recorded: seeds 0 and 1 of every variant; seed 2 of base and other. "
+        "CPU X: seed 3 of base and other."
+    )
