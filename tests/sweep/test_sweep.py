@@ -529,14 +529,15 @@ def test_the_config_hash_reads_the_flat_run_options(tmp_path):
 
 
 def test_the_committed_sweep_runs_keep_their_config_hashes():
-    """The runs in records/sweeps were launched by an earlier runner (a model.json and the
-    run options as flags); the spec still resolves each to the hash its folder recorded,
-    so `jaxformer sweep` keeps them as finished runs instead of refusing or rerunning them."""
+    """Seeds 0-2 in records/sweeps were launched by an earlier runner (a model.json and
+    the run options as flags), later seeds by today's; the spec still resolves each to the
+    hash its folder recorded, so `jaxformer sweep` keeps them as finished runs instead of
+    refusing or rerunning them."""
     out = ROOT / "records/sweeps/wyc-web-speedrun"
     spec = sweep.Spec.load(ROOT / "configs/sweeps/wyc_web_speedrun.yaml", out=str(out))
     runs = [(v, s) for v in spec.variants for s in spec.seeds]
     recorded = {run: spec.recorded_hash(*run) for run in runs}
-    assert len(set(recorded.values()) - {None}) == len(runs) == 15
+    assert len(set(recorded.values()) - {None}) == len(runs) >= 15  # seeds 0-2 at least
     assert recorded == {run: spec.config_hash(*run) for run in runs}
     assert {sweep.status(spec.folder(*run)) for run in runs} == {"done"}
 
