@@ -399,7 +399,7 @@ def _made_by(results: dict, key: str, note: str) -> str:
             by_maker.setdefault(maker, {}).setdefault(seed, []).append(name)
     if len(by_maker) < 2:
         return ""
-    every = list(results["variants"])
+    every = list(results["variants"])  # named as "every variant" when more than two
     parts = []
     for maker, seeds in by_maker.items():
         runs: dict[tuple, list[int]] = {}  # the seeds that share their variants, together
