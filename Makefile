@@ -1,19 +1,28 @@
 # The two commands a new user needs: `make train` and `make test`.
 # Both create .venv on first use and reinstall only when pyproject.toml changes.
+# Two JAX lines are tested: PYTHON=python3.11 (jax 0.10) and PYTHON=python3.12 (jax 0.12),
+# each in its own environment: python3 builds .venv, another Python .venv-<version>.
 
-PYTHON ?= python3
-VENV   := .venv
-PY     := $(VENV)/bin/python
-RUN    := $(VENV)/.installed-run
-DEV    := $(VENV)/.installed-dev
+PYTHON     ?= python3
+PY_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV       ?= $(if $(filter python3,$(PYTHON)),.venv,.venv-$(PY_VERSION))
+PY         := $(VENV)/bin/python
+RUN        := $(VENV)/.installed-run
+DEV        := $(VENV)/.installed-dev
 
-.PHONY: train test test-all test-gpu gpu-report lint docs bench bench-xla clean
+.PHONY: train test test-core test-all test-gpu gpu-report lint docs bench bench-xla clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
-# torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk,
-# while another version or an open range would pull gigabytes of CUDA packages), and
-# transformers and safetensors pinned for the Hugging Face parity tests, and the docs extra
-# (mkdocs, pinned) for `make docs`.
+# the kernels extra, and the docs extra (mkdocs, pinned) for `make docs`. On Python 3.11
+# they add torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU
+# wheel on disk, while another version or an open range would pull gigabytes of CUDA
+# packages) and transformers and safetensors pinned for the Hugging Face parity tests;
+# other Pythons have no CPU torch wheel on disk, so their parity tests are skipped. The
+# tpu extra (libtpu: TPU programs compiled with no TPU) goes into the Python 3.12 line.
+DEV_311    := '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
+DEV_OTHER  := '.[dev,docs,tpu]'
+DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER))
+
 $(RUN): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxformer needs Python >= 3.11, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +31,7 @@ $(RUN): pyproject.toml
 	@touch $(RUN)
 
 $(DEV): $(RUN)
-	$(PY) -m pip install --quiet -e '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
+	$(PY) -m pip install --quiet -e $(DEV_EXTRAS)
 	@touch $(DEV)
 
 train: $(RUN)
@@ -33,6 +42,16 @@ test: $(DEV)
 
 test-all: $(DEV)
 	$(PY) -m pytest -q -n 2
+
+# The tests of what changes between JAX releases: the math, the modules, the attention
+# kernels (TPU in Pallas interpret mode, GPU lowered for an abstract GPU), the models,
+# decoding, the train steps and their structure, parallelism, and TPU compiles. CI runs
+# them on the second JAX line, `make test` (all of them) on the first.
+CORE_TESTS := tests/functional tests/nn tests/test_models.py tests/test_decode.py \
+	tests/train/test_steps.py tests/train/test_step_structure.py tests/train/test_lm_head.py \
+	tests/parallel tests/test_layering.py tests/test_aot.py
+test-core: $(DEV)
+	$(PY) -m pytest -q -m "not slow" -n 2 $(CORE_TESTS)
 
 # On a machine with an NVIDIA GPU and a CUDA build of JAX already installed (no .venv: pip's
 # default JAX is CPU-only): the tests of the code that runs differently on a GPU (attention
@@ -85,4 +104,4 @@ lint: $(DEV)
 	$(PY) -m ruff format --check jaxformer experiments tests
 
 clean:
-	rm -rf $(VENV) results runs site
+	rm -rf .venv .venv-* results runs site
