@@ -14,12 +14,12 @@ jax-ml/jax#23797), which makes a GPU run TF32 GEMMs and a CPU convert to float32
 cotangent is rounded to bfloat16 first, as flash attention's backward does; a bias's
 gradient is summed in float32.
 
-Where a bfloat16 product is written before it is cast depends on the backend
-(`gemm_output_dtype`): a GPU's or TPU's GEMM writes bfloat16 from its float32
-accumulator (a float32 result plus a cast would be a separate, slower GEMM fusion on a
-GPU), while XLA's CPU backend multiplies bfloat16 at full speed only into float32, so
-there the product is written in float32, the bias added, and the sum rounded once.
-Forward-mode `jax.jvp` is not defined through the written-out gradients.
+What a bfloat16 product writes is chosen per platform when the program is lowered
+(`lax.platform_dependent`, so a program exported for a TPU or GPU from a CPU gets the
+accelerator's form): a GPU's or TPU's GEMM writes bfloat16 from its float32 accumulator,
+while XLA's CPU backend multiplies bfloat16 at full speed only into float32, so there the
+product is written in float32, the bias added, and the sum rounded once. Forward-mode
+`jax.jvp` is not defined through the written-out gradients.
 """
 
 from __future__ import annotations
@@ -28,12 +28,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-
-
-def gemm_output_dtype(dtype):
-    """What a product of `dtype` (low-precision) operands is written in before it is cast
-    to `dtype`: float32 on a CPU, `dtype` itself on a GPU or TPU."""
-    return jnp.float32 if jax.default_backend() == "cpu" else dtype
 
 
 def einsum_f32(spec: str, x: jax.Array, w: jax.Array, bias: jax.Array | None = None):
@@ -55,15 +49,25 @@ def _trailing(bias: jax.Array, ndim: int) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _low_precision(spec, x, w, bias):
-    out = _product(spec, x, w, x.dtype)
-    if bias is not None:
-        out = out + _trailing(bias.astype(out.dtype), out.ndim)
-    return out.astype(x.dtype)
+    return _product(spec, x, w, x.dtype, bias)
 
 
-def _product(spec, x, w, dtype):
-    """einsum(spec, x, w) of low-precision operands, written as `gemm_output_dtype`."""
-    return jnp.einsum(spec, x, w, preferred_element_type=gemm_output_dtype(dtype))
+def _product(spec, x, w, dtype, bias=None):
+    """einsum(spec, x, w) (+ bias) of low-precision operands, in `dtype`: written in
+    `dtype` by an accelerator's GEMM, in float32 and rounded after on a CPU."""
+
+    def written_in(written):
+        def product(x, w, bias):
+            out = jnp.einsum(spec, x, w, preferred_element_type=written)
+            if bias is not None:
+                out = out + _trailing(bias.astype(written), out.ndim)
+            return out.astype(dtype)
+
+        return product
+
+    return jax.lax.platform_dependent(
+        x, w, bias, cpu=written_in(jnp.float32), default=written_in(dtype)
+    )
 
 
 def _low_precision_fwd(spec, x, w, bias):
@@ -84,8 +88,8 @@ def _operand_grads(spec, x, w, ct):
     inputs, out = spec.replace(" ", "").split("->")
     a, b = inputs.split(",")
     ct = ct.astype(x.dtype)
-    dx = _product(f"{out},{b}->{a}", ct, w, x.dtype).astype(x.dtype)
-    dw = _product(f"{a},{out}->{b}", x, ct, w.dtype).astype(w.dtype)
+    dx = _product(f"{out},{b}->{a}", ct, w, x.dtype)
+    dw = _product(f"{a},{out}->{b}", x, ct, w.dtype)
     return dx, dw
 
 

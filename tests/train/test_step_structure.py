@@ -1,7 +1,7 @@
 """The structure of the GPT-2-small train step, read from its lowered program on a CPU.
 
-The step is lowered with abstract shapes (nothing is allocated or compiled): two GPT-2
-layers at GPT-2-small's sizes (vocabulary V = 50304, d_model E = 768, d_ff F = 3072),
+The step is lowered with abstract shapes (nothing is allocated or compiled), for the
+CPU and, from the CPU, for a GPU and a TPU: two GPT-2 layers at GPT-2-small's sizes (vocabulary V = 50304, d_model E = 768, d_ff F = 3072),
 batch 32 x 1024, bfloat16 compute, the plain ("xla") attention that a CPU runs. The tests
 walk every operation of the StableHLO module, the backward pass included, and check what
 costs time on an accelerator: the dtypes of the matrix products, the passes over the
@@ -9,18 +9,17 @@ costs time on an accelerator: the dtypes of the matrix products, the passes over
 """
 
 import functools
-from unittest import mock
+import math
 
 import jax
 import jax.numpy as jnp
 import optax
 import pytest
 from flax import nnx
-from jax._src.lib.mlir import ir
+from jax.extend.mlir import ir
 
 import jaxformer as jf
 from jaxformer import train
-from jaxformer.functional import matmul
 
 B, T, V, E, F = 32, 1024, 50304, 768, 3072
 
@@ -46,13 +45,9 @@ def _abstract_state(config: jf.TransformerConfig, optimizer):
 
 
 @functools.cache
-def _ops(lm_head: str = "dense", padded: bool = True, gpu: bool = False) -> tuple[tuple, ...]:
-    """(name, operand types, result types) of every operation of the lowered train step,
-    a type being (shape, element type). With `gpu`, the products are written as on a GPU
-    (`matmul.gemm_output_dtype`: bfloat16, where a CPU writes float32 and casts)."""
-    if gpu:
-        with mock.patch.object(matmul, "gemm_output_dtype", lambda dtype: dtype):
-            return _ops(lm_head, padded)
+def _ops(lm_head: str = "dense", padded: bool = True, platform: str = "cpu") -> tuple[tuple, ...]:
+    """(name, operand types, result types) of every operation of the train step lowered
+    for `platform` ("cpu", "cuda" or "tpu"), a type being (shape, element type)."""
     schedule = optax.constant_schedule(1e-4)
     optimizer = train.make_optimizer(schedule, name="adamw", b2=0.95, weight_decay=0.1)
     graphdef, state = _abstract_state(_config(lm_head=lm_head), optimizer)
@@ -61,8 +56,8 @@ def _ops(lm_head: str = "dense", padded: bool = True, gpu: bool = False) -> tupl
     batch = {"tgt_in": tokens, "tgt_out": tokens}
     if padded:
         batch["tgt_valid"] = jax.ShapeDtypeStruct((B, T), jnp.bool_)
-    module = jax.jit(step).lower(state, batch).compiler_ir("stablehlo")
-    return tuple(_walk(module.operation))
+    lowered = jax.jit(step).trace(state, batch).lower(lowering_platforms=(platform,))
+    return tuple(_walk(lowered.compiler_ir("stablehlo").operation))
 
 
 def _walk(operation):
@@ -81,13 +76,17 @@ def _types(values) -> tuple:
     return tuple(out)
 
 
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def _dots(ops) -> list[tuple]:
+    return [(o, r) for name, o, r in ops if name == "stablehlo.dot_general"]
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
 @pytest.mark.parametrize("lm_head", ["dense", "chunked"])
-def test_every_matrix_product_takes_bfloat16_operands(lm_head, gpu):
+def test_every_matrix_product_takes_bfloat16_operands(lm_head, platform):
     """Forward and backward, the projections, the attention and the LM head: a float32
     operand would make the product run at TF32 or float32 speed on a GPU (the logits'
     float32 cotangent did, jax-ml/jax#23797)."""
-    dots = [(o, r) for name, o, r in _ops(lm_head, gpu=gpu) if name == "stablehlo.dot_general"]
+    dots = _dots(_ops(lm_head, platform=platform))
     assert len(dots) > 20  # forward and backward of 2 layers and the head
     large = [(o, r) for o, r in dots if {V, F, E} & {d for shape, _ in o for d in shape}]
     assert len(large) >= 12
@@ -95,16 +94,29 @@ def test_every_matrix_product_takes_bfloat16_operands(lm_head, gpu):
     assert not_bf16 == []
 
 
-def test_on_a_gpu_the_feed_forward_products_write_bfloat16():
-    """A float32 result cast afterwards is a separate GEMM fusion on a GPU (Triton's, 8.55
-    ms a step where cuBLAS took 7.41 on an H100): the GEMM writes the compute dtype."""
-    ffn = [
-        r
-        for name, o, r in _ops(gpu=True)
-        if name == "stablehlo.dot_general" and F in o[0][0] + o[1][0]
-    ]
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_on_an_accelerator_every_product_but_the_attention_logits_writes_bfloat16(platform):
+    """A float32 result cast afterwards is a separate GEMM fusion on a GPU: every
+    projection, the attention's value product and the LM head, forward and backward, write
+    the compute dtype. Only the attention logits, which the softmax reads, write float32,
+    one product per layer. The program is lowered for the accelerator from the CPU."""
+    dots = _dots(_ops(platform=platform))
+    ffn = [r for o, r in dots if F in o[0][0] + o[1][0]]
     assert len(ffn) == 2 * 2 * 3  # 2 layers, 2 products, forward and 2 backward each
-    assert {dtype for ((_, dtype),) in ffn} == {"bf16"}
+    # Per layer: Q/K/V and output projections, feed-forward in and out (3 each), the
+    # attention's 2 forward and 4 backward products; then the LM head's 3.
+    assert len(dots) == 2 * (4 * 3 + 6) + 3
+    f32 = [r for o, r in dots if r[0][1] != "bf16"]
+    heads = 12
+    assert [(math.prod(shape), dtype) for ((shape, dtype),) in f32] == [
+        (B * heads * T * T, "f32")
+    ] * 2
+
+
+def test_on_a_cpu_products_write_float32_and_round_once():
+    """XLA's CPU backend multiplies bfloat16 at full speed only into float32."""
+    dots = _dots(_ops())
+    assert {r[0][1] for o, r in dots} == {"f32"}
 
 
 def _over_vocab(types) -> bool:
