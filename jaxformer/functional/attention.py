@@ -34,6 +34,7 @@ from jaxformer.functional import sites
 from jaxformer.functional.chunked_attention import chunked_attention
 from jaxformer.functional.kernels import (
     AUTO_RULES,
+    current_target,
     device_families,
     mosaic_problem,
     zero_rows_without_keys,
@@ -42,12 +43,13 @@ from jaxformer.functional.masks import AttentionMask, check_lengths, fold_masks,
 from jaxformer.functional.matmul import einsum_f32, einsum_to_f32
 from jaxformer.functional.positions import apply_rope
 from jaxformer.functional.registry import ATTENTION
+from jaxformer.functional.splash import splash_problem
 
 # "auto" runs "chunked" instead of "xla" when the float32 logits [B, H, T, S] of the plain
 # implementation would take more than this many bytes (the weights take as much again).
 AUTO_CHUNKED_BYTES = 1 << 30
 _log = logging.getLogger("jaxformer.attention")
-_logged: set[tuple] = set()
+_logged: set[tuple] = set()  # what "auto" has logged: once per device, shapes and flags
 
 
 def scaled_dot_product_attention(
@@ -92,7 +94,9 @@ def scaled_dot_product_attention(
         "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, NVIDIA GPUs
           with bfloat16/float16 inputs; no dropout;
         "tokamax_mosaic", "tokamax_triton", "tokamax_xla": tokamax's kernels (the
-          `kernels` extra; see functional/kernels.py); no dropout.
+          `kernels` extra; see functional/kernels.py); no dropout;
+        "splash": JAX's TPU flash kernel (functional/splash.py; Pallas interpret mode on
+          a CPU); lengths multiples of 128, no dense mask, bias or dropout.
 
     The softmax runs in float32 with the row maximum subtracted; a query with no key to
     attend to gets all-zero weights and a zero output. `attention_weights` gives the
@@ -113,6 +117,7 @@ def scaled_dot_product_attention(
             dropout_rate=dropout_rate,
             padded=k_lengths is not None,
             explicit=explicit,
+            dense=mask is not None or bias is not None,
         )
     kernel = ATTENTION[implementation]
     kw = dict(bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
@@ -192,13 +197,23 @@ def _weighted_values(weights_BKGTS, v, dtype, dropout_rate, dropout_rng):
 
 
 def choose_implementation(
-    q, k, v, *, masked: bool, dropout_rate: float, padded: bool = False, explicit: bool = False
+    q,
+    k,
+    v,
+    *,
+    masked: bool,
+    dropout_rate: float,
+    padded: bool = False,
+    explicit: bool = False,
+    dense: bool = False,
 ) -> str:
     """The implementation "auto" runs for q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv]
-    (masked: any masking; padded: key lengths; explicit: a mask, bias or validity vectors):
+    (masked: any masking; padded: key lengths; explicit: a mask, bias or validity vectors;
+    dense: a mask or bias, which no flag or lengths express):
 
-    - the first row of `AUTO_RULES` (functional/kernels.py) for this device whose kernel
-      takes the call: tokamax's Mosaic kernel on TPUs (causal flag only) and on Hopper and
+    - the first row of `AUTO_RULES` (functional/kernels.py) for the target device
+      (`kernels.target_device`, else this process's first) whose kernel takes the call:
+      JAX's splash attention on TPUs (`splash.splash_problem`), tokamax's Mosaic kernel on Hopper and
       Blackwell GPUs (bfloat16/float16) where it builds with the installed JAX (checked
       once per process: `kernels.kernel_failure`), "cudnn" on NVIDIA GPUs (see `_cudnn_problem`:
       bfloat16/float16, head dim <= 128 and a multiple of 8, D = Dv, no attention
@@ -213,12 +228,14 @@ def choose_implementation(
     """
     B, T, H, _ = q.shape
     S = k.shape[1]
-    families = device_families(jax.default_backend(), jax.devices()[0])
+    families = device_families(*current_target())
     refused = []
     for rule in AUTO_RULES:
         if rule.family not in families or (rule.max_keys is not None and S > rule.max_keys):
             continue
-        problem = _problem(rule.implementation, q, k, v, masked, padded, explicit, dropout_rate)
+        problem = _problem(
+            rule.implementation, q, k, v, masked, padded, explicit, dense, dropout_rate
+        )
         if problem is None:
             choice, reason = rule.implementation, f"{families[0]}: {rule.evidence}"
             break
@@ -231,15 +248,17 @@ def choose_implementation(
         else:
             choice, reason = "xla", f"plain logits need {logits_mib:.1f} MiB"
     reason = "; ".join([reason, *refused])
-    key = (q.shape, k.shape, v.shape, str(q.dtype), masked, padded, explicit, dropout_rate > 0)
+    key = (families[0], q.shape, k.shape, str(q.dtype), masked, padded, dense, dropout_rate > 0)
     if key not in _logged:
         _logged.add(key)
         _log.info("attention q %s k %s %s: %s (%s)", q.shape, k.shape, q.dtype, choice, reason)
     return choice
 
 
-def _problem(implementation, q, k, v, masked, padded, explicit, dropout_rate):
+def _problem(implementation, q, k, v, masked, padded, explicit, dense, dropout_rate):
     """Why `implementation` (a row of AUTO_RULES) cannot take this call, or None."""
+    if implementation == "splash":
+        return splash_problem(q, k, v, explicit=dense, dropout_rate=dropout_rate)
     if implementation == "cudnn":
         problem = _cudnn_problem(q, k, v, masked, dropout_rate)
         if problem is None and "--xla_gpu_deterministic_ops=true" in os.environ.get(
@@ -254,9 +273,9 @@ def _problem(implementation, q, k, v, masked, padded, explicit, dropout_rate):
 
 def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, str] | None:
     """Why cuDNN's fused attention cannot take this call (error type, reason), or None."""
-    kind = jax.devices()[0].device_kind
-    if jax.default_backend() != "gpu" or "nvidia" not in kind.lower():
-        return BadValue, f"needs an NVIDIA GPU, the backend is {jax.default_backend()!r}"
+    backend, device = current_target()
+    if backend != "gpu" or "nvidia" not in device.device_kind.lower():
+        return BadValue, f"needs an NVIDIA GPU, the backend is {backend!r}"
     if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         dtypes = f"{q.dtype}, {k.dtype}, {v.dtype}"
         return BadType, f"needs q, k and v all bfloat16 or all float16, got {dtypes}"

@@ -12,18 +12,24 @@ no key to attend to give zeros, as everywhere in jaxformer), no attention dropou
 
 Each takes causality as `is_causal` and padding as `key_value_seq_lengths`; only an
 explicit mask or validity vectors reach it as a mask array. tokamax is imported when a
-kernel is first traced, so jaxformer works without it.
+kernel is first traced, so jaxformer works without it. `target_device` tells "auto" which
+device it chooses for; `gpu_target` lowers these kernels for a GPU this host lacks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
 import importlib
 import importlib.metadata
 import re
 from typing import NamedTuple
+from unittest import mock
 
 import jax
+import jax.extend.backend
 import jax.numpy as jnp
 
 from jaxformer.checks import BadValue, MissingPackage
@@ -47,7 +53,13 @@ class AutoRule(NamedTuple):
 # kernel takes the call wins; without one it runs "chunked" or "xla" (by memory). The GPU
 # report (`jaxformer bench attention` on an H100/H200) is the evidence to reorder them.
 AUTO_RULES: tuple[AutoRule, ...] = (
-    AutoRule("tpu", "tokamax_mosaic", None, "the TPU flash kernel; never run on a TPU here"),
+    AutoRule(
+        "tpu",
+        "splash",
+        None,
+        "JAX's TPU flash kernel: causal flag, padding as segment ids, grouped heads; "
+        "tokamax's TPU kernel takes the causal flag only. Compiled for TPUs, never run on one",
+    ),
     AutoRule(
         "gpu_sm90",
         "tokamax_mosaic",
@@ -58,6 +70,29 @@ AUTO_RULES: tuple[AutoRule, ...] = (
     AutoRule("gpu_sm100", "tokamax_mosaic", None, "as on sm90; not measured here"),
     AutoRule("gpu", "cudnn", None, "cuDNN's fused kernel wherever it takes the call"),
 )
+
+
+_TARGET: contextvars.ContextVar = contextvars.ContextVar("attention_target", default=None)
+
+
+@contextlib.contextmanager
+def target_device(device):
+    """Within the block, "auto" and the kernels' checks choose for `device` (a jax Device,
+    e.g. a chip of a TPU topology compiled for with no TPU present) instead of this
+    process's first device."""
+    token = _TARGET.set(device)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
+def current_target():
+    """(backend, device) that attention is traced for: `target_device`'s, or the default."""
+    device = _TARGET.get()
+    if device is None:
+        return jax.default_backend(), jax.devices()[0]
+    return ("gpu" if device.platform in ("cuda", "rocm") else device.platform), device
 
 
 def device_families(backend: str, device) -> tuple[str, ...]:
@@ -97,12 +132,13 @@ def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float
         return ImportError, f"tokamax is not installed ({INSTALL_HINT})"
     if dropout_rate > 0.0:
         return BadValue, "has no attention dropout"
-    families = device_families(jax.default_backend(), jax.devices()[0])
+    backend, device = current_target()
+    families = device_families(backend, device)
     dtypes = {q.dtype, k.dtype, v.dtype}
     if families[0] == "tpu":
-        generation = re.search(r"(\d+)", jax.devices()[0].device_kind)
+        generation = re.search(r"(\d+)", device.device_kind)
         if generation is None or int(generation.group(1)) < 5:
-            return ValueError, f"needs TPU v5 or newer, found {jax.devices()[0].device_kind!r}"
+            return ValueError, f"needs TPU v5 or newer, found {device.device_kind!r}"
         if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float32):
             return TypeError, f"on a TPU takes bfloat16 or float32 q, k, v; got {dtypes}"
         if padded or explicit:
@@ -116,8 +152,13 @@ def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float
 
 
 def _fails_here(name: str):
-    """(RuntimeError, reason) when tokamax's `name` kernel does not build here, else None."""
-    failure = kernel_failure(name)
+    """(RuntimeError, reason) when tokamax's `name` kernel does not build for the target,
+    else None. A GPU target on a host without one is checked by lowering for it."""
+    backend, device = current_target()
+    capability = None
+    if backend == "gpu" and jax.default_backend() != "gpu":
+        capability = str(device.compute_capability)
+    failure = kernel_failure(name, capability)
     if failure is None:
         return None
     versions = f"tokamax {importlib.metadata.version('tokamax')} with jax {jax.__version__}"
@@ -125,25 +166,94 @@ def _fails_here(name: str):
 
 
 @functools.cache
-def kernel_failure(name: str) -> str | None:
-    """Why tokamax's `name` kernel fails to build on the default device, or None: its
-    forward and backward on one small bfloat16 causal call ([1, 128, 2, 64]) are traced,
-    lowered and compiled once per process. A release of tokamax can lag a release of JAX
-    (tokamax 0.0.12's Mosaic GPU kernel fails at trace time under jax 0.11.2); "auto" then
+def kernel_failure(name: str, capability: str | None = None) -> str | None:
+    """Why tokamax's `name` kernel fails to build, or None: its forward and backward on
+    one small bfloat16 causal call ([1, 128, 2, 64]), once per process: compiled on the
+    default device, or with `capability` ("9.0": an H100) lowered for that NVIDIA GPU on
+    any host (`gpu_lowering`). A release of tokamax can lag a release of JAX; "auto" then
     runs the next row of its table rather than a kernel that cannot run. Shapes other than
     the probe's are not checked."""
     tokamax = tokamax_or_none()
+    if tokamax is None:
+        return f"ImportError: tokamax is not installed ({INSTALL_HINT})"
     x = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16)
 
     def total(q, k, v):
-        out = tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=name)
+        with jax.numpy_rank_promotion("allow"):  # tokamax's own code broadcasts implicitly
+            out = tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=name)
         return out.astype(jnp.float32).sum()
 
+    program = jax.grad(total, argnums=(0, 1, 2))
     try:
-        jax.jit(jax.grad(total, argnums=(0, 1, 2))).lower(x, x, x).compile()
+        if capability is None:
+            jax.jit(program).lower(x, x, x).compile()
+        else:
+            lower_for_gpu(program, x, x, x, capability=capability)
     except Exception as error:  # any failure to build means: do not run it here
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+        message = str(error).strip() or repr(error)
+        return f"{type(error).__name__}: {message.splitlines()[0][:200]}"
     return None
+
+
+# --- lowering for a GPU this host does not have -----------------------------------------
+
+# compute capability -> (device kind, streaming multiprocessors) of the GPU lowered for
+GPUS = {
+    "8.0": ("NVIDIA A100-SXM4-80GB", 108),
+    "9.0": ("NVIDIA H100 80GB HBM3", 132),
+    "10.0": ("NVIDIA B200", 148),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StandInGpu:
+    """What tokamax and Mosaic GPU read from the default device, for a GPU not present."""
+
+    device_kind: str
+    compute_capability: str
+    core_count: int
+    platform: str = "gpu"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AbstractGpu(jax.sharding.AbstractDevice):
+    """The abstract mesh's device, with the capability that JAX before 0.11 reads from it
+    (not from the default device) for Mosaic GPU; without it that JAX lowers for sm90."""
+
+    compute_capability: str = "9.0"
+
+
+@contextlib.contextmanager
+def gpu_target(capability: str = "9.0"):
+    """Within: tokamax's GPU kernels trace and lower for the NVIDIA GPU of compute
+    `capability` (a key of GPUS), whatever this host's devices are. tokamax and Mosaic GPU
+    read what they build for from `jax.extend.backend.get_default_device()`, JAX's Triton
+    lowering from the abstract mesh's device: both answer with that GPU, and tokamax's
+    `cross_compile` skips its hardware checks. The stand-in device is process-wide while
+    entered: lower in one thread at a time."""
+    if capability not in GPUS:
+        raise BadValue(f"capability must be one of {sorted(GPUS)}, got {capability!r}")
+    tokamax = tokamax_or_none()
+    if tokamax is None:
+        raise MissingPackage(f"lowering tokamax's GPU kernels needs tokamax: {INSTALL_HINT}")
+    kind, cores = GPUS[capability]
+    device = StandInGpu(kind, capability, cores)
+    abstract = AbstractGpu(kind, cores, "cuda", compute_capability=capability)
+    mesh = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=abstract)
+    with (
+        tokamax.config.cross_compile(True),
+        mock.patch.object(jax.extend.backend, "get_default_device", lambda: device),
+        jax.sharding.use_abstract_mesh(mesh),
+        jax.numpy_rank_promotion("allow"),  # tokamax's kernels broadcast implicitly
+    ):
+        yield
+
+
+def lower_for_gpu(fn, *args, capability: str = "9.0") -> str:
+    """The StableHLO text of `jax.jit(fn)` on `args` (arrays or jax.ShapeDtypeStruct)
+    lowered for CUDA on the NVIDIA GPU of compute `capability`, on any host."""
+    with gpu_target(capability):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def _tokamax_kernel(name: str):

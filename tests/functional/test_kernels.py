@@ -80,10 +80,10 @@ def test_without_tokamax_a_forced_name_says_how_to_install_and_auto_falls_back(m
     q, k, v = _qkv(T=10, S=10)
     with pytest.raises(ImportError, match=r"pip install 'jaxformer\[kernels\]'"):
         F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_xla")
-    _pretend(monkeypatch, "tpu", "TPU v5 lite")
+    _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0")
     caplog.set_level("INFO", logger="jaxformer.attention")
     spec = [jax.ShapeDtypeStruct((3, 130, 4, 8), jnp.bfloat16)] * 3
-    assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "xla"
+    assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "cudnn"
     assert any("tokamax is not installed" in r.getMessage() for r in caplog.records)
 
 
@@ -97,14 +97,19 @@ def _pretend(monkeypatch, backend, kind, capability=None):
         device.compute_capability = capability
     monkeypatch.setattr(attention_module.jax, "default_backend", lambda: backend)
     monkeypatch.setattr(attention_module.jax, "devices", lambda *a: [device])
-    monkeypatch.setattr(kernels, "kernel_failure", lambda name: None)
+    monkeypatch.setattr(kernels, "kernel_failure", lambda name, capability=None: None)
     monkeypatch.setenv("XLA_FLAGS", "")
 
 
-def _choose(dtype, *, D=64, padded=False, explicit=False, dropout_rate=0.0):
-    spec = [jax.ShapeDtypeStruct((4, 256, 8, D), dtype)] * 3
+def _choose(dtype, *, D=64, T=256, padded=False, explicit=False, dense=False, dropout_rate=0.0):
+    spec = [jax.ShapeDtypeStruct((4, T, 8, D), dtype)] * 3
     return F.choose_implementation(
-        *spec, masked=True, dropout_rate=dropout_rate, padded=padded, explicit=explicit
+        *spec,
+        masked=True,
+        dropout_rate=dropout_rate,
+        padded=padded,
+        explicit=explicit,
+        dense=dense,
     )
 
 
@@ -117,15 +122,18 @@ def test_device_families_read_the_compute_capability():
     assert kernels.device_families("cpu", types.SimpleNamespace(device_kind="cpu")) == ("cpu",)
 
 
-def test_auto_on_a_tpu_runs_mosaic_for_the_causal_flag_only(monkeypatch):
+def test_auto_on_a_tpu_runs_splash_for_flags_lengths_and_validity(monkeypatch):
+    """Splash takes causality as its mask object and padding (lengths or validity
+    vectors) as segment ids; what it cannot take runs XLA's code."""
     _pretend(monkeypatch, "tpu", "TPU v5 lite")
-    assert _choose(jnp.bfloat16) == "tokamax_mosaic"
-    assert _choose(jnp.float32) == "tokamax_mosaic"
-    assert _choose(jnp.bfloat16, padded=True) == "xla"  # no key lengths on TPU in tokamax
-    assert _choose(jnp.bfloat16, explicit=True) == "xla"
+    assert _choose(jnp.bfloat16) == "splash"
+    assert _choose(jnp.float32) == "splash"
+    assert _choose(jnp.bfloat16, padded=True, explicit=True) == "splash"
+    assert _choose(jnp.bfloat16, explicit=True, dense=True) == "xla"  # a mask or bias
     assert _choose(jnp.bfloat16, dropout_rate=0.1) == "xla"
+    assert _choose(jnp.bfloat16, T=200) == "xla"  # not a multiple of splash's tile
     _pretend(monkeypatch, "tpu", "TPU v4")
-    assert _choose(jnp.bfloat16) == "xla"  # tokamax's Mosaic TPU kernel needs v5+
+    assert _choose(jnp.bfloat16) == "splash"
 
 
 def test_auto_on_hopper_runs_mosaic_then_cudnn(monkeypatch):
@@ -155,7 +163,7 @@ def test_auto_skips_a_kernel_that_does_not_build_here(monkeypatch, caplog):
     "auto" runs cuDNN there, and says why; a forced call is one clear error."""
     _pretend(monkeypatch, "gpu", "NVIDIA H200", "9.0")
     failure = "TypeError: Mesh.__init__() got an unexpected keyword argument 'out_shape'"
-    monkeypatch.setattr(kernels, "kernel_failure", lambda name: failure)
+    monkeypatch.setattr(kernels, "kernel_failure", lambda name, capability=None: failure)
     caplog.set_level("INFO", logger="jaxformer.attention")
     spec = [jax.ShapeDtypeStruct((2, 96, 4, 64), jnp.bfloat16)] * 3
     assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "cudnn"
@@ -273,16 +281,16 @@ def _masks_built(closed_jaxpr):
 
     def walk(jaxpr, outer):
         for eqn in jaxpr.eqns:
-            stack = f"{outer}/{eqn.source_info.name_stack}"
+            tb = eqn.source_info.traceback
+            files = [] if tb is None else [f.file_name for f in tb.frames]
+            where = " ".join([f"{outer}/{eqn.source_info.name_stack}", *files])
             for var in eqn.outvars:
                 aval = var.aval
                 lengths = tuple(getattr(aval, "shape", ())[-2:])
                 if getattr(aval, "dtype", None) == jnp.bool_ and lengths in QUERY_KEY:
-                    tb = eqn.source_info.traceback
-                    files = [] if tb is None else [f.file_name for f in tb.frames]
-                    found.append((" ".join([stack, *files]), aval.shape))
-            for sub in _sub_jaxprs(eqn.params):
-                walk(sub, stack)
+                    found.append((where, aval.shape))
+            for sub in _sub_jaxprs(eqn.params):  # where the sub-program is called from
+                walk(sub, where)
 
     walk(closed_jaxpr.jaxpr, "")
     return found
@@ -306,16 +314,25 @@ def test_a_kernel_that_takes_flags_gets_no_dense_mask(kind):
 
 
 @pytest.mark.parametrize("kind", ["decoder_lm", "transformer"])
-def test_xla_and_tokamax_xla_form_the_mask_inside_themselves_only(kind):
+def test_xla_and_tokamax_xla_form_the_mask_inside_themselves_only(kind, monkeypatch):
     """The plain implementations need the dense mask: "xla" forms it inside its own name
     scope, tokamax's XLA reference inside tokamax's code; nothing outside them forms one.
-    tokamax records its arguments in its name scope: causality reaches it as is_causal and
-    the target padding as key lengths k_end [B, 1, 1], with no boolean mask."""
+    Causality reaches tokamax as is_causal and the target padding as key lengths, with no
+    boolean mask."""
+    calls = []
+
+    def recorded(*args, **kw):
+        calls.append(kw)
+        return attend(*args, **kw)
+
+    attend = tokamax.dot_product_attention
+    monkeypatch.setattr(tokamax, "dot_product_attention", recorded)
     markers = {"xla": ("xla_attention",), "tokamax_xla": ("tokamax:", "/tokamax/")}
     for implementation, inside in markers.items():
         built = _masks_built(_step_jaxpr(kind, implementation))
         assert built, "the check must see the masks the implementation forms"
         outside = [(w, shape) for w, shape in built if not any(m in w for m in inside)]
         assert outside == [], implementation
-    causal_call = '"bool_mask":null,"q_start":null,"q_end":null,"k_start":null,"k_end":"i32[2,1,1]","is_causal":true'
-    assert any(causal_call in where for where, _ in built)
+    causal = [kw for kw in calls if kw["is_causal"]]
+    assert causal and all(kw["mask"] is None for kw in causal)
+    assert all(kw["key_value_seq_lengths"].shape == (2,) for kw in causal)
