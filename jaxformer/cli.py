@@ -56,9 +56,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The `jaxformer` parser, and each command's parser by name ("bench NAME" too)."""
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
-    shown = (
-        "{train,generate,sweep,bench,docs,gpu-report}"  # `sweep report` is main's "sweep-report"
-    )
+    shown = "{train,generate,sweep,bench,docs,gpu-report,compile-check}"  # `sweep report`: "sweep-report"
     sub = parser.add_subparsers(dest="command", required=True, metavar=shown)
     t, g = _train_parser(sub), _generate_parser(sub)
     for command in (t, g):
@@ -81,7 +79,34 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     commands["bench"], benchmarks = _bench_parser(sub)
     commands["docs"] = _docs_parser(sub)
     commands["gpu-report"] = _gpu_report_parser(sub)
+    commands["compile-check"] = _compile_check_parser(sub)
     return parser, commands | benchmarks
+
+
+def _compile_check_parser(sub) -> argparse.ArgumentParser:
+    from jaxformer import aot
+
+    c = sub.add_parser(
+        "compile-check",
+        help="compile the real programs for a TPU topology with no TPU present",
+        description=aot.__doc__.split("\n\n")[0].replace("\n", " ")
+        + " With libtpu (pip install 'jaxformer[tpu]') they are compiled for the named "
+        "topology; without it, lowered only.",
+    )
+    c.add_argument("--target", required=True, metavar="tpu:GEN:TOPOLOGY",
+                   help="e.g. tpu:v5e:2x4 (v5e-8), tpu:v5p:2x2x1 (v5p-8), tpu:v6e:2x4")  # fmt: skip
+    c.add_argument("--model", default="gpt2_small", metavar="NAME[,NAME...]",
+                   help=f"one or more of {', '.join(aot.MODEL_NAMES)}")  # fmt: skip
+    c.add_argument("--program", default="all", choices=(*aot.PROGRAMS, "all"))
+    c.add_argument("--layout", default="all", choices=(*aot.LAYOUTS, "all"))
+    c.add_argument("--batch", type=int, help="global batch (default: the model's per chip x chips)")
+    c.add_argument("--length", type=int, help="tokens per row (default: the model's)")
+    c.add_argument("--lowered-only", action="store_true", help="lower, do not compile")
+    c.add_argument("--no-largest-batch", action="store_true",
+                   help="skip the search for the largest batch that fits (2-4 more compiles)")  # fmt: skip
+    c.add_argument("--out", type=pathlib.Path, metavar="FILE.json",
+                   help="also write the table as a results record (jaxformer docs renders it)")  # fmt: skip
+    return c
 
 
 def _docs_parser(sub) -> argparse.ArgumentParser:
@@ -572,6 +597,8 @@ def _command(args) -> int:
             return _bench(args)
         if args.command == "docs":
             return _docs(args)
+        if args.command == "compile-check":
+            return _compile_check(args)
         if args.command == "gpu-report":
             from jaxformer import gpu_report
 
@@ -598,6 +625,50 @@ def _name(command: str) -> str:
     if command.startswith("bench "):
         return "jaxformer " + command
     return "jaxformer " + command.replace("sweep-", "sweep ")
+
+
+def _compile_check(args) -> int:
+    from jaxformer import aot, results
+
+    target = aot.parse_target(args.target)
+    aot.stand_in_cpus(target.chips)
+    models = args.model.split(",")
+    for name in models:
+        if name not in aot.MODEL_NAMES:
+            raise BadValue(f"--model {name!r}: expected one of {', '.join(aot.MODEL_NAMES)}")
+    if args.out is not None and not args.out.parent.is_dir():
+        raise MissingFile(f"--out {args.out}: no folder {args.out.parent}")
+    for name in ("batch", "length"):
+        if getattr(args, name) is not None:
+            check_int(f"--{name}", getattr(args, name))
+    programs = aot.PROGRAMS if args.program == "all" else (args.program,)
+    layouts = aot.LAYOUTS if args.layout == "all" else (args.layout,)
+    reports = []
+    for model in models:
+        for program in programs:
+            for layout in layouts if program == "train" else ("fsdp",):
+                _progress(f"compiling {model} {program} ({layout}) for {target.name}")
+                reports.append(
+                    aot.check(
+                        model,
+                        target,
+                        program=program,
+                        layout=layout,
+                        batch=args.batch,
+                        length=args.length,
+                        lowered_only=args.lowered_only,
+                        find_largest_batch=not args.no_largest_batch,
+                    )  # fmt: skip
+                )
+    table = aot.results_table(reports)
+    print("\n".join(table.markdown()).rstrip())
+    if args.out is not None:
+        record = results.capture(
+            [table], data={"reports": [dataclasses.asdict(r) for r in reports]}
+        )
+        record.device = f"{target.name}, {table.caption.split(', ', 1)[1][:-1]}; on {record.device}"
+        record.write(args.out)
+    return 0
 
 
 def _docs(args) -> int:

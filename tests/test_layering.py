@@ -1,7 +1,7 @@
 """Imports flow one way through the package, read from the source with `ast`:
 
     checks <- data, functional, markdown, cores <- config, results <- nn <- models
-           <- decode, parallel, interop <- train <- sweep, bench <- gpu_report <- cli
+           <- decode, parallel, interop <- train <- sweep, bench, aot <- gpu_report <- cli
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
 room below it, never one above or beside it. `functional/` (and the checks) import no
@@ -31,6 +31,7 @@ RANKS = {
     "train": 6,
     "sweep": 7,
     "bench": 7,
+    "aot": 7,
     "gpu_report": 8,
     "cli": 9,
     "__main__": 10,

@@ -96,22 +96,10 @@ class MeshPlacement(Placement):
             )
 
     def put(self, tree, *, like=None):
-        return put(plain(tree), self._shardings(tree if like is None else like))
+        return put(plain(tree), self.shardings(tree if like is None else like))
 
     def compile(self, fn, like, *, donate_state=False):
-        tree_sharding = self._shardings(like)
-        whole = NamedSharding(self.mesh, PartitionSpec())
-
-        def traced(tree, batch):
-            with activation_sharding(self.mesh, self.rules):
-                return fn(tree, batch)
-
-        jitted = jax.jit(
-            traced,
-            in_shardings=(tree_sharding, batch_sharding(self.mesh, self.rules)),
-            out_shardings=(tree_sharding, whole) if donate_state else whole,
-            donate_argnums=0 if donate_state else (),
-        )
+        jitted = self._jit(fn, like, donate_state)
 
         def call(tree, batch):
             with jax.set_mesh(self.mesh):
@@ -119,13 +107,36 @@ class MeshPlacement(Placement):
 
         return call
 
+    def lower(self, fn, like, tree, batch, *, donate_state=False, platform=None):
+        """`compile`'s program lowered for abstract `tree` and `batch` (ShapeDtypeStructs)
+        on this mesh, whose devices may be a topology's with none present; `platform`
+        (e.g. "tpu") lowers for another platform than the devices'."""
+        with jax.set_mesh(self.mesh):
+            traced = self._jit(fn, like, donate_state).trace(tree, batch)
+            return traced.lower(lowering_platforms=None if platform is None else (platform,))
+
+    def _jit(self, fn, like, donate_state):
+        tree_sharding = self.shardings(like)
+        whole = NamedSharding(self.mesh, PartitionSpec())
+
+        def traced(tree, batch):
+            with activation_sharding(self.mesh, self.rules):
+                return fn(tree, batch)
+
+        return jax.jit(
+            traced,
+            in_shardings=(tree_sharding, batch_sharding(self.mesh, self.rules)),
+            out_shardings=(tree_sharding, whole) if donate_state else whole,
+            donate_argnums=0 if donate_state else (),
+        )
+
     def one_copy(self, tree):
         return tree
 
     def check_rows(self, rows, name):
         check_batch_size(rows, self.mesh, self.rules, name=name)
 
-    def _shardings(self, like):
+    def shardings(self, like):
         """Plain NamedShardings of the tree `like`, from its Variables' logical axes. On
         several devices a tree without Variables is refused: it would be replicated whole."""
         if self.mesh.size > 1 and not _has_variables(like):
