@@ -1,13 +1,14 @@
 """The real programs compiled ahead of time for accelerators that are not here.
 
-`check(model, target, layout)` lays a model's train step (or its greedy decode loop) out
-over a mesh of the target's chips and compiles it there: with libtpu installed (the `tpu`
-extra), for a named TPU topology with no TPU present (`jax.experimental.topologies`), which
-gives XLA's memory and cost analyses; without it, lowered only (`jax.export`'s path), so
-only the shapes' bytes are known. Per chip it reports parameters, optimizer state,
-temporaries, whether the step fits in HBM and the largest batch that does, XLA's FLOPs and
-bytes, a roofline lower bound on the step time from the generation's published peaks (a
-bound, not a measurement) and the attention kernel "auto" chose.
+`check(model, target, layout)` lays a model's train step, evaluation step or greedy
+decoding loop out over a mesh of the target's chips and compiles it there: with libtpu
+(the `tpu` extra) for a named TPU topology with no TPU present
+(`jax.experimental.topologies`), which gives XLA's memory and cost analyses; without it,
+lowered for a TPU only, so only the state's bytes are known. Per chip it reports
+parameters, optimizer state, temporaries, whether the program fits in HBM and the largest
+batch found to fit, XLA's FLOPs, a roofline lower bound on the step time from the
+generation's published peaks (a bound, not a measurement) and the attention it runs.
+Beam search is not among them: it reads its rows' lengths on the host.
 
     jaxformer compile-check --target tpu:v5e:2x4 --model gpt2_small --layout fsdp
 """
@@ -55,7 +56,7 @@ CHIPS = {
     "v6e": Chip(918e12, 1638e9, 32 * GiB),
 }
 LAYOUTS = ("data", "fsdp", "tensor")
-PROGRAMS = ("train", "decode")
+PROGRAMS = ("train", "eval", "decode")
 VOCAB = 50304  # GPT-2's vocabulary padded to a multiple of 128, for every model here
 
 
@@ -239,7 +240,7 @@ def check(
     placement = MeshPlacement(make_mesh(**sizes, devices=chips), DEFAULT_RULES)
     length = length or default_length
     batch = batch or batch_per_chip * len(chips)
-    build = _train_program if program == "train" else _decode_program
+    build = {"train": _train_program, "eval": _eval_program, "decode": _decode_program}[program]
     chip = CHIPS[target.generation]
     with target_device(chips[0] if compiles else _TpuStandIn(target.generation)):
         lowered, state = build(config, placement, batch, length, compiles)
@@ -283,6 +284,22 @@ def _train_program(config, placement, batch, length, compiles):
         step, layout, state, batch_arrays, donate_state=True, platform=platform
     )
     return lowered, state
+
+
+def _eval_program(config, placement, batch, length, compiles):
+    """(the evaluation step's loss sums at global `batch` lowered, its abstract state:
+    parameters only)."""
+    graphdef, state, layout = _abstract_state(config, placement)
+    evaluate = train.make_eval_step(graphdef, label_smoothing=0.0)
+    tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+    batch_arrays = {"tgt_in": tokens, "tgt_out": tokens}
+    if config.num_encoder_layers:
+        batch_arrays["src"] = tokens
+    platform = None if compiles else "tpu"
+    lowered = placement.lower(
+        evaluate, layout.params, state.params, batch_arrays, platform=platform
+    )
+    return lowered, state.replace(opt_state=())
 
 
 def _decode_program(config, placement, batch, length, compiles):

@@ -646,7 +646,7 @@ def _compile_check(args) -> int:
     reports = []
     for model in models:
         for program in programs:
-            for layout in layouts if program == "train" else ("fsdp",):
+            for layout in layouts if program != "decode" else ("fsdp",):
                 _progress(f"compiling {model} {program} ({layout}) for {target.name}")
                 reports.append(
                     aot.check(
@@ -696,6 +696,8 @@ def _bench(args) -> int:
 
 def _sweep(args) -> int:
     from jaxformer import sweep
+    from jaxformer.results import command_line
+    from jaxformer.train.signals import Terminated
 
     if args.jobs is not None and args.jobs < 1:
         raise BadValue(f"--jobs must be >= 1, got {args.jobs}")
@@ -708,9 +710,14 @@ def _sweep(args) -> int:
             retry_failed=args.retry_failed,
             vmap_seeds=VMAP_SEEDS[args.vmap_seeds],
         )
-    except KeyboardInterrupt:
-        print("jaxformer sweep: interrupted; run the same command to continue", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # and Terminated: SIGTERM, SIGHUP
+        why = f"terminated by {stop}" if isinstance(stop, Terminated) else "interrupted"
+        print(
+            f"jaxformer sweep: {why}: the runs in flight were stopped, each saving its step "
+            f"(above); continue with {command_line()}",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum if isinstance(stop, Terminated) else 130
     print((spec.out / "results.md").read_text())
     print(f"results in {spec.out}/: results.md results.json curves.png")
     return 0

@@ -46,6 +46,15 @@ def test_without_libtpu_the_step_is_lowered_for_a_tpu_with_splash_attention():
     assert report.optimizer_bytes >= 2 * report.params_bytes  # Adam's two moments
 
 
+@pytest.mark.devices(8)
+@pytest.mark.parametrize("program", ["eval", "decode"])
+def test_without_libtpu_evaluation_and_decoding_lower_for_a_tpu(program):
+    report = aot.check("tiny", aot.Target("v5e", "2x2"), program=program, length=128,
+                       lowered_only=True)  # fmt: skip
+    assert not report.compiled and report.optimizer_bytes == 0 and report.params_bytes > 0
+    assert report.attention == ("splash" if program == "eval" else "XLA's code (xla or chunked)")
+
+
 @libtpu
 @pytest.mark.parametrize("model", ["tiny", "tiny_lm"])
 def test_with_libtpu_each_model_kind_compiles_for_v5e_with_memory_and_cost(model):
@@ -77,10 +86,12 @@ def test_the_largest_batch_found_fits_and_a_batch_beyond_hbm_does_not(monkeypatc
 
 
 @libtpu
-def test_with_libtpu_the_decode_loop_compiles():
-    report = aot.check("tiny_lm", aot.Target("v5e", "2x2"), program="decode", length=128)
+@pytest.mark.parametrize("program", ["eval", "decode"])
+def test_with_libtpu_the_evaluation_step_and_the_decoding_loop_compile(program):
+    report = aot.check("tiny_lm", aot.Target("v5e", "2x2"), program=program, length=128)
     assert report.compiled and report.fits and report.optimizer_bytes == 0
     assert report.flops > 0 and report.largest_batch is None
+    assert report.attention == ("splash" if program == "eval" else "XLA's code (xla or chunked)")
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
