@@ -7,6 +7,7 @@ from jaxformer.functional.attention import (
     AttentionParams,
     KVCache,
     attention_weights,
+    attention_with_weights,
     choose_implementation,
     masked_softmax,
     merge_heads,

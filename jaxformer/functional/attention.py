@@ -460,19 +460,8 @@ def multi_head_attention(
     dropout_rate = dropout_rate if rng is not None else 0.0
     structure = mask if isinstance(mask, AttentionMask) else AttentionMask(dense=mask)
     weights = None
-    at_site = sites.wanted("weights")
-    if return_weights or at_site:
-        B, T, S = _bts(q, kv.k)
-        if structure.k_lengths is not None:
-            check_lengths("mask.k_lengths", structure.k_lengths, B)
-        dense = structure.as_array(T, S)
-        _check_attention(q, kv.k, kv.v, dense, None, None, None, None)
-        weights_BKGTS = _weights(q, kv.k, dense, None, None)
-        weights = weights_BKGTS.reshape(B, q.shape[2], T, S)
-        if at_site:
-            weights = sites.site("weights", weights)
-            weights_BKGTS = weights.reshape(weights_BKGTS.shape)
-        heads = _weighted_values(weights_BKGTS, kv.v, q.dtype, dropout_rate, rng)
+    if return_weights or sites.wanted("weights"):
+        heads, weights = attention_with_weights(q, kv.k, kv.v, structure, dropout_rate, rng)
     else:
         heads = scaled_dot_product_attention(
             q,
@@ -488,6 +477,27 @@ def multi_head_attention(
     heads = sites.site("heads", heads)
     out = merge_heads(heads, params.wo, params.bo)
     return AttentionOutput(out, weights if return_weights else None, kv_cache)
+
+
+def attention_with_weights(
+    q, k, v, structure: AttentionMask, dropout_rate: float = 0.0, dropout_rng=None
+) -> tuple[jax.Array, jax.Array]:
+    """The reference path for when the weights are wanted: `scaled_dot_product_attention`
+    as "xla" computes it, with the weights [B, H, T, S] (float32, before dropout) returned
+    and passed through the "weights" site, where a capture reads or replaces them.
+
+    Returns (heads [B, T, H, Dv] in q's dtype, weights)."""
+    B, T, S = _bts(q, k)
+    if structure.k_lengths is not None:
+        check_lengths("mask.k_lengths", structure.k_lengths, B)
+    dense = structure.as_array(T, S)
+    _check_attention(q, k, v, dense, None, None, None, None)
+    weights_BKGTS = _weights(q, k, dense, None, None)
+    weights = sites.site("weights", weights_BKGTS.reshape(B, q.shape[2], T, S))
+    heads = _weighted_values(
+        weights.reshape(weights_BKGTS.shape), v, q.dtype, dropout_rate, dropout_rng
+    )
+    return heads, weights
 
 
 def _check_inputs(x_q, x_kv, params, kv_cache, cache_positions) -> None:
