@@ -57,7 +57,13 @@ test-core: $(DEV)
 # default JAX is CPU-only): the tests of the code that runs differently on a GPU (attention
 # kernels and "auto", layers, models, decoding, training steps, interop), on the GPU, with
 # float32 products pinned to full precision (tests/conftest.py). `make test` runs on the CPU.
+# $(call need_gpu,WHAT TO DO INSTEAD) refuses at once, in one line, where $(PYTHON)'s JAX
+# sees no GPU (or cannot be imported).
+need_gpu = @$(PYTHON) -c 'import importlib.util as u, sys; \
+	gpu = u.find_spec("jax") is not None and __import__("jax").default_backend() == "gpu"; \
+	sys.exit(0 if gpu else "make $@ needs an NVIDIA GPU and a CUDA build of JAX; $(1)")'
 test-gpu:
+	$(call need_gpu,`make test` runs the suite on the CPU)
 	JAX_PLATFORMS=cuda,cpu PYTHONPATH=. $(PYTHON) -m pytest -q -m "not slow" tests/functional tests/nn \
 		tests/test_models.py tests/test_decode.py tests/train/test_steps.py tests/train/test_lm_head.py \
 		tests/interop
@@ -71,6 +77,7 @@ test-gpu:
 # one alone (about 3 minutes); FORCE=1 reruns finished parts. `jaxformer gpu-report
 # --dry-run` checks on a CPU that every part starts.
 gpu-report:
+	$(call need_gpu,`jaxformer gpu-report --dry-run` checks on a CPU that every part starts)
 	PYTHONPATH=.:$$PWD/.site $(PYTHON) -m jaxformer gpu-report --out results/gpu_report \
 		$(if $(PARTS),--parts $(PARTS)) $(if $(FORCE),--force)
 

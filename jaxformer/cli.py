@@ -695,8 +695,7 @@ def _bench(args) -> int:
 
 
 def _sweep(args) -> int:
-    from jaxformer import sweep
-    from jaxformer.results import command_line
+    from jaxformer import results, sweep
     from jaxformer.train.signals import Terminated
 
     if args.jobs is not None and args.jobs < 1:
@@ -714,7 +713,7 @@ def _sweep(args) -> int:
         why = f"terminated by {stop}" if isinstance(stop, Terminated) else "interrupted"
         print(
             f"jaxformer sweep: {why}: the runs in flight were stopped, each saving its step "
-            f"(above); continue with {command_line()}",
+            f"(above); continue with {results.command_line()}",
             file=sys.stderr,
         )
         return 128 + stop.signum if isinstance(stop, Terminated) else 130

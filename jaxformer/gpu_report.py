@@ -362,14 +362,17 @@ def part_names() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """One call: the dry run's result, or the summary of every call into --out so far.
-    Stopped by SIGTERM (a command's time limit), it exits through the `finally` of _run,
-    which kills the running part's processes instead of leaving them on the GPU."""
+    """One call: the dry run's result, or the summary of every call into --out so far
+    (refused, before --out is made, where JAX sees no GPU). Stopped by SIGTERM (a
+    command's time limit), it exits through the `finally` of _run, which kills the
+    running part's processes instead of leaving them on the GPU."""
     check(args)
+    call = dict(date=_now(), command=results.command_line(), machine=machine())
+    if not args.dry_run:
+        check_gpu(call["machine"])
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in parts(out, args.jobs) if not args.parts or p.name in args.parts]
-    call = dict(date=_now(), command=results.command_line(), machine=machine())
     if args.dry_run:
         result = call | {"parts": dry_run(chosen, out)}
         (out / "dry_run.json").write_text(json.dumps(result, indent=2))
@@ -382,6 +385,21 @@ def run(args: argparse.Namespace) -> dict:
     left = [name for name in part_names() if not finished(summary, name)]
     print(json.dumps({"ran": ran, "left": left}))
     return summary
+
+
+def check_gpu(found: dict) -> None:
+    """Refuse (BadValue) a machine whose JAX sees no GPU (`found`: `machine()`'s answer),
+    before any folder is made: the parts would run on its CPU."""
+    if found.get("platform") == "gpu":
+        return
+    error = found.get("error", "").strip().splitlines()[-1:]
+    seen = f"its first device is {found['device']}" if "device" in found else "it did not start"
+    why = f" ({error[0]})" if error else ""
+    raise BadValue(
+        f"no NVIDIA GPU here: JAX says {seen}{why}; the report runs on a GPU machine with a "
+        "CUDA build of JAX (`jaxformer gpu-report --dry-run` checks on a CPU that every "
+        "part starts)"
+    )
 
 
 @contextlib.contextmanager

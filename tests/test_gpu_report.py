@@ -1,11 +1,14 @@
 """`jaxformer gpu-report` on a CPU: the parts of configs/gpu_report.yaml (peers first,
 each within 4 minutes, benchmarks through `jaxformer bench`),
-the dry run starts every part, a part keeps to its budget, calls resume where the last
+a machine without a GPU is refused (the dry run named), the dry run starts every part,
+a part keeps to its budget, calls resume where the last
 one stopped and merge into one summary and one markdown, and the markdown is rendered
 from the parts' files."""
 
 import json
+import os
 import pathlib
+import subprocess
 import sys
 from unittest import mock
 
@@ -141,7 +144,8 @@ def fake_parts(out, jobs, budgets=(30, 30, 30)):
 @pytest.fixture
 def fake(monkeypatch):
     monkeypatch.setattr(gpu_report, "parts", fake_parts)
-    monkeypatch.setattr(gpu_report, "machine", lambda: {"device": "Fake GPU", "jax": "0"})
+    found = {"device": "Fake GPU", "platform": "gpu", "jax": "0"}
+    monkeypatch.setattr(gpu_report, "machine", lambda: found)
 
 
 def runs(out):
@@ -212,6 +216,19 @@ def test_the_markdown_is_rendered_from_the_parts_files(tmp_path):
     assert "| auto | auto | 32 | none | 389000.5 | 31.4% | 84.2 | 3.00 |" in text
     assert "`7 passed, 1 failed in 9.10s`" in text
     assert "jaxformer bench attention" not in text  # no file, no section
+
+
+def test_a_machine_without_a_gpu_is_refused_naming_the_dry_run(tmp_path):
+    out = tmp_path / "x"
+    command = [sys.executable, "-m", "jaxformer", "gpu-report", "--out", str(out)]
+    command += ["--budget-minutes", "0.01"]  # were it not refused, no part would start
+    env = os.environ | {"JAX_PLATFORMS": "cpu"}  # the CPU, even on a GPU machine
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("jaxformer gpu-report: error: no NVIDIA GPU here: JAX says")
+    assert "`jaxformer gpu-report --dry-run`" in done.stderr
+    assert not out.exists()
 
 
 def test_unknown_parts_are_refused(tmp_path, capsys):

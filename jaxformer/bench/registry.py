@@ -71,9 +71,10 @@ class Options:
         return pathlib.Path(self.out) / "record.json" if self.FOLDER else pathlib.Path(self.out)
 
 
-class Stopped(Exception):
+class Stopped(BaseException):
     """A benchmark stopped (a signal, its time limit) after writing what it had; `code`
-    is the exit status to give."""
+    is the exit status to give. A BaseException, as KeyboardInterrupt is, so that no
+    `except Exception` (around a library call that may fail) swallows a stop."""
 
     def __init__(self, why: str, code: int):
         super().__init__(why)

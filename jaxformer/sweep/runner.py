@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ from jaxformer.sweep.spec import HASH_FILE, Spec, status
 from jaxformer.train.checkpoint import CHECKPOINTS, Checkpointer
 from jaxformer.train.run_folder import read_json, write_whole
 from jaxformer.train.seed_group import UNVMAPPED
+from jaxformer.train.signals import repeats_dropped, signals_held, stop_signals_raise
 
 # `jaxformer train`'s exit codes after saving on a stop: Ctrl-C, SIGHUP, SIGTERM.
 STOPPED = (130, 129, 143)
@@ -79,7 +81,9 @@ def run(
     (default: one per NVIDIA GPU present, each pinned to its GPU, else 1; on a CPU each
     pinned to its share of the cores: `jaxformer.cores`), then write the report; returns the
     results. Raises ValueError, before any run starts, for a folder
-    made by another configuration (unless `rerun_changed`)."""
+    made by another configuration (unless `rerun_changed`). Ctrl-C, SIGTERM and SIGHUP
+    are passed on to the runs in flight; once each has saved its step and exited, it
+    raises KeyboardInterrupt (Terminated for SIGTERM and SIGHUP)."""
     todo = [(v, s) for s in spec.seeds for v in spec.runs]
     _clear(spec, _changed(spec, todo, rerun_changed), "its configuration changed", say)
     if retry_failed:
@@ -98,35 +102,66 @@ def run(
     queue = _jobs(spec, pending, gpus > 0 if vmap_seeds is None else vmap_seeds)
     running: dict[int, tuple] = {}
     done = len(todo) - len(pending)
-    while queue or running:
-        for variant, seed, why in _after_failed_stages(spec, queue):
-            done += 1
-            say(f"[{done}/{len(todo)}] {variant} seed {seed}: failed: {why}")
-        while len(running) < len(slots) and (job := _ready(spec, queue)):
-            slot = next(s for s in slots if s not in running)
-            proc = _launch(spec, *job, gpu=slot if pin else None, cores=cores and cores[slot])
-            running[slot] = (*job, proc, time.time())
-        if queue and not running:  # each waits for a stage run that was interrupted
-            for variant, seeds in queue:
-                which = f"seed{'s' * (len(seeds) > 1)} {_names(seeds)}"
-                say(f"{variant} {which}: not run: its stage run did not end (run the sweep again)")
-            break
-        time.sleep(0.2)
-        for slot, (variant, seeds, proc, t0) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            del running[slot]
-            if proc.returncode == 1 and len(seeds) > 1:  # a seed diverged: find which
-                say(f"{variant} seeds {_names(seeds)}: a seed diverged; running them apart")
-                queue[:0] = [(variant, (seed,)) for seed in seeds]
-                continue
-            log = spec.folder(variant, seeds[0]) / "train.log"
-            for seed in seeds:
-                done += 1
-                outcome = _finish(spec.folder(variant, seed), proc.returncode, log)
-                took = f"{time.time() - t0:.0f} s"
-                say(f"[{done}/{len(todo)}] {variant} seed {seed}: {outcome} ({took})")
+    with stop_signals_raise():
+        try:
+            while queue or running:
+                for variant, seed, why in _after_failed_stages(spec, queue):
+                    done += 1
+                    say(f"[{done}/{len(todo)}] {variant} seed {seed}: failed: {why}")
+                while len(running) < len(slots) and (job := _ready(spec, queue)):
+                    slot = next(s for s in slots if s not in running)
+                    with signals_held():  # a stop finds every process started in `running`
+                        gpu, share = slot if pin else None, cores and cores[slot]
+                        proc = _launch(spec, *job, gpu=gpu, cores=share)
+                        running[slot] = (*job, proc, time.time())
+                if queue and not running:  # each waits for a stage run that was interrupted
+                    _say_waiting(queue, say)
+                    break
+                time.sleep(0.2)
+                done = _collect(spec, running, queue, done, len(todo), say)
+        except KeyboardInterrupt as stop:  # Ctrl-C, and Terminated (SIGTERM, SIGHUP)
+            _stop(running, stop)
+            _collect(spec, running, queue, done, len(todo), say)
+            raise
     return report.write(spec)
+
+
+def _say_waiting(queue: list[tuple], say) -> None:
+    for variant, seeds in queue:
+        which = f"seed{'s' * (len(seeds) > 1)} {_names(seeds)}"
+        say(f"{variant} {which}: not run: its stage run did not end (run the sweep again)")
+
+
+def _collect(spec: Spec, running: dict, queue: list[tuple], done: int, total: int, say) -> int:
+    """Take the jobs whose process ended out of `running`, recording and saying how each
+    run ended (a group in which a seed diverged goes back to `queue`, its seeds apart);
+    returns `done` counting them."""
+    for slot, (variant, seeds, proc, t0) in list(running.items()):
+        if proc.poll() is None:
+            continue
+        del running[slot]
+        if proc.returncode == 1 and len(seeds) > 1:  # a seed diverged: find which
+            say(f"{variant} seeds {_names(seeds)}: a seed diverged; running them apart")
+            queue[:0] = [(variant, (seed,)) for seed in seeds]
+            continue
+        log = spec.folder(variant, seeds[0]) / "train.log"
+        for seed in seeds:
+            done += 1
+            outcome = _finish(spec.folder(variant, seed), proc.returncode, log)
+            say(f"[{done}/{total}] {variant} seed {seed}: {outcome} ({time.time() - t0:.0f} s)")
+    return done
+
+
+def _stop(running: dict, stop: KeyboardInterrupt) -> None:
+    """Pass a stop (Ctrl-C's SIGINT, or Terminated's SIGTERM or SIGHUP) on to the runs in
+    flight, and wait while each saves its last step and exits; a further stop meanwhile
+    is dropped."""
+    signum = getattr(stop, "signum", signal.SIGINT)
+    with repeats_dropped():
+        for *_, proc, _ in running.values():
+            proc.send_signal(signum)  # (not to a process that has ended)
+        for *_, proc, _ in running.values():
+            proc.wait()
 
 
 def _ready(spec: Spec, queue: list[tuple]) -> tuple | None:

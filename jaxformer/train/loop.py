@@ -34,7 +34,12 @@ from jaxformer.train.evaluate import Evaluation
 from jaxformer.train.hooks import Hook, HookRunner, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup, set_up
-from jaxformer.train.signals import Terminated, signals_held, stop_signals_raise
+from jaxformer.train.signals import (
+    Terminated,
+    repeats_dropped,
+    signals_held,
+    stop_signals_raise,
+)
 from jaxformer.train.steps import TrainState
 
 
@@ -156,7 +161,8 @@ def _run_steps(
             context = StepContext(meter.step, state, {}, folder, setup, shown.write)
             hooks.run(hooks.due(run.optim.steps), context)
     except KeyboardInterrupt as e:  # Ctrl-C, and Terminated
-        _save_before_stopping(folder, meter, shown, state, run, _stop(e, hooks.running))
+        with repeats_dropped():
+            _save_before_stopping(folder, meter, shown, state, run, _stop(e, hooks.running))
         raise
     except Exception:
         if hooks.running is None:

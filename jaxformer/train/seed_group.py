@@ -42,7 +42,7 @@ from jaxformer.train.evaluate import Evaluation
 from jaxformer.train.hooks import Hook, HookRunner, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup, set_up
-from jaxformer.train.signals import signals_held, stop_signals_raise
+from jaxformer.train.signals import repeats_dropped, signals_held, stop_signals_raise
 
 UNVMAPPED = ("mesh", "pmap", "profile", "log_internals")  # options seeds cannot share a step with
 
@@ -237,7 +237,8 @@ def _run_steps(group: list[_Seed], steps: _Steps) -> None:
                 )
     except KeyboardInterrupt as e:
         stop = e
-        _save_all(group, held, steps, lambda seed: loop._stop(stop, seed.hooks.running))
+        with repeats_dropped():
+            _save_all(group, held, steps, lambda seed: loop._stop(stop, seed.hooks.running))
         raise
     except Exception:
         if running is None:

@@ -70,3 +70,12 @@ def signals_held():
             signal.signal(signum, handler)
     if caught:
         raise KeyboardInterrupt if caught[0] == signal.SIGINT else Terminated(caught[0])
+
+
+@contextlib.contextmanager
+def repeats_dropped():
+    """While a stop is handled (the last step saved, a sweep's runs waited for), a stop
+    signal that comes again is held, then dropped, so that the stop in hand is raised
+    whole: Ctrl-C reaches a sweep's runs twice, from the terminal and from the sweep."""
+    with contextlib.suppress(KeyboardInterrupt), signals_held():
+        yield

@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -141,6 +142,30 @@ def test_sigterm_keeps_what_was_measured_and_a_rerun_resumes(tmp_path):
     assert done == {"host"} and "--parts host compile --dry-run" in result["command"]
     again = subprocess.run(cmd[:-1], capture_output=True, text=True, check=True)  # host only
     assert "host: done (kept)" in again.stderr
+
+
+def test_a_stop_during_torchs_explain_is_not_swallowed_as_its_failure(monkeypatch):
+    """A mode explain cannot trace is recorded as its error; a stop (SIGTERM, the time
+    limit) raised inside explain stops the lab."""
+    torch = pytest.importorskip("torch")
+    from jaxformer.bench import modes
+
+    workload = types.SimpleNamespace(torch=lambda device: (None, (), lambda module: None))
+    raised = []
+
+    def explain(fn):
+        def explained(*args):
+            raise raised[-1]
+
+        return explained
+
+    monkeypatch.setattr(torch._dynamo, "explain", explain)
+    raised.append(RuntimeError("cannot trace"))
+    graphs = modes.torch_graphs(workload, "cpu", ("torch.compile",))
+    assert graphs == {"torch.compile": {"error": "RuntimeError: cannot trace"}}
+    raised.append(registry.Stopped("SIGTERM during part counts", 143))
+    with pytest.raises(registry.Stopped, match="SIGTERM"):
+        modes.torch_graphs(workload, "cpu", ("torch.compile",))
 
 
 def _row(name, eager_ms, jit_ms, rng, **extra):

@@ -2,6 +2,7 @@
 sweep of a few steps that writes its table and, run again after losing a run, reruns only
 that one."""
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -903,6 +904,62 @@ def test_killed_sweep_continues_where_it_stopped(tmp_path):
     assert first.stat().st_mtime_ns == finished
     assert "resumed from step" in (second.parent / "train.log").read_text()
     assert (tmp_path / "sweep" / "results.md").exists()
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (read from Linux's /proc)."""
+    found = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # a process that just ended
+            continue
+        if ppid == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow  # a sweep and its run start: two processes import JAX, one compiles
+@pytest.mark.skipif(not pathlib.Path("/proc/self/stat").is_file(), reason="reads /proc")
+def test_sigterm_stops_the_sweeps_run_which_saves_and_says_how_to_continue(tmp_path):
+    """SIGTERM to the sweep alone (as `kill` or a scheduler sends it) reaches its run,
+    which saves its step; the sweep exits 143 once the run has ended, naming the command
+    that continues it."""
+    never = 10**6  # the run is stopped long before its end, evaluation or checkpoint
+    base = BASE | dict(steps=never, eval_every=never, checkpoint_every=never, log_every=1)
+    path = write_spec(tmp_path, base=base, variants={"baseline": {}}, seeds=1, variant_files=[])
+    command = [sys.executable, "-m", "jaxformer", "sweep", str(path)]
+    env = dict(os.environ, XLA_FLAGS="")
+    run = tmp_path / "sweep" / "baseline" / "seed0"
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text()):
+            assert time.time() < deadline and proc.poll() is None  # a step logged: training
+            time.sleep(0.2)
+        (child,) = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:  # nothing left running, whatever failed
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    assert "[1/1] baseline seed 0: interrupted (resumes next time)" in out
+    assert err.strip().splitlines()[-1] == (
+        "jaxformer sweep: terminated by SIGTERM: the runs in flight were stopped, each saving "
+        f"its step (above); continue with jaxformer sweep {path}"
+    )
+    assert "terminated by SIGTERM: saved step" in (run / "train.log").read_text()
+    assert any(p.name.isdigit() for p in (run / "checkpoints").iterdir())
 
 
 @pytest.mark.slow  # two short trainings: about 2 min on a loaded 2-core machine

@@ -20,7 +20,7 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer.cli import main
 from jaxformer.results import code_version, describe_device
-from jaxformer.train import checkpoint, evaluate, loop, setup
+from jaxformer.train import checkpoint, evaluate, loop, run_folder, setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
@@ -348,6 +348,42 @@ def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
     where = tmp_path.resolve() / "checkpoints"
     assert out == ""
     assert err == f"terminated by SIGHUP: saved step 3 in {where}; continue with resume=True\n"
+
+
+@NEEDS_SIGHUP
+def test_a_stop_repeated_while_the_step_is_saved_is_dropped(tmp_path, capsys, monkeypatch):
+    """A second SIGHUP while the first's save runs (a stop that reaches a sweep's run from
+    the terminal and again from the sweep): the save completes and the first stop is raised."""
+    real_step, real_save = setup.Setup.step_for, run_folder.RunFolder.save
+    sent = []
+
+    def step_for(self, done):
+        step = real_step(self, done)
+        if done != 3:
+            return step
+
+        def hang_up_during(state, batch):
+            sent.append(os.kill(os.getpid(), signal.SIGHUP))
+            return step(state, batch)
+
+        return hang_up_during
+
+    def save(self, state):
+        if len(sent) == 1:  # the stop's save: the stop comes again
+            sent.append(os.kill(os.getpid(), signal.SIGHUP))
+        return real_save(self, state)
+
+    monkeypatch.setattr(setup.Setup, "step_for", step_for)
+    monkeypatch.setattr(run_folder.RunFolder, "save", save)
+    with pytest.raises(loop.Terminated) as stopped:
+        loop.train(small_config(), run_config(tmp_path, steps=6), progress=False)
+    assert checkpoint.Checkpointer(tmp_path).latest_step() == 3
+    assert len(sent) == 2 and stopped.value.signum == signal.SIGHUP
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    where = tmp_path.resolve() / "checkpoints"
+    assert capsys.readouterr().err == (
+        f"terminated by SIGHUP: saved step 3 in {where}; continue with resume=True\n"
+    )
 
 
 @NEEDS_SIGHUP
