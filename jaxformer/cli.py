@@ -32,7 +32,9 @@ import dataclasses
 import difflib
 import os
 import pathlib
+import re
 import sys
+import traceback
 import typing
 import warnings
 
@@ -605,9 +607,7 @@ def _command(args) -> int:
             gpu_report.run(args)
             return 0
         _use_compilation_cache(not args.no_compile_cache)
-        from jaxformer.functional.registry import import_variants
-
-        import_variants(args.variants)
+        _import_variants(args.variants)
         if args.command == "train":
             return _train(args)
         return _generate(args)
@@ -615,8 +615,62 @@ def _command(args) -> int:
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
         where = f"bench {args.benchmark}" if args.command == "bench" else args.command
-        print(f"{_name(where)}: error: {e}", file=sys.stderr)
+        message = _as_flags(str(e), args.config) if args.command == "train" else str(e)
+        print(f"{_name(where)}: error: {message}", file=sys.stderr)
         return 2
+
+
+def _import_variants(sources: list[str]) -> None:
+    """Import each --variants file or module; one that raises is bad input, shown as its
+    exception and its own frames (not the importing machinery's)."""
+    from jaxformer.functional.registry import import_variants
+
+    for source in sources:
+        try:
+            import_variants([source])
+        except InputError:
+            raise
+        except Exception as e:
+            frames = [f for f in traceback.extract_tb(e.__traceback__) if _users(f.filename)]
+            shown = traceback.format_list(frames[-3:]) + traceback.format_exception_only(e)
+            raise BadValue(
+                f"--variants {source} raised on import:\n" + "".join(shown).rstrip()
+            ) from e
+
+
+def _users(filename: str) -> bool:
+    """Whether a traceback frame's file is the user's code, not jaxformer's or Python's
+    import machinery."""
+    package = str(pathlib.Path(__file__).resolve().parent)
+    return not filename.startswith("<") and not str(pathlib.Path(filename).resolve()).startswith(
+        package + os.sep
+    )
+
+
+# A name in an error that is not an option's own but means one.
+_MEANS = {"implementation": "attention_impl"}
+
+
+def _as_flags(message: str, config: str | None) -> str:
+    """`message` with the config fields it names written as `jaxformer train`'s flags
+    (batch_size -> --batch-size): a name with an underscore wherever it stands as a word,
+    any other before "=" or " must". Names in quotes are keys and stay; so does a message
+    about the --config file, whose keys are its fields."""
+    if config is not None and message.startswith(f"{config}:"):
+        return message
+    from jaxformer.config import RunConfig, TransformerConfig
+
+    names = {*RunConfig.options(), *(f.name for f in dataclasses.fields(TransformerConfig))}
+    means = {name: name for name in names} | _MEANS
+    word = r"(?<![\w\-./'\"])(\w+)(?![\w'\"/]|\.\w)(=(?!=)| must\b)?"
+
+    def flag(m: re.Match) -> str:
+        name, after = m.group(1), m.group(2) or ""
+        if name not in means or ("_" not in name and not after):
+            return m.group(0)
+        return "--" + means[name].replace("_", "-") + after
+
+    return re.sub(word, flag, message)
 
 
 def _name(command: str) -> str:

@@ -25,6 +25,7 @@ from jaxformer.checks import (
     check_int,
     check_number,
 )
+from jaxformer.checks import option as as_given
 from jaxformer.data.bible import parse_dataset
 from jaxformer.data.tasks import TASKS
 from jaxformer.data.tokenizers import ByteTokenizer
@@ -333,7 +334,8 @@ class DataOptions:
         given = [name for name in SOURCES if getattr(self, name) is not None]
         if len(given) != 1:
             how_many = "not several" if given else "got none"
-            raise BadValue(f"give one of task, data_tsv, data_text and dataset, {how_many}")
+            *some, last = (as_given(name) for name in SOURCES)
+            raise BadValue(f"give one of {', '.join(some)} or {last}, {how_many}")
         if self.task is not None:
             check_choice("task", self.task, TASKS)
         if self.dataset is not None:

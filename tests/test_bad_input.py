@@ -474,26 +474,26 @@ CLI = [
     ("config wrong type", ["--config", "types.json"], "num_heads must be an int, got 'four'"),
     ("config empty", ["--config", "empty.txt"], "empty.txt: not valid JSON"),
     ("config broken YAML", ["--config", "broken.yaml"], r"error: [^ ]*broken.yaml: not valid YAML \(mapping values are not allowed here at line 1, column 12\)$"),
-    ("negative warmup", ["--warmup-steps", "-1"], "warmup_steps must be >= 0, got -1"),
-    ("bad lr", ["--lr", "-1"], "lr must be > 0, got -1.0"),
+    ("negative warmup", ["--warmup-steps", "-1"], "--warmup-steps must be >= 0, got -1"),
+    ("bad lr", ["--lr", "-1"], "--lr must be > 0, got -1.0"),
     ("lr not a number", ["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
-    ("bad seq-len", ["--seq-len", "0"], "seq_len must be >= 1, got 0"),
-    ("log-internals 0", ["--log-internals", "0"], "log_internals must be >= 1, got 0"),
+    ("bad seq-len", ["--seq-len", "0"], "--seq-len must be >= 1, got 0"),
+    ("log-internals 0", ["--log-internals", "0"], "--log-internals must be >= 1, got 0"),
     ("misspelt flag", ["--stepz", "5"], "unrecognized arguments: --stepz 5; did you mean --steps"),
     ("bad choice", ["--schedule", "linear"], "argument --schedule: invalid choice: 'linear'"),
     ("bad mesh", ["--mesh", "data=3"], f"mesh data=3,fsdp=1,tensor=1 needs 3 devices, but there are {jax.device_count()}"),
     ("pmap and mesh", ["--mesh", "data=1", "--pmap"], "give a mesh or pmap, not both"),
-    ("model flag", ["--d-model", "10", "--num-heads", "4"], "d_model=10 is not divisible by num_heads=4"),
+    ("model flag", ["--d-model", "10", "--num-heads", "4"], "--d-model=10 is not divisible by --num-heads=4"),
     ("bpe with a task", ["--tokenizer", "bpe"], "the BPE tokenizer is trained on data"),
     ("unknown Bible version", ["--dataset", "xyz-web"], "dataset 'xyz-web': unknown Bible version 'xyz'; installed versions are .*web, wyc"),
     ("bad dataset name", ["--dataset", "web"], "dataset 'web' must be SRC-TGT, SRC\\+EXTRA-TGT or VER-lm with versions"),
-    ("dataset and a file", ["--dataset", "wyc-web", "--data-tsv", "pairs.tsv"], "give one of task, data_tsv, data_text and dataset, not several"),
+    ("dataset and a file", ["--dataset", "wyc-web", "--data-tsv", "pairs.tsv"], "give one of --task, --data-tsv, --data-text or --dataset, not several"),
     ("out is a file", ["--out", "pairs.tsv"], "pairs.tsv exists and is not a folder"),
-    ("averaging more than kept", ["--average-checkpoints", "5"], "average_checkpoints=5 needs keep_checkpoints >= 5, got keep_checkpoints=3"),
-    ("averaging more than saved", ["--average-checkpoints", "3", "--steps", "20", "--checkpoint-every", "10"], r"average_checkpoints=3 but steps=20 with checkpoint_every=10 saves 2 checkpoint\(s\)"),
+    ("averaging more than kept", ["--average-checkpoints", "5"], "--average-checkpoints=5 needs --keep-checkpoints >= 5, got --keep-checkpoints=3"),
+    ("averaging more than saved", ["--average-checkpoints", "3", "--steps", "20", "--checkpoint-every", "10"], r"--average-checkpoints=3 but --steps=20 with --checkpoint-every=10 saves 2 checkpoint\(s\)"),
     ("vmap seeds without seeds", ["--vmap-seeds", "on"], r"--vmap-seeds says how --seeds train; give it with --seeds"),
-    ("eval beam 0", ["--eval-beam", "0"], "eval_beam must be >= 1, got 0"),
-    ("negative eval alpha", ["--eval-alpha", "-1"], "eval_alpha must be >= 0, got -1.0"),
+    ("eval beam 0", ["--eval-beam", "0"], "--eval-beam must be >= 1, got 0"),
+    ("negative eval alpha", ["--eval-alpha", "-1"], "--eval-alpha must be >= 0, got -1.0"),
 ]  # fmt: skip
 
 
@@ -581,7 +581,7 @@ def test_resume_from_a_checkpoint_of_another_config(finished_run, tmp_path, caps
     run = _copy_run(finished_run, tmp_path)
     (tmp_path / "wider.json").write_text(json.dumps(SMALL | dict(d_model=24, max_len=64)))
     code, err = _resume(capsys, run, tmp_path / "wider.json")
-    match = r"written for a different configuration: d_model=16 \(checkpoint\) vs 24 \(now\)"
+    match = r"written for a different configuration: --d-model=16 \(checkpoint\) vs 24 \(now\)"
     _assert_one_line_error(code, err, match)
 
 

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from jaxformer.checks import BadValue, InputError, MissingFile, check_int
+from jaxformer.checks import BadValue, InputError, MissingFile, check_int, option
 from jaxformer.data import tasks as tasks_lib
 from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
@@ -589,7 +589,10 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int | None) -> None:
 
 def _batches_per_epoch(rows: int, batch_size: int, what: str) -> int:
     if rows < batch_size:
-        raise BadValue(f"batch size {batch_size} is larger than the {rows} {what}")
+        raise BadValue(
+            f"batch size {batch_size} is larger than the {rows} {what}; "
+            f"give a smaller {option('batch_size')}"
+        )
     return rows // batch_size
 
 

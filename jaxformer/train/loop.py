@@ -19,15 +19,16 @@ transfers only its own rows.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from jaxformer.checks import option
+from jaxformer.checks import InputError, option
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.train import report
 from jaxformer.train.evaluate import Evaluation
@@ -84,16 +85,32 @@ def _train(model_config, run, resume, progress, hooks) -> dict[str, Any]:
         keep_checkpoints=run.runtime.keep_checkpoints,
         verbose=progress,
     )
-    state, first = _start(setup, folder, resume=resume)
-    evaluation = Evaluation(setup, earlier=folder.resumed_seconds["eval_seconds"])
-    meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
-    shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
-    _run_steps(setup, folder, meter, shown, state, _hooks(run, evaluation, hooks))
+    meter = None
+    with undone_on_bad_start([folder], lambda: meter is not None and meter.step > meter.first):
+        state, first = _start(setup, folder, resume=resume)
+        evaluation = Evaluation(setup, earlier=folder.resumed_seconds["eval_seconds"])
+        meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
+        shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
+        _run_steps(setup, folder, meter, shown, state, _hooks(run, evaluation, hooks))
     final = evaluation.result
     summary = meter.summary() | final.fields | report.description(setup) | final.tests
     summary |= evaluation.clocks(summary["wall_seconds"])
     report.finish(setup, folder, summary, final.params, final.dev)
     return summary
+
+
+@contextlib.contextmanager
+def undone_on_bad_start(folders: list[RunFolder], stepped: Callable[[], bool]):
+    """On bad input (an InputError) before the run's first step (while not `stepped()`),
+    undo the opening of `folders` (what they made goes, what was there stays): a run
+    that never started leaves no folder."""
+    try:
+        yield
+    except InputError:
+        if not stepped():
+            for folder in reversed(folders):
+                folder.undo()
+        raise
 
 
 def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState, int]:

@@ -62,6 +62,7 @@ class RunFolder:
             )
         self.placement, self.meta = placement, meta
         self.is_main, self.verbose = is_main_process(), verbose
+        self._made, self._held = _make(self.path)
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
         self.tensorboard = None
@@ -153,9 +154,40 @@ class RunFolder:
         if self.tensorboard is not None:
             self.tensorboard.close()
 
+    def undo(self) -> None:
+        """Close, and remove what opening and starting made: the folder (and the parents it
+        needed) if it was new, else the entries it did not hold; never what was there."""
+        self.close()
+        if not self.is_main:
+            return
+        if self._made is not None:
+            shutil.rmtree(self._made, ignore_errors=True)
+            return
+        for entry in self.path.iterdir():
+            if entry.name in self._held:
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
     def _write(self, name: str, text: str) -> None:
         if self.is_main:
             write_whole(self.path / name, text)
+
+
+def _make(path: pathlib.Path) -> tuple[pathlib.Path | None, set[str]]:
+    """Make the folder `path`: (the first of its folders that did not exist, or None,
+    and the names `path` held before). A folder that cannot be made names the option."""
+    made = next((p for p in reversed([path, *path.parents]) if not p.exists()), None)
+    held = set() if made is not None else {entry.name for entry in path.iterdir()}
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadValue(
+            f"cannot make the run folder {path} ({e.strerror}); choose another {option('out')}"
+        ) from None
+    return made, held
 
 
 def write_whole(path: pathlib.Path, text: str) -> None:

@@ -126,34 +126,51 @@ def _train_seeds(model_config, runs, resume, progress, hooks, vmapped) -> list[d
     started = time.perf_counter()
     check_hooks(hooks)
     setups = _set_up(model_config, runs)  # all bad input before any folder
-    group, states = [], []
-    for setup in setups:
-        run, first = setup.run, not group
-        folder = RunFolder(
-            run.runtime.out,
-            placement=setup.placement,
-            meta=setup.meta,
-            keep_checkpoints=run.runtime.keep_checkpoints,
-            verbose=progress and first,
-        )
-        state, step = loop._start(setup, folder, resume=resume)
-        if not first and step != group[0].meter.first:
-            raise BadValue(
-                f"resumed seeds must be at one step: {runs[0].runtime.out} is at "
-                f"{group[0].meter.first}, {run.runtime.out} at {step}; resume them separately"
-            )
-        evaluation = Evaluation(setup, earlier=folder.resumed_seconds["eval_seconds"])
-        meter = loop._Meter(step, started, folder.resumed_seconds["wall_seconds"])
-        shown = report.Progress(progress and first and folder.is_main, step, run.optim.steps)
-        hooks_run = loop._hooks(run, evaluation, hooks)
-        group.append(_Seed(setup, folder, evaluation, meter, hooks_run, shown))
-        states.append(state)
-    _run_steps(group, _Steps(group[0].setup, states, vmapped))
+    group, folders = [], []
+    stepped = lambda: any(s.meter.step > s.meter.first for s in group)  # noqa: E731
+    with loop.undone_on_bad_start(folders, stepped):
+        states = _open(setups, group, folders, started, resume, progress, hooks)
+        _run_steps(group, _Steps(group[0].setup, states, vmapped))
     summaries = [_finish(seed) for seed in group]  # the first seed's report is shown
     if progress and group[0].folder.is_main:
         for seed in group[1:]:
             print(f"seed {seed.setup.run.runtime.seed}: results in {seed.folder.path}/")
     return summaries
+
+
+def _open(setups, group, folders, started, resume, progress, hooks) -> list:
+    """Open each seed's folder (added to `folders`) and start it (a _Seed added to
+    `group`, its clock from `started`); the seeds' states."""
+    states = []
+    for setup in setups:
+        run, first = setup.run, not group
+        folders.append(
+            RunFolder(
+                run.runtime.out,
+                placement=setup.placement,
+                meta=setup.meta,
+                keep_checkpoints=run.runtime.keep_checkpoints,
+                verbose=progress and first,
+            )
+        )
+        state, step = loop._start(setup, folders[-1], resume=resume)
+        if not first and step != group[0].meter.first:
+            raise BadValue(
+                f"resumed seeds must be at one step: {setups[0].run.runtime.out} is at "
+                f"{group[0].meter.first}, {run.runtime.out} at {step}; resume them separately"
+            )
+        group.append(_seed(setup, folders[-1], step, started, progress and first, hooks))
+        states.append(state)
+    return states
+
+
+def _seed(setup, folder, step, started, progress, hooks) -> _Seed:
+    """A started seed's evaluation, meter, hooks and progress."""
+    run = setup.run
+    evaluation = Evaluation(setup, earlier=folder.resumed_seconds["eval_seconds"])
+    meter = loop._Meter(step, started, folder.resumed_seconds["wall_seconds"])
+    shown = report.Progress(progress and folder.is_main, step, run.optim.steps)
+    return _Seed(setup, folder, evaluation, meter, loop._hooks(run, evaluation, hooks), shown)
 
 
 def _set_up(model_config: TransformerConfig, runs: Sequence[RunConfig]) -> list[Setup]:

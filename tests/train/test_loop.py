@@ -421,9 +421,9 @@ def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
         (["--data-tsv", "MALFORMED"], r"pairs.tsv:2: expected 'source<TAB>target'"),
         (
             ["--task", "copy", "--data-tsv", "x.tsv"],
-            "give one of task, data_tsv, data_text and dataset",
+            "give one of --task, --data-tsv, --data-text or --dataset",
         ),
-        (["--accum-steps", "3"], "batch_size=64 is not divisible by accum_steps=3"),
+        (["--accum-steps", "3"], "--batch-size=64 is not divisible by --accum-steps=3"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, match):

@@ -1,0 +1,95 @@
+"""Errors a new user meets in `jaxformer train` before the run starts: each is one line on
+stderr (a few for a --variants file's own error) with exit code 2, names the flag to
+change, and leaves no run folder behind."""
+
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from tests.train.test_loop import cli_env, config_file
+
+
+def _train(*argv):
+    """`jaxformer train ARGV --no-progress` in a process: (exit code, stderr lines)."""
+    command = [sys.executable, "-m", "jaxformer", "train", *map(str, argv), "--no-progress"]
+    done = subprocess.run(command, env=cli_env(), capture_output=True, text=True)
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+def _one_line(code, lines, *words):
+    assert code == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("jaxformer train: error:"), lines
+    assert all(word in lines[0] for word in words), lines
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path):
+    """A batch larger than a small text file is found at the first step, after the folder
+    was opened: the folder goes, and a folder that was there keeps what it held."""
+    small = tmp_path / "small.txt"
+    small.write_text("a few words of text on a line\n" * 4)
+    argv = ["--data-text", small, "--seq-len", "32", "--config", config_file(tmp_path)]
+    out = tmp_path / "runs" / "small"
+    code, lines = _train(*argv, "--out", out)
+    _one_line(code, lines, "batch size 64 is larger than", "--batch-size")
+    assert not (tmp_path / "runs").exists()
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    code, lines = _train(*argv, "--out", kept)
+    _one_line(code, lines, "--batch-size")
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cudnn runs on a GPU")
+def test_a_kernel_the_device_lacks_leaves_no_folder(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--task", "copy", "--config", config_file(tmp_path), "--steps", "2"]
+    code, lines = _train(*argv, "--attention-impl", "cudnn", "--out", out)
+    _one_line(code, lines, "needs an NVIDIA GPU", "--attention-impl")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("under", ["a file", "/proc"])
+def test_an_out_that_cannot_be_made_names_out(tmp_path, under):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "run" if under == "a file" else "/proc/no/such/run"
+    code, lines = _train("--task", "copy", "--config", config_file(tmp_path), "--out", out)
+    _one_line(code, lines, "cannot make the run folder", "--out")
+
+
+def test_a_variants_file_that_raises_shows_its_own_error(tmp_path):
+    """The user's exception and the line of their file that raised it, in a few lines,
+    without the import machinery's or jaxformer's frames."""
+    variants = tmp_path / "my_variants.py"
+    variants.write_text("import math\n\nraise ValueError(f'no such kernel {math.pi:.2f}')\n")
+    out = tmp_path / "run"
+    code, lines = _train("--task", "copy", "--variants", variants, "--out", out)
+    assert code == 2, lines
+    assert lines[0] == f"jaxformer train: error: --variants {variants} raised on import:", lines
+    assert f'File "{variants}", line 3, in <module>' in lines[1], lines
+    assert lines[-1] == "ValueError: no such kernel 3.14", lines
+    assert len(lines) <= 5, lines
+    assert not any("importlib" in line or "jaxformer/" in line for line in lines), lines
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--batch-size", "0"], ["--batch-size must be >= 1, got 0"]),
+        (
+            ["--data-tsv", "pairs.tsv"],
+            ["give one of --task, --data-tsv, --data-text or --dataset, not several"],
+        ),
+    ],
+)
+def test_errors_name_flags_not_fields(tmp_path, argv, words):
+    argv = [tmp_path / a if a.endswith(".tsv") else a for a in argv]
+    (tmp_path / "pairs.tsv").write_text("a b\tb a\n")
+    out = tmp_path / "run"
+    code, lines = _train("--task", "copy", *argv, "--out", out)
+    _one_line(code, lines, *words)
+    assert not out.exists()
