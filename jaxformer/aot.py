@@ -1,14 +1,13 @@
 """The real programs compiled ahead of time for accelerators that are not here.
 
-`check(model, target, layout)` lays a model's train step, evaluation step or greedy
-decoding loop out over a mesh of the target's chips and compiles it there: with libtpu
-(the `tpu` extra) for a named TPU topology with no TPU present
+`check(model, target, layout)` lays a model's train step, evaluation step, greedy decoding
+or beam search (beam 4) out over a mesh of the target's chips and compiles it there: with
+libtpu (the `tpu` extra) for a named TPU topology with no TPU present
 (`jax.experimental.topologies`), which gives XLA's memory and cost analyses; without it,
 lowered for a TPU only, so only the state's bytes are known. Per chip it reports
 parameters, optimizer state, temporaries, whether the program fits in HBM and the largest
 batch found to fit, XLA's FLOPs, a roofline lower bound on the step time from the
 generation's published peaks (a bound, not a measurement) and the attention it runs.
-Beam search is not among them: it reads its rows' lengths on the host.
 
     jaxformer compile-check --target tpu:v5e:2x4 --model gpt2_small --layout fsdp
 """
@@ -16,6 +15,7 @@ Beam search is not among them: it reads its rows' lengths on the host.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 import os
@@ -56,7 +56,7 @@ CHIPS = {
     "v6e": Chip(918e12, 1638e9, 32 * GiB),
 }
 LAYOUTS = ("data", "fsdp", "tensor")
-PROGRAMS = ("train", "eval", "decode")
+PROGRAMS = ("train", "eval", "decode", "beam")
 VOCAB = 50304  # GPT-2's vocabulary padded to a multiple of 128, for every model here
 
 
@@ -240,7 +240,12 @@ def check(
     placement = MeshPlacement(make_mesh(**sizes, devices=chips), DEFAULT_RULES)
     length = length or default_length
     batch = batch or batch_per_chip * len(chips)
-    build = {"train": _train_program, "eval": _eval_program, "decode": _decode_program}[program]
+    build = {
+        "train": _train_program,
+        "eval": _eval_program,
+        "decode": functools.partial(_decode_program, strategy=decode.greedy),
+        "beam": functools.partial(_decode_program, strategy=decode.beam_search),
+    }[program]
     chip = CHIPS[target.generation]
     with target_device(chips[0] if compiles else _TpuStandIn(target.generation)):
         lowered, state = build(config, placement, batch, length, compiles)
@@ -302,14 +307,14 @@ def _eval_program(config, placement, batch, length, compiles):
     return lowered, state.replace(opt_state=())
 
 
-def _decode_program(config, placement, batch, length, compiles):
-    """(greedy decoding to `length` tokens, half of them the prompt, lowered; its abstract
-    state: parameters only)."""
+def _decode_program(config, placement, batch, length, compiles, *, strategy):
+    """(decoding by `strategy` (greedy, beam search) to `length` tokens, half of them the
+    prompt, lowered; its abstract state: parameters only)."""
     graphdef, state, layout = _abstract_state(config, placement)
 
     def generate(params, prompt):
         model = nnx.merge(graphdef, params)
-        return decode.greedy(model, prompt["src"], max_new_tokens=length - length // 2)
+        return strategy(model, prompt["src"], max_new_tokens=length - length // 2)
 
     prompt = {"src": jax.ShapeDtypeStruct((batch, length // 2), jnp.int32)}
     platform = None if compiles else "tpu"

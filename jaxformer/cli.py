@@ -700,7 +700,7 @@ def _compile_check(args) -> int:
     reports = []
     for model in models:
         for program in programs:
-            for layout in layouts if program != "decode" else ("fsdp",):
+            for layout in layouts if program in ("train", "eval") else ("fsdp",):
                 _progress(f"compiling {model} {program} ({layout}) for {target.name}")
                 reports.append(
                     aot.check(

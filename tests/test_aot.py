@@ -47,7 +47,7 @@ def test_without_libtpu_the_step_is_lowered_for_a_tpu_with_splash_attention():
 
 
 @pytest.mark.devices(8)
-@pytest.mark.parametrize("program", ["eval", "decode"])
+@pytest.mark.parametrize("program", ["eval", "decode", "beam"])
 def test_without_libtpu_evaluation_and_decoding_lower_for_a_tpu(program):
     report = aot.check("tiny", aot.Target("v5e", "2x2"), program=program, length=128,
                        lowered_only=True)  # fmt: skip
@@ -86,8 +86,8 @@ def test_the_largest_batch_found_fits_and_a_batch_beyond_hbm_does_not(monkeypatc
 
 
 @libtpu
-@pytest.mark.parametrize("program", ["eval", "decode"])
-def test_with_libtpu_the_evaluation_step_and_the_decoding_loop_compile(program):
+@pytest.mark.parametrize("program", ["eval", "decode", "beam"])
+def test_with_libtpu_the_evaluation_step_and_the_decoding_loops_compile(program):
     report = aot.check("tiny_lm", aot.Target("v5e", "2x2"), program=program, length=128)
     assert report.compiled and report.fits and report.optimizer_bytes == 0
     assert report.flops > 0 and report.largest_batch is None
