@@ -4,6 +4,7 @@ where an uninterrupted run ends."""
 
 import json
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -73,7 +74,8 @@ def test_sigterm_saves_the_step_in_flight_and_the_resumed_run_ends_as_an_unstopp
     saved = Checkpointer(stopped).latest_step()
     assert 3 <= saved < steps and not (stopped / "summary.json").exists()
     where = stopped.resolve() / "checkpoints"
-    said = f"terminated by SIGTERM: saved step {saved} in {where}; continue with --resume"
+    said = f"terminated by SIGTERM: saved step {saved} in {where}; continue with "
+    said += shlex.join(["jaxformer", *args, "--out", str(stopped), "--resume"])
     assert stdout == "" and [line for line in stderr.splitlines() if "saved" in line] == [said]
     assert _train(args, stopped, "--resume") == _train(args, tmp_path / "straight")
     assert losses(stopped) == losses(tmp_path / "straight")

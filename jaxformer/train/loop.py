@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from jaxformer.checks import InputError, option
+from jaxformer.checks import InputError
 from jaxformer.config import RunConfig, TransformerConfig
 from jaxformer.train import report
 from jaxformer.train.evaluate import Evaluation
@@ -206,7 +206,7 @@ def _save_before_stopping(
     shown.close()
     step = folder.save(state)
     if folder.is_main:
-        where, resume = folder.checkpoints.directory, option("resume", True)
+        where, resume = folder.checkpoints.directory, report.continue_command()
         print(f"{why}: saved step {step} in {where}; continue with {resume}", file=sys.stderr)
 
 

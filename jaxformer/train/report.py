@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import shlex
 import sys
 from typing import Any
 
@@ -14,9 +15,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxformer.checks import option
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.models import Transformer
-from jaxformer.results import code_version, describe_device, versions
+from jaxformer.results import code_version, command_line, describe_device, versions
 from jaxformer.train.run_folder import RunFolder, read_metrics, write_whole
 from jaxformer.train.setup import Setup
 
@@ -155,6 +157,18 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
         print(f"test ({summary['test_pairs']:,} pairs, final model): {scores}")
     plots = " ".join(p.name for p in sorted(pathlib.Path(out).glob("*.png")))
     print(f"results in {out}/: summary.json metrics.jsonl {plots}")
+    text = shlex.quote(examples[0][0]) if examples else "TEXT"
+    print(f"next: jaxformer generate --checkpoint {shlex.quote(str(out))} --input {text}")
+
+
+def continue_command() -> str:
+    """How a stopped run continues: on the command line, this command with --resume (the
+    exact command to type); in Python, the argument resume=True."""
+    resume = option("resume", True)
+    if not resume.startswith("--"):
+        return resume
+    command = command_line()
+    return command if resume in shlex.split(command) else f"{command} {resume}"
 
 
 def _steps_line(summary: dict[str, Any]) -> str:

@@ -306,7 +306,7 @@ def test_ctrl_c_saves_and_exits_130(tmp_path):
     assert stdout == ""  # --no-progress; the stop is one line on stderr
     said = [line for line in stderr.splitlines() if "saved step" in line]
     assert len(said) == 1 and said[0].startswith("interrupted: saved step"), stderr
-    assert said[0].endswith("; continue with --resume")
+    assert said[0].endswith(f" --out {out} --resume")  # the command as run, to paste
     step = checkpoint.Checkpointer(out).latest_step()
     assert step is not None and step >= 3
 
@@ -572,6 +572,7 @@ def test_a_finished_runs_summary_records_and_report(tmp_path, capsys, monkeypatc
     assert summary["versions"]["jax"] == jax.__version__
     assert summary["machine"] == describe_device()
     assert [re.sub(numbers, "#", line) for line in lines[1 : len(SHOWN) + 1]] == SHOWN
-    assert lines[-3].startswith("mean of the checkpoints of steps 3, 4: held-out NLL")
-    assert lines[-2] == "test (3 pairs, final model): exact match " + lines[-2].split()[-1]
-    assert lines[-1] == f"results in {tmp_path}/: summary.json metrics.jsonl attention.png loss.png"
+    assert lines[-4].startswith("mean of the checkpoints of steps 3, 4: held-out NLL")
+    assert lines[-3] == "test (3 pairs, final model): exact match " + lines[-3].split()[-1]
+    assert lines[-2] == f"results in {tmp_path}/: summary.json metrics.jsonl attention.png loss.png"
+    assert lines[-1].startswith(f"next: jaxformer generate --checkpoint {tmp_path} --input ")
