@@ -240,6 +240,8 @@ def check(
     placement = MeshPlacement(make_mesh(**sizes, devices=chips), DEFAULT_RULES)
     length = length or default_length
     batch = batch or batch_per_chip * len(chips)
+    placement.check_rows(batch, "--batch")
+    config = config.replace(max_len=max(config.max_len, length))
     build = {
         "train": _train_program,
         "eval": _eval_program,
@@ -280,14 +282,9 @@ def _train_program(config, placement, batch, length, compiles):
     optimizer = train.make_optimizer(schedule, name="adamw")
     graphdef, state, layout = _abstract_state(config, placement, optimizer)
     step = train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.0)
-    tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-    batch_arrays = {"tgt_in": tokens, "tgt_out": tokens}
-    if config.num_encoder_layers:
-        batch_arrays["src"] = tokens
     platform = None if compiles else "tpu"
-    lowered = placement.lower(
-        step, layout, state, batch_arrays, donate_state=True, platform=platform
-    )
+    tokens = _token_batch(config, batch, length)
+    lowered = placement.lower(step, layout, state, tokens, donate_state=True, platform=platform)
     return lowered, state
 
 
@@ -296,15 +293,18 @@ def _eval_program(config, placement, batch, length, compiles):
     parameters only)."""
     graphdef, state, layout = _abstract_state(config, placement)
     evaluate = train.make_eval_step(graphdef, label_smoothing=0.0)
-    tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-    batch_arrays = {"tgt_in": tokens, "tgt_out": tokens}
-    if config.num_encoder_layers:
-        batch_arrays["src"] = tokens
     platform = None if compiles else "tpu"
-    lowered = placement.lower(
-        evaluate, layout.params, state.params, batch_arrays, platform=platform
-    )
+    tokens = _token_batch(config, batch, length)
+    lowered = placement.lower(evaluate, layout.params, state.params, tokens, platform=platform)
     return lowered, state.replace(opt_state=())
+
+
+def _token_batch(config, batch: int, length: int) -> dict:
+    """A step's batch of `batch` rows of `length` tokens, as ShapeDtypeStructs: the target
+    side, and a source of the same shape for an encoder-decoder."""
+    tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+    arrays = {"tgt_in": tokens, "tgt_out": tokens}
+    return arrays | {"src": tokens} if config.num_encoder_layers else arrays
 
 
 def _decode_program(config, placement, batch, length, compiles, *, strategy):

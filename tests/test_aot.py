@@ -107,6 +107,7 @@ def _cli(*args) -> subprocess.CompletedProcess:
         (["--target", "gpu:h100"], "expected tpu:GENERATION:TOPOLOGY"),
         (["--target", "tpu:v5e:2x2", "--batch", "0"], "--batch"),
         (["--target", "tpu:v5e:2x2", "--model", "gpt5"], "--model 'gpt5'"),
+        (["--target", "tpu:v5e:2x2", "--layout", "data", "--batch", "6"], "--batch 6"),
         (["--target", "tpu:v5e:2x2", "--out", "/no/such/folder/x.json"], "no folder"),
     ],
 )
