@@ -10,7 +10,7 @@ PY         := $(VENV)/bin/python
 RUN        := $(VENV)/.installed-run
 DEV        := $(VENV)/.installed-dev
 
-.PHONY: train test test-core test-all test-gpu gpu-report lint docs bench bench-xla clean
+.PHONY: train test test-library test-core test-all test-gpu gpu-report lint docs bench bench-xla clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
 # the kernels extra, and the docs extra (mkdocs, pinned) for `make docs`. On Python 3.11
@@ -19,9 +19,12 @@ DEV        := $(VENV)/.installed-dev
 # packages) and transformers and safetensors pinned for the Hugging Face parity tests;
 # other Pythons have no CPU torch wheel on disk, so their parity tests are skipped. The
 # tpu extra (libtpu: TPU programs compiled with no TPU) goes into the Python 3.12 line.
+# The lab (lab/, jaxformer-lab) installs beside the library unless LAB is empty:
+# `make test-library` checks the library's suite without it.
+LAB        ?= lab
 DEV_311    := '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
 DEV_OTHER  := '.[dev,docs,tpu]'
-DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER))
+DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER)) $(if $(LAB),-e '$(LAB)[data]')
 
 $(RUN): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxformer needs Python >= 3.11, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
@@ -30,7 +33,7 @@ $(RUN): pyproject.toml
 	$(PY) -m pip install --quiet -e .
 	@touch $(RUN)
 
-$(DEV): $(RUN)
+$(DEV): $(RUN) $(if $(LAB),$(LAB)/pyproject.toml)
 	$(PY) -m pip install --quiet -e $(DEV_EXTRAS)
 	@touch $(DEV)
 
@@ -39,6 +42,14 @@ train: $(RUN)
 
 test: $(DEV)
 	$(PY) -m pytest -q -m "not slow" -n 2
+
+# The library's suite alone, in an environment without the lab (what a fork of the library
+# keeps): CI runs it on the second JAX line.
+test-library:
+	$(MAKE) VENV=$(VENV)-library LAB= test-library-here
+test-library-here: $(DEV)
+	$(PY) -c 'import importlib.util as u, sys; sys.exit("the lab is installed" if u.find_spec("jaxformer_lab") else 0)'
+	$(PY) -m pytest -q -m "not slow" -n 2 --ignore=tests/lab
 
 test-all: $(DEV)
 	$(PY) -m pytest -q -n 2
@@ -49,7 +60,7 @@ test-all: $(DEV)
 # them on the second JAX line, `make test` (all of them) on the first.
 CORE_TESTS := tests/functional tests/nn tests/test_models.py tests/test_decode.py \
 	tests/train/test_steps.py tests/train/test_step_structure.py tests/train/test_lm_head.py \
-	tests/parallel tests/test_layering.py tests/test_aot.py
+	tests/parallel tests/test_layering.py tests/lab/test_aot.py
 test-core: $(DEV)
 	$(PY) -m pytest -q -m "not slow" -n 2 $(CORE_TESTS)
 
@@ -78,7 +89,7 @@ test-gpu:
 # --dry-run` checks on a CPU that every part starts.
 gpu-report:
 	$(call need_gpu,`jaxformer gpu-report --dry-run` checks on a CPU that every part starts)
-	PYTHONPATH=.:$$PWD/.site $(PYTHON) -m jaxformer gpu-report --out results/gpu_report \
+	PYTHONPATH=.:lab:$$PWD/.site $(PYTHON) -m jaxformer_lab gpu-report --out results/gpu_report \
 		$(if $(PARTS),--parts $(PARTS)) $(if $(FORCE),--force)
 
 # Benchmarks run with tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) preloaded
@@ -107,8 +118,8 @@ docs: $(DEV)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 lint: $(DEV)
-	$(PY) -m ruff check jaxformer experiments tests
-	$(PY) -m ruff format --check jaxformer experiments tests
+	$(PY) -m ruff check jaxformer lab experiments tests
+	$(PY) -m ruff format --check jaxformer lab experiments tests
 
 clean:
 	rm -rf .venv .venv-* results runs site

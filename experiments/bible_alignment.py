@@ -1,5 +1,5 @@
 """How many Bible pairs the independent chrF check flags, pairing by verse id against
-pairing by content (jaxformer.data.bible.load), for wyc-web and asv-web: every held-out
+pairing by content (jaxformer_lab.bible.load), for wyc-web and asv-web: every held-out
 pair and 2,000 random training pairs. See docs/data.md, "An independent check".
 
     python experiments/bible_alignment.py
@@ -7,7 +7,7 @@ pair and 2,000 random training pairs. See docs/data.md, "An independent check".
 
 import random
 
-from jaxformer.data import bible
+from jaxformer_lab import bible
 
 for name in ("wyc-web", "asv-web"):
     src, tgt = name.split("-")

@@ -10,7 +10,7 @@ more). The paper chose its alpha 0.6 on its development set; so does this, and t
 books stay unseen (score them with the alpha chosen: `jaxformer train ... --eval-alpha A
 --final-test`). A larger alpha favours longer outputs, and BLEU's brevity penalty punishes
 outputs shorter than the references, so the table shows the length ratio beside the
-scores. Against the first alpha, the verdict rule of jaxformer.sweep.stats over the alphas
+scores. Against the first alpha, the verdict rule of jaxformer_lab.sweep.stats over the alphas
 compared: the difference seed by seed with its 95% t-interval and exact p, the crossed
 two-level bootstrap (the seeds, and one draw of dev sentences every seed shares; with one
 run the sentences alone, so training variance is not in it and there is no verdict), each
@@ -37,10 +37,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from jaxformer.checks import BadValue, MissingFile, check_number  # noqa: E402
 from jaxformer.config import RunConfig  # noqa: E402
-from jaxformer.sweep import stats  # noqa: E402
 from jaxformer.train.checkpoint import restore_model  # noqa: E402
 from jaxformer.train.evaluate import EvalSettings, translate  # noqa: E402
 from jaxformer.train.setup import build_data  # noqa: E402
+from jaxformer_lab.sweep import stats  # noqa: E402
 
 
 def load_run(folder: pathlib.Path):
@@ -82,7 +82,7 @@ def _mean(values: list[float], digits: int, sign: str = "") -> str:
 def rows_by_alpha(scored: list[dict], alphas: list[float]) -> list[list[str]]:
     """One row per alpha, over the runs (the seeds of one configuration): mean dev BLEU,
     chrF and length ratio (± the 95% t-interval's half-width with several runs), and
-    against the first alpha the verdict of jaxformer.sweep.stats over the alphas compared:
+    against the first alpha the verdict of jaxformer_lab.sweep.stats over the alphas compared:
     the seed-paired difference with its t-interval and p, the crossed bootstrap's
     interval and p (the seeds and one draw of sentences; sentences alone for one run),
     each p beside its Holm adjustment over the alphas."""

@@ -1,5 +1,5 @@
 """Recompute the derived figures of a committed XLA-vs-eager report from its own raw
-timings, with the validated model (jaxformer.bench.validate): every constant, gap split,
+timings, with the validated model (jaxformer_lab.bench.validate): every constant, gap split,
 crossover and predicted speed-up with its bootstrap interval, the model scored on points it
 was not fitted to, its constants checked against the same run's measured roofs. Nothing is
 measured again: the per-round times, counts and roofs are the run's own.
@@ -19,8 +19,8 @@ import datetime
 import json
 import pathlib
 
-from jaxformer.bench import plots, report, validate
-from jaxformer.results import Record
+from jaxformer_lab.bench import plots, report, validate
+from jaxformer_lab.results import Record
 
 NOT_MEASURED = (
     "what one eager call launched (the dispatch term uses the jaxpr's estimate), other "

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer import functional as F
-from jaxformer.markdown import table
+from jaxformer_lab.markdown import table
 
 
 def _attend(q, k, v):

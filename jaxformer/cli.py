@@ -10,12 +10,8 @@
     jaxformer train --init-from runs/pretrained --dataset wyc-web  # or a jaxformer run
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
     jaxformer generate --checkpoint gpt2-folder/ --input "Once upon a time"
-    jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict
-    jaxformer sweep report sweep.yaml --out docs/results/sweep.json   # its tables, as a record
-    jaxformer sweep report --runs runs/speedrun runs/other --out speedrun.json
-    jaxformer bench decode --quick             # a benchmark: results/decode.json
-    jaxformer gpu-report --parts peers         # the GPU tables, in parts that fit a loan
 
+A plugin (`jaxformer.plugins`) adds commands: jaxformer-lab adds sweep, bench and the reports.
 Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
 that does not fit the devices, an unreachable coordinator, ...: a `checks.InputError`) is
 reported in one line with exit code 2 (set JAXFORMER_TRACEBACK=1 for the traceback); any
@@ -42,7 +38,6 @@ from jaxformer.checks import (
     BadValue,
     InputError,
     InputWarning,
-    MissingFile,
     check_int,
     command_line,
 )
@@ -55,11 +50,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The `jaxformer` parser, and each command's parser by name ("bench NAME" too)."""
+def _parser(
+    extensions: tuple = (),
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `jaxformer` parser, and each command's parser by name (a plugin's too: "bench
+    NAME", "sweep-report")."""
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
-    shown = "{train,generate,sweep,bench,docs,gpu-report,compile-check}"  # `sweep report`: "sweep-report"
-    sub = parser.add_subparsers(dest="command", required=True, metavar=shown)
+    sub = parser.add_subparsers(dest="command", required=True)
     t, g = _train_parser(sub), _generate_parser(sub)
     for command in (t, g):
         command.add_argument(
@@ -75,66 +72,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             action="store_true",
             help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
         )
-    commands = {"train": t, "generate": g, "sweep": _sweep_parser(sub)}
-    commands["sweep-report"] = _sweep_report_parser(sub)
-    commands["sweep-calibrate"] = _sweep_calibrate_parser(sub)
-    commands["bench"], benchmarks = _bench_parser(sub)
-    commands["docs"] = _docs_parser(sub)
-    commands["gpu-report"] = _gpu_report_parser(sub)
-    commands["compile-check"] = _compile_check_parser(sub)
-    return parser, commands | benchmarks
+    commands = {"train": t, "generate": g}
+    for plugin in extensions:
+        commands |= plugin.add_commands(sub)
+    shown = [name for name in sub.choices if _joined(name, commands) is None]
+    sub.metavar = "{" + ",".join(shown) + "}"
+    return parser, commands
 
 
-def _compile_check_parser(sub) -> argparse.ArgumentParser:
-    from jaxformer import aot
-
-    c = sub.add_parser(
-        "compile-check",
-        help="compile the real programs for a TPU topology with no TPU present",
-        description=aot.__doc__.split("\n\n")[0].replace("\n", " ")
-        + " With libtpu (pip install 'jaxformer[tpu]') they are compiled for the named "
-        "topology; without it, lowered only.",
-    )
-    c.add_argument("--target", required=True, metavar="tpu:GEN:TOPOLOGY",
-                   help="e.g. tpu:v5e:2x4 (v5e-8), tpu:v5p:2x2x1 (v5p-8), tpu:v6e:2x4")  # fmt: skip
-    c.add_argument("--model", default="gpt2_small", metavar="NAME[,NAME...]",
-                   help=f"one or more of {', '.join(aot.MODEL_NAMES)}")  # fmt: skip
-    c.add_argument("--program", default="all", choices=(*aot.PROGRAMS, "all"))
-    c.add_argument("--layout", default="all", choices=(*aot.LAYOUTS, "all"))
-    c.add_argument("--batch", type=int, help="global batch (default: the model's per chip x chips)")
-    c.add_argument("--length", type=int, help="tokens per row (default: the model's)")
-    c.add_argument("--lowered-only", action="store_true", help="lower, do not compile")
-    c.add_argument("--no-largest-batch", action="store_true",
-                   help="skip the search for the largest batch that fits (2-4 more compiles)")  # fmt: skip
-    c.add_argument("--out", type=pathlib.Path, metavar="FILE.json",
-                   help="also write the table as a results record (jaxformer docs renders it)")  # fmt: skip
-    return c
-
-
-def _docs_parser(sub) -> argparse.ArgumentParser:
-    d = sub.add_parser(
-        "docs",
-        help="render the docs' results sections from their files",
-        description="Rewrite each results section of the docs pages from the committed file "
-        "it names (jaxformer.results): a page shows results/NAME.json between "
-        "<!-- results:NAME:start --> and <!-- results:NAME:end --> (NAME may name a "
-        "subfolder's record: xla_vs_eager/DIR/record, an XLA-vs-eager report).",
-    )
-    d.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"), metavar="DIR")
-    d.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page differs")
-    return d
-
-
-def _gpu_report_parser(sub) -> argparse.ArgumentParser:
-    from jaxformer import gpu_report
-
-    g = sub.add_parser(
-        "gpu-report",
-        help="the GPU tables, in resumable parts that fit a loan of GPU time",
-        description=gpu_report.__doc__.split("\n\n")[0],
-    )
-    gpu_report.add_options(g)
-    return g
+def _joined(name: str, commands) -> str | None:
+    """The command as typed for a command a plugin named "sweep-report" ("sweep report",
+    beside `sweep`), else None."""
+    head, _, tail = name.partition("-")
+    return f"{head} {tail}" if tail and name in commands and head in commands else None
 
 
 def _train_parser(sub) -> argparse.ArgumentParser:
@@ -174,7 +124,7 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         help="train these seeds of the run in one process, each in <out>/seed<S> "
         "(see jaxformer.train.seed_group)",
     )
-    _vmap_seeds_option(
+    vmap_seeds_option(
         t,
         "with --seeds: on, one vmapped step for all seeds; off, each seed's step in turn "
         "(one compilation); auto (default): on with a GPU or TPU, off on a CPU",
@@ -228,52 +178,10 @@ def _generate_parser(sub) -> argparse.ArgumentParser:
     return g
 
 
-def _sweep_parser(sub) -> argparse.ArgumentParser:
-    w = sub.add_parser(
-        "sweep",
-        help="train variants x seeds and compare them",
-        description="Run every (variant, seed) of a sweep spec as a `jaxformer train` run in "
-        "its own folder (finished runs are kept, others resume), then write results.md, "
-        "results.json and curves.png: mean and 95% CI over seeds, and against the baseline, "
-        "seed by seed on dev, the seed-paired t-test and the crossed two-level bootstrap, "
-        "both Holm-adjusted over every comparison reported, and a verdict. See "
-        "jaxformer.sweep.spec for the spec. `jaxformer sweep report --help`: its tables as a "
-        "results file for the docs; `jaxformer sweep calibrate --help`: the verdict rule's "
-        "error rates and power by simulation.",
-    )
-    w.add_argument("spec", metavar="SPEC", help="YAML or JSON: base, variants, seeds, ...")
-    w.add_argument("--out", metavar="DIR", help="the sweep's folder (default: the spec's out)")
-    w.add_argument(
-        "--jobs", type=int, metavar="N", help="runs at once (default: one per GPU, or 1)"
-    )
-    w.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field of the spec's base (a YAML value: 3, 0.1, true); repeatable",
-    )
-    w.add_argument(
-        "--rerun-changed",
-        action="store_true",
-        help="empty and rerun each run whose folder was made by another configuration "
-        "(without it the sweep refuses, naming the run)",
-    )
-    w.add_argument(
-        "--retry-failed", action="store_true", help="empty and rerun failed and diverged runs"
-    )
-    _vmap_seeds_option(
-        w,
-        "on: a variant's seeds as one vmapped program (`train --seeds`); off: each seed "
-        "its own process, seed-major; auto (default): on with an NVIDIA GPU, else off",
-    )
-    return w
-
-
 VMAP_SEEDS = {"auto": None, "on": True, "off": False}  # --vmap-seeds: the `vmapped` argument
 
 
-def _vmap_seeds_option(parser: argparse.ArgumentParser, help: str) -> None:
+def vmap_seeds_option(parser: argparse.ArgumentParser, help: str) -> None:
     """--vmap-seeds {auto,on,off} (read through VMAP_SEEDS)."""
     parser.add_argument(
         "--vmap-seeds",
@@ -281,94 +189,6 @@ def _vmap_seeds_option(parser: argparse.ArgumentParser, help: str) -> None:
         default="auto",
         help=help + " (on a CPU the vmapped step measured slower: docs/training.md)",
     )
-
-
-def _bench_parser(sub) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """`jaxformer bench`, and each benchmark's parser as "bench NAME" (options from its
-    dataclass)."""
-    from jaxformer.bench import BENCHMARKS
-    from jaxformer.bench.registry import add_options
-
-    b = sub.add_parser(
-        "bench",
-        help="benchmarks, each writing a results record",
-        description="Benchmarks (jaxformer.bench): each times through jaxformer.bench.stats "
-        "and writes a record (jaxformer.results) to --out, default results/NAME.json, with "
-        "the command that reproduces it. `jaxformer bench NAME --help` lists its options.",
-    )
-    benchmarks = b.add_subparsers(dest="benchmark", required=True, metavar="NAME")
-    commands = {}
-    for name in sorted(BENCHMARKS.names):
-        help = BENCHMARKS[name].help
-        n = benchmarks.add_parser(name, help=help, description=help)
-        add_options(n, BENCHMARKS[name].options, name)
-        commands[f"bench {name}"] = n
-    return b, commands
-
-
-def _sweep_calibrate_parser(sub) -> argparse.ArgumentParser:
-    from jaxformer.sweep import stats
-
-    c = sub.add_parser(
-        "sweep-calibrate",
-        prog="jaxformer sweep calibrate",
-        description="The sweep's verdict rule by simulation (jaxformer.sweep.calibration): "
-        "how often it calls a variant better or worse when all 4 of a sweep's variants equal "
-        "the baseline, and how often it finds a real gain, at 2, 3, 5 and 8 seeds; writes "
-        "the table as a results file for the docs.",
-    )
-    c.add_argument("--repetitions", type=int, default=1000, help="simulated sweeps a cell")
-    c.add_argument("--samples", type=int, default=stats.BOOTSTRAP_SAMPLES, help="bootstrap")
-    c.add_argument("--out", default="results/verdict_calibration.json", help="the record")
-    return c
-
-
-def _sweep_report_parser(sub) -> argparse.ArgumentParser:
-    r = sub.add_parser(
-        "sweep-report",
-        prog="jaxformer sweep report",
-        description="A results file (jaxformer.results.Record, the docs' format) of a sweep's "
-        "tables, recomputed from its run folders (not from a results.json an earlier version "
-        "wrote): the figures per variant, the seed-paired differences and the verdicts "
-        "(jaxformer.sweep.report); or, with --runs, of single runs of the wyc-web speedrun "
-        "compared with the first, the speedrun command's (jaxformer.sweep.runs). Prints a "
-        "JSON line: the verdicts, or each run's row.",
-    )
-    r.add_argument("spec", nargs="?", metavar="SPEC", help="the sweep's spec (YAML or JSON)")
-    r.add_argument("--sweep-out", metavar="DIR", help="the sweep's folder, if not the spec's out")
-    r.add_argument(
-        "--baseline",
-        metavar="NAME",
-        help="read the runs against this variant, not the spec's baseline (it joins the "
-        "family of readings whose comparisons Holm's adjustment covers)",
-    )
-    r.add_argument(
-        "--comparisons-only",
-        action="store_true",
-        help="leave out the figures per variant (the differences and verdicts only)",
-    )
-    r.add_argument("--curves", metavar="PNG", help="also draw the runs' curves to this file")
-    r.add_argument(
-        "--runs", nargs="+", type=pathlib.Path, metavar="RUN", help="run folders, not a sweep"
-    )
-    r.add_argument(
-        "--pair",
-        nargs=2,
-        action="append",
-        default=[],
-        type=pathlib.Path,
-        metavar=("BASE", "RUN"),
-        help="with --runs: also compare RUN with BASE (two of the runs); repeatable",
-    )
-    text = dict(metavar="TEXT")
-    r.add_argument(
-        "--about", default="", help="what was trained, on what (before the caption)", **text
-    )
-    r.add_argument("--note", action="append", default=[], help="a note under the tables", **text)
-    r.add_argument("--device", help="the machine the runs ran on (default: this one)", **text)
-    r.add_argument("--source", help="what the runs were and where they are", **text)
-    r.add_argument("--out", required=True, metavar="FILE.json", help="the results file to write")
-    return r
 
 
 def _add_fields(group, cls, *, preset=None) -> None:
@@ -456,7 +276,6 @@ def _train(args) -> int:
 
 def _generate(args) -> int:
     from jaxformer import decode
-    from jaxformer.checks import check_int
     from jaxformer.config import DataOptions
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
@@ -559,19 +378,27 @@ def _use_compilation_cache(enabled: bool) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, extensions: tuple | None = None) -> int:
+    """The command; `extensions` are the plugin modules that add commands (default: every
+    installed plugin that defines `add_commands`)."""
     _tune_glibc_malloc()
-    parser, commands = _parser()
+    if extensions is None:
+        from jaxformer import plugins
+
+        extensions = tuple(p for p in plugins.load() if hasattr(p, "add_commands"))
+    parser, commands = _parser(extensions)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:2] in (["sweep", "report"], ["sweep", "calibrate"]):  # beside `sweep SPEC`
-        argv = [f"sweep-{argv[1]}", *argv[2:]]
+    if len(argv) > 1 and _joined(f"{argv[0]}-{argv[1]}", commands):  # "sweep report"
+        argv = [f"{argv[0]}-{argv[1]}", *argv[2:]]
     args, extras = parser.parse_known_args(argv)
     if extras:
         name = args.command + (f" {args.benchmark}" if args.command == "bench" else "")
         _unrecognized(commands[name], extras)
+    where = f"bench {args.benchmark}" if args.command == "bench" else args.command
+    where = "jaxformer " + (_joined(where, commands) or where)  # the command as typed
     with command_line(), warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning(args.command, warnings.showwarning)
-        return _command(args)
+        warnings.showwarning = _one_line_warning(where, warnings.showwarning)
+        return _command(args, extensions, where)
 
 
 def _one_line_warning(command: str, show):
@@ -579,33 +406,18 @@ def _one_line_warning(command: str, show):
 
     def showwarning(message, category, *args, **kwargs):
         if issubclass(category, InputWarning):
-            print(f"{_name(command)}: warning: {message}", file=sys.stderr, flush=True)
+            print(f"{command}: warning: {message}", file=sys.stderr, flush=True)
         else:
             show(message, category, *args, **kwargs)
 
     return showwarning
 
 
-def _command(args) -> int:
+def _command(args, extensions: tuple, where: str) -> int:
     """Run the parsed command; bad input is one line and exit code 2."""
     try:
-        if args.command == "sweep":
-            return _sweep(args)
-        if args.command == "sweep-report":
-            return _sweep_report(args)
-        if args.command == "sweep-calibrate":
-            return _sweep_calibrate(args)
-        if args.command == "bench":
-            return _bench(args)
-        if args.command == "docs":
-            return _docs(args)
-        if args.command == "compile-check":
-            return _compile_check(args)
-        if args.command == "gpu-report":
-            from jaxformer import gpu_report
-
-            gpu_report.run(args)
-            return 0
+        if args.command not in ("train", "generate"):
+            return next(p.run(args) for p in extensions if args.command in p.COMMANDS)
         _use_compilation_cache(not args.no_compile_cache)
         _import_variants(args.variants)
         if args.command == "train":
@@ -614,9 +426,8 @@ def _command(args) -> int:
     except InputError as e:  # anything else is a bug: its traceback
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
-        where = f"bench {args.benchmark}" if args.command == "bench" else args.command
         message = _as_flags(str(e), args.config) if args.command == "train" else str(e)
-        print(f"{_name(where)}: error: {message}", file=sys.stderr)
+        print(f"{where}: error: {message}", file=sys.stderr)
         return 2
 
 
@@ -671,176 +482,6 @@ def _as_flags(message: str, config: str | None) -> str:
         return "--" + means[name].replace("_", "-") + after
 
     return re.sub(word, flag, message)
-
-
-def _name(command: str) -> str:
-    """The command as typed: "jaxformer sweep report" for main's "sweep-report" (a
-    benchmark's name kept: "jaxformer bench gpt2-peers")."""
-    if command.startswith("bench "):
-        return "jaxformer " + command
-    return "jaxformer " + command.replace("sweep-", "sweep ")
-
-
-def _compile_check(args) -> int:
-    from jaxformer import aot, results
-
-    target = aot.parse_target(args.target)
-    aot.stand_in_cpus(target.chips)
-    models = args.model.split(",")
-    for name in models:
-        if name not in aot.MODEL_NAMES:
-            raise BadValue(f"--model {name!r}: expected one of {', '.join(aot.MODEL_NAMES)}")
-    if args.out is not None and not args.out.parent.is_dir():
-        raise MissingFile(f"--out {args.out}: no folder {args.out.parent}")
-    for name in ("batch", "length"):
-        if getattr(args, name) is not None:
-            check_int(f"--{name}", getattr(args, name))
-    programs = aot.PROGRAMS if args.program == "all" else (args.program,)
-    layouts = aot.LAYOUTS if args.layout == "all" else (args.layout,)
-    reports = []
-    for model in models:
-        for program in programs:
-            for layout in layouts if program in ("train", "eval") else ("fsdp",):
-                _progress(f"compiling {model} {program} ({layout}) for {target.name}")
-                reports.append(
-                    aot.check(
-                        model,
-                        target,
-                        program=program,
-                        layout=layout,
-                        batch=args.batch,
-                        length=args.length,
-                        lowered_only=args.lowered_only,
-                        find_largest_batch=not args.no_largest_batch,
-                    )  # fmt: skip
-                )
-    table = aot.results_table(reports)
-    print("\n".join(table.markdown()).rstrip())
-    if args.out is not None:
-        record = results.capture(
-            [table], data={"reports": [dataclasses.asdict(r) for r in reports]}
-        )
-        record.device = f"{target.name}, {table.caption.split(', ', 1)[1][:-1]}; on {record.device}"
-        record.write(args.out)
-    return 0
-
-
-def _docs(args) -> int:
-    from jaxformer.results import render_pages
-
-    if not args.docs.is_dir():
-        raise MissingFile(f"--docs {args.docs}: no such folder")
-    changed = render_pages(args.docs, write=not args.check)
-    for page in changed:
-        print(f"{'differs' if args.check else 'updated'}: {page}")
-    return 1 if args.check and changed else 0
-
-
-def _bench(args) -> int:
-    from jaxformer.bench import BENCHMARKS, registry
-
-    options = registry.options_from(args, BENCHMARKS[args.benchmark].options)
-    try:
-        registry.run(args.benchmark, options)
-    except registry.Stopped as e:
-        print(f"jaxformer bench {args.benchmark}: {e}", file=sys.stderr)
-        return e.code
-    return 0
-
-
-def _sweep(args) -> int:
-    from jaxformer import results, sweep
-    from jaxformer.train.signals import Terminated
-
-    if args.jobs is not None and args.jobs < 1:
-        raise BadValue(f"--jobs must be >= 1, got {args.jobs}")
-    spec = sweep.Spec.load(args.spec, out=args.out, overrides=tuple(args.set))
-    try:
-        sweep.run(
-            spec,
-            jobs=args.jobs,
-            rerun_changed=args.rerun_changed,
-            retry_failed=args.retry_failed,
-            vmap_seeds=VMAP_SEEDS[args.vmap_seeds],
-        )
-    except KeyboardInterrupt as stop:  # and Terminated: SIGTERM, SIGHUP
-        why = f"terminated by {stop}" if isinstance(stop, Terminated) else "interrupted"
-        print(
-            f"jaxformer sweep: {why}: the runs in flight were stopped, each saving its step "
-            f"(above); continue with {results.command_line()}",
-            file=sys.stderr,
-        )
-        return 128 + stop.signum if isinstance(stop, Terminated) else 130
-    print((spec.out / "results.md").read_text())
-    print(f"results in {spec.out}/: results.md results.json curves.png")
-    return 0
-
-
-def _sweep_report(args) -> int:
-    import json
-
-    _check_report_options(args)
-    record, line = _report_runs(args) if args.runs else _report_sweep(args)
-    given = {"device": args.device, "source": args.source}
-    record = dataclasses.replace(record, **{k: v for k, v in given.items() if v is not None})
-    record.write(args.out)
-    print(json.dumps(line | {"out": args.out}))
-    return 0
-
-
-def _sweep_calibrate(args) -> int:
-    import json
-
-    from jaxformer.sweep import calibration
-
-    check_int("--repetitions", args.repetitions)
-    check_int("--samples", args.samples)
-    record = calibration.record(args.repetitions, args.samples, say=_progress)
-    record.write(args.out)
-    print(json.dumps({"out": args.out, "rows": record.tables[0].rows}))
-    return 0
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def _check_report_options(args) -> None:
-    """A sweep's SPEC or --runs, and only the options that read it."""
-    if (args.spec is None) == (args.runs is None):
-        raise BadValue("give a sweep's SPEC or --runs RUN..., one of them")
-    spec_only = ("--sweep-out", "--baseline", "--comparisons-only", "--curves")
-    given = [f for f in spec_only if getattr(args, f[2:].replace("-", "_")) not in (None, False)]
-    if args.runs and given:
-        raise BadValue(f"{', '.join(given)} read(s) a sweep: give its SPEC, not --runs")
-    if args.spec and args.pair:
-        raise BadValue("--pair compares two of --runs; a sweep's runs are paired by seed")
-
-
-def _report_runs(args) -> tuple:
-    """The speedrun runs' record, and each run's row."""
-    from jaxformer.sweep import runs
-
-    record = runs.record(args.runs, args.pair, about=args.about, notes=tuple(args.note))
-    return record, {str(f): row for f, row in zip(args.runs, record.tables[0].rows, strict=True)}
-
-
-def _report_sweep(args) -> tuple:
-    """The sweep's record (and its curves, with --curves), and its verdicts."""
-    from jaxformer import sweep
-
-    spec = sweep.Spec.load(args.spec, out=args.sweep_out)
-    record, results = sweep.report.record(
-        spec,
-        f"jaxformer sweep {args.spec}",
-        baseline=args.baseline,
-        comparisons_only=args.comparisons_only,
-        about=args.about,
-        notes=tuple(args.note),
-    )
-    if args.curves:
-        sweep.report.curves(spec, pathlib.Path(args.curves))
-    return record, {"sweep": str(spec.out), "verdicts": sweep.report.verdicts(results)}
 
 
 def _unrecognized(command: argparse.ArgumentParser, extras: list[str]) -> None:

@@ -26,7 +26,7 @@ from jaxformer.checks import (
     check_number,
 )
 from jaxformer.checks import option as as_given
-from jaxformer.data.bible import parse_dataset
+from jaxformer.data import registry as datasets
 from jaxformer.data.tasks import TASKS
 from jaxformer.data.tokenizers import ByteTokenizer
 from jaxformer.functional.layers import NORM_PLACEMENTS, BlockOptions
@@ -290,9 +290,9 @@ class DataOptions:
     )
     dataset: str | None = option(
         None,
-        "a Bible dataset (pip install 'jaxformer[data]'): SRC-TGT translation between two "
-        "versions (wyc-web, kjv-bbe), SRC+EXTRA-TGT with other versions' training books as "
-        "extra training pairs (wyc+kjv-web), or VER-lm, a decoder-only LM (web-lm)",
+        "a registered dataset (jaxformer.data.registry), e.g. the lab's Bibles: SRC-TGT "
+        "translation between two versions (wyc-web), SRC+EXTRA-TGT with other versions' "
+        "training books as extra training pairs (wyc+kjv-web), or VER-lm, an LM (web-lm)",
         resume=True,
     )
     tokenizer: str = option(
@@ -339,7 +339,7 @@ class DataOptions:
         if self.task is not None:
             check_choice("task", self.task, TASKS)
         if self.dataset is not None:
-            parse_dataset(self.dataset)
+            datasets.check(self.dataset)
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "bpe" and self.task:
             raise BadValue(

@@ -2,12 +2,13 @@
 let the parallelism tests run on one machine. jax_numpy_rank_promotion="raise" makes an
 implicit broadcast between arrays of different ranks an error, in every test and in the
 CLI processes the tests start (it is set in the environment); the documentation's examples,
-user code, run with JAX's default (tests/test_docs.py). On a GPU the tests that need several devices
+user code, run with JAX's default (tests/lab/test_docs.py). On a GPU the tests that need several devices
 (marker `devices(n)`) are skipped, and XLA is asked for deterministic reductions: the
 bit-exact resume and determinism tests compare runs to the bit, and GPU scatter-adds
 (the embedding gradient) otherwise sum in a varying order. In that mode "auto" attention
 does not pick cuDNN (see `functional.choose_implementation`)."""
 
+import importlib.util
 import os
 import pathlib
 
@@ -32,6 +33,8 @@ os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+from jaxformer.data import registry  # noqa: E402
 
 if jax.default_backend() == "gpu":
     # GPU float32 matrix products may run in TF32 (10-bit mantissa); the tests compare
@@ -60,3 +63,21 @@ def pytest_collection_modifyitems(config, items):
         if marker and jax.device_count() < marker.args[0]:
             reason = f"needs {marker.args[0]} devices, {jax.device_count()} present"
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# The lab's tests (tests/lab) need the lab installed (`pip install -e lab`); the library's
+# suite runs without it (`make test-library`).
+collect_ignore = [] if importlib.util.find_spec("jaxformer_lab") else ["lab"]
+
+
+def _names_only(name: str):
+    raise NotImplementedError(f"dataset {name!r} is a name the tests validate, with no data")
+
+
+# A dataset family of the tests' own, so the library's config tests need no corpus.
+registry.register(
+    "tests",
+    registry.Family(
+        about="the tests' toy-*", owns=lambda n: n.startswith("toy-"), check=len, load=_names_only
+    ),
+)

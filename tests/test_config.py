@@ -142,15 +142,15 @@ def test_an_unknown_run_option_names_the_closest(name, match):
 def test_defaults_that_depend_on_other_options():
     run = RunConfig.from_options(data_tsv="data/pairs.tsv")
     assert (run.data.task, run.data.tokenizer, run.runtime.out) == (None, "byte", "runs/pairs")
-    run = RunConfig.from_options(dataset="wyc-web", out=None)
-    assert (run.data.tokenizer, run.runtime.out) == ("bpe", "runs/wyc-web")
-    fine_tune = RunConfig.from_options(dataset="wyc-web", init_from="m")
+    run = RunConfig.from_options(dataset="toy-pairs", out=None)
+    assert (run.data.tokenizer, run.runtime.out) == ("bpe", "runs/toy-pairs")
+    fine_tune = RunConfig.from_options(dataset="toy-pairs", init_from="m")
     assert fine_tune.data.tokenizer == "byte"  # the model's: "byte" as resolved, no other
     assert RunConfig.from_options(**fine_tune.to_dict()) == fine_tune
     with pytest.raises(BadValue, match="a model given by init_from brings its tokenizer"):
         RunConfig.from_options(data_text="a.txt", init_from="m", tokenizer="bpe")
     with pytest.raises(BadValue, match="brings its tokenizer; leave bpe_vocab_size unset"):
-        RunConfig.from_options(dataset="wyc-web", init_from="m", bpe_vocab_size=2000)
+        RunConfig.from_options(dataset="toy-pairs", init_from="m", bpe_vocab_size=2000)
     # Built from its groups, a RunConfig takes the source, tokenizer and folder as given.
     direct = RunConfig(
         data=DataOptions(task="sort", tokenizer="byte"),
@@ -212,7 +212,7 @@ def test_resume_settings_are_the_options_marked_resume():
 
 RUN_FILE = """
 model: {preset: paper_base, dropout_rate: 0.3}
-run: {dataset: wyc-web, steps: 2000}
+run: {dataset: toy-pairs, steps: 2000}
 """
 
 
@@ -221,7 +221,7 @@ def test_a_run_file_holds_the_model_and_the_run_and_options_go_over_it(tmp_path)
     path.write_text(RUN_FILE)
     model, run = load_run(path)
     assert model == TransformerConfig.paper_base(259, dropout_rate=0.3)
-    assert run == RunConfig.from_options(dataset="wyc-web", steps=2000)
+    assert run == RunConfig.from_options(dataset="toy-pairs", steps=2000)
     model, run = load_run(path, model={"preset": "tiny", "d_ff": 256}, run={"steps": 10})
     assert model == TransformerConfig.tiny(259, dropout_rate=0.3, d_ff=256)
     assert (run.optim.steps, run.data.tokenizer) == (10, "bpe")
@@ -239,7 +239,7 @@ def test_a_model_file_is_the_model_of_a_run_file(tmp_path):
 @pytest.mark.parametrize(
     "run",
     [
-        dict(dataset="wyc-web", steps=300, eval_beam=1),
+        dict(dataset="toy-pairs", steps=300, eval_beam=1),
         dict(data_text="a.txt", init_from="gpt2-folder"),  # its tokenizer resolves to "byte"
         dict(task="sort", seed=3, out="runs/x"),
     ],
@@ -280,7 +280,7 @@ def test_the_command_takes_a_run_file_and_its_options_go_over_it(tmp_path, monke
     assert main([*argv, "--d-model", "64"]) == 0
     [(model, run)] = trained
     assert model == TransformerConfig.tiny(259, dropout_rate=0.3, d_model=64)
-    assert run == RunConfig.from_options(dataset="wyc-web", steps=7)
+    assert run == RunConfig.from_options(dataset="toy-pairs", steps=7)
 
 
 MODELS = sorted((pathlib.Path(__file__).resolve().parents[1] / "configs/models").glob("*.yaml"))

@@ -1,41 +1,56 @@
-"""Imports flow one way through the package, read from the source with `ast`:
+"""Imports flow one way through the library, and from the lab to the library, never back;
+read from the source with `ast`:
 
-    checks <- data, functional, markdown, cores <- config, results <- nn <- models
-           <- decode, parallel, interop <- train <- sweep, bench, aot <- gpu_report <- cli
+    checks, plugins <- data, functional <- config <- nn <- models
+           <- decode, capture, parallel, interop <- train <- cli
+    jaxformer_lab:  markdown, cores <- results, bible <- sweep, bench, aot <- gpu_report
+           <- cli <- plugin
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
-room below it, never one above or beside it. `functional/` (and the checks) import no
-Flax, optax or orbax; `nn/` no optax or orbax. Nothing imports another package's private
-module (`_name`), nor the test or experiment code."""
+room below it, never one above or beside it; the lab may import the library, the library
+never the lab. `functional/` (and the checks) import no Flax, optax or orbax; `nn/` no optax
+or orbax. Nothing imports another package's private module (`_name`), nor the test or
+experiment code."""
 
 import ast
 import pathlib
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jaxformer"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = {"jaxformer": ROOT / "jaxformer", "jaxformer_lab": ROOT / "lab" / "jaxformer_lab"}
 RANKS = {
-    "checks": 0,
-    "data": 1,
-    "functional": 1,
-    "markdown": 1,
-    "cores": 1,
-    "config": 2,
-    "results": 2,
-    "nn": 3,
-    "models": 4,
-    "decode": 5,
-    "capture": 5,
-    "parallel": 5,
-    "interop": 5,
-    "train": 6,
-    "sweep": 7,
-    "bench": 7,
-    "aot": 7,
-    "gpu_report": 8,
-    "cli": 9,
-    "__main__": 10,
+    "jaxformer": {
+        "checks": 0,
+        "plugins": 0,
+        "data": 1,
+        "functional": 1,
+        "config": 2,
+        "nn": 3,
+        "models": 4,
+        "decode": 5,
+        "capture": 5,
+        "parallel": 5,
+        "interop": 5,
+        "train": 6,
+        "cli": 7,
+        "__main__": 8,
+    },
+    "jaxformer_lab": {
+        "markdown": 0,
+        "cores": 0,
+        "results": 1,
+        "bible": 1,
+        "sweep": 2,
+        "bench": 2,
+        "aot": 2,
+        "gpu_report": 3,
+        "cli": 4,
+        "plugin": 5,
+        "__main__": 6,
+    },
 }
+BELOW = {"jaxformer": (), "jaxformer_lab": ("jaxformer",)}  # the packages each may import
 FORBIDDEN_LIBRARIES = {
     "checks": {"flax", "optax", "orbax"},
     "cores": {"jax", "flax", "optax", "orbax"},
@@ -44,12 +59,12 @@ FORBIDDEN_LIBRARIES = {
 }
 
 
-def module_name(path: pathlib.Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+MODULES = {module_name(p, root): p for root in PACKAGES.values() for p in root.rglob("*.py")}
 
 
 def imported(source: str, name: str) -> list[str]:
@@ -70,37 +85,44 @@ def imported(source: str, name: str) -> list[str]:
 
 
 def room(module: str) -> str:
-    """`jaxformer.train.loop` -> "train"; the package itself -> ""."""
+    """`jaxformer.train.loop` -> "train"; a package itself -> ""."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
 
 def violations(name: str, source: str) -> list[str]:
     """What module `name` imports against the rules."""
-    problems = []
+    problems, package = [], name.split(".")[0]
     for target in imported(source, name):
         top = target.split(".")[0]
         if top in FORBIDDEN_LIBRARIES.get(room(name), ()):
             problems.append(f"{name} imports {target} ({room(name)}/ must not use {top})")
         if top in ("tests", "experiments"):
             problems.append(f"{name} imports {target} (the package never imports {top}/)")
-        if top != "jaxformer" or room(name) == "":
+        if top not in PACKAGES or room(name) == "":
+            continue
+        if top != package and top not in BELOW[package]:
+            problems.append(f"{name} imports {target}: the library never imports the lab")
             continue
         if room(target) == "":
-            problems.append(f"{name} imports the package facade `jaxformer`; import the module")
+            problems.append(f"{name} imports the package facade `{top}`; import the module")
             continue
         private = [p for p in target.split(".") if p.startswith("_") and not p.startswith("__")]
         owner = target.rsplit(".", 1)[0]
         if private and not name.startswith(owner + ".") and name != owner:
             problems.append(f"{name} imports {target}, a private module of another package")
-        here, there = RANKS[room(name)], RANKS[room(target)]
+        if top != package:
+            continue
+        here, there = RANKS[package][room(name)], RANKS[package][room(target)]
         if room(target) != room(name) and there >= here:
             problems.append(f"{name} imports {target}: {room(target)} is not below {room(name)}")
     return problems
 
 
 def test_every_room_has_a_rank():
-    assert {room(m) for m in MODULES} - {""} == set(RANKS)
+    for package, ranks in RANKS.items():
+        rooms = {room(m) for m in MODULES if m.split(".")[0] == package} - {""}
+        assert rooms == set(ranks), package
 
 
 def test_imports_flow_one_way():
@@ -120,6 +142,13 @@ def test_imports_flow_one_way():
         ("jaxformer.train.loop", "from experiments import throughput", "never imports"),
         ("jaxformer.models", "import jaxformer as jf", "facade"),
         ("jaxformer.data.tasks", "from . import tokenizers\nfrom ..nn import Embed", "nn is not"),
+        (
+            "jaxformer.train.report",
+            "from jaxformer_lab.results import Table",
+            "never imports the lab",
+        ),
+        ("jaxformer_lab.results", "from jaxformer_lab.sweep import stats", "sweep is not below"),
+        ("jaxformer_lab.sweep.runner", "from jaxformer.train._hidden import x", "private module"),
     ],
 )
 def test_a_forbidden_import_is_caught(name, source, complaint):

@@ -1,6 +1,5 @@
 """Tokenizers, synthetic tasks and file datasets."""
 
-from jaxformer.data import bible
 from jaxformer.data.datasets import (
     DocumentData,
     PairData,

@@ -4,9 +4,9 @@ continues with exactly the batches it would have seen.
 
     TaskData   a synthetic task (jaxformer.data.tasks), sequence to sequence
     PairData   translation pairs, with length bucketing; TsvData: from a file of
-               `source<TAB>target` lines (bible.BibleTranslation: from two Bibles)
+               `source<TAB>target` lines (the lab's Bibles: from two versions)
     DocumentData  documents for language modelling, packed into rows of fixed length;
-               TextData: from a text file (bible.BibleLM: a Bible's chapters)
+               TextData: from a text file (the lab's Bibles: a version's chapters)
 
 Each implements `TrainingData`, what the training loop and evaluation read of a dataset:
 what it trains, its batches, and how it is judged.

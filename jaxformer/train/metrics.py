@@ -1,7 +1,7 @@
 """The held-out metrics a dataset can name (`data.metrics`), each a function of the
 predictions and their targets: exact match, and BLEU and chrF as sacrebleu's corpus scores
 (0-100, BLEU with its default 13a tokenization), imported only when a data source names
-them (`pip install 'jaxformer[data]'`).
+them (`pip install 'jaxformer[bleu]'`).
 """
 
 from __future__ import annotations
@@ -52,5 +52,5 @@ def _sacrebleu():
         return importlib.import_module("sacrebleu")
     except ImportError:
         raise MissingPackage(
-            "BLEU and chrF need sacrebleu: pip install 'jaxformer[data]'"
+            "BLEU and chrF need sacrebleu: pip install 'jaxformer[bleu]'"
         ) from None

@@ -18,7 +18,7 @@ from flax import nnx
 from jaxformer.checks import option
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.models import Transformer
-from jaxformer.results import code_version, command_line, describe_device, versions
+from jaxformer.train.provenance import code_version, command_line, describe_device, versions
 from jaxformer.train.run_folder import RunFolder, read_metrics, write_whole
 from jaxformer.train.setup import Setup
 

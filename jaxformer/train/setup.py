@@ -20,8 +20,8 @@ from jaxformer.data import (
     TextData,
     TrainingData,
     TsvData,
-    bible,
 )
+from jaxformer.data import registry as datasets
 from jaxformer.data.datasets import read_text_lines
 from jaxformer.data.tokenizers import Tokenizer
 from jaxformer.models import MODEL_KINDS, count_params
@@ -149,7 +149,7 @@ def build_data(
     """The tokenizer (`tokenizer`, else the one the run asks for) and the dataset of a run.
     A BPE tokenizer learns from the data file, or from a dataset's training books only."""
     if run.data.dataset:
-        corpus = bible.load(run.data.dataset)
+        corpus = datasets.load(run.data.dataset)
         tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
         return tokenizer, corpus.data(tokenizer, **_pair_options(run))
 

@@ -19,8 +19,8 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.results import code_version, describe_device
 from jaxformer.train import checkpoint, evaluate, loop, run_folder, setup
+from jaxformer.train.provenance import code_version, describe_device
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
