@@ -88,7 +88,8 @@ def _joined(name: str, commands) -> str | None:
 
 
 def _train_parser(sub) -> argparse.ArgumentParser:
-    from jaxformer.config import PRESETS, RunConfig, TransformerConfig
+    from jaxformer.config import PRESETS, TransformerConfig
+    from jaxformer.train.config import RunConfig
 
     t = sub.add_parser(
         "train",
@@ -102,7 +103,7 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         metavar="FILE",
         help="a run file, YAML or JSON: model: {preset: NAME, FIELD: VALUE, ...} and run: "
         "{OPTION: VALUE, ...} (a run folder's config.json is one); a file of model fields "
-        "alone is its model (see jaxformer.config.load_run)",
+        "alone is its model (see jaxformer.train.config.load_run)",
     )
     for group, options in RunConfig.groups().items():
         title = f"{group} (RunConfig.{group})"
@@ -234,7 +235,8 @@ def _value_parser(kind: type, optional: bool):
 
 
 def _train(args) -> int:
-    from jaxformer.config import RunConfig, TransformerConfig, load_run
+    from jaxformer.config import TransformerConfig
+    from jaxformer.train.config import RunConfig, load_run
     from jaxformer.train.loop import Terminated, TrainingDiverged
     from jaxformer.train.seed_group import seed_runs, train_seeds
 
@@ -276,9 +278,9 @@ def _train(args) -> int:
 
 def _generate(args) -> int:
     from jaxformer import decode
-    from jaxformer.config import DataOptions
     from jaxformer.models import Transformer
     from jaxformer.train.checkpoint import restore_model
+    from jaxformer.train.config import DataOptions
     from jaxformer.train.run_folder import read_json
 
     sampling = any(x is not None for x in (args.temperature, args.top_k, args.top_p))
@@ -469,7 +471,8 @@ def _as_flags(message: str, config: str | None) -> str:
     about the --config file, whose keys are its fields."""
     if config is not None and message.startswith(f"{config}:"):
         return message
-    from jaxformer.config import RunConfig, TransformerConfig
+    from jaxformer.config import TransformerConfig
+    from jaxformer.train.config import RunConfig
 
     names = {*RunConfig.options(), *(f.name for f in dataclasses.fields(TransformerConfig))}
     means = {name: name for name in names} | _MEANS

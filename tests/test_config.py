@@ -5,9 +5,9 @@ import pytest
 
 from jaxformer import RunConfig, TransformerConfig
 from jaxformer.checks import BadValue
-from jaxformer.config import (
+from jaxformer.config import TABLE3_ROWS
+from jaxformer.train.config import (
     ADDED_RUN_OPTIONS,
-    TABLE3_ROWS,
     DataOptions,
     EvalOptions,
     OptimOptions,

@@ -21,7 +21,6 @@ from flax import nnx
 from jaxformer.checks import BadValue, MissingFile, check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
-from jaxformer.interop import hf
 from jaxformer.models import MODEL_KINDS
 from jaxformer.train.steps import TrainState
 
@@ -232,9 +231,11 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     run_dir = pathlib.Path(run_dir)
     if not run_dir.is_dir():
         raise MissingFile(f"{run_dir}: no such run folder")
-    if not (run_dir / CHECKPOINTS).is_dir() and hf.is_model_folder(run_dir):
-        return hf.load(run_dir)
     if not (run_dir / CHECKPOINTS).is_dir():
+        from jaxformer.interop import hf  # a model folder: only then the converter
+
+        if hf.is_model_folder(run_dir):
+            return hf.load(run_dir)
         raise MissingFile(
             f"{run_dir}: neither a `jaxformer train --out` folder (no {CHECKPOINTS}/) nor a "
             "Hugging Face model folder (config.json and safetensors weights)"

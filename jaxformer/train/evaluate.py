@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 from flax import nnx
 
 from jaxformer import decode
-from jaxformer.config import RunConfig
 from jaxformer.data import TrainingData
 from jaxformer.parallel import host_copy
 from jaxformer.train import report
+from jaxformer.train.config import RunConfig
 from jaxformer.train.hooks import StepContext
 from jaxformer.train.losses import LossSums
 from jaxformer.train.metrics import METRICS

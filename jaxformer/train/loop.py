@@ -29,8 +29,9 @@ from typing import Any
 import jax
 
 from jaxformer.checks import InputError
-from jaxformer.config import RunConfig, TransformerConfig
+from jaxformer.config import TransformerConfig
 from jaxformer.train import report
+from jaxformer.train.config import RunConfig
 from jaxformer.train.evaluate import Evaluation
 from jaxformer.train.hooks import Hook, HookRunner, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder

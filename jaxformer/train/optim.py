@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxformer.checks import BadValue, check_choice, check_int, check_number
-from jaxformer.config import OPTIMIZERS, SCHEDULES
+from jaxformer.train.config import OPTIMIZERS, SCHEDULES
 
 
 def paper_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> optax.Schedule:

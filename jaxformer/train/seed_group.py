@@ -35,9 +35,10 @@ import jax
 
 from jaxformer import decode
 from jaxformer.checks import BadValue
-from jaxformer.config import RunConfig, TransformerConfig
+from jaxformer.config import TransformerConfig
 from jaxformer.train import loop, report
 from jaxformer.train import seeds as seed_axis
+from jaxformer.train.config import RunConfig
 from jaxformer.train.evaluate import Evaluation
 from jaxformer.train.hooks import Hook, HookRunner, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder

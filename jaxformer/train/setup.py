@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from flax import nnx
 
 from jaxformer.checks import BadValue
-from jaxformer.config import RunConfig, TransformerConfig
+from jaxformer.config import TransformerConfig
 from jaxformer.data import (
     BPETokenizer,
     ByteTokenizer,
@@ -27,6 +27,7 @@ from jaxformer.data.tokenizers import Tokenizer
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, make_placement
 from jaxformer.train.checkpoint import restore_model
+from jaxformer.train.config import RunConfig
 from jaxformer.train.metrics import check_metrics
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.run_folder import tensorboard_writer

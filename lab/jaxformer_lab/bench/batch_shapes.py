@@ -14,7 +14,7 @@ import collections
 from dataclasses import dataclass
 
 from jaxformer.checks import BadValue
-from jaxformer.config import RunConfig
+from jaxformer.train.config import RunConfig
 from jaxformer.train.setup import build_data
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
 from jaxformer_lab.results import Record, Table, capture

@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass
 
 from jaxformer.checks import BadValue
-from jaxformer.config import RunConfig, TransformerConfig
+from jaxformer.config import TransformerConfig
 from jaxformer.train import report, set_up
+from jaxformer.train.config import RunConfig
 from jaxformer_lab.bench import stats
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, option
 from jaxformer_lab.results import Record, Table, capture

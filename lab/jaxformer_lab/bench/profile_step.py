@@ -159,8 +159,9 @@ def summarise(events: list[dict]) -> dict:
 def profile_dates(options: ProfileOptions) -> Record:
     """The dates job, --repeats fresh runs of --steps steps, the last traced; the
     operations of each traced step by kind, and the last run's timeline next to the record."""
-    from jaxformer.config import RunConfig, TransformerConfig
+    from jaxformer.config import TransformerConfig
     from jaxformer.train import loop
+    from jaxformer.train.config import RunConfig
 
     runs, steps = [], options.steps
     for i in range(options.repeats):

@@ -43,9 +43,9 @@ from flax import nnx
 
 from jaxformer import decode
 from jaxformer.checks import BadValue
-from jaxformer.config import load_run
 from jaxformer.train import seed_runs, set_up
 from jaxformer.train import seeds as seed_axis
+from jaxformer.train.config import load_run
 from jaxformer.train.evaluate import EvalSettings, translate
 from jaxformer_lab import results
 from jaxformer_lab.bench import stats

@@ -1,6 +1,6 @@
 """What several benchmarks share: the devices' peak rates, the language model's FLOP
 count, the GPT-2 model and its training step built from a run file (--model-file,
-default configs/models/gpt2_small.yaml, read by `jaxformer.config.load_run`; with the
+default configs/models/gpt2_small.yaml, read by `jaxformer.train.config.load_run`; with the
 options lm-throughput, gpt2-peers and profile take), the encoder-decoder of the
 train-step and compile-time benchmarks, and timing one program through `stats`.
 
@@ -18,7 +18,8 @@ import os
 from collections.abc import Callable
 
 from jaxformer.checks import MissingFile, check_int
-from jaxformer.config import TransformerConfig, load_run
+from jaxformer.config import TransformerConfig
+from jaxformer.train.config import load_run
 from jaxformer_lab.bench import stats
 from jaxformer_lab.bench.registry import Options, option
 

@@ -29,8 +29,9 @@ from flax import nnx
 
 from jaxformer import train
 from jaxformer.checks import BadValue
-from jaxformer.config import RunConfig, TransformerConfig
+from jaxformer.config import TransformerConfig
 from jaxformer.models import Transformer
+from jaxformer.train.config import RunConfig
 from jaxformer.train.setup import build_data
 from jaxformer_lab import bible
 from jaxformer_lab.bench import stats

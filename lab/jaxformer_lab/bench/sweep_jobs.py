@@ -136,8 +136,8 @@ def build(config: str, seeds: list[int]) -> rounds.Program:
     the process's peak resident memory."""
     import jax
 
-    from jaxformer.config import load_run
     from jaxformer.train import seed_runs, set_up
+    from jaxformer.train.config import load_run
 
     model, base = load_run(config or None, run={"out": f"{tempfile.gettempdir()}/sweep_jobs"})
     setups = [set_up(model, run) for run in seed_runs(base, seeds)]

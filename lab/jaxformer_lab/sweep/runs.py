@@ -25,7 +25,7 @@ import json
 import pathlib
 
 from jaxformer.checks import BadValue, MissingFile
-from jaxformer.config import load_run, with_added_defaults
+from jaxformer.train.config import load_run, with_added_defaults
 from jaxformer_lab import results
 from jaxformer_lab.sweep import report, stats
 

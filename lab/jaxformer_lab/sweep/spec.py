@@ -26,7 +26,7 @@ comparison reported from the runs (jaxformer_lab.sweep.stats.verdicts). `final_t
 `base` has every run score its final model on the test set too, shown beside the
 verdicts, which stay on dev; it is set for the whole sweep, never per variant. A run's
 fields (base, then its variant's, then the sweep's seed and folder) resolve as a run file
-would (jaxformer.config.load_run), and each run of `<out>/<variant>/seed<k>` records the
+would (jaxformer.train.config.load_run), and each run of `<out>/<variant>/seed<k>` records the
 hash of its resolved configuration in `config_hash.json` when it is launched.
 
 A stage is a run of base and its overrides, seed by seed, in `<out>/<stage>/seed<k>`, that a
@@ -47,14 +47,9 @@ import pathlib
 import yaml
 
 from jaxformer.checks import BadValue, InputError
-from jaxformer.config import (
-    RunConfig,
-    TransformerConfig,
-    load_config_file,
-    load_run,
-    without_added_defaults,
-)
+from jaxformer.config import TransformerConfig, load_config_file
 from jaxformer.functional.registry import import_variants
+from jaxformer.train.config import RunConfig, load_run, without_added_defaults
 from jaxformer.train.run_folder import read_json
 from jaxformer_lab.sweep.paper import Paper
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jaxformer.cli import main
-from jaxformer.config import load_run
+from jaxformer.train.config import load_run
 from jaxformer_lab import cores as cores_lib
 from jaxformer_lab import sweep
 from jaxformer_lab.sweep import runner, stats
@@ -966,8 +966,9 @@ def test_sigterm_stops_the_sweeps_run_which_saves_and_says_how_to_continue(tmp_p
 def test_a_resumed_run_adds_its_wall_time_to_the_earlier_processes(tmp_path):
     """Each logged step records the wall time since the run began, summed over processes;
     a resume continues from the time logged at its checkpoint (here made 1000 s)."""
-    from jaxformer.config import RunConfig, TransformerConfig
+    from jaxformer.config import TransformerConfig
     from jaxformer.train import loop
+    from jaxformer.train.config import RunConfig
 
     model = TransformerConfig.tiny(259).replace(
         d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1
