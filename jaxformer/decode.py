@@ -1,31 +1,17 @@
 """Autoregressive decoding with a KV cache: greedy, sampling and beam search, and
 `generate`, the one text -> text path (the `generate` command and evaluation use it).
 
-Both model kinds decode the same way:
-
-- `Transformer` (encoder-decoder): `src_tokens` [B, S] are the sources (`src_valid` marks
-  the real tokens; sources of different lengths share a batch). The encoder runs once and
-  every decoder layer projects the memory's cross-attention keys and values once; the
-  target starts from `bos_id`.
-- `DecoderLM`: `src_tokens` [B, T] are prompts, right-padded: `src_valid` marks the real
-  tokens, a non-empty prefix of each row. Each row keeps its own length in the cache (per-
-  row offsets, not left padding), so a row's tokens sit at positions 0, 1, ... exactly as
-  in an unpadded forward pass, and its continuation starts after its last real token.
-
-The prompt is prefilled in one call, then one token per step goes through
-`model.extend`, which writes its keys and values into a fixed-size cache. The whole loop
-is one compiled `lax.while_loop` that stops as soon as every row has finished. Outputs
-hold only the generated tokens (no BOS, no prompt): each row up to and including its
-first EOS, then `pad_id` filler. With `eos_id=None` every row runs to `max_new_tokens`.
-
-The special ids default to the byte and BPE tokenizers' (PAD_ID, BOS_ID, EOS_ID); a model
-trained or converted with other ids decodes with its tokenizer's: `bos_id=tok.bos_id,
-eos_id=tok.eos_id, pad_id=tok.pad_id`. The filler matters: a beam hypothesis that stops
-at its row's maximum length has no EOS before it, so it must be a token `tok.decode` drops.
-
-The searches themselves (`run_sampling`, `run_beam_search`) take any step function
+`src_tokens` [B, S] are a `Transformer`'s sources (the encoder and the cross-attention
+keys and values run once) or a `DecoderLM`'s right-padded prompts [B, T]; `src_valid`
+marks the real tokens. Each prompt row keeps its own length in the cache, so its tokens
+sit at positions 0, 1, ... as in an unpadded forward pass. The prompt is prefilled in one
+call, then `model.extend` writes one token per step into a fixed-size cache, all in one
+`lax.while_loop` that stops when every row has finished. Outputs hold only the generated
+tokens: each row up to and including its first EOS, then `pad_id` filler (which
+`tok.decode` must drop). The special ids default to the built-in tokenizers'. The
+searches (`run_sampling`, `run_beam_search`) take any step function
 `step(state, tokens [B]) -> (logits [B, V], state)`, so they can drive a cache-free
-reference (the decoding benchmark does) with the same logic.
+reference with the same logic.
 """
 
 from __future__ import annotations

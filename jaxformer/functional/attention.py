@@ -218,7 +218,7 @@ def choose_implementation(
       once per process: `kernels.kernel_failure`), "cudnn" on NVIDIA GPUs (see `_cudnn_problem`:
       bfloat16/float16, head dim <= 128 and a multiple of 8, D = Dv, no attention
       dropout, even lengths when masked; not under --xla_gpu_deterministic_ops=true, where
-      XLA (jax 0.11.2, H100) fails to compile a train step holding cuDNN attention);
+      XLA fails to compile a train step holding cuDNN attention);
     - else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES;
     - else "xla". CPUs (and devices whose kernels refuse the call) run XLA's code.
 
