@@ -124,18 +124,15 @@ def beam_search(
     """Beam search with the GNMT length penalty, the paper's beam 4 and alpha 0.6.
 
     A hypothesis of n tokens (EOS included) and log-probability L scores
-    L / ((5 + n) / 6) ** alpha. The beam keeps the `beam_size` most probable expansions;
-    one that ends in EOS (or reaches its row's maximum length) leaves the beam for the
-    pool of finished hypotheses, which keeps the best `beam_size` by score. The search
-    stops when no live hypothesis can still enter a row's pool (so beam size 1 is greedy).
-
-    The maximum length is, per row, its input's length + 50 (the paper), capped by the
-    model's position table; an explicit `max_new_tokens` caps every row at that instead.
+    L / ((5 + n) / 6) ** alpha. The beam keeps the `beam_size` most probable expansions; one
+    ending in EOS (or at its row's maximum length) moves to the row's pool of the best
+    `beam_size` finished ones. The search stops when no live hypothesis can still enter a
+    pool (beam size 1 is greedy). A row's maximum length is its input's length + 50 (the
+    paper) within the position table, or `max_new_tokens` when given.
 
     Returns:
-      tokens [B, beam_size, N] and scores [B, beam_size], best first; a pool entry that
-      was never filled has score -inf and `pad_id` tokens.
-    """
+      tokens [B, beam_size, N] and scores [B, beam_size], best first; a pool entry never
+      filled has score -inf and `pad_id` tokens."""
     _check_model(model, src_tokens, src_valid)
     check_beam_options(beam_size, alpha, vocab_size=model.config.vocab_size)
     input_lens = np.asarray(_valid_or_all(src_tokens, src_valid).sum(axis=1))
@@ -180,19 +177,15 @@ def generate(
     pad_multiple: int = 16,
     interventions: dict[str, Callable] | None = None,
 ) -> list[str]:
-    """The decoded continuation of each text: a translation of each source (a
-    `Transformer`: the text's tokens + EOS, as in training) or of each prompt (a
-    `DecoderLM`), by `strategy` ("greedy", "sample" or "beam", with its options), with
-    `interventions` ({site: function of its value}, see `jaxformer.capture`) applied in
-    every forward pass, as `greedy`, `sample` and `beam_search` apply them.
+    """The decoded continuation of each text: a translation of each source (a `Transformer`:
+    the text's tokens + EOS) or of each prompt (a `DecoderLM`), by `strategy` ("greedy",
+    "sample" or "beam", with its options), with `interventions` ({site: function of its
+    value}, see `jaxformer.capture`) applied in every forward pass.
 
-    Each output holds at most its input's length + 50 tokens (the paper), within the
-    model's position table, or `max_new_tokens` when given. Texts go in batches of
-    `batch_size` rows (with several batches, the last is filled up with copies of its
-    first row, so all share a shape); sources are padded to a multiple of `pad_multiple` tokens (fewer
-    compilations), prompts to the longest, which leaves the most room to continue.
-    Sampling draws batch k with `jax.random.fold_in(PRNGKey(seed), k * batch_size)`.
-    """
+    Each output holds at most its input's length + 50 tokens within the position table, or
+    `max_new_tokens`. Texts go in batches of `batch_size` rows (the last filled up with copies
+    of its first row); sources are padded to a multiple of `pad_multiple`, prompts to the
+    longest. Sampling draws batch k with `jax.random.fold_in(PRNGKey(seed), k * batch_size)`."""
     check_instance("model", model, (Transformer, DecoderLM))
     if strategy not in STRATEGIES:
         raise BadValue(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
