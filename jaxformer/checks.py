@@ -1,18 +1,12 @@
 """Argument checks, each written once: a wrong type is a TypeError, a wrong value a
 ValueError, and the message names the argument, what was given and what was expected.
 
-Every error the package raises about its input is an `InputError`, in one of the kinds
-below, each also the built-in exception Python code expects (`BadValue` is a
-ValueError, ...). The `jaxformer` command reports an InputError in one line with exit
-code 2; any other exception is a bug and keeps its traceback.
-
-Messages name an option as the caller gives it (`option`): `resume=True` to a Python
-caller, `--resume` inside `command_line()`, where the `jaxformer` command runs. Input the
-package can use in part (a torn last line of a run's metrics) is an `InputWarning`.
-
-Shapes and dtypes are static under `jit`, so the array checks raise while tracing,
-before XLA sees the arguments. Values inside arrays cannot be checked there; token ids
-are checked on the host by `jaxformer.check_tokens`.
+Every input error the package raises is an `InputError`, of a kind that is also the
+built-in exception Python code expects (`BadValue` is a ValueError, ...); the `jaxformer`
+command reports it in one line with exit code 2. Messages name an option as the caller
+gives it (`option`): `resume=True` to Python, `--resume` inside `command_line()`. Input
+used in part (a torn metrics line) is an `InputWarning`. Array shapes and dtypes are
+checked while tracing; token ids on the host by `jaxformer.check_tokens`.
 """
 
 from __future__ import annotations

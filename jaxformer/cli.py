@@ -1,24 +1,17 @@
 """The `jaxformer` command (also `python -m jaxformer`).
 
     jaxformer train --task dates --out runs/dates
-    jaxformer train --data-tsv pairs.tsv --preset paper_base --steps 100000
     jaxformer train --config run.yaml --steps 500   # a run file, options over it
     jaxformer train --data-text book.txt --config configs/models/gpt2_small.yaml
     jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
-    jaxformer train --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0 --mesh data=-1
     jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
-    jaxformer train --init-from runs/pretrained --dataset wyc-web  # or a jaxformer run
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
-    jaxformer generate --checkpoint gpt2-folder/ --input "Once upon a time"
 
-A plugin (`jaxformer.plugins`) adds commands: jaxformer-lab adds sweep, bench and the reports.
-Bad input (a missing file, a malformed TSV, an unknown config key, steps <= 0, a mesh
-that does not fit the devices, an unreachable coordinator, ...: a `checks.InputError`) is
-reported in one line with exit code 2 (set JAXFORMER_TRACEBACK=1 for the traceback); any
-other exception is a bug and shows its traceback; a warning about input used in part (a
-torn last line of a run's metrics.jsonl) is one line. A diverged run exits with 1. Ctrl-C
-saves a checkpoint and exits with 130; SIGTERM and SIGHUP do the same and exit with
-128 + the signal's number (143 and 129), as a process killed by them would report.
+A plugin (`jaxformer.plugins`) adds commands: jaxformer-lab adds sweep, bench and reports.
+Bad input (a `checks.InputError`) is reported in one line with exit code 2
+(JAXFORMER_TRACEBACK=1 for the traceback); any other exception shows its traceback. A
+diverged run exits with 1. Ctrl-C saves a checkpoint and exits with 130; SIGTERM and
+SIGHUP do the same and exit with 128 + the signal's number.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """Autoregressive decoding with a KV cache: greedy, sampling and beam search, and
 `generate`, the one text -> text path (the `generate` command and evaluation use it).
 
-Both model kinds decode the same way:
-
-- `Transformer` (encoder-decoder): `src_tokens` [B, S] are the sources (`src_valid` marks
-  the real tokens; sources of different lengths share a batch). The encoder runs once and
-  every decoder layer projects the memory's cross-attention keys and values once; the
-  target starts from `bos_id`.
-- `DecoderLM`: `src_tokens` [B, T] are prompts, right-padded: `src_valid` marks the real
-  tokens, a non-empty prefix of each row. Each row keeps its own length in the cache (per-
-  row offsets, not left padding), so a row's tokens sit at positions 0, 1, ... exactly as
-  in an unpadded forward pass, and its continuation starts after its last real token.
-
-The prompt is prefilled in one call, then one token per step goes through
-`model.extend`, which writes its keys and values into a fixed-size cache. The whole loop
-is one compiled `lax.while_loop` that stops as soon as every row has finished. Outputs
-hold only the generated tokens (no BOS, no prompt): each row up to and including its
-first EOS, then `pad_id` filler. With `eos_id=None` every row runs to `max_new_tokens`.
-
-The special ids default to the byte and BPE tokenizers' (PAD_ID, BOS_ID, EOS_ID); a model
-trained or converted with other ids decodes with its tokenizer's: `bos_id=tok.bos_id,
-eos_id=tok.eos_id, pad_id=tok.pad_id`. The filler matters: a beam hypothesis that stops
-at its row's maximum length has no EOS before it, so it must be a token `tok.decode` drops.
-
-The searches themselves (`run_sampling`, `run_beam_search`) take any step function
+`src_tokens` [B, S] are a `Transformer`'s sources (the encoder and the cross-attention
+keys and values run once) or a `DecoderLM`'s right-padded prompts [B, T]; `src_valid`
+marks the real tokens. Each prompt row keeps its own length in the cache, so its tokens
+sit at positions 0, 1, ... as in an unpadded forward pass. The prompt is prefilled in one
+call, then `model.extend` writes one token per step into a fixed-size cache, all in one
+`lax.while_loop` that stops when every row has finished. Outputs hold only the generated
+tokens: each row up to and including its first EOS, then `pad_id` filler (which
+`tok.decode` must drop). The special ids default to the built-in tokenizers'. The
+searches (`run_sampling`, `run_beam_search`) take any step function
 `step(state, tokens [B]) -> (logits [B, V], state)`, so they can drive a cache-free
-reference (the decoding benchmark does) with the same logic.
+reference with the same logic.
 """
 
 from __future__ import annotations
@@ -138,18 +124,15 @@ def beam_search(
     """Beam search with the GNMT length penalty, the paper's beam 4 and alpha 0.6.
 
     A hypothesis of n tokens (EOS included) and log-probability L scores
-    L / ((5 + n) / 6) ** alpha. The beam keeps the `beam_size` most probable expansions;
-    one that ends in EOS (or reaches its row's maximum length) leaves the beam for the
-    pool of finished hypotheses, which keeps the best `beam_size` by score. The search
-    stops when no live hypothesis can still enter a row's pool (so beam size 1 is greedy).
-
-    The maximum length is, per row, its input's length + 50 (the paper), capped by the
-    model's position table; an explicit `max_new_tokens` caps every row at that instead.
+    L / ((5 + n) / 6) ** alpha. The beam keeps the `beam_size` most probable expansions; one
+    ending in EOS (or at its row's maximum length) moves to the row's pool of the best
+    `beam_size` finished ones. The search stops when no live hypothesis can still enter a
+    pool (beam size 1 is greedy). A row's maximum length is its input's length + 50 (the
+    paper) within the position table, or `max_new_tokens` when given.
 
     Returns:
-      tokens [B, beam_size, N] and scores [B, beam_size], best first; a pool entry that
-      was never filled has score -inf and `pad_id` tokens.
-    """
+      tokens [B, beam_size, N] and scores [B, beam_size], best first; a pool entry never
+      filled has score -inf and `pad_id` tokens."""
     _check_model(model, src_tokens, src_valid)
     check_beam_options(beam_size, alpha, vocab_size=model.config.vocab_size)
     input_lens = np.asarray(_valid_or_all(src_tokens, src_valid).sum(axis=1))
@@ -194,19 +177,15 @@ def generate(
     pad_multiple: int = 16,
     interventions: dict[str, Callable] | None = None,
 ) -> list[str]:
-    """The decoded continuation of each text: a translation of each source (a
-    `Transformer`: the text's tokens + EOS, as in training) or of each prompt (a
-    `DecoderLM`), by `strategy` ("greedy", "sample" or "beam", with its options), with
-    `interventions` ({site: function of its value}, see `jaxformer.capture`) applied in
-    every forward pass, as `greedy`, `sample` and `beam_search` apply them.
+    """The decoded continuation of each text: a translation of each source (a `Transformer`:
+    the text's tokens + EOS) or of each prompt (a `DecoderLM`), by `strategy` ("greedy",
+    "sample" or "beam", with its options), with `interventions` ({site: function of its
+    value}, see `jaxformer.capture`) applied in every forward pass.
 
-    Each output holds at most its input's length + 50 tokens (the paper), within the
-    model's position table, or `max_new_tokens` when given. Texts go in batches of
-    `batch_size` rows (with several batches, the last is filled up with copies of its
-    first row, so all share a shape); sources are padded to a multiple of `pad_multiple` tokens (fewer
-    compilations), prompts to the longest, which leaves the most room to continue.
-    Sampling draws batch k with `jax.random.fold_in(PRNGKey(seed), k * batch_size)`.
-    """
+    Each output holds at most its input's length + 50 tokens within the position table, or
+    `max_new_tokens`. Texts go in batches of `batch_size` rows (the last filled up with copies
+    of its first row); sources are padded to a multiple of `pad_multiple`, prompts to the
+    longest. Sampling draws batch k with `jax.random.fold_in(PRNGKey(seed), k * batch_size)`."""
     check_instance("model", model, (Transformer, DecoderLM))
     if strategy not in STRATEGIES:
         raise BadValue(f"strategy must be one of {STRATEGIES}, got {strategy!r}")

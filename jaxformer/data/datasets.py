@@ -38,30 +38,24 @@ DEV_SEED = 0
 
 
 class TrainingData(Protocol):
-    """What the training loop and evaluation read of a dataset. TaskData, PairData and
-    DocumentData implement it; a new data source subclasses it for the defaults of
-    `description` and `counts`.
+    """What the training loop and evaluation read of a dataset; a new data source subclasses
+    it for the defaults of `description` and `counts`.
 
-        model_kind        the model class it trains: "Transformer" or "DecoderLM"
-        metrics           held-out metrics beyond the loss (names in
-                          `jaxformer.train.metrics.METRICS`, e.g. "exact_match"), computed
-                          on predictions of `dev_pairs` at every evaluation; () for none
-        max_len           the longest sequence a batch holds (the model's max_len must reach it)
-        tgt_len           the most target positions T a batch holds; held-out predictions
-                          stop there
-        dev_pairs         the held-out (source, target) pairs evaluated (an in-run evaluation
-                          decodes a prefix of them); empty where nothing is decoded (an LM)
-        test_pairs        the pairs the final model alone is scored on, with
-                          `RunConfig.eval.final_test` (a Bible's test books); empty where
-                          the data has no test set apart from its dev pairs
-        description       what the data kept and dropped, said as a run starts ("": nothing)
-        counts            the numbers behind it, summary.json's `data_counts` ({}: none)
+        model_kind   the model class it trains: "Transformer" or "DecoderLM"
+        metrics      held-out metrics beyond the loss (`jaxformer.train.metrics.METRICS`),
+                     computed on predictions of `dev_pairs`; () for none
+        max_len      the longest sequence a batch holds (the model's max_len must reach it)
+        tgt_len      the most target positions T a batch holds; predictions stop there
+        dev_pairs    the held-out (source, target) pairs evaluated (an in-run evaluation
+                     decodes a prefix); empty where nothing is decoded (an LM)
+        test_pairs   the pairs only the final model is scored on (`RunConfig.eval.final_test`)
+        description  what the data kept and dropped, said as a run starts ("": nothing)
+        counts       the numbers behind it, summary.json's `data_counts` ({}: none)
 
     A batch is a dict of NumPy arrays over B rows: an encoder-decoder's `src`, `src_valid`
     [B, S] and `tgt_in`, `tgt_out`, `tgt_valid` [B, T]; a language model's `tgt_in`,
     `tgt_out`, `tgt_valid`, `segment_ids` and `positions` [B, T] (see
-    `jaxformer.train.steps`). Token arrays are int32, `*_valid` bool (True = a real token).
-    """
+    `jaxformer.train.steps`). Token arrays are int32, `*_valid` bool (True = a real token)."""
 
     model_kind: str
     metrics: tuple[str, ...]
@@ -158,24 +152,16 @@ class TaskData(TrainingData):
 
 class PairData(TrainingData):
     """Translation pairs: epoch-wise shuffles of the training pairs; within a pool of 50
-    batches, pairs of similar length (the longer of source and target: sorting by the
-    source alone left wyc-web's targets 43% padding) are batched together and padded to a
-    multiple of `pad_multiple` tokens (a bound on the shapes XLA compiles for), and the
-    batches are shuffled. With `shared_lengths` that shuffle is the same for every seed:
-    step i of any seed draws the batch of the same pool and length rank (its pairs the
-    seed's own), so the batches of k seeds stacked in one program (`seeds.stack_batches`)
-    differ little in length and pad little. With `batch_tokens` a batch holds as many pairs as
-    fit that many tokens on each side instead (rows x the padded longer side, as the
-    paper's batches of about 25,000 source and 25,000 target tokens): the pairs of each
-    padded length in rows of batch_tokens // length (the last batch of a length filled
-    with all-padding rows, so each length is one shape), the same batches every epoch,
-    cut with seeded ties, in a new order each epoch.
-    `train` and `dev` hold (source, target, (source ids, target ids)). The held-out
-    pairs evaluated (`dev_pairs`) are `dev_size` of the dev pairs drawn at random with
-    DEV_SEED (the same for every run seed), stratified by `dev_groups` (e.g. a Bible's books; none: one group), in
-    `stratified_order`, so that any prefix is a stratified sample too (an in-run
-    evaluation decodes a prefix). The `test` (source, target) pairs are scored by the
-    final model alone, all of them."""
+    batches, pairs of similar length (the longer side) are batched together, padded to a
+    multiple of `pad_multiple` tokens, and the batches shuffled. With `shared_lengths` that
+    shuffle is the same for every seed, so stacked seeds' batches (`seeds.stack_batches`)
+    differ little in length. With `batch_tokens` a batch holds the pairs of one padded
+    length that fit that many tokens per side (rows of batch_tokens // length, the last
+    batch of a length filled with all-padding rows), the same batches every epoch in a new
+    order. `train` and `dev` hold (source, target, (source ids, target ids)). `dev_pairs` are
+    `dev_size` dev pairs drawn with DEV_SEED (the same for every run seed), stratified by
+    `dev_groups` in `stratified_order`, so any prefix is a stratified sample too. The `test`
+    (source, target) pairs are scored by the final model alone, all of them."""
 
     model_kind = "Transformer"
     metrics = ("exact_match", "bleu", "chrf")

@@ -6,13 +6,10 @@
     addition  "4817+93"                  -> "4910"
     dates     "Saturday, 3 March 2001"   -> "2001-03-03"  (and 14 other written formats)
 
-Train and test splits are disjoint by construction: an example belongs to the test split
-when a hash of its *key* falls in the test tenth. The key of a `dates` example is the date
-itself, so a test date is never seen in training in any format.
-
-Every date format fixes its field order, and two-digit years are used only because all
-dates lie in 1950-2049 (yy >= 50 means 19yy, yy < 50 means 20yy): each written date
-determines exactly one date, so 100% exact match is attainable.
+An example is in the test split when a hash of its *key* falls in the test tenth; a
+`dates` key is the date itself, so a test date is never seen in training in any format.
+Each date format fixes its field order and all dates lie in 1950-2049 (two-digit years
+are unambiguous), so 100% exact match is attainable.
 """
 
 from __future__ import annotations

@@ -71,37 +71,25 @@ def scaled_dot_product_attention(
     """softmax(q k^T * scale + bias, masked) v: [B, T, H, Dv] in q's dtype.
 
     Args:
-      q: [B, T, H, D] queries.
-      k: [B, S, K, D] keys; K must divide H.
-      v: [B, S, K, Dv] values.
+      q: [B, T, H, D] queries; k: [B, S, K, D] keys, K dividing H; v: [B, S, K, Dv] values.
       mask: boolean, broadcastable to [B, H, T, S]; True = may attend.
       bias: float, broadcastable to [B, H, T, S]; added to the scaled logits.
-      causal: query t sees keys s <= t only: a flag, which kernels apply without a
-        [T, S] mask ("xla" forms `causal_mask(T, S)` inside itself).
-      k_lengths: [B] int, keys s >= k_lengths[b] are padding (right padding as lengths,
-        as kernels take it).
+      causal: query t sees keys s <= t only, as a flag kernels apply without a [T, S] mask.
+      k_lengths: [B] int, keys s >= k_lengths[b] are padding.
       scale: logit scale; default 1 / sqrt(D).
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
-      q_valid, k_valid: bool [B, T] and [B, S], True = real token: the same as
-        `padding_mask(q_valid, k_valid)` in `mask`, but never formed at [T, S] by "chunked".
-      implementation: "auto" or a kernel registered in ATTENTION (functional/registry.py),
-        all computing the same function; the built-ins:
-        "auto": one of the others, chosen from shapes, dtypes and the device when traced
-          (see `choose_implementation`; the choice is logged once per shape);
-        "xla": the logits and weights materialised, [B, H, T, S] float32 (memory O(T S));
-        "chunked": online softmax over tiles of queries and keys, memory O(T + S) in the
-          forward and backward passes (see `chunked_attention`; dropout draws differ);
-        "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, NVIDIA GPUs
-          with bfloat16/float16 inputs; no dropout;
-        "tokamax_mosaic", "tokamax_triton", "tokamax_xla": tokamax's kernels (the
-          `kernels` extra; see functional/kernels.py); no dropout;
-        "splash": JAX's TPU flash kernel (functional/splash.py; Pallas interpret mode on
-          a CPU); lengths multiples of 128, no dense mask, bias or dropout.
+      q_valid, k_valid: bool [B, T] and [B, S], True = real token (as
+        `padding_mask(q_valid, k_valid)` in `mask`, never formed at [T, S] by "chunked").
+      implementation: "auto" or a kernel registered in ATTENTION, all the same function:
+        "auto" chooses when traced (`choose_implementation`; logged once per shape);
+        "xla" materialises [B, H, T, S] float32 weights; "chunked" an online softmax over
+        tiles, memory O(T + S) (`chunked_attention`; dropout draws differ); "cudnn" (NVIDIA,
+        bfloat16/float16, no dropout); "tokamax_mosaic", "tokamax_triton", "tokamax_xla"
+        (functional/kernels.py; no dropout); "splash" (JAX's TPU kernel; lengths multiples
+        of 128, no dense mask, bias or dropout).
 
     The softmax runs in float32 with the row maximum subtracted; a query with no key to
-    attend to gets all-zero weights and a zero output. `attention_weights` gives the
-    weights themselves.
-    """
+    attend to gets all-zero weights and a zero output (`attention_weights` gives the weights)."""
     _check_attention(q, k, v, mask, bias, q_valid, k_valid, k_lengths)
     check_number("dropout_rate", dropout_rate, "[0, 1)")
     if dropout_rate > 0.0 and dropout_rng is None:
@@ -212,20 +200,14 @@ def choose_implementation(
     dense: a mask or bias, which no flag or lengths express):
 
     - the first row of `AUTO_RULES` (functional/kernels.py) for the target device
-      (`kernels.target_device`, else this process's first) whose kernel takes the call:
-      JAX's splash attention on TPUs (`splash.splash_problem`), tokamax's Mosaic kernel on Hopper and
-      Blackwell GPUs (bfloat16/float16) where it builds with the installed JAX (checked
-      once per process: `kernels.kernel_failure`), "cudnn" on NVIDIA GPUs (see `_cudnn_problem`:
-      bfloat16/float16, head dim <= 128 and a multiple of 8, D = Dv, no attention
-      dropout, even lengths when masked; not under --xla_gpu_deterministic_ops=true, where
-      XLA (jax 0.11.2, H100) fails to compile a train step holding cuDNN attention);
+      (`kernels.target_device`, else this process's first) whose kernel takes the call
+      (`splash.splash_problem`, `kernels.kernel_failure`, `_cudnn_problem`; cuDNN not under
+      --xla_gpu_deterministic_ops=true, where XLA fails to compile a step holding it);
     - else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES;
-    - else "xla". CPUs (and devices whose kernels refuse the call) run XLA's code.
+    - else "xla", as on CPUs.
 
-    A missing tokamax is a reason logged, not an error. Decided at trace time from shapes,
-    dtypes, the device and whether the kernel builds there; the choice and its reasons
-    (the rows refused too) are logged (logger "jaxformer.attention", INFO) once per shape.
-    """
+    A missing tokamax is a reason logged, not an error. The choice and its reasons (rows
+    refused too) are logged (logger "jaxformer.attention", INFO) once per shape."""
     B, T, H, _ = q.shape
     S = k.shape[1]
     families = device_families(*current_target())
@@ -418,29 +400,23 @@ def multi_head_attention(
 ) -> AttentionOutput:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
-    Self-attention: x_kv is x_q. Cross-attention: x_kv is the encoder output.
-
     Args:
-      x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source.
+      x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source (x_q for
+        self-attention, the encoder output for cross-attention).
       params: the projections; H query heads, K key/value heads.
-      mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache), or
-        an `AttentionMask` (the causal flag and key lengths as structure: what the models
-        pass, so that kernels never see a dense mask a flag or lengths express).
+      mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache), or an
+        `AttentionMask` (the causal flag and key lengths as structure).
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
-      rope_positions: (q_positions, k_positions), [B, T] and [B, S], to rotate q and k
-        with rotary embeddings; None for none.
+      rope_positions: (q_positions [B, T], k_positions [B, S]) for rotary embeddings, or None.
       return_weights: also return the attention probabilities (runs "xla"; "auto" allows it).
-      implementation: the attention kernel, "auto" | "xla" | "chunked" | "cudnn" (see
-        `scaled_dot_product_attention`).
-      kv_cache: for decoding. With `cache_positions` [B, T] (cached self-attention) the
-        keys and values of x_kv are written into the cache at those slots and the queries
-        attend over the whole cache; `mask` must hide the slots not yet written. Without
-        (cross-attention over a fixed memory) the cache holds the memory's keys and values
-        from `project_kv` and x_kv must be None.
+      implementation: the attention kernel (see `scaled_dot_product_attention`).
+      kv_cache: for decoding. With `cache_positions` [B, T] the keys and values of x_kv are
+        written at those slots and the queries attend over the whole cache (`mask` hides
+        unwritten slots); without, the cache holds a fixed memory's keys and values from
+        `project_kv` and x_kv must be None.
 
     Returns:
-      AttentionOutput(out [B, T, E], weights or None, updated kv_cache or None).
-    """
+      AttentionOutput(out [B, T, E], weights or None, updated kv_cache or None)."""
     _check_inputs(x_q, x_kv, params, kv_cache, cache_positions)
     if return_weights and implementation not in ("xla", "auto"):
         raise BadValue(

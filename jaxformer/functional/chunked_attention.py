@@ -1,34 +1,16 @@
 """Chunked attention: the online softmax over blocks of keys, with memory linear in length.
 
-    out = softmax(q k^T * scale + bias, masked) v
-
-computed one [block_q, block_k] tile of logits at a time (the flash-attention schedule of
-Dao et al., 2022, in pure JAX). For each query block the running row maximum m, the row
-sum l of exp(logits - m) and the unnormalised output are carried across key blocks and
-rescaled when m grows; out = acc / l. The forward pass saves only q, k, v, the output and
-the row log-sum-exp L = m + log(l) [B, K, G, T]; the backward pass (a `jax.custom_vjp`)
-recomputes each tile's probabilities P = exp(logits - L) from them. No [T, S] array is
-ever formed, so activations and temporaries grow as O(T + S), not O(T * S).
-
-Masks are applied per tile, never materialised at [T, S]:
-  causal    from the tile's query and key positions (tiles above the diagonal are skipped);
-  q_valid   [B, T], k_valid [B, S] validity vectors (padding); k_lengths [B] (right
-            padding) becomes such a vector;
-  mask      any boolean array broadcastable to [B, H, T, S], sliced per tile. One of
-            shape [B, 1, 1, S] or [B, 1, T, 1] is linear in length; one with both a T
-            and an S extent (a dense [T, S] mask) is quadratic in memory itself, though
-            the attention over it is still computed tile by tile.
-  bias      float, broadcastable to [B, H, T, S], sliced per tile, with its gradient.
-
-Dropout on the attention weights is exact in this sense: tile (i, j) draws its keep-mask
-from `fold_in(fold_in(rng, i), j)`, the backward pass redraws the same mask, and the
-gradients are the exact gradients of the function with that mask. The mask is a
-different draw from the `"xla"` implementation's (it depends on the block sizes), so the
-two agree in distribution, not sample by sample.
-
-Row statistics, logits and accumulators are float32 whatever the input dtype; the two
-matrix products per tile take their inputs in the input dtype with float32 accumulation.
-A query with nothing to attend to gets a zero output and zero, finite gradients.
+Computes softmax(q k^T * scale + bias, masked) v one [block_q, block_k] tile at a time
+(the flash-attention schedule, in pure JAX): the running row maximum, row sum and output
+are carried across key blocks. The forward saves q, k, v, the output and the row
+log-sum-exp [B, K, G, T]; the backward (`jax.custom_vjp`) recomputes each tile from them.
+No [T, S] array is formed. Masks apply per tile: causal (tiles above the diagonal are
+skipped), q_valid [B, T] / k_valid [B, S] / k_lengths [B], a boolean `mask` and a float
+`bias` broadcastable to [B, H, T, S] (sliced per tile; a dense [T, S] one is quadratic
+in memory itself). Dropout: tile (i, j) draws its keep-mask from fold_in(fold_in(rng, i),
+j) and the backward redraws it, so gradients are exact; it matches "xla" in distribution,
+not sample by sample. Statistics and accumulators are float32; a query with nothing to
+attend to gets a zero output and zero gradients.
 """
 
 from __future__ import annotations

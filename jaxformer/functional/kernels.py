@@ -1,19 +1,16 @@
-"""Accelerator attention kernels from tokamax (openxla's library of Pallas kernels; the
-`kernels` extra: pip install 'jaxformer[kernels]'), and the table "auto" reads.
+"""Accelerator attention kernels from tokamax (Pallas kernels; the `kernels` extra:
+pip install 'jaxformer[kernels]'), and the table "auto" reads.
 
-Registered in ATTENTION, all computing `scaled_dot_product_attention`'s function (rows with
-no key to attend to give zeros, as everywhere in jaxformer), no attention dropout:
-
-  "tokamax_mosaic"  tokamax's Mosaic flash kernel: Hopper (sm90) and Blackwell (sm100)
-                    GPUs, bfloat16/float16; TPU v5 and newer, bfloat16/float32, causal flag
-                    only (no key lengths, masks or bias there)
-  "tokamax_triton"  tokamax's Triton flash kernel (NVIDIA GPUs)
+Registered in ATTENTION, each computing `scaled_dot_product_attention`'s function (rows
+with no key give zeros), no attention dropout:
+  "tokamax_mosaic"  Mosaic flash kernel: Hopper/Blackwell GPUs (bfloat16/float16); TPU
+                    v5+ (bfloat16/float32, causal flag only)
+  "tokamax_triton"  Triton flash kernel (NVIDIA GPUs)
   "tokamax_xla"     tokamax's XLA reference (any device; what the tests run on a CPU)
-
-Each takes causality as `is_causal` and padding as `key_value_seq_lengths`; only an
-explicit mask or validity vectors reach it as a mask array. tokamax is imported when a
-kernel is first traced, so jaxformer works without it. `target_device` tells "auto" which
-device it chooses for; `gpu_target` lowers these kernels for a GPU this host lacks.
+Causality goes as `is_causal`, padding as `key_value_seq_lengths`; only an explicit mask or
+validity vectors reach it as a mask array. tokamax is imported at first trace.
+`target_device` tells "auto" which device it chooses for; `gpu_target` lowers these
+kernels for a GPU this host lacks.
 """
 
 from __future__ import annotations
@@ -50,8 +47,8 @@ class AutoRule(NamedTuple):
 
 
 # "auto" walks these rows in order; the first whose family is the device's and whose
-# kernel takes the call wins; without one it runs "chunked" or "xla" (by memory). The GPU
-# report (`jaxformer bench attention` on an H100/H200) is the evidence to reorder them.
+# kernel takes the call wins; without one it runs "chunked" or "xla" (by memory). Reorder
+# them on the evidence of the GPU report (`jaxformer bench attention`).
 AUTO_RULES: tuple[AutoRule, ...] = (
     AutoRule(
         "tpu",
@@ -64,8 +61,8 @@ AUTO_RULES: tuple[AutoRule, ...] = (
         "gpu_sm90",
         "tokamax_mosaic",
         None,
-        "jax-ml/jax#35114 (H100, causal, 4k tokens, forward): Mosaic 40.6% of peak against "
-        "cuDNN with a dense mask 15.8%; cuDNN with is_causal not yet measured here",
+        "jax-ml/jax#35114: on Hopper, causal, Mosaic runs well ahead of cuDNN with a dense "
+        "mask; cuDNN with is_causal not yet compared",
     ),
     AutoRule("gpu_sm100", "tokamax_mosaic", None, "as on sm90; not measured here"),
     AutoRule("gpu", "cudnn", None, "cuDNN's fused kernel wherever it takes the call"),
@@ -169,7 +166,7 @@ def _fails_here(name: str):
 def kernel_failure(name: str, capability: str | None = None) -> str | None:
     """Why tokamax's `name` kernel fails to build, or None: its forward and backward on
     one small bfloat16 causal call ([1, 128, 2, 64]), once per process: compiled on the
-    default device, or with `capability` ("9.0": an H100) lowered for that NVIDIA GPU on
+    default device, or with `capability` ("9.0": Hopper) lowered for that NVIDIA GPU on
     any host (`gpu_lowering`). A release of tokamax can lag a release of JAX; "auto" then
     runs the next row of its table rather than a kernel that cannot run. Shapes other than
     the probe's are not checked."""

@@ -1,25 +1,16 @@
 """Matrix products that accumulate in float32 and take bfloat16 operands in both passes.
 
-A GEMM with bfloat16 operands accumulates in float32 inside itself. Two products:
-
 - `einsum_f32(spec, x, w, bias)`: the product (+ bias) returned in x's dtype.
-- `einsum_to_f32(spec, x, w)`: the product returned in float32, for what a softmax reads
-  (attention logits).
+- `einsum_to_f32(spec, x, w)`: the product returned in float32 (e.g. attention logits).
 
-For float32 operands both are plain float32 products with autodiff's gradients. For
-bfloat16 operands their gradients are written out (`jax.custom_vjp`) so that the backward
-products take bfloat16 operands too: autodiff would give them a float32 cotangent wherever
-the product is accumulated into float32 (the transpose keeps `preferred_element_type`,
-jax-ml/jax#23797), which makes a GPU run TF32 GEMMs and a CPU convert to float32. The
-cotangent is rounded to bfloat16 first, as flash attention's backward does; a bias's
-gradient is summed in float32.
-
-What a bfloat16 product writes is chosen per platform when the program is lowered
-(`lax.platform_dependent`, so a program exported for a TPU or GPU from a CPU gets the
-accelerator's form): a GPU's or TPU's GEMM writes bfloat16 from its float32 accumulator,
-while XLA's CPU backend multiplies bfloat16 at full speed only into float32, so there the
-product is written in float32, the bias added, and the sum rounded once. Forward-mode
-`jax.jvp` is not defined through the written-out gradients.
+For float32 operands both are plain products. For bfloat16 operands the gradients are
+written out (`jax.custom_vjp`) so the backward products take bfloat16 operands too:
+autodiff would give a float32 cotangent (jax-ml/jax#23797), i.e. TF32 GEMMs on a GPU. The
+cotangent is rounded to bfloat16 first; a bias's gradient is summed in float32. The
+output form is chosen per platform at lowering (`lax.platform_dependent`): a GPU's or
+TPU's GEMM writes bfloat16, while on a CPU the product is written in float32, the bias
+added and the sum rounded once (XLA's CPU multiplies bfloat16 fast only into float32).
+Forward-mode `jax.jvp` is not defined through the written-out gradients.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Named variants of the parts a researcher swaps, each a pure function: feed-forward
-activations, norms, attention kernels and fixed position tables. The built-ins are registered here like any
-other, and the config, the layers and the command look names up in these registries only.
-
-    import jax, jax.numpy as jnp
-    from jaxformer import functional as F
+"""Named variants of the parts a researcher swaps, each a pure function: activations, norms,
+attention kernels and fixed position tables. Built-ins register here like any other; the
+config, layers and command look names up in these registries only.
 
     @F.ACTIVATIONS.register("squared_relu")          # So et al. (2021), Primer
     def squared_relu(h):
@@ -11,9 +8,9 @@ other, and the config, the layers and the command look names up in these registr
 
     config = TransformerConfig.tiny(259, activation="squared_relu")
 
-A variant lives in the user's own file; importing it registers it (the `jaxformer`
-command takes `--variants FILE.py`). Configs and checkpoints hold the names, so restoring
-a model whose variant is not registered is an error naming it.
+A variant lives in the user's file; importing it registers it (the command takes
+`--variants FILE.py`). Configs and checkpoints hold the names, so restoring a model whose
+variant is not registered is an error naming it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Named sites in the forward pass, where a value can be read (captured) or replaced (an
-intervention). The layers mark their sites with `site(name, value)` inside `scope`s, so a
-site has a readable path such as `decoder/1/cross_attention/weights`.
+intervention). Layers mark them with `site(name, value)` inside `scope`s, giving paths
+such as `decoder/1/cross_attention/weights`. Outside `recording()` a site returns its
+value untouched and adds nothing to the program; inside (jitted or not) values are
+captured and interventions applied as the function is traced.
 
-The mechanism is a trace-time context, not module state: the math lives in pure
-functions here, so the sites are in the functions (NNX's `sow` stores values on modules,
-which the functional core does not have). Outside `recording()` a site returns its value
-untouched and adds nothing to the traced program, so the compiled program is the one
-without sites. Inside, under `jax.jit` or not, captured values are collected and
-interventions applied as the function is traced.
-
-Sites of every layer (under `encoder/<i>/` or `decoder/<i>/`), for each sub-layer
-`self_attention`, `cross_attention` (decoder layers with a memory) and `ffn`:
+Sites of every layer (`encoder/<i>/`, `decoder/<i>/`), per sub-layer `self_attention`,
+`cross_attention` and `ffn`:
   <sub-layer>/in      the residual stream entering it [B, T, E]
   <sub-layer>/out     its output, before dropout and the residual sum [B, T, E]
   <attention>/heads   each head's output before W^O [B, T, H, Dv] (zero one to ablate it)

@@ -1,25 +1,17 @@
 """Hugging Face checkpoints in and out: GPT-2, Marian and BART (`pip install 'jaxformer[hf]'`;
 `transformers` is needed only to pass a model object, a folder is read with `safetensors`).
 
-    model_type   transformers class                jaxformer
-    gpt2         GPT2LMHeadModel (or GPT2Model)    DecoderLM: pre-LN, learned positions,
-                                                   tanh-GELU, biases, final norm, tied output
-    marian       MarianMTModel (or MarianModel)    Transformer: post-LN, [sin | cos] sinusoids,
-                                                   logits bias, one shared embedding
-    bart         BartForConditionalGeneration      Transformer: post-LN, learned positions,
-                 (or BartModel)                    a norm after the embeddings, logits bias
+    gpt2    GPT2LMHeadModel / GPT2Model        -> DecoderLM (pre-LN, learned positions)
+    marian  MarianMTModel / MarianModel        -> Transformer (post-LN, sinusoids)
+    bart    BartForConditionalGeneration / BartModel -> Transformer (post-LN, learned)
 
-`from_hf` reads the architecture from the Hugging Face config (`config_from_hf`) and
-copies the weights; `to_hf` writes `config.json` and `model.safetensors` that
-`from_pretrained` loads. Refused, with an error naming the option: another model_type,
-encoder and decoder of different widths or head counts, untied or unshared embeddings
-where jaxformer ties them all, GPT-2's attention scaled by layer index or unscaled, GPT-2
-cross-attention, and activations other than relu, gelu, gelu_new / gelu_pytorch_tanh and
-swish / silu. Dropout converts as jaxformer has it (one residual-and-embedding rate and an
-attention rate); what only changes training is not refused but differs: GPT-2's embd_pdrop
-(jaxformer uses resid_pdrop), Marian/BART's activation_dropout and layerdrop (jaxformer
-has neither). BART's position table has two unused leading rows (its offset): they are
-dropped, and written back as zeros.
+`from_hf` reads the architecture (`config_from_hf`) and copies the weights; `to_hf` writes
+`config.json` and `model.safetensors` that `from_pretrained` loads. What jaxformer cannot
+express (another model_type, mismatched encoder/decoder widths, untied embeddings, GPT-2's
+scaled-by-layer or unscaled attention, other activations) is refused with an error naming
+it. Training-only differences are not refused: GPT-2's embd_pdrop, Marian/BART's
+activation_dropout and layerdrop. BART's two unused leading position rows are dropped,
+and written back as zeros.
 """
 
 from __future__ import annotations

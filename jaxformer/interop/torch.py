@@ -1,30 +1,16 @@
-"""Weights to and from PyTorch's Transformer modules. torch is imported only when called
-(`pip install 'jaxformer[torch]'`).
+"""Weights to and from PyTorch's Transformer modules (torch imported only when called).
 
-    torch.nn                      jaxformer.nn
-    MultiheadAttention            MultiHeadAttention
-    TransformerEncoderLayer       EncoderLayer
-    TransformerDecoderLayer       DecoderLayer
-    TransformerEncoder            EncoderStack
-    TransformerDecoder            DecoderStack
-    Transformer                   EncoderDecoder (the stacks; torch has no embeddings)
-
-`from_torch` copies the weights into the jaxformer module with the same architecture;
-`to_torch` builds the torch module from a jaxformer one. The jaxformer module is always
-batch-first ([B, T, E]), whatever torch's `batch_first`, and takes boolean masks with
-True = may attend: `mask_from_torch` converts torch's masks (True or -inf = may not).
-
-torch's options map onto `TransformerConfig` as d_model, nhead -> num_heads,
-dim_feedforward -> d_ff, norm_first -> norm_placement "pre"/"post", activation "relu" /
-"gelu" (exact, erf), layer_norm_eps -> norm_eps, bias -> attention_bias, ffn_bias and
-norm_bias together, the stacks' final LayerNorm (always present in nn.Transformer) ->
-final_norm, dropout -> dropout_rate (residual) and attention_dropout_rate. What has no
-counterpart is refused with an error naming the option: kdim/vdim different from
-embed_dim, add_bias_kv, add_zero_attn, an activation other than relu or exact gelu,
-LayerNorms without elementwise_affine, layers of one stack with different options, and
-float16/float64 weights. Two differences only matter in training or on degenerate
-input: torch also applies dropout to the feed-forward hidden activations (jaxformer does
-not), and a query with no key to attend to gives NaN in torch and zeros in jaxformer.
+torch.nn MultiheadAttention, TransformerEncoderLayer/DecoderLayer, TransformerEncoder/
+Decoder and Transformer map to jaxformer.nn MultiHeadAttention, EncoderLayer/DecoderLayer,
+EncoderStack/DecoderStack and EncoderDecoder. `from_torch` copies the weights into the
+jaxformer module of the same architecture; `to_torch` builds the torch module. jaxformer
+is always batch-first and takes boolean masks with True = may attend (`mask_from_torch`
+converts torch's). torch's options map onto `TransformerConfig` (d_model, nhead,
+dim_feedforward, norm_first, relu / exact gelu, layer_norm_eps, bias, final LayerNorm,
+dropout); what has no counterpart (kdim/vdim, add_bias_kv, add_zero_attn, other
+activations, LayerNorms without affine, layers with different options, float16/float64
+weights) is refused with an error naming it. torch also drops out the feed-forward hidden
+activations, and gives NaN where jaxformer gives zeros for a query with no key.
 """
 
 from __future__ import annotations

@@ -25,16 +25,12 @@ def initialize(
 ) -> None:
     """Join the group of `num_processes` processes as `process_id`.
 
-    `coordinator="auto"` lets JAX read everything from the cluster (Cloud TPU pod slices,
-    SLURM, Open MPI). A coordinator that cannot be reached within `timeout_s` seconds is
-    a ConnectionError, not a hang; arguments out of range are a ValueError.
-
-    JAX's client aborts the whole process when it cannot register in time, so processes
-    other than 0 first wait (up to `timeout_s`) until the coordinator's port accepts
-    connections, and fail with a clear message if it never does. Then every process waits
-    up to `timeout_s` for all to join; if some never come, JAX ends the process with
-    DEADLINE_EXCEEDED (process 0 first prints what it is waiting for).
-    """
+    `coordinator="auto"` lets JAX read everything from the cluster (TPU pod slices, SLURM,
+    Open MPI). Arguments out of range are a ValueError. JAX's client aborts the process when
+    it cannot register in time, so processes other than 0 first wait up to `timeout_s` for
+    the coordinator's port and raise a ConnectionError if it never opens; then every process
+    waits up to `timeout_s` for all to join (else JAX ends it with DEADLINE_EXCEEDED, process
+    0 first printing what it waits for)."""
     if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or timeout_s < 1:
         raise BadValue(f"timeout_s must be a positive int (seconds), got {timeout_s!r}")
     if coordinator == "auto":

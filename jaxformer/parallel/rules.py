@@ -1,20 +1,17 @@
 """Sharding rules: from the logical axis names that parameters carry to mesh axes.
 
-Every parameter declares logical axes (`jaxformer.nn.LOGICAL_AXES`), e.g. the
-query projection W^Q [E, H, Dk] is ("embed", "heads", "kv"). A rule maps each logical
-name to a mesh axis (or a tuple of them, or None = not split). The default rules give
-data parallelism, FSDP and Megatron-style tensor parallelism at once; a mesh axis of
-size 1 switches its part off:
+Every parameter declares logical axes (`jaxformer.nn.LOGICAL_AXES`), e.g. W^Q [E, H, Dk]
+is ("embed", "heads", "kv"). A rule maps each name to a mesh axis (a tuple, or None = not
+split). The defaults give data, FSDP and tensor parallelism; a size-1 mesh axis is off:
 
     batch     -> (data, fsdp)  every batch row lives on one (data, fsdp) slice
-    embed     -> fsdp          parameters (and with them Adam's moments) split by d_model
+    embed     -> fsdp          parameters (and Adam's moments) split by d_model
     norm      -> fsdp
     heads     -> tensor        W^Q, W^K, W^V split by output head, W^O by input head
     mlp       -> tensor        W1 split by column, W2 by row: one all-reduce per sub-layer
     kv, vocab, position, layers, seeds -> not split
-
-The vocabulary is not split by default: the byte vocabulary (259) divides by nothing.
-Pass `rules=DEFAULT_RULES | {"vocab": "tensor"}` for a large vocabulary.
+The vocabulary is not split by default (259 bytes divide by nothing); pass
+`rules=DEFAULT_RULES | {"vocab": "tensor"}` for a large one.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
-"""Training dynamics (`RunConfig.runtime.log_internals`): what the train step's internals variant
-returns besides the loss, computed inside the compiled step from the gradients, the
-parameters before and after the update, and named sites (`functional/sites.py`) read in
-the same forward pass as the loss.
-
-Keys of the returned dict (all float32 scalars; `<module>` is a parameter-tree path with
-the stack's `layers` and the parameter's own name left out, e.g. `encoder/0/self_attention`,
-`decoder/1/ffn`, `decoder/1/norm2`, `src_inputs/embed`):
-  grad_norm, grad_norm/<module>       the gradient (before clipping) per module and overall
+"""Training dynamics (`RunConfig.runtime.log_internals`), computed inside the compiled step
+from the gradients, the parameters before and after the update, and named sites
+(`functional/sites.py`). Keys (float32 scalars; `<module>` is a parameter path such as
+`decoder/1/ffn`):
+  grad_norm, grad_norm/<module>       the gradient before clipping
   param_norm, param_norm/<module>     the parameters after the update
   update_norm, update_norm/<module>   new parameters - old parameters
   attention_entropy/<stack>/<i>/<attention>/head<h>
-                                      -sum_s p log p in nats, mean over the real queries
-                                      of the batch (of the weights before attention dropout)
-  activation_rms/<stack>/<i>          RMS of the residual stream after layer i, over the
-                                      real tokens
-
-Sites exist per layer only, so models with scan_layers or remat log the norms alone.
-Attention weights are read only where the run's attention materialises them anyway:
-implementation "xla", or "auto" where it picks "xla" for that attention's shapes; with
-"chunked" or "cudnn" the weights never exist and there is no entropy for that attention
-(asking for them would swap in the plain kernel and its [B, H, T, S] memory).
+                                      -sum p log p in nats, mean over real queries
+  activation_rms/<stack>/<i>          RMS of the residual stream after layer i
+Sites exist per layer only, so scan_layers or remat models log the norms alone. Entropy
+needs materialised weights: implementation "xla" (or "auto" picking it), none with
+"chunked" or "cudnn".
 """
 
 from __future__ import annotations

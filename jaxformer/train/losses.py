@@ -1,21 +1,15 @@
 """Token-level cross-entropy with label smoothing (section 5.4), ignoring padding.
 
-The smoothed target is q = (1 - eps) * one_hot(y) + eps / V (uniform over the vocabulary,
-as in Szegedy et al., 2016). Its cross-entropy with p = softmax(logits) is
+With the smoothed target q = (1 - eps) * one_hot(y) + eps / V and p = softmax(logits):
 
     H(q, p) = (1 - eps) * NLL + eps * (logsumexp(logits) - mean(logits)),
 
 computed in float32 without materialising q. NLL, perplexity and accuracy are reported
-without smoothing; a token counts as correct when its target's logit is the row's maximum
-(ties included), so no argmax is taken.
-
-`cross_entropy` reads the logits twice (the row maximum, then the sum of exponentials,
-and the sum of the logits only when eps > 0); its gradient is written out as
-softmax - (1 - eps) one_hot(y) - eps / V, one pass with no scatter.
-`chunked_cross_entropy` computes the same sums from the last hidden states and the output
-projection without the [B, T, V] float32 logits: it walks the vocabulary in chunks with an
-online logsumexp, and its backward pass recomputes each chunk's logits. `lm_head_choice`
-says which of the two a training step uses (the config's `lm_head`).
+unsmoothed; a token is correct when its target's logit is the row's maximum (ties
+included). `cross_entropy` writes its gradient out (softmax - (1 - eps) one_hot(y) -
+eps / V). `chunked_cross_entropy` computes the same sums from the hidden states and the
+output projection without the [B, T, V] logits, walking the vocabulary in chunks and
+recomputing them in the backward pass. `lm_head_choice` picks one (the config's `lm_head`).
 """
 
 from __future__ import annotations
@@ -39,13 +33,10 @@ from jaxformer.checks import (
 from jaxformer.config import LM_HEADS
 from jaxformer.functional.matmul import einsum_f32
 
-# "auto" takes the chunked head from this many logits B*T*V up (256 MiB in float32, e.g. a
-# batch of 2 x 640 tokens over GPT-2's 50,304 ids) on a device that does not report its
-# memory (a CPU), and from an eighth of the device's memory in float32 logits on one that
-# does (2.5e9 logits on an 80 GB H100): the chunked head recomputes the [B*T, E] x [E, V]
-# product in its backward pass, and on an H100 GPT-2-small's step at batch 32 took 103.6
-# ms with it against 97.6 dense (issue 42's table, before either head's backward ran in
-# bfloat16).
+# "auto" takes the chunked head from this many logits B*T*V up (256 MiB in float32) on a
+# device that does not report its memory (a CPU), and from an eighth of the device's memory
+# in float32 logits on one that does: the chunked head recomputes the [B*T, E] x [E, V]
+# product in its backward pass, so it is slower where the dense logits fit.
 AUTO_CHUNKED_LOGITS = 2**26
 
 

@@ -3,25 +3,14 @@
     runs = seed_runs(run, seeds=(0, 1, 2))          # run once per seed, in <out>/seed<S>
     summaries = train_seeds(model_config, runs)      # one program for all three
 
-Each seed keeps what its separate run would have: its initialisation, dropout key and
-data order (its own `set_up`, on data read and tokenized once for the group and
-`reseeded`), and its folder: config.json, metrics.jsonl, checkpoints,
-the evaluations, summary.json and the report, so resume, `jaxformer sweep` and the tables
-read it as a separate run's. On an accelerator (or `vmapped=True`) their states are
-stacked on a leading seed axis and the step is `jax.vmap`ped over it
-(`jaxformer.train.seeds`): one program and one dispatch per step for all k, each step's k
-batches padded to the longest (`shared_lengths` keeps translation batches alike). On a
-CPU (or `vmapped=False`) each seed's state is stepped in turn by the one program of one
-seed, compiled once: its steps are its separate run's, without k compilations and k
-data builds. Each seed's figures equal its separate run's to float rounding (the vmapped
-reductions may sum in another order; tests/train/test_seed_group.py states the tolerance).
-
-The hooks (in-run evaluation, checkpoint, the caller's, final evaluation) run for each
-seed in turn with its own state; the dev pairs an evaluation decodes with the step's
-parameters are decoded for all seeds at once, one vmapped program per batch
-(`decode.translate_seeds`), the rest (averaged checkpoints, test pairs) seed by seed. A stop (Ctrl-C,
-SIGTERM, SIGHUP) saves every seed's last step. Seeds run vmapped on one device: a run
-with a mesh or pmap, a profile or logged internals trains its seeds separately.
+Each seed keeps its separate run's initialisation, dropout key, data order (data read and
+tokenized once for the group) and folder, so resume, sweeps and tables read it as a
+separate run. On an accelerator (or `vmapped=True`) the states are stacked on a seed axis
+and the step is `jax.vmap`ped (`jaxformer.train.seeds`); on a CPU each seed is stepped in
+turn by one compiled program. Figures equal the separate runs' to float rounding. Hooks
+run per seed; dev decoding is vmapped over seeds (`decode.translate_seeds`). A stop saves
+every seed's last step. A run with a mesh or pmap, a profile or logged internals trains
+its seeds separately.
 """
 
 from __future__ import annotations

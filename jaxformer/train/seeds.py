@@ -1,19 +1,16 @@
 """Seeds as an axis: k seeds of one configuration trained as one compiled program.
 
-Each seed keeps what its own run would have: its initialisation (the model built with its
-seed), its dropout key, and its data order (a dataset built with its seed). Their train
-states are stacked on a leading seed axis [k, ...], each step's k batches too, and the step
-is `jax.vmap`ped over that axis: one program, one dispatch per step for all k, instead of
-k programs (or k processes) each compiling and dispatching its own.
+Each seed keeps its own run's initialisation, dropout key and data order. The train states
+are stacked on a leading seed axis [k, ...], each step's k batches too, and the step is
+`jax.vmap`ped: one program and one dispatch per step for all k.
 
     states = stack([create_train_state(model_for(seed), optimizer, seed)[1] for seed in seeds])
     step = jax.jit(jax.vmap(train_step), donate_argnums=0)
     states, metrics = step(states, stack_batches([d.train_batch(i, B) for d in datas]))
     per_seed = unstack(states)                 # one TrainState per seed, for its run folder
 
-Batches of different lengths (translation pairs are padded per batch) are padded to the
-longest; the padding is masked like any other, so each seed's numbers are its own run's
-to float rounding.
+Batches of different lengths are padded to the longest and the padding masked, so each
+seed's numbers are its own run's to float rounding.
 """
 
 from __future__ import annotations

@@ -177,15 +177,9 @@ def make_train_step(
 
     With accum_steps = k the batch (leading size k * b) is cut into k micro-batches whose
     gradients are summed in float32 before one update: the same update as the whole batch.
-    Loss sums and gradients are summed over pmap replicas (`sum_over_replicas`) before
-    the update; on one device or a mesh that is the identity.
-
-    With `internals`, metrics["internals"] also holds the training dynamics of
-    `jaxformer.train.internals` (norms per module, attention entropy per head, activation
-    RMS per layer), the activations read at named sites of the forward pass that computes
-    the loss (no second pass). It is a second program: the loop runs it on the logged
-    steps only, so the other steps run the step without, whose program is unchanged.
-    """
+    Loss sums and gradients are summed over pmap replicas (`sum_over_replicas`) first. With
+    `internals`, metrics["internals"] also holds `jaxformer.train.internals`' dynamics, read
+    in the same forward pass; it is a second program, run on the logged steps only."""
     check_int("accum_steps", accum_steps)
     check_number("label_smoothing", label_smoothing, "[0, 1)")
     forward = _loss_sums_and_activations if internals else _loss_sums_only
