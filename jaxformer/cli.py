@@ -7,11 +7,9 @@
     jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
 
-A plugin (`jaxformer.plugins`) adds commands: jaxformer-lab adds sweep, bench and reports.
-Bad input (a `checks.InputError`) is reported in one line with exit code 2
-(JAXFORMER_TRACEBACK=1 for the traceback); any other exception shows its traceback. A
-diverged run exits with 1. Ctrl-C saves a checkpoint and exits with 130; SIGTERM and
-SIGHUP do the same and exit with 128 + the signal's number.
+Plugins (`jaxformer.plugins`) add commands. Exit codes: 2 for bad input (a
+`checks.InputError`, one line; JAXFORMER_TRACEBACK=1 for the traceback), 1 for a diverged
+run, 130 for Ctrl-C and 128 + signal for SIGTERM/SIGHUP (both save a checkpoint first).
 """
 
 from __future__ import annotations

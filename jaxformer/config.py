@@ -76,15 +76,11 @@ class TransformerConfig:
 
     Head dims d_k / d_v default to d_model / num_heads. `num_kv_heads` < num_heads gives
     grouped-query (or, at 1, multi-query) attention. `dtype` is the compute dtype;
-    parameters are kept in `param_dtype`. norm_eps, norm_bias, attention_bias, ffn_bias
-    and final_norm also describe models that differ from the paper, such as PyTorch's
-    nn.Transformer (see jaxformer.interop.torch).
+    parameters are kept in `param_dtype`.
 
-    `remat` trades compute for memory in training (see REMAT); `scan_layers` keeps each
-    layer stack's parameters stacked [N, ...] and runs it as one scan, so compile time
-    does not grow with depth (checkpoints then hold the stacked layout). Neither changes
-    the numbers. `lm_head` chooses how training computes the output projection and its loss
-    (see LM_HEADS); the chunked head equals the dense one up to float rounding.
+    `remat` trades compute for memory (see REMAT); `scan_layers` stacks each layer stack's
+    parameters [N, ...] and runs it as one scan, so compile time does not grow with depth.
+    `lm_head` chooses how training computes the output projection and loss (LM_HEADS).
     """
 
     vocab_size: int = option(

@@ -3,15 +3,11 @@
 
 `src_tokens` [B, S] are a `Transformer`'s sources (the encoder and the cross-attention
 keys and values run once) or a `DecoderLM`'s right-padded prompts [B, T]; `src_valid`
-marks the real tokens. Each prompt row keeps its own length in the cache, so its tokens
-sit at positions 0, 1, ... as in an unpadded forward pass. The prompt is prefilled in one
-call, then `model.extend` writes one token per step into a fixed-size cache, all in one
-`lax.while_loop` that stops when every row has finished. Outputs hold only the generated
-tokens: each row up to and including its first EOS, then `pad_id` filler (which
-`tok.decode` must drop). The special ids default to the built-in tokenizers'. The
-searches (`run_sampling`, `run_beam_search`) take any step function
-`step(state, tokens [B]) -> (logits [B, V], state)`, so they can drive a cache-free
-reference with the same logic.
+marks the real tokens; each prompt row keeps its own positions 0, 1, ... in the cache.
+The prompt is prefilled in one call, then `model.extend` writes one token per step in one
+`lax.while_loop`. Outputs hold only the generated tokens: each row up to and including its
+first EOS, then `pad_id` filler. `run_sampling` and `run_beam_search` take any step function
+`step(state, tokens [B]) -> (logits [B, V], state)`.
 """
 
 from __future__ import annotations
@@ -124,11 +120,9 @@ def beam_search(
     """Beam search with the GNMT length penalty, the paper's beam 4 and alpha 0.6.
 
     A hypothesis of n tokens (EOS included) and log-probability L scores
-    L / ((5 + n) / 6) ** alpha. The beam keeps the `beam_size` most probable expansions; one
-    ending in EOS (or at its row's maximum length) moves to the row's pool of the best
-    `beam_size` finished ones. The search stops when no live hypothesis can still enter a
-    pool (beam size 1 is greedy). A row's maximum length is its input's length + 50 (the
-    paper) within the position table, or `max_new_tokens` when given.
+    L / ((5 + n) / 6) ** alpha. Finished hypotheses move to a per-row pool of the best
+    `beam_size`; the search stops when no live one can still enter it. A row's maximum
+    length is its input's length + 50, or `max_new_tokens` when given.
 
     Returns:
       tokens [B, beam_size, N] and scores [B, beam_size], best first; a pool entry never

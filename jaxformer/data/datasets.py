@@ -8,8 +8,7 @@ continues with exactly the batches it would have seen.
     DocumentData  documents for language modelling, packed into rows of fixed length;
                TextData: from a text file (the lab's Bibles: a version's chapters)
 
-Each implements `TrainingData`, what the training loop and evaluation read of a dataset:
-what it trains, its batches, and how it is judged.
+Each implements `TrainingData`.
 """
 
 from __future__ import annotations
@@ -42,20 +41,17 @@ class TrainingData(Protocol):
     it for the defaults of `description` and `counts`.
 
         model_kind   the model class it trains: "Transformer" or "DecoderLM"
-        metrics      held-out metrics beyond the loss (`jaxformer.train.metrics.METRICS`),
-                     computed on predictions of `dev_pairs`; () for none
+        metrics      held-out metrics beyond the loss (`metrics.METRICS`); () for none
         max_len      the longest sequence a batch holds (the model's max_len must reach it)
         tgt_len      the most target positions T a batch holds; predictions stop there
-        dev_pairs    the held-out (source, target) pairs evaluated (an in-run evaluation
-                     decodes a prefix); empty where nothing is decoded (an LM)
+        dev_pairs    the held-out (source, target) pairs decoded; empty for an LM
         test_pairs   the pairs only the final model is scored on (`RunConfig.eval.final_test`)
         description  what the data kept and dropped, said as a run starts ("": nothing)
         counts       the numbers behind it, summary.json's `data_counts` ({}: none)
 
-    A batch is a dict of NumPy arrays over B rows: an encoder-decoder's `src`, `src_valid`
-    [B, S] and `tgt_in`, `tgt_out`, `tgt_valid` [B, T]; a language model's `tgt_in`,
-    `tgt_out`, `tgt_valid`, `segment_ids` and `positions` [B, T] (see
-    `jaxformer.train.steps`). Token arrays are int32, `*_valid` bool (True = a real token)."""
+    A batch is a dict of NumPy arrays: `src`, `src_valid` [B, S] (encoder-decoder only),
+    `tgt_in`, `tgt_out`, `tgt_valid` [B, T], and an LM's `segment_ids`, `positions` [B, T];
+    tokens int32, `*_valid` bool (see `jaxformer.train.steps`)."""
 
     model_kind: str
     metrics: tuple[str, ...]
@@ -153,15 +149,11 @@ class TaskData(TrainingData):
 class PairData(TrainingData):
     """Translation pairs: epoch-wise shuffles of the training pairs; within a pool of 50
     batches, pairs of similar length (the longer side) are batched together, padded to a
-    multiple of `pad_multiple` tokens, and the batches shuffled. With `shared_lengths` that
-    shuffle is the same for every seed, so stacked seeds' batches (`seeds.stack_batches`)
-    differ little in length. With `batch_tokens` a batch holds the pairs of one padded
-    length that fit that many tokens per side (rows of batch_tokens // length, the last
-    batch of a length filled with all-padding rows), the same batches every epoch in a new
-    order. `train` and `dev` hold (source, target, (source ids, target ids)). `dev_pairs` are
-    `dev_size` dev pairs drawn with DEV_SEED (the same for every run seed), stratified by
-    `dev_groups` in `stratified_order`, so any prefix is a stratified sample too. The `test`
-    (source, target) pairs are scored by the final model alone, all of them."""
+    multiple of `pad_multiple` tokens, and the batches shuffled (the same for every seed
+    with `shared_lengths`). With `batch_tokens` a batch holds the pairs of one padded length
+    that fit that many tokens per side. `train` and `dev` hold (source, target, (source ids,
+    target ids)). `dev_pairs` are `dev_size` dev pairs drawn with DEV_SEED, stratified by
+    `dev_groups` so any prefix is a stratified sample. `test` is scored by the final model."""
 
     model_kind = "Transformer"
     metrics = ("exact_match", "bleu", "chrf")

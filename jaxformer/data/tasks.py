@@ -6,10 +6,8 @@
     addition  "4817+93"                  -> "4910"
     dates     "Saturday, 3 March 2001"   -> "2001-03-03"  (and 14 other written formats)
 
-An example is in the test split when a hash of its *key* falls in the test tenth; a
-`dates` key is the date itself, so a test date is never seen in training in any format.
-Each date format fixes its field order and all dates lie in 1950-2049 (two-digit years
-are unambiguous), so 100% exact match is attainable.
+An example is in the test split when a hash of its *key* falls in the test tenth (for
+`dates` the date itself, so a test date is never trained on in any format).
 """
 
 from __future__ import annotations

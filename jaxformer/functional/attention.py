@@ -78,18 +78,12 @@ def scaled_dot_product_attention(
       k_lengths: [B] int, keys s >= k_lengths[b] are padding.
       scale: logit scale; default 1 / sqrt(D).
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
-      q_valid, k_valid: bool [B, T] and [B, S], True = real token (as
-        `padding_mask(q_valid, k_valid)` in `mask`, never formed at [T, S] by "chunked").
-      implementation: "auto" or a kernel registered in ATTENTION, all the same function:
-        "auto" chooses when traced (`choose_implementation`; logged once per shape);
-        "xla" materialises [B, H, T, S] float32 weights; "chunked" an online softmax over
-        tiles, memory O(T + S) (`chunked_attention`; dropout draws differ); "cudnn" (NVIDIA,
-        bfloat16/float16, no dropout); "tokamax_mosaic", "tokamax_triton", "tokamax_xla"
-        (functional/kernels.py; no dropout); "splash" (JAX's TPU kernel; lengths multiples
-        of 128, no dense mask, bias or dropout).
+      q_valid, k_valid: bool [B, T] and [B, S], True = real token.
+      implementation: "auto" (`choose_implementation`) or a kernel in ATTENTION: "xla"
+        ([B, H, T, S] float32 weights), "chunked" (online softmax, memory O(T + S)),
+        "cudnn", "tokamax_*" (functional/kernels.py) or "splash" (TPU); same function.
 
-    The softmax runs in float32 with the row maximum subtracted; a query with no key to
-    attend to gets all-zero weights and a zero output (`attention_weights` gives the weights)."""
+    The softmax runs in float32; a query with no key to attend to gives zero output."""
     _check_attention(q, k, v, mask, bias, q_valid, k_valid, k_lengths)
     check_number("dropout_rate", dropout_rate, "[0, 1)")
     if dropout_rate > 0.0 and dropout_rng is None:
@@ -195,19 +189,10 @@ def choose_implementation(
     explicit: bool = False,
     dense: bool = False,
 ) -> str:
-    """The implementation "auto" runs for q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv]
-    (masked: any masking; padded: key lengths; explicit: a mask, bias or validity vectors;
-    dense: a mask or bias, which no flag or lengths express):
-
-    - the first row of `AUTO_RULES` (functional/kernels.py) for the target device
-      (`kernels.target_device`, else this process's first) whose kernel takes the call
-      (`splash.splash_problem`, `kernels.kernel_failure`, `_cudnn_problem`; cuDNN not under
-      --xla_gpu_deterministic_ops=true, where XLA fails to compile a step holding it);
-    - else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES;
-    - else "xla", as on CPUs.
-
-    A missing tokamax is a reason logged, not an error. The choice and its reasons (rows
-    refused too) are logged (logger "jaxformer.attention", INFO) once per shape."""
+    """The implementation "auto" runs (masked: any masking; padded: key lengths; explicit:
+    a mask, bias or validity vectors; dense: a mask or bias): the first row of `AUTO_RULES`
+    for the target device whose kernel takes the call; else "chunked" when the plain logits
+    would exceed AUTO_CHUNKED_BYTES; else "xla". Logged (INFO) once per shape."""
     B, T, H, _ = q.shape
     S = k.shape[1]
     families = device_families(*current_target())
@@ -401,8 +386,7 @@ def multi_head_attention(
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W^Q_i, ...).
 
     Args:
-      x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source (x_q for
-        self-attention, the encoder output for cross-attention).
+      x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source.
       params: the projections; H query heads, K key/value heads.
       mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache), or an
         `AttentionMask` (the causal flag and key lengths as structure).
@@ -410,10 +394,8 @@ def multi_head_attention(
       rope_positions: (q_positions [B, T], k_positions [B, S]) for rotary embeddings, or None.
       return_weights: also return the attention probabilities (runs "xla"; "auto" allows it).
       implementation: the attention kernel (see `scaled_dot_product_attention`).
-      kv_cache: for decoding. With `cache_positions` [B, T] the keys and values of x_kv are
-        written at those slots and the queries attend over the whole cache (`mask` hides
-        unwritten slots); without, the cache holds a fixed memory's keys and values from
-        `project_kv` and x_kv must be None.
+      kv_cache: for decoding: with `cache_positions` [B, T], x_kv's keys and values are
+        written at those slots; without, it holds `project_kv`'s memory and x_kv is None.
 
     Returns:
       AttentionOutput(out [B, T, E], weights or None, updated kv_cache or None)."""

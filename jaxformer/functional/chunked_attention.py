@@ -4,13 +4,9 @@ Computes softmax(q k^T * scale + bias, masked) v one [block_q, block_k] tile at 
 (the flash-attention schedule, in pure JAX): the running row maximum, row sum and output
 are carried across key blocks. The forward saves q, k, v, the output and the row
 log-sum-exp [B, K, G, T]; the backward (`jax.custom_vjp`) recomputes each tile from them.
-No [T, S] array is formed. Masks apply per tile: causal (tiles above the diagonal are
-skipped), q_valid [B, T] / k_valid [B, S] / k_lengths [B], a boolean `mask` and a float
-`bias` broadcastable to [B, H, T, S] (sliced per tile; a dense [T, S] one is quadratic
-in memory itself). Dropout: tile (i, j) draws its keep-mask from fold_in(fold_in(rng, i),
-j) and the backward redraws it, so gradients are exact; it matches "xla" in distribution,
-not sample by sample. Statistics and accumulators are float32; a query with nothing to
-attend to gets a zero output and zero gradients.
+No [T, S] array is formed; masks and bias apply per tile (causal tiles above the diagonal
+are skipped). Dropout keep-masks are drawn per tile and redrawn in the backward, so they
+match "xla" in distribution only. A query with nothing to attend to gets zero output.
 """
 
 from __future__ import annotations

@@ -7,10 +7,8 @@ with no key give zeros), no attention dropout:
                     v5+ (bfloat16/float32, causal flag only)
   "tokamax_triton"  Triton flash kernel (NVIDIA GPUs)
   "tokamax_xla"     tokamax's XLA reference (any device; what the tests run on a CPU)
-Causality goes as `is_causal`, padding as `key_value_seq_lengths`; only an explicit mask or
-validity vectors reach it as a mask array. tokamax is imported at first trace.
-`target_device` tells "auto" which device it chooses for; `gpu_target` lowers these
-kernels for a GPU this host lacks.
+tokamax is imported at first trace. `target_device` tells "auto" which device it chooses
+for; `gpu_target` lowers these kernels for a GPU this host lacks.
 """
 
 from __future__ import annotations

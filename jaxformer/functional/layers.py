@@ -339,10 +339,9 @@ def decoder_layer(
     memory: [B, S, E] encoder output; None (and params.cross_attn None) in a decoder-only
     model. cross_mask: broadcastable to [B, H, T, S].
     return_cross_attention: also return the cross-attention weights [B, H, T, S].
-    cache, cache_positions: decoding with a `decoder_layer_cache`. The new tokens sit at
-    positions cache_positions [B, T]; their keys and values are written there and
-    self_mask ([B, H, T, S_max]) must hide the slots not yet written. The memory's keys
-    and values come from the cache (memory must be None).
+    cache, cache_positions: decoding with a `decoder_layer_cache`: keys and values are
+    written at cache_positions [B, T], self_mask ([B, H, T, S_max]) hides unwritten slots,
+    and the memory comes from the cache (memory must be None).
     """
     has_memory = _check_decoder_inputs(y, params, memory, cache, cache_positions)
     if return_cross_attention and not has_memory:

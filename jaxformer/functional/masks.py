@@ -78,14 +78,12 @@ def padding_lengths(valid: jax.Array | None) -> jax.Array | None:
 class AttentionMask:
     """Who may attend to whom, as the structure kernels take natively, not as an array:
 
-      causal: query t sees keys s <= t (a flag; never formed at [T, S] by a kernel that
-        takes the flag);
-      k_lengths: [B] int, keys s >= k_lengths[b] are padding (right padding; lengths);
-      dense: boolean, broadcastable to [B, H, T, S], for what neither expresses (packed
-        segments, a cache's offset causal mask); None for none.
+      causal: query t sees keys s <= t (a flag);
+      k_lengths: [B] int, keys s >= k_lengths[b] are padding;
+      dense: boolean, broadcastable to [B, H, T, S], for what neither expresses, or None.
 
-    `multi_head_attention` takes one wherever it takes a mask array. A pytree: `causal`
-    is static, the arrays are leaves.
+    `multi_head_attention` takes one wherever it takes a mask array. A pytree (`causal`
+    static).
     """
 
     causal: bool = False

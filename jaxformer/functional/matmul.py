@@ -6,11 +6,8 @@
 For float32 operands both are plain products. For bfloat16 operands the gradients are
 written out (`jax.custom_vjp`) so the backward products take bfloat16 operands too:
 autodiff would give a float32 cotangent (jax-ml/jax#23797), i.e. TF32 GEMMs on a GPU. The
-cotangent is rounded to bfloat16 first; a bias's gradient is summed in float32. The
-output form is chosen per platform at lowering (`lax.platform_dependent`): a GPU's or
-TPU's GEMM writes bfloat16, while on a CPU the product is written in float32, the bias
-added and the sum rounded once (XLA's CPU multiplies bfloat16 fast only into float32).
-Forward-mode `jax.jvp` is not defined through the written-out gradients.
+cotangent is rounded to bfloat16 first; a bias's gradient is summed in float32. On a CPU
+the product is formed in float32 and rounded once. `jax.jvp` is not defined through these.
 """
 
 from __future__ import annotations

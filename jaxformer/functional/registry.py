@@ -8,8 +8,7 @@ config, layers and command look names up in these registries only.
 
     config = TransformerConfig.tiny(259, activation="squared_relu")
 
-A variant lives in the user's file; importing it registers it (the command takes
-`--variants FILE.py`). Configs and checkpoints hold the names, so restoring a model whose
+Importing a file registers its variants (`--variants FILE.py`); restoring a model whose
 variant is not registered is an error naming it.
 """
 

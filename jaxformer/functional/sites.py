@@ -1,8 +1,6 @@
 """Named sites in the forward pass, where a value can be read (captured) or replaced (an
-intervention). Layers mark them with `site(name, value)` inside `scope`s, giving paths
-such as `decoder/1/cross_attention/weights`. Outside `recording()` a site returns its
-value untouched and adds nothing to the program; inside (jitted or not) values are
-captured and interventions applied as the function is traced.
+intervention), marked with `site(name, value)` inside `scope`s: paths such as
+`decoder/1/cross_attention/weights`. Outside `recording()` a site is a no-op.
 
 Sites of every layer (`encoder/<i>/`, `decoder/<i>/`), per sub-layer `self_attention`,
 `cross_attention` and `ffn`:

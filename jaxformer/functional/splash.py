@@ -1,17 +1,12 @@
 """JAX's own TPU flash kernel, splash attention (jax.experimental.pallas.ops.tpu.
 splash_attention), registered in ATTENTION as "splash".
 
-It computes `scaled_dot_product_attention`'s function (rows with no key to attend to give
-zeros) from the structure alone: causality as splash's CausalMask, key lengths and
-validity vectors as SegmentIds, grouped key/value heads natively. It takes no dense mask,
-bias or dropout, float32 or bfloat16 only, and lengths T and S that are multiples of 128;
-`splash_problem` says why a call is refused. Any head dim builds.
+It computes `scaled_dot_product_attention`'s function from the structure alone (causality
+as CausalMask, key lengths and validity as SegmentIds): no dense mask, bias or dropout,
+float32 or bfloat16, T and S multiples of 128 (`splash_problem` says why not).
 
-On a CPU it runs in Pallas interpret mode (the only way it runs there; `INTERPRET`
-overrides the choice), for a TPU compiled, also when lowered for one from a CPU
-(`kernels.target_device`). Pallas kernels are not partitioned by XLA:
-under a mesh the call runs inside `jax.shard_map`, batch rows over the mesh axes `data`
-and `fsdp`, heads over `tensor`, each where it divides them, replicated otherwise.
+On a CPU it runs in Pallas interpret mode (`INTERPRET` overrides). Under a mesh it runs
+inside `jax.shard_map`: batch rows over `data` and `fsdp`, heads over `tensor`.
 """
 
 from __future__ import annotations

@@ -7,11 +7,8 @@
 
 `from_hf` reads the architecture (`config_from_hf`) and copies the weights; `to_hf` writes
 `config.json` and `model.safetensors` that `from_pretrained` loads. What jaxformer cannot
-express (another model_type, mismatched encoder/decoder widths, untied embeddings, GPT-2's
-scaled-by-layer or unscaled attention, other activations) is refused with an error naming
-it. Training-only differences are not refused: GPT-2's embd_pdrop, Marian/BART's
-activation_dropout and layerdrop. BART's two unused leading position rows are dropped,
-and written back as zeros.
+express is refused with an error naming it; training-only differences (embd_pdrop,
+activation_dropout, layerdrop) are not. BART's two unused position rows are dropped.
 """
 
 from __future__ import annotations

@@ -4,13 +4,9 @@ torch.nn MultiheadAttention, TransformerEncoderLayer/DecoderLayer, TransformerEn
 Decoder and Transformer map to jaxformer.nn MultiHeadAttention, EncoderLayer/DecoderLayer,
 EncoderStack/DecoderStack and EncoderDecoder. `from_torch` copies the weights into the
 jaxformer module of the same architecture; `to_torch` builds the torch module. jaxformer
-is always batch-first and takes boolean masks with True = may attend (`mask_from_torch`
-converts torch's). torch's options map onto `TransformerConfig` (d_model, nhead,
-dim_feedforward, norm_first, relu / exact gelu, layer_norm_eps, bias, final LayerNorm,
-dropout); what has no counterpart (kdim/vdim, add_bias_kv, add_zero_attn, other
-activations, LayerNorms without affine, layers with different options, float16/float64
-weights) is refused with an error naming it. torch also drops out the feed-forward hidden
-activations, and gives NaN where jaxformer gives zeros for a query with no key.
+is batch-first with boolean masks, True = may attend (`mask_from_torch` converts torch's).
+What has no counterpart in `TransformerConfig` is refused with an error naming it. torch
+gives NaN where jaxformer gives zeros for a query with no key.
 """
 
 from __future__ import annotations
@@ -84,11 +80,9 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
     its weights, in torch's default training mode (call `.eval()` for inference).
 
     batch_first: the layout of the torch module's inputs (jaxformer's is batch-first).
-    dropout: torch's one dropout probability; default the layers' residual dropout rate
-    (0 for a MultiHeadAttention, whose dropout is an argument of its call).
-    Raises ValueError naming the option for what torch cannot represent (RMSNorm,
-    SwiGLU, grouped key/value heads, d_k or d_v other than d_model / num_heads, biases
-    on some sub-layers but not others, a decoder layer without cross-attention).
+    dropout: torch's one dropout probability; default the layers' residual dropout rate.
+    Raises ValueError naming the option for what torch cannot represent (RMSNorm, SwiGLU,
+    grouped key/value heads, ...).
     """
     torch = _import_torch()
     tnn = torch.nn

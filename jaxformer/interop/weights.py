@@ -1,9 +1,8 @@
 """One weight-mapping scheme for every converter: a link table.
 
-A `Link` joins named weights of another framework (a torch state-dict key, a Hugging
-Face weight name) to jaxformer parameter paths, with one function for each direction.
-A converter lists its links from the architecture (never by parsing names) with the
-builders below, and `to_jax` / `from_jax` move the arrays:
+A `Link` joins another framework's named weights to jaxformer parameter paths, with one
+function per direction; converters build links from the architecture, and `to_jax` /
+`from_jax` move the arrays:
 
     links = [*layer_norm("ln_f", ("decoder", "final_norm")), ...]
     fill_params(target, to_jax(links, weights, "from_hf"), "from_hf")

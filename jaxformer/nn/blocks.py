@@ -354,12 +354,9 @@ def _run_layers(stack: _Stack, call, x, rng, *, cache=None) -> F.DecoderOutput:
     Returns the last output, the cross-attention weights stacked [N, ...] (or None) and
     the per-layer caches (or None).
 
-    Without a cache, stacked layers run as one jax.lax.scan; each layer is rematerialised
-    if asked. The scan and the remat are jax.lax.scan and jax.checkpoint over the layer's
-    state (nnx.split / nnx.merge), not nnx.scan / nnx.remat: those refuse a module whose
-    arrays come from an enclosing trace, as in decoding's compiled loops. Decoding with a
-    cache runs stacked layers one by one (slices of the stack), so the cache keeps one
-    entry per layer for every model.
+    Without a cache, stacked layers run as one jax.lax.scan (jax.checkpoint if asked) over
+    the layer's state, not nnx.scan / nnx.remat, which refuse arrays from an enclosing
+    trace. With a cache, stacked layers run one by one: one cache entry per layer.
     """
 
     def step(layer, x, key, layer_cache):

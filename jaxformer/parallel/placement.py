@@ -1,17 +1,14 @@
 """Where a run keeps its state and batches, and how its step functions compile.
 
-A `Placement` lays out any pytree state and compiles any `fn(state, batch)`. The logical
-axes that say how to split each parameter ride on nnx Variables: `like` is a tree holding
-them (`train.state_layout(graphdef, state)`); what a placement takes and returns is plain
-arrays (`nn.plain`):
+A `Placement` lays out any pytree state and compiles any `fn(state, batch)`; `like` holds
+the logical axes (`train.state_layout(graphdef, state)`), the state itself is plain arrays:
 
     placement = parallel.make_placement("data=2,fsdp=2,tensor=2")  # None: one device
     state = placement.put(state, like=layout)     # laid out by the logical-axis rules
     step = placement.compile(train_step, layout, donate_state=True)
     state, metrics = step(state, batch)           # batch: the global batch, on the host
 
-`MeshPlacement` jits with NamedShardings over a mesh; `PmapPlacement` replicates the state
-and runs `jax.pmap` (steps sum over replicas with `sum_over_replicas`).
+`MeshPlacement` jits with NamedShardings over a mesh; `PmapPlacement` runs `jax.pmap`.
 """
 
 from __future__ import annotations

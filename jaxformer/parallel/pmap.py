@@ -2,13 +2,9 @@
 mode upstream; new code should use a mesh (`make_placement`), which also shards
 parameters.
 
-The state is replicated on the local devices with a leading device axis; each device
-takes B / n rows. A step function written for one device runs unchanged on a mesh, where
-XLA inserts the collectives; under pmap it must say which values are per-replica sums:
-`sum_over_replicas` adds them over the devices (`lax.psum`), so the step equals the
-single-device step on the whole batch, and `per_replica_key` gives each device its own
-dropout key (the same distribution as one device, not the same masks). Outside a pmap
-placement's step both are the identity.
+The state is replicated with a leading device axis; each device takes B / n rows. A step
+marks per-replica sums with `sum_over_replicas` (`lax.psum`) and gets a per-device dropout
+key from `per_replica_key`; outside a pmap placement's step both are the identity.
 """
 
 from __future__ import annotations

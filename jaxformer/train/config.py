@@ -279,13 +279,9 @@ class RuntimeOptions:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """What to train on and how (the model itself is a TransformerConfig), in four groups:
-    `data`, `optim`, `eval` and `runtime` (`run.optim.steps`). Each option has one flat
-    name everywhere: its `jaxformer train` option (`--batch-size` for batch_size), its key
-    in sweep specs, in config.json and in `to_dict()`.
-
-    `RunConfig.from_options(task="sort", steps=60)` builds one from flat names, filling in
-    the defaults that depend on other options. Built from its groups, a RunConfig takes
-    the data source, the tokenizer and the folder as given.
+    `data`, `optim`, `eval` and `runtime`. Each option has one flat name everywhere (CLI,
+    sweep specs, config.json, `to_dict()`); `RunConfig.from_options(task="sort", steps=60)`
+    builds one from flat names, filling in dependent defaults.
     """
 
     data: DataOptions
@@ -402,20 +398,16 @@ def load_run(
     model: dict | None = None,
     run: dict | None = None,
 ) -> tuple[TransformerConfig, RunConfig]:
-    """The model and run configuration of a run file, with the `model` fields and `run`
-    options given over the file's: the one place presets and defaults are resolved (for
-    `jaxformer train --config`, for each run of a sweep, and in Python).
+    """The model and run configuration of a run file, with `model` fields and `run` options
+    given over the file's: the one place presets and defaults are resolved.
 
     A run file (YAML or JSON; or its mapping) has two sections, each optional:
 
         model: {preset: paper_base, dropout_rate: 0.3}  # a preset (default tiny), its fields
         run: {dataset: wyc-web, steps: 2000}             # RunConfig options, by flat name
 
-    the shape of a run folder's config.json, so `--config runs/x/config.json` is that run's
-    configuration again. A file of TransformerConfig fields alone (a model file) is read as
-    its `model` section. The preset is built with the byte vocabulary (training takes the
-    tokenizer's); run options left unset take RunConfig.from_options's defaults. An unknown
-    key is an error naming the valid ones; errors name the file.
+    the shape of a run folder's config.json. A file of TransformerConfig fields alone is read
+    as its `model` section. An unknown key is an error naming the valid ones.
     """
     where = "" if file is None or isinstance(file, dict) else f"{file}: "
     sections = _run_sections(load_config_file(str(file)) if where else dict(file or {}), where)

@@ -34,12 +34,10 @@ class EvalSettings:
     """A run's evaluation options, worked out once from its config and data (`of`).
 
     sample          how many dev pairs (the first) the in-run evaluation decodes, greedily
-    beam            the final evaluation's beam: eval_beam, else the paper's 4 for data
-                    scored by BLEU, else 1 (greedy)
+    beam            the final evaluation's beam: eval_beam, else 4 for BLEU, else 1
     alpha           that beam search's length penalty (eval_alpha)
     metrics         the data's metrics (names in `metrics.METRICS`)
-    average         how many of the last checkpoints the final model is the mean of (1:
-                    the last step's parameters)
+    average         how many of the last checkpoints the final model averages
     test            whether the final model is scored on the data's test pairs (final_test)
     batch_size      decoding batches: the run's batch size, padded to pad_multiple
     pad_multiple
@@ -77,14 +75,9 @@ class EvalSettings:
 class FinalModel(NamedTuple):
     """What the final evaluation leaves for the summary and the report.
 
-    params  the final model's parameters (the last step's, or the mean of the last
-            checkpoints), one copy on the host
-    fields  summary.json's fields of its dev evaluation: eval_loss, eval_nll,
-            eval_perplexity, token_accuracy, the data's metrics, then eval_beam,
-            final_eval (the last step's), averaged_eval and averaged_steps (None unless
-            averaged)
-    tests   those of its test: final_test and the test_* scores, with test_pairs ({}
-            without final_test)
+    params  the final model's parameters (last step's or averaged), on the host
+    fields  summary.json's fields of its dev evaluation (eval_loss, ..., averaged_steps)
+    tests   those of its test: final_test and the test_* scores ({} without final_test)
     dev     the dev pairs and the final model's predictions of them
     """
 

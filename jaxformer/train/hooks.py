@@ -3,11 +3,8 @@
 
 `train` runs its hooks in this order: the in-run evaluation (every `eval_every` steps),
 the checkpoint (every `checkpoint_every` steps, and the last step), the hooks it is given,
-in their order, and the final evaluation (the last step only). Before the first hook of a
-step runs, the loop reads that step's metrics (the host waits for the step), so a NaN loss
-stops the run before any hook sees its state; on other steps metrics are read one step
-late. A run resumed at its last step runs no step, then that step's at_end hooks (the
-final evaluation evaluates its final model again), given no metrics.
+in their order, and the final evaluation (the last step only). A NaN loss stops the run
+before any hook sees its state.
 """
 
 from __future__ import annotations
@@ -27,17 +24,12 @@ from jaxformer.train.steps import TrainState
 class StepContext:
     """What a hook is given after step `step` (the number of steps done: 1 after the first).
 
-    state    the TrainState after that step, laid out on the run's devices; valid
-             during the call only (the next step donates its buffers): keep what you
-             need (`jax.device_get`), not the state
-    metrics  that step's train record as logged (`step`, `loss`, `lr`,
-             `tokens_per_second`, `wall_seconds`, ...); {} in a run resumed at its
-             last step, which runs no step
-    folder   the run folder: `folder.log(record)` appends to metrics.jsonl (and
-             TensorBoard), `folder.path` is the folder
+    state    the TrainState after that step, valid during the call only (the next step
+             donates its buffers): keep what you need (`jax.device_get`)
+    metrics  that step's train record as logged; {} in a run resumed at its last step
+    folder   the run folder: `folder.log(record)` appends to metrics.jsonl
     setup    the run's `Setup`: run config, data, tokenizer, model config, placement
-    say      prints a line on process 0 (above the progress bar), unless the run was
-             started with progress=False
+    say      prints a line on process 0, unless progress=False
     """
 
     step: int
@@ -55,15 +47,10 @@ class StepContext:
 @dataclasses.dataclass(frozen=True)
 class Hook:
     """`action(context)` after steps every, 2 * every, ... before the run's last step, and
-    after the last step only when `at_end`: every=3 over 10 steps runs after steps 3, 6
-    and 9 (with at_end also 10); every=5 after step 5 (with at_end also 10); every=10
-    with at_end after step 10 alone. After the last step the at_end hooks run: the
-    checkpoint saves it, the final evaluation evaluates it (the in-run evaluation leaves
-    it to that). `name` names the hook in messages ("hook NAME raised", "interrupted
-    during the NAME").
+    after the last step only when `at_end` (every=3 over 10 steps: 3, 6, 9, and 10 with
+    at_end). `name` names the hook in messages.
 
-    A hook that raises stops the run with its error, after the run saves the last step
-    done (as on Ctrl-C), so that it can resume once the hook is fixed.
+    A hook that raises stops the run with its error, after saving the last step done.
     """
 
     every: int

@@ -5,11 +5,8 @@ With the smoothed target q = (1 - eps) * one_hot(y) + eps / V and p = softmax(lo
     H(q, p) = (1 - eps) * NLL + eps * (logsumexp(logits) - mean(logits)),
 
 computed in float32 without materialising q. NLL, perplexity and accuracy are reported
-unsmoothed; a token is correct when its target's logit is the row's maximum (ties
-included). `cross_entropy` writes its gradient out (softmax - (1 - eps) one_hot(y) -
-eps / V). `chunked_cross_entropy` computes the same sums from the hidden states and the
-output projection without the [B, T, V] logits, walking the vocabulary in chunks and
-recomputing them in the backward pass. `lm_head_choice` picks one (the config's `lm_head`).
+unsmoothed. `chunked_cross_entropy` computes the same sums from the hidden states without
+the [B, T, V] logits; `lm_head_choice` picks one (the config's `lm_head`).
 """
 
 from __future__ import annotations

@@ -3,13 +3,10 @@
     runs = seed_runs(run, seeds=(0, 1, 2))          # run once per seed, in <out>/seed<S>
     summaries = train_seeds(model_config, runs)      # one program for all three
 
-Each seed keeps its separate run's initialisation, dropout key, data order (data read and
-tokenized once for the group) and folder, so resume, sweeps and tables read it as a
-separate run. On an accelerator (or `vmapped=True`) the states are stacked on a seed axis
-and the step is `jax.vmap`ped (`jaxformer.train.seeds`); on a CPU each seed is stepped in
-turn by one compiled program. Figures equal the separate runs' to float rounding. Hooks
-run per seed; dev decoding is vmapped over seeds (`decode.translate_seeds`). A stop saves
-every seed's last step. A run with a mesh or pmap, a profile or logged internals trains
+Each seed keeps its separate run's initialisation, dropout key, data order and folder, so
+it reads as a separate run (figures equal to float rounding). On an accelerator (or
+`vmapped=True`) the step is `jax.vmap`ped over seeds (`jaxformer.train.seeds`); on a CPU
+seeds are stepped in turn. A run with a mesh or pmap, a profile or logged internals trains
 its seeds separately.
 """
 

@@ -1,7 +1,6 @@
 """Seeds as an axis: k seeds of one configuration trained as one compiled program.
 
-Each seed keeps its own run's initialisation, dropout key and data order. The train states
-are stacked on a leading seed axis [k, ...], each step's k batches too, and the step is
+Train states and batches are stacked on a leading seed axis [k, ...] and the step is
 `jax.vmap`ped: one program and one dispatch per step for all k.
 
     states = stack([create_train_state(model_for(seed), optimizer, seed)[1] for seed in seeds])
@@ -9,8 +8,7 @@ are stacked on a leading seed axis [k, ...], each step's k batches too, and the 
     states, metrics = step(states, stack_batches([d.train_batch(i, B) for d in datas]))
     per_seed = unstack(states)                 # one TrainState per seed, for its run folder
 
-Batches of different lengths are padded to the longest and the padding masked, so each
-seed's numbers are its own run's to float rounding.
+Batches of different lengths are padded to the longest and the padding masked.
 """
 
 from __future__ import annotations

@@ -46,18 +46,14 @@ class Setup:
 
     config           the model's config, with the tokenizer's vocabulary
     requested_vocab  the vocab_size the model config asked for
-    graphdef, state  the model's structure and the fresh TrainState (plain arrays, not
-                     laid out)
+    graphdef, state  the model's structure and the fresh TrainState (plain arrays)
     layout           the state's shapes with the parameters' logical axes
-                     (`state_layout`): how the placement lays it out
     param_count      the model's parameters
     placement        lays out state and batches, compiles the steps (`jaxformer.parallel`)
-    train_fn         the step before compiling, (state, batch) -> (state, metrics): what
-                     `train_seeds` vmaps over a seed axis
+    train_fn         the uncompiled step, (state, batch) -> (state, metrics)
     train_step       train_fn compiled, donating the state
     eval_step        (params, batch) -> LossSums, compiled
-    internals_step   train_step that also returns metrics["internals"]; None unless
-                     `run.runtime.log_internals`
+    internals_step   train_step returning metrics["internals"] too, or None
     """
 
     run: RunConfig
