@@ -3,10 +3,8 @@ ValueError, and the message names the argument, what was given and what was expe
 
 Every input error the package raises is an `InputError`, of a kind that is also the
 built-in exception Python code expects (`BadValue` is a ValueError, ...); the `jaxformer`
-command reports it in one line with exit code 2. Messages name an option as the caller
-gives it (`option`): `resume=True` to Python, `--resume` inside `command_line()`. Input
-used in part (a torn metrics line) is an `InputWarning`. Array shapes and dtypes are
-checked while tracing; token ids on the host by `jaxformer.check_tokens`.
+command reports it in one line with exit code 2. Input used in part (a torn metrics line)
+is an `InputWarning`.
 """
 
 from __future__ import annotations

@@ -176,10 +176,8 @@ def generate(
     "sample" or "beam", with its options), with `interventions` ({site: function of its
     value}, see `jaxformer.capture`) applied in every forward pass.
 
-    Each output holds at most its input's length + 50 tokens within the position table, or
-    `max_new_tokens`. Texts go in batches of `batch_size` rows (the last filled up with copies
-    of its first row); sources are padded to a multiple of `pad_multiple`, prompts to the
-    longest. Sampling draws batch k with `jax.random.fold_in(PRNGKey(seed), k * batch_size)`."""
+    Each output holds at most its input's length + 50 tokens, or `max_new_tokens`. Texts go
+    in batches of `batch_size` rows; sampling is reproducible from `seed`."""
     check_instance("model", model, (Transformer, DecoderLM))
     if strategy not in STRATEGIES:
         raise BadValue(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -270,9 +268,7 @@ def filter_logits(
     nucleus set to -inf (float32). The arguments may be traced scalars.
 
     top_k keeps every token whose logit is >= the k-th largest. The nucleus (after top_k)
-    keeps token i iff the tokens strictly more probable than i hold mass < top_p: the
-    fewest most probable tokens that reach mass top_p, and any tied with the last of them.
-    top_p = 1 keeps everything.
+    keeps the fewest most probable tokens that reach mass top_p, and ties with the last.
     """
     logits = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
     desc = -jnp.sort(-logits, axis=-1)
@@ -347,9 +343,7 @@ def run_beam_search(
 
     `state`'s leaves and `logits` [B * W, V] hold each row W times (row b's copies at
     b * W ... b * W + W - 1); row_max_len [B] <= max_new_tokens. Returns tokens
-    [B, W, max_new_tokens] (`pad_id` after a hypothesis ends) and scores [B, W], best
-    first.
-    """
+    [B, W, max_new_tokens] and scores [B, W], best first."""
     W, N = beam_size, max_new_tokens
     BW, V = logits.shape
     B = BW // W

@@ -1,9 +1,8 @@
 """The models, all from the same blocks: the paper's encoder-decoder `Transformer`, the
 decoder-only `DecoderLM`, and the encoder-only `Encoder`.
 
-Every model is deterministic unless called with `deterministic=False` and a dropout
-`rng`. Token arrays are int [B, T]; `valid` arrays are bool [B, T] (True = real token,
-False = padding); None means every position is real.
+Models are deterministic unless called with `deterministic=False` and an `rng`. Token
+arrays are int [B, T]; `valid` arrays bool [B, T] (True = real token; None = all real).
 """
 
 from __future__ import annotations
@@ -221,9 +220,7 @@ class Transformer(nnx.Module):
     ) -> tuple[jax.Array, DecodeCache]:
         """Decode tgt_tokens [B, T] after the tokens in `cache`: (logits [B, T, V], cache).
 
-        Prefill (T tokens at once) and one step (T = 1) are the same call; see
-        `DecoderLM.extend`. Deterministic (no dropout).
-        """
+        Prefill and one step (T = 1) are the same call; deterministic (no dropout)."""
         return _extend(self, self.tgt_inputs, tgt_tokens, cache, tgt_valid)
 
 

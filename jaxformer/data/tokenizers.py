@@ -2,11 +2,9 @@
 user's own text, and a Hugging Face `tokenizer.json` (a converted checkpoint's); the last
 two use the `tokenizers` package (`pip install jaxformer[bpe]`).
 
-Every tokenizer names its special ids: `pad_id` (filler, never attended to: masks come
-from lengths, so it may equal eos_id), `bos_id` (the token the decoder starts from) and
-`eos_id` (ends a source, a target and a document). The byte and BPE tokenizers use
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2; a Hugging Face tokenizer's are given with it. A
-tokenizer saves to and loads from `tokenizer.json` in a folder (beside the checkpoints).
+Every tokenizer names its special ids `pad_id` (filler; may equal eos_id), `bos_id` (the
+decoder's start) and `eos_id`; byte and BPE use 0, 1, 2. A tokenizer saves to and loads
+from `tokenizer.json` in a folder.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ A layer is a composition of sub-layers, each wrapped as (section 5.4 and 3.1 of 
     post-LN (the paper):  LayerNorm(x + Dropout(Sublayer(x)))
     pre-LN  (modern):     x + Dropout(Sublayer(LayerNorm(x)))
 
-Parameters travel as NamedTuples of arrays (pytrees); the static choices as one frozen
-`BlockOptions`. Dropout is applied only when an `rng` is given.
+Parameters are NamedTuples of arrays; static choices one frozen `BlockOptions`.
 """
 
 from __future__ import annotations

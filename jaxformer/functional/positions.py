@@ -28,9 +28,7 @@ def sinusoidal_positions(length: int, d_model: int, *, layout: str = "interleave
         layout "interleaved" (the paper):  PE(pos, 2i) = sin(w_i pos), PE(pos, 2i + 1) = cos(w_i pos)
         layout "halves" (Marian):          PE(pos, i)  = sin(w_i pos), PE(pos, d/2 + i) = cos(w_i pos)
 
-    where w_i = 1 / 10000^(2i / d_model). Computed in float64 from static sizes (a
-    compile-time constant), returned as float32.
-    """
+    where w_i = 1 / 10000^(2i / d_model). Computed in float64, returned as float32."""
     check_int("length", length, minimum=0)
     check_int("d_model", d_model, minimum=2)
     check_even("d_model", d_model, "sinusoidal positions")

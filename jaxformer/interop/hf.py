@@ -267,10 +267,9 @@ def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, tokeniz
     that transformers' `from_pretrained` loads: a DecoderLM as GPT-2, a Transformer as
     Marian (sinusoids in halves) or BART (learned positions and an embedding norm).
 
-    tokenizer: its special ids go into config.json (default jaxformer's pad 0, bos 1,
-    eos 2; bos is the decoder start), and a BPE or Hugging Face tokenizer is written as
-    tokenizer.json. Returns the folder. ValueError names what the format cannot hold.
-    """
+    tokenizer: its special ids go into config.json (default 0, 1, 2), and a BPE or Hugging
+    Face one is written as tokenizer.json. Returns the folder. ValueError names what the
+    format cannot hold."""
     model_type = _model_type_of(model)
     if model.config.scan_layers:
         raise BadValue("to_hf: scan_layers=True stacks the layers; convert a model without it")

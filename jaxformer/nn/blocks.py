@@ -1,10 +1,8 @@
 """Feed-forward, norms, encoder and decoder layers, the layer stacks, and the two stacks
 together (`EncoderDecoder`, torch.nn.Transformer's shape), as NNX modules.
 
-Every option lives in one module, the one whose call reads it: a layer holds its
-`BlockOptions`; the attention, feed-forward and norm modules inside it hold parameters
-(and what decides their shapes) only, and take their options as call arguments when used
-on their own.
+A layer holds its `BlockOptions`; the attention, feed-forward and norm modules inside it
+hold parameters only and take options as call arguments.
 """
 
 from __future__ import annotations

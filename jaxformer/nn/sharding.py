@@ -2,11 +2,9 @@
 
 `jaxformer.parallel` traces its steps inside `activation_sharding(mesh, rules)`; the
 models then pin their residual stream (after the inputs and after every layer) to the
-`batch` rule's mesh axes, replicated over the rest, and gather whole embedding tables
-before looking tokens up. Without these hints XLA may follow the parameters' FSDP layout
-(split by d_model) into the activations and reshuffle them back and forth; with them, FSDP
-gathers the parameters and the tensor-parallel layers reduce their outputs, as intended.
-Outside the context both functions return their input unchanged.
+`batch` rule's mesh axes and gather whole embedding tables before lookups, so XLA does
+not carry the parameters' FSDP layout into the activations. Outside the context both
+functions return their input unchanged.
 """
 
 from __future__ import annotations

@@ -26,11 +26,9 @@ def initialize(
     """Join the group of `num_processes` processes as `process_id`.
 
     `coordinator="auto"` lets JAX read everything from the cluster (TPU pod slices, SLURM,
-    Open MPI). Arguments out of range are a ValueError. JAX's client aborts the process when
-    it cannot register in time, so processes other than 0 first wait up to `timeout_s` for
-    the coordinator's port and raise a ConnectionError if it never opens; then every process
-    waits up to `timeout_s` for all to join (else JAX ends it with DEADLINE_EXCEEDED, process
-    0 first printing what it waits for)."""
+    Open MPI). Arguments out of range are a ValueError. Processes other than 0 wait up to
+    `timeout_s` for the coordinator's port (else ConnectionError), then all wait up to
+    `timeout_s` for every process to join."""
     if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or timeout_s < 1:
         raise BadValue(f"timeout_s must be a positive int (seconds), got {timeout_s!r}")
     if coordinator == "auto":

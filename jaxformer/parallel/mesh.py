@@ -4,9 +4,8 @@
     fsdp    the batch is split and so are parameters and optimizer state (ZeRO-3 / FSDP)
     tensor  attention heads and the feed-forward hidden units are split (Megatron)
 
-The mesh spans every device of every process (`jax.devices()`). `jax.make_mesh` orders
-them (process-major on CPU and GPU, by the interconnect's topology on TPU), so on several
-hosts the outermost axis, `data`, crosses hosts and `tensor`, the innermost, stays inside one.
+The mesh spans every device of every process; on several hosts the outermost axis,
+`data`, crosses hosts and `tensor`, the innermost, stays inside one.
 """
 
 from __future__ import annotations

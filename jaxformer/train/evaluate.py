@@ -1,9 +1,7 @@
 """A run's evaluation: its settings, worked out once (`EvalSettings`), and its two hooks
 (`Evaluation`): the in-run evaluation (the loss on every held-out batch, the first
 `eval_sample` dev pairs decoded greedily) and the final one (every dev pair decoded with
-the run's beam by the last step's parameters, then by the mean of the last checkpoints
-with average_checkpoints > 1, then, with final_test, the final model on the test pairs).
-The metrics themselves are `jaxformer.train.metrics`.
+the run's beam, averaged checkpoints and test pairs as configured).
 """
 
 from __future__ import annotations

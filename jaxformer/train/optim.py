@@ -4,8 +4,7 @@
     cosine:  linear warmup to `lr`, then cosine decay to `lr * final_fraction`
     constant: `lr`
 
-optax counts updates from 0; the schedules here take the paper's step = count + 1, so
-the first update uses the learning rate of step 1.
+The schedules take the paper's step = optax's count + 1.
 """
 
 from __future__ import annotations

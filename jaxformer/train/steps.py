@@ -176,10 +176,8 @@ def make_train_step(
     `jax.jit(step, donate_argnums=0)` or a placement's `compile(..., donate_state=True)`.
 
     With accum_steps = k the batch (leading size k * b) is cut into k micro-batches whose
-    gradients are summed in float32 before one update: the same update as the whole batch.
-    Loss sums and gradients are summed over pmap replicas (`sum_over_replicas`) first. With
-    `internals`, metrics["internals"] also holds `jaxformer.train.internals`' dynamics, read
-    in the same forward pass; it is a second program, run on the logged steps only."""
+    gradients are summed in float32 before one update. With `internals`, metrics["internals"]
+    also holds `jaxformer.train.internals`' dynamics."""
     check_int("accum_steps", accum_steps)
     check_number("label_smoothing", label_smoothing, "[0, 1)")
     forward = _loss_sums_and_activations if internals else _loss_sums_only
