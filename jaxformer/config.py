@@ -74,9 +74,8 @@ TABLE3_ROWS: dict[str, dict[str, Any]] = {
 class TransformerConfig:
     """Sizes and choices of a Transformer. Defaults are the paper's base model.
 
-    Head dims d_k / d_v default to d_model / num_heads. `num_kv_heads` < num_heads gives
-    grouped-query (or, at 1, multi-query) attention. `dtype` is the compute dtype;
-    parameters are kept in `param_dtype`.
+    d_k / d_v default to d_model / num_heads; `num_kv_heads` < num_heads gives grouped-query
+    attention. `dtype` is the compute dtype, `param_dtype` the parameters'.
 
     `remat` trades compute for memory (see REMAT); `scan_layers` stacks each layer stack's
     parameters [N, ...] and runs it as one scan, so compile time does not grow with depth.

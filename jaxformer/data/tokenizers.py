@@ -35,10 +35,8 @@ def check_tokens(tokens, vocab_size: int, *, name: str = "tokens") -> None:
     """Raise ValueError if a token id lies outside [0, vocab_size), naming the first
     offending position and value.
 
-    A host-side check for ids entering a model: jitted code cannot raise on values, and
-    an out-of-range id would silently embed as NaN (too large) or as another token's row
-    (negative). tokens: any array-like of integers (NumPy, JAX, lists).
-    """
+    Jitted code cannot raise on values, and an out-of-range id would embed silently.
+    tokens: any array-like of integers."""
     check_int("vocab_size", vocab_size)
     array = np.asarray(tokens)
     if array.size == 0:
@@ -85,12 +83,8 @@ class ByteTokenizer:
 
 class HFTokenizer:
     """A Hugging Face `tokenizers.Tokenizer` with its special ids named explicitly, since
-    a `tokenizer.json` does not say which token plays which part: GPT-2's one
-    `<|endoftext|>` is BOS and EOS (and serves as pad), Marian has eos 0 and pad 58100
-    (also its decoder start), BART bos 0, pad 1, eos 2 and decoder start 2. `bos_id` is
-    the token the decoder starts from (for an encoder-decoder, HF's
-    decoder_start_token_id). The data pipeline adds BOS and EOS itself, so `encode` adds
-    no special tokens."""
+    a `tokenizer.json` does not say which token plays which part. `bos_id` is the token
+    the decoder starts from (HF's decoder_start_token_id); `encode` adds no special tokens."""
 
     kind = "hf"
 

@@ -114,8 +114,7 @@ def _plain_attention(
     q, k, v, *, mask, q_valid=None, k_valid=None, k_lengths=None, causal=False, **kw
 ):
     """The logits and weights materialised: [B, H, T, S] float32; the mask is formed here,
-    from the flag and the lengths (name scope "xla_attention"). Called with a mask alone,
-    as a kernel of your own may call it, it applies that mask."""
+    from the flag and the lengths (name scope "xla_attention")."""
     with jax.named_scope("xla_attention"):
         mask = fold_masks(
             *_bts(q, k),
@@ -315,9 +314,7 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) ->
 
 
 def _check_attention(q, k, v, mask, bias, q_valid, k_valid, k_lengths) -> None:
-    """Ranks, dtypes and matching sizes of q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv],
-    the mask and bias (broadcastable to [B, H, T, S]), the validity vectors and the key
-    lengths [B]."""
+    """Ranks, dtypes and matching sizes of q, k, v, the mask, bias, validity and lengths."""
     check_rank("q", q, 4, "[B, T, H, D]")
     check_rank("k", k, 4, "[B, S, K, D]")
     check_rank("v", v, 4, "[B, S, K, Dv]")

@@ -13,11 +13,8 @@ from jaxformer.nn.parameters import dropout_rng, dtype_of, param
 class MultiHeadAttention(nnx.Module):
     """Projections W^Q [E, H, Dk], W^K [E, K, Dk], W^V [E, K, Dv], W^O [H, Dv, E].
 
-    `num_kv_heads` K < H shares each key/value head among H / K query heads (GQA; K=1
-    is multi-query attention). key_dim (d_k) and value_dim (d_v) default to E / H. The
-    module holds parameters only: dropout and the attention kernel are arguments of the
-    call, so a layer that holds this module keeps its options in one place.
-    """
+    `num_kv_heads` K < H shares each key/value head among H / K query heads (GQA).
+    key_dim and value_dim default to E / H. Dropout and the kernel are call arguments."""
 
     def __init__(
         self,

@@ -37,8 +37,7 @@ class EvalSettings:
     metrics         the data's metrics (names in `metrics.METRICS`)
     average         how many of the last checkpoints the final model averages
     test            whether the final model is scored on the data's test pairs (final_test)
-    batch_size      decoding batches: the run's batch size, padded to pad_multiple
-    pad_multiple
+    batch_size, pad_multiple  decoding batches
     max_new_tokens  the most tokens a prediction has: the data's tgt_len
     """
 

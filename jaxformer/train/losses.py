@@ -163,10 +163,8 @@ def chunked_cross_entropy(
     """`cross_entropy` of the logits hidden @ table^T (+ bias), in float32, holding at most
     [B * T, chunk_size] of them at a time (forward and backward).
 
-    hidden [B, T, E], table [V, E] (the output projection, in hidden's dtype), bias [V] or
-    None, targets [B, T] int, weights [B, T] (bool or 0/1: False = padding; None = every
-    token is real).
-    """
+    hidden [B, T, E], table [V, E], bias [V] or None, targets [B, T] int, weights [B, T]
+    (bool or 0/1: False = padding; None = all real)."""
     check_rank("hidden", hidden, 3, "[B, T, E]")
     check_float_array("hidden", hidden)
     check_rank("table", table, 2, "[V, E]")

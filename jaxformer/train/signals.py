@@ -1,9 +1,7 @@
 """How a run is stopped from outside: Ctrl-C (SIGINT), SIGTERM (`kill`, `timeout`, `docker
 stop`, a cluster scheduler's preemption) and SIGHUP (a closed terminal). While `train`
-runs, SIGTERM and SIGHUP raise `Terminated` as Ctrl-C raises KeyboardInterrupt; during a
-step all three wait until the step has given back its donated state, so that the loop can
-save it. A handler the caller installed for SIGTERM or SIGHUP, or an ignored signal, is
-left alone.
+runs, SIGTERM and SIGHUP raise `Terminated`; during a step all three wait until it has
+given back its donated state, so the loop can save it. Callers' own handlers are kept.
 """
 
 from __future__ import annotations
