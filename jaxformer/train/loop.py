@@ -1,20 +1,16 @@
 """The training loop: set up (`setup.set_up`), start or resume in the run folder, then for
 each step batch -> compiled step -> the hooks due after it (`hooks`: the in-run
 evaluation, the checkpoint, a caller's; after the last step also the final evaluation),
-then the summary and the report.
+then the summary and the report (`report`).
 
-Stopping: Ctrl-C (SIGINT), SIGTERM and SIGHUP wait until the step in flight has given
-back its donated state (`signals`); then the last step done is saved, one line on stderr
-says so, and `train` raises KeyboardInterrupt (Ctrl-C) or `Terminated` (the `jaxformer`
-command exits with 130, or 128 + the signal's number: 143 for SIGTERM, 129 for SIGHUP).
+Stopping: Ctrl-C, SIGTERM and SIGHUP wait until the step in flight has given back its
+donated state (`signals`); the last step done is saved, one line says so, and `train`
+raises KeyboardInterrupt or `Terminated` (the command exits 130, 143 or 129).
 
-The pieces it composes live beside it: the set-up (`setup`), the hooks (`hooks`), the
-run folder (`run_folder`), evaluation (`evaluate`), the report (`report`), the stop
-signals (`signals`), the steps (`steps`) and the placement that lays out and compiles them (`jaxformer.parallel`).
-`RunConfig.runtime.mesh` ("data=2,fsdp=2,tensor=2") or `RunConfig.runtime.pmap` spread the run over
-devices. On several processes (after `parallel.initialize`) every process runs this same
-loop: each builds the global batch (a pure function of seed and index) and the placement
-transfers only its own rows.
+A mesh (`RunConfig.runtime.mesh`, "data=2,fsdp=2") or pmap spreads the run over devices
+(`jaxformer.parallel`). On several processes every process runs this same loop: each
+builds the global batch (a pure function of seed and index), and the placement transfers
+only its own rows.
 """
 
 from __future__ import annotations
@@ -59,17 +55,11 @@ def train(
 ) -> dict[str, Any]:
     """Train, evaluate and report; returns the summary (also written to summary.json).
 
-    The model's vocabulary is the tokenizer's (the run says so when `model_config` asked
-    for another size). With `resume`, continue from the latest checkpoint in `run.runtime.out`
-    if there is one. `hooks` run after the built-in in-run evaluation and checkpoint, and
-    before the final evaluation (see `jaxformer.train.hooks`).
-    With `progress` it prints as it goes (a progress bar on a terminal, else a line every
-    tenth of the run; each evaluation; the final report); without it, nothing: the run
-    folder holds every result, and only a warning (`checks.InputWarning`) or a stop (below)
-    is reported, on stderr.
-    Raises TrainingDiverged on a NaN or infinite loss (the last good checkpoint stays
-    intact); re-raises KeyboardInterrupt (Ctrl-C), Terminated (SIGTERM, SIGHUP) and the
-    error of a hook that raises, after saving the last completed step.
+    The vocabulary is the tokenizer's. `resume` continues from the latest checkpoint in
+    `run.runtime.out`; `hooks` run after the built-in evaluation and checkpoint. Without
+    `progress` only warnings and stops are printed (stderr). Raises TrainingDiverged on a
+    non-finite loss (the last good checkpoint stays); re-raises KeyboardInterrupt,
+    Terminated and a hook's error after saving the last completed step.
     """
     with stop_signals_raise():
         return _train(model_config, run, resume, progress, hooks)

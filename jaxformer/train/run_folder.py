@@ -1,24 +1,16 @@
 """A training run's folder: what it holds, who writes it, and whether a run may start there.
 
-    config.json      the model and run configs
+    config.json, tokenizer.json   the model and run configs; the tokenizer (for generate)
     metrics.jsonl    one JSON object per logged step and per evaluation
-    summary.json     final metrics, timings, parameter count, the configs
-    checkpoints/     orbax checkpoints (the last `keep` of them)
-    averaged/        the mean parameters of the last checkpoints (with average_checkpoints > 1)
-    predictions.tsv  source<TAB>reference<TAB>prediction of each dev pair, by the final model
-    test_predictions.tsv  the same of each test pair (with final_test)
-    tokenizer.json   the tokenizer, for `jaxformer generate`
-    loss.png, attention.png   plots (`jaxformer.train.report`)
-    tensorboard/     with tensorboard=True: every logged number as a TensorBoard scalar
+    summary.json     final metrics, timings, parameter count, the configs (written last)
+    checkpoints/, averaged/   orbax checkpoints (the last `keep`); their mean parameters
+    predictions.tsv, test_predictions.tsv   source<TAB>reference<TAB>prediction per pair
+    loss.png, attention.png, tensorboard/   plots (`jaxformer.train.report`), scalars
 
-Every process of a multi-process run opens the folder (orbax writes checkpoints with all
-of them); only process 0 writes the other files and prints.
-
-What a killed process can leave: a torn last line of metrics.jsonl (it appends), which
-`read_metrics` leaves out with a warning (a resume drops it from the file); the JSON files
-and the predictions are written to a temporary file first and then renamed, so they are
-whole or absent; summary.json is written last, so that it marks a finished run. Any
-other damage is an error naming the file (`read_json`, `read_metrics`).
+Every process of a multi-process run opens the folder (orbax writes with all of them); only
+process 0 writes the other files. A killed process can leave a torn last line of
+metrics.jsonl, which `read_metrics` drops with a warning; the other files are written
+whole (a temporary file, renamed). Any other damage is an error naming the file.
 """
 
 from __future__ import annotations
