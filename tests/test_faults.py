@@ -1,6 +1,6 @@
 """A training process stopped by SIGTERM, or killed with SIGKILL five times (at random
 moments and once inside a checkpoint write), and restarted with --resume, ends exactly
-where an uninterrupted run ends."""
+where an uninterrupted run ends; a resume from a checkpoint cut short is one error line."""
 
 import json
 import random
@@ -173,3 +173,32 @@ def test_sigterm_to_seeds_trained_as_one_program_saves_every_seed_and_resumes_ex
             for o in (stopped, tmp_path / "straight")
         ]
         assert summaries[0]["eval_nll"] == summaries[1]["eval_nll"]
+
+
+@pytest.mark.slow  # four processes; test_bad_input's truncated checkpoints check in-process
+def test_a_resume_from_truncated_checkpoint_shards_prints_one_line(tmp_path):
+    """The latest checkpoint's data files cut to half their size (a full disk, a partial
+    copy): the resume exits with 2 and stderr is the one line naming the checkpoint, with
+    no traceback of the reads orbax left unfinished when the first one failed."""
+    args = [
+        *"train --task copy --steps 2 --checkpoint-every 1 --eval-every 1000".split(),
+        *"--batch-size 2 --eval-examples 2 --schedule constant --no-progress --config".split(),
+        config_file(tmp_path),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    command = [sys.executable, "-m", "jaxformer", *args]
+    assert subprocess.run(command, env=cli_env(), capture_output=True).returncode == 0
+    step = tmp_path / "run" / "checkpoints" / "2"
+    shards = sorted(step.glob("*/d/*"))  # the params' and the optimizer state's
+    assert len(shards) >= 2
+    for shard in shards:
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    for _ in range(3):  # each try leaves reads unfinished only when one fails before the rest
+        done = subprocess.run([*command, "--resume"], env=cli_env(), capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith(
+            f"jaxformer train: error: checkpoint {step.resolve()} cannot be read"
+        )

@@ -8,6 +8,8 @@ checkpoints intact; the unfinished folder is ignored and cleaned up on the next 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import pathlib
 from collections.abc import Callable
@@ -113,9 +115,10 @@ class Checkpointer:
             raise MissingFile(f"no checkpoint in {self.directory}")
         where = self.directory / str(step)
         try:
-            meta = self.manager.restore(
-                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-            ).meta
+            with _reads_awaited():
+                meta = self.manager.restore(
+                    step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+                ).meta
         except Exception as e:  # orbax raises various errors for damaged folders
             raise BadValue(f"checkpoint {where} cannot be read: {e}") from None
         if not isinstance(meta, dict) or meta.get("model_kind") not in MODEL_KINDS:
@@ -138,13 +141,44 @@ def _read(where: pathlib.Path, advice: str, read: Callable[[], Any]) -> Any:
     """read(), with a damaged (e.g. truncated) checkpoint reported in one line naming its
     folder `where`, with `advice`, instead of orbax's or TensorStore's traceback."""
     try:
-        return read()
+        with _reads_awaited():
+            return read()
     except Exception as e:
         cause = str(e.__cause__ or e).strip().splitlines()[0][:300]
         raise BadValue(
             f"checkpoint {where} cannot be read ({cause}); it may be truncated or damaged: "
             + advice
         ) from None
+
+
+@contextlib.contextmanager
+def _reads_awaited():
+    """Orbax runs a restore in a new event loop that it closes as soon as the restore
+    returns or raises: after one array's read fails, the other reads are left unfinished,
+    and each prints a traceback when TensorStore completes it or Python collects it (after
+    the error line, up to exit). Meanwhile, a new event loop awaits its unfinished tasks
+    (those reads) before closing. They are not cancelled: cancelling a TensorStore read
+    whose result is arriving can deadlock."""
+    new_event_loop = asyncio.new_event_loop
+
+    def awaiting_loop():
+        loop = new_event_loop()
+        close = loop.close
+
+        def await_then_close():
+            if not loop.is_closed() and (left := asyncio.all_tasks(loop)):
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            close()
+
+        with contextlib.suppress(AttributeError):  # a loop of C code (uvloop) stays as it is
+            loop.close = await_then_close
+        return loop
+
+    asyncio.new_event_loop = awaiting_loop
+    try:
+        yield
+    finally:
+        asyncio.new_event_loop = new_event_loop
 
 
 @jax.jit
