@@ -616,6 +616,33 @@ def test_resume_refuses_a_damaged_metrics_line_naming_it(finished_run, tmp_path,
     _assert_one_line_error(code, err, r"metrics.jsonl:1: not a JSON record \(Expecting value")
 
 
+def test_resume_refuses_a_config_cut_short_naming_it(finished_run, tmp_path, capsys):
+    """config.json holds the run's configs: a resume leaves a damaged one as it is."""
+    run = _copy_run(finished_run, tmp_path)
+    config = run / "config.json"
+    config.write_bytes(cut := config.read_bytes()[: config.stat().st_size // 2])
+    code, err = _resume(capsys, run, finished_run / "small.json")
+    _assert_one_line_error(code, err, r"config.json: not valid JSON \(.*\); the file is damaged$")
+    assert config.read_bytes() == cut
+
+
+@pytest.mark.parametrize("name", ["summary.json", "predictions.tsv"])
+def test_resume_writes_again_an_output_cut_short(finished_run, tmp_path, capsys, name):
+    """summary.json and the predictions are derived from the checkpoint (a resume never
+    reads them): resuming the finished run writes them again as they were."""
+    run = _copy_run(finished_run, tmp_path)
+    whole = (run / name).read_text()
+    (run / name).write_text(whole[: len(whole) // 2])
+    code, err = _resume(capsys, run, finished_run / "small.json", steps="2")
+    assert code == 0, err
+    if name == "predictions.tsv":
+        assert (run / name).read_text() == whole
+    else:
+        again, before = json.loads((run / name).read_text()), json.loads(whole)
+        for key in ("steps", "eval_nll", "token_accuracy", "exact_match", "params"):
+            assert again[key] == before[key], key
+
+
 # A read orbax left unfinished would print a traceback when collected or completed (an
 # ignored exception, a closed event loop): the tests fail on one.
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")

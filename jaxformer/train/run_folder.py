@@ -9,8 +9,9 @@
 
 Every process of a multi-process run opens the folder (orbax writes with all of them); only
 process 0 writes the other files. A killed process can leave a torn last line of
-metrics.jsonl, which `read_metrics` drops with a warning; the other files are written
-whole (a temporary file, renamed). Any other damage is an error naming the file.
+metrics.jsonl, which `read_metrics` drops with a warning; the other files are written whole
+(a temporary file, renamed). A resume refuses other damage to what it reads (config.json,
+metrics.jsonl, checkpoints), naming the file, and overwrites what it derives unread.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class RunFolder:
 
     def start(self, *, resume: bool) -> bool:
         """Whether to resume from the latest checkpoint. A fresh start empties the metrics;
-        checkpoints without `resume` are refused (the run would overwrite them). Averaged
+        checkpoints without `resume` are refused (the run would overwrite them), and so is a
+        resume whose config.json is damaged (the run's configs: not overwritten). Averaged
         parameters of an earlier end are removed (the run's end writes them again)."""
         latest = self.checkpoints.latest_step()
         if latest is not None and not resume:
@@ -71,6 +73,8 @@ class RunFolder:
                 f"{self.path} already holds checkpoints (latest step {latest}); pass "
                 f"{option('resume', True)} to continue that run, or choose another {option('out')}"
             )
+        if resume and (self.path / "config.json").exists():
+            read_json(self.path / "config.json")
         if self.is_main:
             shutil.rmtree(self.path / AVERAGED, ignore_errors=True)
         if latest is None:
