@@ -12,8 +12,9 @@ from, and `render_page` rewrites each section of a page marked
 
 with the record docs/results/NAME.json (NAME may name a subfolder's:
 xla_vs_eager/DIR/record), its headings one level down in the page and its figures linked
-from the page. `render_pages` (`jaxformer docs`) runs it over every
-page; `tests/lab/test_docs.py` checks that the committed pages equal what their records render.
+from the page (`results-headline:NAME` in place of `results:NAME`: the tables without a
+report's body). `render_pages` (`jaxformer docs`) runs it over every page;
+`tests/lab/test_docs.py` checks that the committed pages equal what their records render.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from jaxformer.checks import BadValue, MissingFile
 from jaxformer.train.provenance import code_version, command_line, describe_device, versions
 from jaxformer_lab.markdown import table
 
+# A section shows a record whole ("results"), or its tables without a report's body
+# ("results-headline": a page that links the report itself).
 SECTION = re.compile(
-    r"(<!-- results:(?P<name>[\w-]+(?:/[\w.-]+)*):start -->\n).*?(<!-- results:(?P=name):end -->)",
+    r"(<!-- (?P<kind>results|results-headline):(?P<name>[\w-]+(?:/[\w.-]+)*):start -->\n)"
+    r".*?(<!-- (?P=kind):(?P=name):end -->)",
     re.S,
 )
 FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.(?:png|svg))\)")
@@ -153,10 +157,13 @@ def render_page(text: str, results: pathlib.Path, page_dir: pathlib.Path | None 
         path = results / f"{match['name']}.json"
         if not path.exists():
             raise MissingFile(f"a page shows results:{match['name']}, but {path} does not exist")
-        body = re.sub(r"^#", "##", Record.read(path).markdown(), flags=re.M)
+        record = Record.read(path)
+        if match["kind"] == "results-headline":
+            record = dataclasses.replace(record, body=None)
+        body = re.sub(r"^#", "##", record.markdown(), flags=re.M)
         where = os.path.relpath(path.parent, page_dir or results)
         body = FIGURE_LINK.sub(lambda m: f"]({where}/{m[1]})", body)
-        return match.group(1) + body + match.group(3)
+        return match.group(1) + body + match.group(4)
 
     return SECTION.sub(section, text)
 

@@ -45,3 +45,16 @@ def test_a_reports_body_comes_before_its_tables_and_round_trips(tmp_path):
     page = "<!-- results:sub/record:start -->\n<!-- results:sub/record:end -->\n"
     shown = results.render_page(page, tmp_path, tmp_path.parent)
     assert f"### Report\n\nProse ![fig]({tmp_path.name}/sub/fig.png)" in shown
+
+
+def test_a_headline_section_shows_the_tables_without_the_reports_body(tmp_path):
+    table = results.Table(["part", "s"], [["host", "13"]], "lr", caption="Headline:")
+    record = results.capture([table])
+    record.body = "# Report\n\nA long report body.\n"
+    record.write(tmp_path / "lab.json")
+    page = "<!-- {0}:lab:start -->\n<!-- {0}:lab:end -->\n"
+    whole = results.render_page(page.format("results"), tmp_path)
+    headline = results.render_page(page.format("results-headline"), tmp_path)
+    assert "A long report body." in whole and "Headline:" in whole
+    assert "A long report body." not in headline and "Headline:" in headline
+    assert headline.startswith("<!-- results-headline:lab:start -->")
