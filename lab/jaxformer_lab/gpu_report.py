@@ -80,6 +80,7 @@ from concurrent.futures import ThreadPoolExecutor
 import yaml
 
 from jaxformer.checks import BadValue, MissingFile
+from jaxformer.train.run_folder import write_whole
 from jaxformer_lab import results
 from jaxformer_lab.bench import plan
 from jaxformer_lab.markdown import table
@@ -382,7 +383,7 @@ def run(args: argparse.Namespace) -> dict:
     chosen = [p for p in parts(out, args.jobs) if not args.parts or p.name in args.parts]
     if args.dry_run:
         result = call | {"parts": dry_run(chosen, out)}
-        (out / "dry_run.json").write_text(json.dumps(result, indent=2))
+        write_whole(out / "dry_run.json", json.dumps(result, indent=2))
         print(json.dumps({k: v["status"] for k, v in result["parts"].items()}))
         return result
     summary = load_summary(out)
@@ -457,7 +458,7 @@ def load_summary(out: pathlib.Path) -> dict:
 
 def save(summary: dict, out: pathlib.Path) -> None:
     """summary.json, and gpu_tables.md rendered from it and the parts' files."""
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_whole(out / "summary.json", json.dumps(summary, indent=2))
     (out / "gpu_tables.md").write_text(render(summary, out))
 
 

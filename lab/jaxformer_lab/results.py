@@ -29,6 +29,7 @@ from typing import Any
 
 from jaxformer.checks import BadValue, MissingFile
 from jaxformer.train.provenance import code_version, command_line, describe_device, versions
+from jaxformer.train.run_folder import write_whole
 from jaxformer_lab.markdown import table
 
 # A section shows a record whole ("results"), or its tables without a report's body
@@ -105,7 +106,7 @@ class Record:
     def write(self, path: str | pathlib.Path) -> None:
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        write_whole(path, json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
     def markdown(self) -> str:
         """The body, each table with its caption and notes, then one line of provenance."""

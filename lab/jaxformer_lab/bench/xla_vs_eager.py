@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from jaxformer.checks import BadValue, check_int, check_number
+from jaxformer.train.run_folder import write_whole
 from jaxformer_lab.bench import load, plan, report
 from jaxformer_lab.bench.plan import TORCH_PAIRS
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, Stopped, command, option, say
@@ -353,11 +354,9 @@ def read_parts(folder: pathlib.Path, expected: dict) -> dict:
 
 
 def save_part(folder: pathlib.Path, record: dict) -> None:
-    """Write a part's record whole (through a temporary file and a rename)."""
+    """Write a part's record whole."""
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{record['name']}.json.tmp"
-    tmp.write_text(json.dumps(record))
-    tmp.replace(folder / f"{record['name']}.json")
+    write_whole(folder / f"{record['name']}.json", json.dumps(record))
 
 
 # (slower, compiled) pairs whose break-even the report gives: each from its first call.
@@ -492,7 +491,7 @@ def write(result: dict, out: pathlib.Path, final: bool) -> None:
     from jaxformer_lab.bench import plots
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(result, indent=1))
+    write_whole(out / "report.json", json.dumps(result, indent=1))
     (out / "report.md").write_text(report.markdown(result))
     if final:
         plots.plots(result, out)

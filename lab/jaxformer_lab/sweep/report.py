@@ -21,7 +21,7 @@ import pathlib
 import numpy as np
 
 from jaxformer.checks import BadValue, MissingFile
-from jaxformer.train.run_folder import read_json, read_metrics
+from jaxformer.train.run_folder import read_json, read_metrics, write_whole
 from jaxformer_lab import results as results_lib
 from jaxformer_lab.markdown import table as markdown_table
 from jaxformer_lab.sweep import paper, stats
@@ -47,7 +47,7 @@ METRIC_FORMATS = {"bleu": "{:+.2f}", "chrf": "{:+.2f}", "exact_match": "{:+.2%}"
 def write(spec: Spec) -> dict:
     """Collect every run of `spec`, write the three files, return the results."""
     results = summarize(spec)
-    (spec.out / "results.json").write_text(json.dumps(results, indent=2))
+    write_whole(spec.out / "results.json", json.dumps(results, indent=2))
     (spec.out / "results.md").write_text(markdown(results))
     curves(spec, spec.out / "curves.png")
     return results
