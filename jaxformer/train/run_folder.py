@@ -196,8 +196,9 @@ def write_whole(path: pathlib.Path, text: str) -> None:
 
 def read_json(path: str | pathlib.Path) -> dict[str, Any]:
     """The JSON object in a run folder's file (config.json, summary.json, ...); a missing
-    or damaged file is an error naming it."""
-    path = pathlib.Path(path)
+    or damaged file is an error naming it. `path` may be a file in an archive (an object
+    with pathlib.Path's read_text, such as zipfile.Path)."""
+    path = pathlib.Path(path) if isinstance(path, str) else path
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -212,8 +213,8 @@ def read_json(path: str | pathlib.Path) -> dict[str, Any]:
 def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl, each a JSON object with an integer "step". A torn
     last line (a process killed while appending it) is left out with an InputWarning; a
-    bad line elsewhere is an error naming the file and the line."""
-    path = pathlib.Path(path)
+    bad line elsewhere is an error naming the file and the line; `path` as read_json's."""
+    path = pathlib.Path(path) if isinstance(path, str) else path
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     records = []
     for number, line in enumerate(lines, 1):

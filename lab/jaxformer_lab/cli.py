@@ -209,7 +209,11 @@ def _sweep_report_parser(sub) -> argparse.ArgumentParser:
         "JSON line: the verdicts, or each run's row.",
     )
     r.add_argument("spec", nargs="?", metavar="SPEC", help="the sweep's spec (YAML or JSON)")
-    r.add_argument("--sweep-out", metavar="DIR", help="the sweep's folder, if not the spec's out")
+    r.add_argument(
+        "--sweep-out",
+        metavar="DIR",
+        help="the sweep's folder (or its .tar.xz), if not the spec's out",
+    )
     r.add_argument(
         "--baseline",
         metavar="NAME",
@@ -223,7 +227,11 @@ def _sweep_report_parser(sub) -> argparse.ArgumentParser:
     )
     r.add_argument("--curves", metavar="PNG", help="also draw the runs' curves to this file")
     r.add_argument(
-        "--runs", nargs="+", type=pathlib.Path, metavar="RUN", help="run folders, not a sweep"
+        "--runs",
+        nargs="+",
+        type=pathlib.Path,
+        metavar="RUN",
+        help="run folders (or in a .tar.xz), not a sweep",
     )
     r.add_argument(
         "--pair",
@@ -379,17 +387,21 @@ def _check_report_options(args) -> None:
 
 def _report_runs(args) -> tuple:
     """The speedrun runs' record, and each run's row."""
+    from jaxformer_lab import records
     from jaxformer_lab.sweep import runs
 
-    record = runs.record(args.runs, args.pair, about=args.about, notes=tuple(args.note))
+    folders = [records.tree(f) for f in args.runs]  # a folder, or in its archive
+    pairs = [tuple(records.tree(f) for f in pair) for pair in args.pair]
+    record = runs.record(folders, pairs, about=args.about, notes=tuple(args.note))
     return record, {str(f): row for f, row in zip(args.runs, record.tables[0].rows, strict=True)}
 
 
 def _report_sweep(args) -> tuple:
     """The sweep's record (and its curves, with --curves), and its verdicts."""
-    from jaxformer_lab import sweep
+    from jaxformer_lab import records, sweep
 
     spec = sweep.Spec.load(args.spec, out=args.sweep_out)
+    spec = dataclasses.replace(spec, out=records.tree(spec.out))  # or in its archive
     record, results = sweep.report.record(
         spec,
         f"jaxformer sweep {args.spec}",

@@ -13,7 +13,7 @@ from jaxformer.cli import main
 from jaxformer.config import TABLE3_ROWS, TransformerConfig
 from jaxformer.train.optim import paper_schedule
 from jaxformer.train.report import write_predictions
-from jaxformer_lab import sweep
+from jaxformer_lab import records, sweep
 from jaxformer_lab.results import Record
 from jaxformer_lab.sweep import paper
 
@@ -68,11 +68,13 @@ def test_the_paper_schedule_peaks_at_the_base_rate_and_scales_with_d_model(path,
         assert rates["C5"].max() == pytest.approx(3e-3 / 2**0.5, rel=1e-4)
 
 
-def test_the_gpu_attempts_runs_keep_their_config_hashes(full):
+def test_the_gpu_attempts_runs_keep_their_config_hashes(full, tmp_path):
     """records/h200/table3_attempt/spec.json is the spec the earlier script wrote for
     its GPU run: this spec resolves every run to the same configuration, so that sweep's
     run folders would be kept, not rerun."""
-    attempt = sweep.Spec.load(ROOT / "records/h200/table3_attempt/spec.json")
+    spec = tmp_path / "spec.json"  # read from the records' archive
+    spec.write_bytes(records.tree(ROOT / "records/h200/table3_attempt/spec.json").read_bytes())
+    attempt = sweep.Spec.load(spec)
     runs = [(row, seed) for row in full.variants for seed in full.seeds]
     assert list(attempt.variants) == list(full.variants)
     assert [full.config_hash(*r) for r in runs] == [attempt.config_hash(*r) for r in runs]

@@ -21,7 +21,7 @@ import pytest
 from jaxformer.cli import main
 from jaxformer.train.config import load_run
 from jaxformer_lab import cores as cores_lib
-from jaxformer_lab import sweep
+from jaxformer_lab import records, sweep
 from jaxformer_lab.sweep import runner, stats
 from tests.test_config import FLAT_DEFAULT_RUN
 
@@ -530,12 +530,13 @@ def test_the_config_hash_reads_the_flat_run_options(tmp_path):
 
 
 def test_the_committed_sweep_runs_keep_their_config_hashes():
-    """Seeds 0-2 in records/sweeps were launched by an earlier runner (a model.json and
+    """Seeds 0-2 in the committed records were launched by an earlier runner (a model.json and
     the run options as flags), later seeds by today's; the spec still resolves each to the
     hash its folder recorded, so `jaxformer sweep` keeps them as finished runs instead of
     refusing or rerunning them."""
-    out = ROOT / "records/sweeps/wyc-web-speedrun"
-    spec = sweep.Spec.load(ROOT / "configs/sweeps/wyc_web_speedrun.yaml", out=str(out))
+    spec = sweep.Spec.load(ROOT / "configs/sweeps/wyc_web_speedrun.yaml")
+    out = records.tree(ROOT / "records/sweeps/wyc-web-speedrun")  # its archive
+    spec = dataclasses.replace(spec, out=out)
     runs = [(v, s) for v in spec.variants for s in spec.seeds]
     recorded = {run: spec.recorded_hash(*run) for run in runs}
     assert len(set(recorded.values()) - {None}) == len(runs) >= 15  # seeds 0-2 at least
