@@ -229,7 +229,7 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     averaged = [r for r in records if "averaged_steps" in r]
     tested = [r for r in records if "test_pairs" in r]
     scored = bool(evals) and "bleu" in evals[0]
-    fig, axes = plt.subplots(1, 3 if scored else 2, figsize=(16 if scored else 11, 4))
+    fig, axes = plt.subplots(1, 3 if scored else 2, figsize=(16 if scored else 11, 5))
     ax_loss, ax_acc = axes[:2]
     steps = [r["step"] for r in train]
     ax_loss.plot(steps, [r["loss"] for r in train], label="train (label-smoothed)")
@@ -239,7 +239,7 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
         if "exact_match" in evals[0]:
             _plot_evals(ax_acc, evals, "exact_match", "exact match", "s-")
         ax_acc.set(xlabel="step", ylim=(0, 1.02), title="held-out accuracy")
-        ax_acc.legend()
+        _legend_below(ax_acc)
     if scored:
         for key, name in (("bleu", "BLEU"), ("chrf", "chrF")):
             color = _plot_evals(axes[2], evals, key, name, "o-")
@@ -250,9 +250,9 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
                 label = f"test {name}, final model"
                 axes[2].plot([r["step"]], [r["test_" + key]], "^", ms=9, color=color, label=label)
         axes[2].set(xlabel="step", ylabel="0-100", title="held-out BLEU and chrF (sacrebleu)")
-        axes[2].legend()
+        _legend_below(axes[2])
     ax_loss.set(xlabel="step", ylabel="nats per token", yscale="log", title="loss")
-    ax_loss.legend()
+    _legend_below(ax_loss)
     _save(fig, out_png)
 
 
@@ -393,6 +393,11 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _legend_below(ax) -> None:
+    """The axes' legend under it, so that it hides no curve."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7)
 
 
 def _save(fig, out_png: pathlib.Path) -> None:
