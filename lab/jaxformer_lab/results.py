@@ -101,7 +101,10 @@ class Record:
     def write(self, path: str | pathlib.Path) -> None:
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+        partial = path.with_name(path.name + ".partial")  # renamed whole: never half a record
+        partial.write_text(text)
+        os.replace(partial, path)
 
     def markdown(self) -> str:
         """The body, each table with its caption and notes, then one line of provenance."""
