@@ -299,7 +299,7 @@ def _generate(args) -> int:
     config = pathlib.Path(args.checkpoint) / "config.json"
     run = read_json(config).get("run", {}) if config.is_file() else {}
     pad_multiple = run.get("pad_multiple", DataOptions.pad_multiple)  # the run's, else default
-    outputs = decode.generate(
+    batches = decode.generate_batches(
         model,
         tokenizer,
         texts,
@@ -310,8 +310,32 @@ def _generate(args) -> int:
         pad_multiple=pad_multiple,
         **options,
     )
-    for text in outputs:
-        print(text.replace("\n", "\\n"), flush=True)
+    return _print_outputs(batches, len(texts), args.input is None)
+
+
+def _print_outputs(batches, total: int, from_stdin: bool) -> int:
+    """Print each batch's outputs as it is decoded. Stopped (Ctrl-C, SIGTERM, SIGHUP), the
+    lines printed stay, one line says how many and how to decode the rest, and the exit
+    code is the signal's (130, 143, 129)."""
+    from jaxformer.train.signals import Terminated, stop_signals_raise
+
+    done = 0
+    try:
+        with stop_signals_raise():
+            for batch in batches:
+                for text in batch:
+                    print(text.replace("\n", "\\n"), flush=True)
+                done += len(batch)
+    except KeyboardInterrupt as stop:
+        why = f"terminated by {stop}" if isinstance(stop, Terminated) else "interrupted"
+        rest = f"give it stdin from line {done + 1} on (tail -n +{done + 1})" if from_stdin else ""
+        print(
+            f"jaxformer generate: {why} after {done} of {total} outputs (printed)"
+            + (f"; for the rest, {rest}" if rest else "; rerun it to decode the input"),
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + stop.signum if isinstance(stop, Terminated) else 130
     return 0
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -178,6 +178,32 @@ def generate(
 
     Each output holds at most its input's length + 50 tokens, or `max_new_tokens`. Texts go
     in batches of `batch_size` rows; sampling is reproducible from `seed`."""
+    options = dict(beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k)
+    options |= dict(top_p=top_p, seed=seed, max_new_tokens=max_new_tokens)
+    options |= dict(batch_size=batch_size, pad_multiple=pad_multiple, interventions=interventions)
+    batches = generate_batches(model, tokenizer, texts, strategy, **options)
+    return [text for batch in batches for text in batch]
+
+
+def generate_batches(
+    model: Transformer | DecoderLM,
+    tokenizer,
+    texts: list[str],
+    strategy: str = "greedy",
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    batch_size: int = 32,
+    pad_multiple: int = 16,
+    interventions: dict[str, Callable] | None = None,
+) -> Iterator[list[str]]:
+    """`generate`'s outputs, yielded a batch at a time as each is decoded (the same
+    outputs: `jaxformer generate` prints each batch before decoding the next)."""
     check_instance("model", model, (Transformer, DecoderLM))
     if strategy not in STRATEGIES:
         raise BadValue(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -189,7 +215,6 @@ def generate(
     rows = [tokenizer.encode(t) + ([tokenizer.eos_id] if seq2seq else []) for t in texts]
     common = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     common["interventions"] = interventions
-    out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         fill = batch_size - len(chunk) if len(rows) > batch_size else 0
@@ -211,8 +236,7 @@ def generate(
             if max_new_tokens is None:  # each row's own input length + 50
                 caps = [len(r) + PAPER_EXTRA_LENGTH for r in chunk]
                 tokens = [row[:cap] for row, cap in zip(tokens, caps, strict=False)]
-        out += [tokenizer.decode(row) for row in tokens[: len(chunk)]]
-    return out
+        yield [tokenizer.decode(row) for row in tokens[: len(chunk)]]
 
 
 def translate_seeds(

@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -247,3 +248,24 @@ def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkey
     assert code == 0
     correct = sum(got == want for got, (_, want) in zip(out, pairs, strict=True))
     assert correct >= 19, list(zip(out, pairs, strict=True))
+
+
+def test_sigterm_while_decoding_a_large_input_keeps_the_printed_outputs(seq2seq_run):
+    """Outputs are printed a batch at a time; SIGTERM mid-way exits 143 with one line
+    saying how many were printed and where the rest starts, and those lines stay."""
+    from tests.stopping import Started
+
+    lines = [f"{d} March 2001" for d in range(1, 29)] * 100
+    argv = ["generate", "--checkpoint", str(seq2seq_run), "--batch-size", "1"]
+    run = Started(argv, stdin="\n".join(lines) + "\n")
+    run.wait_for("out", r"")  # the first output (an untrained model: maybe empty)
+    code, seconds = run.stop(signal.SIGTERM)
+    assert code == 143 and seconds < 10, run.err()
+    printed = len(run.lines["out"])
+    assert 1 <= printed < len(lines) and all(line.endswith("\n") for line in run.lines["out"])
+    said = f"jaxformer generate: terminated by SIGTERM after {printed} of {len(lines)} outputs"
+    assert run.err()[-1] == (
+        f"{said} (printed); for the rest, give it stdin from line {printed + 1} on "
+        f"(tail -n +{printed + 1})"
+    )
+    assert run.survivors() == []

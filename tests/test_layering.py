@@ -3,7 +3,7 @@ read from the source with `ast`:
 
     checks, plugins <- data, functional <- config <- nn <- models
            <- decode, capture, parallel, interop <- train <- cli
-    jaxformer_lab:  markdown, cores <- results, bible <- sweep, bench, aot <- gpu_report
+    jaxformer_lab:  markdown, cores, stops <- results, bible <- sweep, bench, aot <- gpu_report
            <- cli <- plugin
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
@@ -39,6 +39,7 @@ RANKS = {
     "jaxformer_lab": {
         "markdown": 0,
         "cores": 0,
+        "stops": 0,
         "results": 1,
         "bible": 1,
         "sweep": 2,

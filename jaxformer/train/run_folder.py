@@ -25,7 +25,13 @@ from typing import Any
 
 from jaxformer.checks import BadValue, InputWarning, MissingFile, MissingPackage, option
 from jaxformer.parallel import Placement, is_main_process
-from jaxformer.train.checkpoint import AVERAGED, Checkpointer, abstract_train_state, save_averaged
+from jaxformer.train.checkpoint import (
+    AVERAGED,
+    Checkpointer,
+    abstract_train_state,
+    check_compatible,
+    save_averaged,
+)
 from jaxformer.train.steps import TrainState
 
 # Clocks that metrics.jsonl records carry as running totals (a resume continues them):
@@ -65,8 +71,9 @@ class RunFolder:
     def start(self, *, resume: bool) -> bool:
         """Whether to resume from the latest checkpoint. A fresh start empties the metrics;
         checkpoints without `resume` are refused (the run would overwrite them), and so is a
-        resume whose config.json is damaged (the run's configs: not overwritten). Averaged
-        parameters of an earlier end are removed (the run's end writes them again)."""
+        resume whose config.json is damaged or whose checkpoint does not match the run's
+        meta. Averaged parameters of an earlier end are removed (the run's end writes them
+        again) only once the checkpoint is restored: a refused resume keeps them."""
         latest = self.checkpoints.latest_step()
         if latest is not None and not resume:
             raise BadValue(
@@ -75,13 +82,16 @@ class RunFolder:
             )
         if resume and (self.path / "config.json").exists():
             read_json(self.path / "config.json")
-        if self.is_main:
-            shutil.rmtree(self.path / AVERAGED, ignore_errors=True)
-        if latest is None:
-            if resume:
-                self.say(f"no checkpoint in {self.checkpoints.directory} yet: starting from step 0")
-            self._write("metrics.jsonl", "")
-        return latest is not None
+        if latest is not None:
+            check_compatible(
+                self.checkpoints.read_meta(latest), self.meta, self.checkpoints.directory
+            )
+            return True
+        self._remove_averaged()
+        if resume:
+            self.say(f"no checkpoint in {self.checkpoints.directory} yet: starting from step 0")
+        self._write("metrics.jsonl", "")
+        return False
 
     def restore(self, state: TrainState) -> TrainState:
         """The latest checkpoint (which must match the run's meta) as one copy of the
@@ -89,6 +99,7 @@ class RunFolder:
         dropped, as the steps will run again."""
         abstract = abstract_train_state(self.placement.one_copy(state))
         state, _ = self.checkpoints.restore(abstract, self.meta)
+        self._remove_averaged()
         step = int(state.step)
         if self.is_main and self.metrics_path.exists():
             records = [r for r in read_metrics(self.metrics_path) if r["step"] <= step]
@@ -99,6 +110,10 @@ class RunFolder:
             }
         self.say(f"resumed from step {step} in {self.checkpoints.directory}")
         return state
+
+    def _remove_averaged(self) -> None:
+        if self.is_main:
+            shutil.rmtree(self.path / AVERAGED, ignore_errors=True)
 
     def save(self, state: TrainState) -> int:
         """Checkpoint the laid-out `state` (one copy of it, with the run's meta) unless its

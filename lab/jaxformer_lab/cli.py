@@ -45,10 +45,7 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
 def run(args) -> int:
     """Run one of COMMANDS; its exit code."""
     if args.command == "gpu-report":
-        from jaxformer_lab import gpu_report
-
-        gpu_report.run(args)
-        return 0
+        return _gpu_report(args)
     return {
         "sweep": _sweep,
         "sweep-report": _sweep_report,
@@ -308,16 +305,35 @@ def _docs(args) -> int:
     return 1 if args.check and changed else 0
 
 
+def _gpu_report(args) -> int:
+    from jaxformer_lab import gpu_report, stops
+    from jaxformer_lab.results import command_line
+
+    def report() -> int:
+        gpu_report.run(args)
+        return 0
+
+    rerun = f"finished parts are kept: rerun `{command_line()}` to continue"
+    return stops.stoppable("jaxformer gpu-report", report, rerun)
+
+
 def _bench(args) -> int:
+    from jaxformer_lab import stops
     from jaxformer_lab.bench import BENCHMARKS, registry
 
     options = registry.options_from(args, BENCHMARKS[args.benchmark].options)
-    try:
-        registry.run(args.benchmark, options)
-    except registry.Stopped as e:
-        print(f"jaxformer bench {args.benchmark}: {e}", file=sys.stderr)
-        return e.code
-    return 0
+    where = f"jaxformer bench {args.benchmark}"
+
+    def bench() -> int:
+        try:
+            registry.run(args.benchmark, options)
+        except registry.Stopped as e:
+            print(f"{where}: {e}", file=sys.stderr)
+            return e.code
+        return 0
+
+    rerun = f"no record written: rerun `{registry.command(args.benchmark, options)}`"
+    return stops.stoppable(where, bench, rerun)
 
 
 def _sweep(args) -> int:

@@ -63,7 +63,6 @@ touches no result.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import importlib.util
@@ -81,7 +80,8 @@ import yaml
 
 from jaxformer.checks import BadValue, MissingFile
 from jaxformer.train.run_folder import write_whole
-from jaxformer_lab import results
+from jaxformer.train.signals import stop_signals_raise
+from jaxformer_lab import results, stops
 from jaxformer_lab.bench import plan
 from jaxformer_lab.markdown import table
 
@@ -282,7 +282,7 @@ def _run(cmd: list[str], env: dict, log, timeout: float) -> str:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         return "timed out"
-    finally:  # also when this process is stopped (SIGTERM: _exit_on_sigterm)
+    finally:  # also when this process is stopped (SIGTERM, SIGHUP: Terminated)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -308,8 +308,14 @@ def dry_run(chosen: list[Part], out: pathlib.Path) -> dict:
     missing = [t for paths in gpu_tests().values() for t in paths if not (ROOT / t).exists()]
     if missing:
         raise MissingFile(f"{CONFIG.name} names missing test paths {missing}")
-    with ThreadPoolExecutor(4) as pool:
+    pool = ThreadPoolExecutor(4)
+    try:
         return dict(zip([p.name for p in chosen], pool.map(dry_run_part, chosen), strict=True))
+    except BaseException:  # a stop: end the parts' processes, so that their threads return
+        stops.end_descendants()
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def check_bench(words: list[str]) -> None:
@@ -372,8 +378,8 @@ def part_names() -> list[str]:
 def run(args: argparse.Namespace) -> dict:
     """One call: the dry run's result, or the summary of every call into --out so far
     (refused, before --out is made, where JAX sees no GPU). Stopped by SIGTERM (a
-    command's time limit), it exits through the `finally` of _run, which kills the
-    running part's processes instead of leaving them on the GPU."""
+    command's time limit) or SIGHUP, it raises Terminated through the `finally` of _run,
+    which kills the running part's processes instead of leaving them on the GPU."""
     check(args)
     call = dict(date=_now(), command=results.command_line(), machine=machine())
     if not args.dry_run:
@@ -388,7 +394,7 @@ def run(args: argparse.Namespace) -> dict:
         return result
     summary = load_summary(out)
     summary["calls"].append(call | {"ran": []})
-    with _exit_on_sigterm():
+    with stop_signals_raise():
         ran = run_parts(chosen, summary, out, args)
     left = [name for name in part_names() if not finished(summary, name)]
     print(json.dumps({"ran": ran, "left": left}))
@@ -408,16 +414,6 @@ def check_gpu(found: dict) -> None:
         "CUDA build of JAX (`jaxformer gpu-report --dry-run` checks on a CPU that every "
         "part starts)"
     )
-
-
-@contextlib.contextmanager
-def _exit_on_sigterm():
-    """Inside, SIGTERM exits (status 143) through the `finally` blocks."""
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run_parts(chosen: list[Part], summary: dict, out: pathlib.Path, args) -> dict:

@@ -169,3 +169,27 @@ def test_a_checkpoint_written_with_nnx_variables_resumes_as_plain_arrays(tmp_pat
     saved = manager.item_metadata(8)["params"]
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(saved)[0]]
     assert len(paths) == len(want) and all(p.endswith("['value']") for p in paths)
+
+
+def test_a_refused_resume_keeps_the_averaged_parameters(tmp_path):
+    """A resume whose checkpoint was written for another configuration is refused before
+    anything in the folder is removed; a resume that restores removes averaged/ (the
+    run's end writes it again)."""
+    out = tmp_path / "run"
+    folder = open_folder(out)
+    folder.start(resume=False)
+    folder.save(tiny_state(2))
+    folder.close()
+    (out / "averaged").mkdir()
+    (out / "averaged" / "kept").write_text("the parameters of the run's end")
+    other = open_folder(out, META | {"run": {"seed": 1}})
+    with pytest.raises(ValueError, match=r"different configuration: seed=0 \(checkpoint\) vs 1"):
+        other.start(resume=True)
+    other.close()
+    assert (out / "averaged" / "kept").is_file()
+    same = open_folder(out)
+    assert same.start(resume=True) is True
+    assert (out / "averaged").is_dir()  # kept until the checkpoint is restored
+    same.restore(tiny_state(0))
+    assert not (out / "averaged").exists()
+    same.close()

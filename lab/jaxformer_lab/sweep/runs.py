@@ -21,11 +21,11 @@ final ones (the last checkpoint's and the average's), the run's end less the tes
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 
 from jaxformer.checks import BadValue, MissingFile
 from jaxformer.train.config import load_run, with_added_defaults
+from jaxformer.train.run_folder import read_json, read_metrics
 from jaxformer_lab import results
 from jaxformer_lab.sweep import report, stats
 
@@ -61,11 +61,13 @@ def load(folder: pathlib.Path) -> dict:
     missing = [name for name in needed if not (folder / name).exists()]
     if missing:
         raise MissingFile(f"{folder}: not a finished run (no {', '.join(missing)})")
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = read_json(folder / "summary.json")
     if "test_seconds" not in summary:
         raise BadValue(f"{folder}: the run did not score the test set (final_test)")
-    config = json.loads((folder / "config.json").read_text())
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    config = read_json(folder / "config.json")
+    if not all(isinstance(config.get(key), dict) for key in ("model", "run")):
+        raise BadValue(f"{folder / 'config.json'}: expected a run's model and run configs")
+    records = read_metrics(folder / "metrics.jsonl")
     flat = config["model"] | with_added_defaults(config["run"])  # an earlier run's too
     return {"folder": folder, "summary": summary, "config": flat, "records": records}
 

@@ -129,6 +129,23 @@ def test_a_run_without_test_scores_is_refused(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("summary.json", '{"steps": 30, "wall_', "summary.json: not valid JSON"),
+        ("config.json", "", "config.json: not valid JSON"),
+        ("config.json", '{"model": 1}', "config.json: expected a run's model and run configs"),
+        ("metrics.jsonl", '{"step": 1}\nnot json\n{"step": 2}\n', "metrics.jsonl"),
+    ],
+)
+def test_a_damaged_run_file_is_one_line_naming_it(tmp_path, capsys, name, text, says):
+    make_run(tmp_path / "a", 0.1, [12.0], 13.0)
+    (tmp_path / "a" / name).write_text(text)
+    err = refused(capsys, "--runs", tmp_path / "a", "--out", tmp_path / "t.json")
+    assert says in err and str(tmp_path / "a") in err
+    assert not (tmp_path / "t.json").exists()
+
+
 def test_a_pair_compares_two_runs_and_a_pair_outside_the_runs_is_refused(tmp_path, capsys):
     make_run(tmp_path / "a", 0.1, [12.0], 13.0)
     make_run(tmp_path / "b", 0.0, [12.0], 14.0)
