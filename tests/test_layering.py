@@ -3,7 +3,8 @@ read from the source with `ast`:
 
     checks, plugins <- data, functional <- config <- nn <- models
            <- decode, capture, parallel, interop <- train <- cli
-    jaxformer_lab:  markdown, cores, stops <- results, bible <- sweep, bench, aot <- gpu_report
+    jaxformer_lab:  markdown, cores, stops <- results, bible, records <- sweep, bench, aot
+           <- gpu_report
            <- cli <- plugin
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
@@ -42,6 +43,7 @@ RANKS = {
         "stops": 0,
         "results": 1,
         "bible": 1,
+        "records": 1,
         "sweep": 2,
         "bench": 2,
         "aot": 2,

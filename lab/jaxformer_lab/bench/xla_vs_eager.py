@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from jaxformer.checks import BadValue, check_int, check_number
 from jaxformer.train.run_folder import write_whole
+from jaxformer.train.signals import Terminated, stop_signals_raise
 from jaxformer_lab.bench import load, plan, report
 from jaxformer_lab.bench.plan import TORCH_PAIRS
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, Stopped, command, option, say
@@ -168,11 +169,11 @@ def run_lab(options: LabOptions) -> dict:
     call = {"start": start, "guard": guard, "earlier": _earlier_calls(out, records)}
     names = chosen_parts(profile, options)
     _say_plan(profile, names, records, guard)
-    with _caches(), _signals(options.time_limit) as stopping:
+    with _caches(), stop_signals_raise(), _time_limit(options.time_limit) as stopping:
         try:
             _measure(options, profile, names, records, out, stopping, call)
-        except (KeyboardInterrupt, Stopped) as e:
-            why, code = (str(e), e.code) if isinstance(e, Stopped) else ("Ctrl-C", 130)
+        except (KeyboardInterrupt, Stopped) as e:  # Terminated: SIGTERM, SIGHUP
+            why, code = _stopped_by(e, stopping)
             result = assemble(records, options, profile, call, stopped=why)
             write(result, out, final=True)
             raise Stopped(f"stopped by {why}; what was measured is in {out}", code) from None
@@ -237,8 +238,8 @@ def _measure(options, profile, names, records, out, stopping, call) -> None:
             save_part(out / "parts", records[name])
             write(assemble(records, options, profile, call), out, final=False)
             say(_done_line(records[name], tolerance=options.max_load))
+            stopping.part = None  # a stop from here on names no part
     finally:
-        stopping.part = None
         monitor.close()
 
 
@@ -278,40 +279,44 @@ class _Stopping:
         return None if self.deadline is None else self.deadline - time.perf_counter()
 
 
-class _signals:
-    """SIGTERM (and SIGHUP) raise Stopped like Ctrl-C's KeyboardInterrupt, and at
-    --time-limit SIGALRM raises Stopped, so that the run writes what it has; restored on
-    exit. (Only the main thread can take signals; elsewhere none is installed.)"""
+def _stopped_by(stop: BaseException, stopping: _Stopping) -> tuple[str, int]:
+    """What stopped the lab, said with the part it stopped, and the exit status to give."""
+    if isinstance(stop, Stopped):
+        why, code = str(stop), stop.code
+    elif isinstance(stop, Terminated):
+        why, code = str(stop), 128 + stop.signum
+    else:
+        why, code = "Ctrl-C", 130
+    return why + (f" during part {stopping.part}" if stopping.part else ""), code
+
+
+class _time_limit:
+    """At --time-limit SIGALRM raises Stopped, so that the run writes what it has (the
+    stop signals are `stop_signals_raise`'s). Only the main thread can take signals."""
 
     def __init__(self, limit: float | None):
         self.stopping = _Stopping(limit)
-        self.saved = {}
+        self.saved = None
 
     def __enter__(self) -> _Stopping:
         import threading
 
-        if threading.current_thread() is not threading.main_thread():
+        if (
+            self.stopping.deadline is None
+            or threading.current_thread() is not threading.main_thread()
+        ):
             return self.stopping
-        for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGALRM, 124)):
-            self.saved[sig] = signal.signal(sig, self._raiser(sig, code))
-        if self.stopping.deadline is not None:
-            signal.setitimer(signal.ITIMER_REAL, max(self.stopping.left(), 0.01))
+        self.saved = signal.signal(signal.SIGALRM, self._raise)
+        signal.setitimer(signal.ITIMER_REAL, max(self.stopping.left(), 0.01))
         return self.stopping
 
-    def _raiser(self, sig, code):
-        name = "the time limit" if sig == signal.SIGALRM else signal.Signals(sig).name
-
-        def handler(*_):
-            during = f" during part {self.stopping.part}" if self.stopping.part else ""
-            raise Stopped(name + during, code)
-
-        return handler
+    def _raise(self, *_):
+        raise Stopped("the time limit", 124)
 
     def __exit__(self, *exc) -> None:
-        if self.saved:
+        if self.saved is not None:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)
+            signal.signal(signal.SIGALRM, self.saved)
 
 
 class _caches:
