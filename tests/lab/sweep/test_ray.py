@@ -204,3 +204,23 @@ def test_several_nodes_need_the_folder_on_shared_storage(tmp_path, monkeypatch):
     ray_jobs.check_storage(tmp_path, 3, True, str(mounts))
     with pytest.raises(ValueError, match="has 3 nodes and .* is on this machine's disk \\(ext4\\)"):
         ray_jobs.check_storage(tmp_path, 3, False, str(mounts))
+
+
+@pytest.mark.slow  # eight short trainings
+def test_real_runs_on_ray_give_the_local_figures_and_verdicts(head, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")  # the local runs: one CPU device, as the head's
+    path, results = write_spec(tmp_path), {}
+    for where in ("ray", "local"):
+        spec = sweep.Spec.load(path, out=str(tmp_path / where))
+        cluster = ray_jobs.connect(head) if where == "ray" else None
+        try:
+            results[where] = sweep.run(spec, cluster=cluster, say=lambda line: None)
+        finally:
+            if cluster is not None:
+                cluster.close()
+    assert sweep.report.verdicts(results["ray"]) == sweep.report.verdicts(results["local"])
+    for name, local in results["local"]["variants"].items():
+        on_ray = results["ray"]["variants"][name]
+        assert on_ray["runs"] == local["runs"] == {0: "done", 1: "done"}
+        figure = on_ray["figures"]["eval_perplexity"]["values"]
+        assert figure == local["figures"]["eval_perplexity"]["values"]
