@@ -1,6 +1,7 @@
 """The lab's commands, added to `jaxformer` as a plugin (`jaxformer_lab.plugin`):
 
 jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict
+jaxformer sweep sweep.yaml --ray auto      # ... each run a task on a Ray cluster
 jaxformer sweep report sweep.yaml --out docs/results/sweep.json   # its tables, as a record
 jaxformer sweep report --runs runs/speedrun runs/other --out speedrun.json
 jaxformer bench decode --quick             # a benchmark: results/decode.json
@@ -151,7 +152,28 @@ def _sweep_parser(sub) -> argparse.ArgumentParser:
         "on: a variant's seeds as one vmapped program (`train --seeds`); off: each seed "
         "its own process, seed-major; auto (default): on with an NVIDIA GPU, else off",
     )
+    _ray_options(w)
     return w
+
+
+def _ray_options(w) -> None:
+    w.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run each job as a task on the Ray cluster at ADDRESS (HOST:PORT of its head, "
+        "or auto: the one this machine belongs to; local: a head started here for this "
+        "sweep); --jobs: tasks at once (default: as many as the cluster holds)",
+    )
+    w.add_argument("--ray-cpus", type=float, default=1, metavar="N",
+                   help="CPUs a run asks the Ray cluster for (default 1)")  # fmt: skip
+    w.add_argument("--ray-gpus", type=float, metavar="N",
+                   help="GPUs a run asks for (default: 1 on a cluster with GPUs, else 0)")  # fmt: skip
+    w.add_argument(
+        "--shared-storage",
+        action="store_true",
+        help="the sweep's folder is on storage every node of the Ray cluster sees (else, "
+        "with several nodes, it must be on a network filesystem)",
+    )
 
 
 def _bench_parser(sub) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -343,6 +365,7 @@ def _sweep(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise BadValue(f"--jobs must be >= 1, got {args.jobs}")
     spec = sweep.Spec.load(args.spec, out=args.out, overrides=tuple(args.set))
+    cluster = _ray_cluster(args, spec)
     try:
         sweep.run(
             spec,
@@ -350,6 +373,7 @@ def _sweep(args) -> int:
             rerun_changed=args.rerun_changed,
             retry_failed=args.retry_failed,
             vmap_seeds=VMAP_SEEDS[args.vmap_seeds],
+            cluster=cluster,
         )
     except KeyboardInterrupt as stop:  # and Terminated: SIGTERM, SIGHUP
         why = f"terminated by {stop}" if isinstance(stop, Terminated) else "interrupted"
@@ -359,9 +383,37 @@ def _sweep(args) -> int:
             file=sys.stderr,
         )
         return 128 + stop.signum if isinstance(stop, Terminated) else 130
+    finally:
+        if cluster is not None:
+            cluster.close()
     print((spec.out / "results.md").read_text())
     print(f"results in {spec.out}/: results.md results.json curves.png")
     return 0
+
+
+def _ray_cluster(args, spec):
+    """The Ray cluster of --ray, checked against the runs' needs and the sweep's folder
+    (None without --ray)."""
+    if args.ray is None:
+        options = {
+            "--ray-cpus": args.ray_cpus != 1,
+            "--ray-gpus": args.ray_gpus is not None,
+            "--shared-storage": args.shared_storage,
+        }
+        if given := [option for option, used in options.items() if used]:
+            raise BadValue(f"{', '.join(given)} ask(s) for a Ray cluster: give --ray ADDRESS")
+        return None
+    from jaxformer_lab.sweep import ray_jobs
+
+    if args.ray_cpus <= 0 or (args.ray_gpus or 0) < 0:
+        raise BadValue("--ray-cpus must be > 0 and --ray-gpus >= 0")
+    cluster = ray_jobs.connect(args.ray, cpus=args.ray_cpus, gpus=args.ray_gpus)
+    try:
+        cluster.check(spec.out, shared_storage=args.shared_storage)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
 
 
 def _sweep_report(args) -> int:

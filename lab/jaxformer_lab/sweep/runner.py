@@ -73,6 +73,7 @@ def run(
     rerun_changed: bool = False,
     retry_failed: bool = False,
     vmap_seeds: bool | None = None,
+    cluster=None,
     say=print,
 ) -> dict:
     """Run every pending (variant, seed), a variant's seeds as one program with
@@ -83,7 +84,9 @@ def run(
     results. Raises ValueError, before any run starts, for a folder
     made by another configuration (unless `rerun_changed`). Ctrl-C, SIGTERM and SIGHUP
     are passed on to the runs in flight; once each has saved its step and exited, it
-    raises KeyboardInterrupt (Terminated for SIGTERM and SIGHUP)."""
+    raises KeyboardInterrupt (Terminated for SIGTERM and SIGHUP). With a `cluster`
+    (`ray_jobs.connect`) each job is a task on it: as many at once as it holds, each with
+    the GPUs the cluster gives a run (and a variant's seeds vmapped with any)."""
     todo = [(v, s) for s in spec.seeds for v in spec.runs]
     _clear(spec, _changed(spec, todo, rerun_changed), "its configuration changed", say)
     if retry_failed:
@@ -95,10 +98,13 @@ def run(
     _clear(spec, _stages_without_checkpoints(spec, pending), why, say)
     pending = [(v, s) for v, s in todo if status(spec.folder(v, s)) == "pending"]
     say(f"sweep {spec.out}: {len(todo)} runs, {len(todo) - len(pending)} already ended")
-    gpus = _gpu_count()  # (not JAX's backend: initialising it here would hold GPU memory)
-    slots = list(range(jobs or max(1, gpus)))
-    pin = len(slots) > 1 and gpus >= len(slots)  # each slot runs on its own GPU
-    cores = shares(len(slots)) if not gpus and len(slots) > 1 else None  # or its cores
+    if cluster is None:  # (not JAX's backend: initialising it here would hold GPU memory)
+        gpus = _gpu_count()
+        slots = list(range(jobs or max(1, gpus)))
+        pin = len(slots) > 1 and gpus >= len(slots)  # each slot runs on its own GPU
+        cores = shares(len(slots)) if not gpus and len(slots) > 1 else None  # or its cores
+    else:  # Ray places each task, and gives it its GPUs
+        gpus, slots, pin, cores = cluster.gpus, list(range(jobs or cluster.slots())), False, None
     queue = _jobs(spec, pending, gpus > 0 if vmap_seeds is None else vmap_seeds)
     running: dict[int, tuple] = {}
     done = len(todo) - len(pending)
@@ -112,7 +118,7 @@ def run(
                     slot = next(s for s in slots if s not in running)
                     with signals_held():  # a stop finds every process started in `running`
                         gpu, share = slot if pin else None, cores and cores[slot]
-                        proc = _launch(spec, *job, gpu=gpu, cores=share)
+                        proc = _launch(spec, *job, gpu=gpu, cores=share, cluster=cluster)
                         running[slot] = (*job, proc, time.time())
                 if queue and not running:  # each waits for a stage run that was interrupted
                     _say_waiting(queue, say)
@@ -269,12 +275,18 @@ def _gpu_count() -> int:
 
 
 def _launch(
-    spec: Spec, variant: str, seeds: tuple, *, gpu: int | None, cores: set[int] | None = None
+    spec: Spec,
+    variant: str,
+    seeds: tuple,
+    *,
+    gpu: int | None,
+    cores: set[int] | None = None,
+    cluster=None,
 ) -> subprocess.Popen:
     """One process training `seeds` of `variant` (several: `train --seeds`, in the first
     seed's run file with the variant's folder as --out), on GPU `gpu` or on `cores` only
-    if given; each seed's folder gets its run file, hash and command, the first seed's its
-    output."""
+    if given, or a task on `cluster` (`ray_jobs.RayRun`, used as a process); each seed's
+    folder gets its run file, hash and command, the first seed's its output."""
     commands = {seed: train_command(spec, variant, seed) for seed in seeds}  # run files
     for seed in seeds:
         hashed = {"config_hash": spec.config_hash(variant, seed)}
@@ -293,6 +305,8 @@ def _launch(
         (spec.folder(variant, seed) / "command.txt").write_text(
             "jaxformer " + " ".join(args) + "\n"
         )
+    if cluster is not None:
+        return cluster.launch(args, first / "train.log")
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)

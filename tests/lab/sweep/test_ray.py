@@ -1,0 +1,226 @@
+"""Sweeps on a Ray cluster (one local head for the module): the report of a sweep run as
+Ray tasks equals the local one's; a run killed mid-way is resumed by its task and no other
+run is lost; a stop reaches the run, which saves; bad input is one line, exit 2, no folder."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jaxformer.cli import main
+from jaxformer_lab import sweep
+from jaxformer_lab.sweep import ray_jobs
+from tests.lab.sweep.test_sweep import BASE, write_spec
+
+ray = pytest.importorskip("ray")
+
+# A stand-in for `python -m jaxformer train` (with a Python's #! line): it appends to
+# calls.txt in the run's folder and writes a summary that depends on the run; in the run
+# named in the file `hold` beside the sweep's folder, its first call waits (to be killed
+# or stopped), saving on SIGINT.
+FAKE = """
+import json, pathlib, signal, sys, time, zlib
+folder = pathlib.Path(sys.argv[sys.argv.index("--config") + 1]).parent
+with open(folder / "calls.txt", "a") as calls:
+    calls.write("call\\n")
+hold = folder.parents[2] / "hold"
+if hold.exists() and str(folder).endswith(hold.read_text()) and len((folder / "calls.txt").read_text().split()) == 1:
+    def save(*_):
+        (folder / "saved").write_text("x")
+        sys.exit(130)
+    signal.signal(signal.SIGINT, save)
+    (folder / "holding").write_text("x")
+    time.sleep(120)
+score = zlib.crc32(str(folder).split("sweep")[-1].encode()) % 100 / 100
+(folder / "summary.json").write_text(json.dumps({"exact_match": score}))
+print("fake run done")
+"""
+
+HEAD = """
+import sys, ray
+ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def head():
+    """A Ray head on this machine, 2 CPUs, owned by a process of ours; its address. (It
+    and the drivers of the tests leave Ray's token authentication off.)"""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    env = dict(os.environ, XLA_FLAGS="", RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
+    address = proc.stdout.readline().decode().strip()
+    try:
+        assert address, "the Ray head did not start"
+        yield address
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        os.environ.pop("RAY_AUTH_MODE")
+        if mode is not None:
+            os.environ["RAY_AUTH_MODE"] = mode
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    path = tmp_path / "fake_python"
+    path.write_text(f"#!{sys.executable}\n{FAKE}")
+    path.chmod(0o755)
+    monkeypatch.setattr(ray_jobs, "WORKER_PYTHON", str(path))
+    monkeypatch.setattr(sys, "executable", str(path))  # the local runs
+    return path
+
+
+def verdicts(out):
+    results = json.loads((out / "results.json").read_text())
+    return {k: v for k, v in results.items() if k != "out"}
+
+
+def test_a_sweep_on_ray_reports_as_the_local_one(head, fake, tmp_path, capsys):
+    spec = write_spec(tmp_path, variants={"baseline": {}, "wide": {"d_ff": 64}})
+    assert main(["sweep", str(spec), "--ray", head, "--out", str(tmp_path / "ray/sweep")]) == 0
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "local/sweep")]) == 0
+    assert "[4/4]" in capsys.readouterr().out
+    on_ray, local = verdicts(tmp_path / "ray/sweep"), verdicts(tmp_path / "local/sweep")
+    assert on_ray == local and set(local["variants"]) == {"baseline", "wide"}
+    task = json.loads((tmp_path / "ray/sweep/wide/seed1" / ray_jobs.TASK_FILE).read_text())
+    assert task["pid"] > 0 and not (tmp_path / "local/sweep/wide/seed1/ray_task.json").exists()
+
+
+def when(path, timeout=60):
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+def test_a_killed_run_is_resumed_by_its_task_and_no_other_run_is_lost(head, fake, tmp_path):
+    spec = sweep.Spec.load(write_spec(tmp_path))
+    held = spec.folder("sq", 0)
+    (tmp_path / "hold").write_text("sq/seed0")
+
+    def kill():
+        when(held / "holding")
+        os.kill(json.loads((held / ray_jobs.TASK_FILE).read_text())["pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    cluster = ray_jobs.connect(head)
+    try:
+        lines = []
+        results = sweep.run(spec, cluster=cluster, say=lines.append)
+    finally:
+        cluster.close()
+        killer.join()
+    assert all(r["runs"] == {0: "done", 1: "done"} for r in results["variants"].values())
+    assert "killed by SIGKILL; resuming it (1 of 2)" in (held / "train.log").read_text()
+    calls = {
+        f.parent.name + f.parent.parent.name: f.read_text().count("call")
+        for f in spec.out.glob("*/seed*/calls.txt")
+    }
+    assert sorted(calls.values()) == [1, 1, 1, 2] and calls["seed0sq"] == 2
+
+
+def test_a_stop_reaches_the_run_on_ray_which_saves(head, fake, tmp_path, capsys, monkeypatch):
+    path = write_spec(tmp_path, variants={"baseline": {}}, seeds=1)
+    monkeypatch.setattr(sys, "argv", ["jaxformer", "sweep", str(path), "--ray", head])
+    held = tmp_path / "sweep/baseline/seed0"
+    (tmp_path / "hold").write_text("baseline/seed0")
+
+    def stop():
+        when(held / "holding")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    try:
+        assert main(sys.argv[1:]) == 143
+    finally:
+        stopper.join()
+    out, err = capsys.readouterr()
+    assert "[1/1] baseline seed 0: interrupted (resumes next time)" in out
+    assert f"continue with jaxformer sweep {path} --ray {head}" in err.splitlines()[-1]
+    assert (held / "saved").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def refused(capsys, tmp_path, *options, match):
+    spec = write_spec(tmp_path, base=BASE)
+    assert main(["sweep", str(spec), *options]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err, err
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_an_address_nobody_listens_on_is_one_line(tmp_path, capsys):
+    address = f"127.0.0.1:{free_port()}"
+    refused(capsys, tmp_path, "--ray", address, match=f"--ray {address}: no Ray cluster answers")
+    refused(capsys, tmp_path, "--ray", "nowhere", match="give auto, local or HOST:PORT")
+    refused(capsys, tmp_path, "--shared-storage", match="--shared-storage ask(s) for a Ray")
+
+
+def test_ray_missing_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    refused(capsys, tmp_path, "--ray", "auto", match="pip install 'jaxformer-lab[ray]'")
+
+
+def test_a_version_mismatch_is_one_line(tmp_path, capsys, monkeypatch):
+    def mismatch(**_):
+        raise RuntimeError("Version mismatch: The cluster was started with:\n    Ray: 2.0.0\n")
+
+    monkeypatch.setattr(ray, "init", mismatch)
+    refused(capsys, tmp_path, "--ray", "auto", match="runs another Ray or Python than this one")
+
+
+def test_a_cluster_without_a_runs_resources_is_one_line(head, tmp_path, capsys):
+    refused(capsys, tmp_path, "--ray", head, "--ray-gpus", "1", match="asks for 1 GPU and no node")
+    assert not ray.is_initialized()
+
+
+def test_several_nodes_need_the_folder_on_shared_storage(tmp_path, monkeypatch):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/sda1 / ext4 rw 0 0\nserver:/x /mnt/shared nfs4 rw 0 0\n")
+    assert ray_jobs.mount_type(tmp_path / "mnt/a", mounts) == "ext4"
+    assert ray_jobs.mount_type("/mnt/shared/sweeps/a", mounts) == "nfs4"
+    ray_jobs.check_storage("/mnt/shared/sweeps/a", 3, False, str(mounts))
+    ray_jobs.check_storage(tmp_path, 1, False, str(mounts))
+    ray_jobs.check_storage(tmp_path, 3, True, str(mounts))
+    with pytest.raises(ValueError, match="has 3 nodes and .* is on this machine's disk \\(ext4\\)"):
+        ray_jobs.check_storage(tmp_path, 3, False, str(mounts))
+
+
+@pytest.mark.slow  # eight short trainings
+def test_real_runs_on_ray_give_the_local_figures_and_verdicts(head, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")  # the local runs: one CPU device, as the head's
+    path, results = write_spec(tmp_path), {}
+    for where in ("ray", "local"):
+        spec = sweep.Spec.load(path, out=str(tmp_path / where))
+        cluster = ray_jobs.connect(head) if where == "ray" else None
+        try:
+            results[where] = sweep.run(spec, cluster=cluster, say=lambda line: None)
+        finally:
+            if cluster is not None:
+                cluster.close()
+    assert sweep.report.verdicts(results["ray"]) == sweep.report.verdicts(results["local"])
+    for name, local in results["local"]["variants"].items():
+        on_ray = results["ray"]["variants"][name]
+        assert on_ray["runs"] == local["runs"] == {0: "done", 1: "done"}
+        figure = on_ray["figures"]["eval_perplexity"]["values"]
+        assert figure == local["figures"]["eval_perplexity"]["values"]
