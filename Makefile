@@ -20,11 +20,14 @@ DEV        := $(VENV)/.installed-dev
 # other Pythons have no CPU torch wheel on disk, so their parity tests are skipped. The
 # tpu extra (libtpu: TPU programs compiled with no TPU) goes into the Python 3.12 line.
 # The lab (lab/, jaxformer-lab) installs beside the library unless LAB is empty:
-# `make test-library` checks the library's suite without it.
+# `make test-library` checks the library's suite without it. On Python 3.11 the lab adds
+# ray (pinned, as its extra), whose tests start a local cluster on 127.0.0.1.
 LAB        ?= lab
 DEV_311    := '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
 DEV_OTHER  := '.[dev,docs,tpu]'
-DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER)) $(if $(LAB),-e '$(LAB)[data]')
+LAB_311    := ray==2.60.0
+DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER)) \
+	$(if $(LAB),-e '$(LAB)[data]' $(if $(filter 3.11,$(PY_VERSION)),$(LAB_311)))
 
 $(RUN): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxformer needs Python >= 3.11, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
