@@ -44,6 +44,7 @@ from jaxformer_lab.bench import (  # noqa: F401
     parity,
     peers,
     profile_step,
+    ray_sweep,
     seeds_vmapped,
     speedrun_levers,
     sweep_jobs,

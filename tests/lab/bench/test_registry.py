@@ -27,6 +27,7 @@ NAMES = (
     "paper-params",
     "parity",
     "profile",
+    "ray-sweep",
     "seeds-vmapped",
     "speedrun-levers",
     "sweep-jobs",
