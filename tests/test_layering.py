@@ -3,7 +3,8 @@ read from the source with `ast`:
 
     checks, plugins <- data, functional <- config <- nn <- models
            <- decode, capture, parallel, interop <- train <- cli
-    jaxformer_lab:  markdown, cores, stops <- results, bible, records <- sweep, bench, aot
+    jaxformer_lab:  markdown, cores, stops <- results, bible, records, ray_cluster
+           <- sweep, bench, aot
            <- gpu_report
            <- cli <- plugin
 
@@ -44,6 +45,7 @@ RANKS = {
         "results": 1,
         "bible": 1,
         "records": 1,
+        "ray_cluster": 1,
         "sweep": 2,
         "bench": 2,
         "aot": 2,

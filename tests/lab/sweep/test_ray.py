@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jaxformer.cli import main
-from jaxformer_lab import sweep
+from jaxformer_lab import ray_cluster, sweep
 from jaxformer_lab.sweep import ray_jobs
 from tests.lab.sweep.test_sweep import BASE, write_spec
 
@@ -197,13 +197,13 @@ def test_a_cluster_without_a_runs_resources_is_one_line(head, tmp_path, capsys):
 def test_several_nodes_need_the_folder_on_shared_storage(tmp_path, monkeypatch):
     mounts = tmp_path / "mounts"
     mounts.write_text("/dev/sda1 / ext4 rw 0 0\nserver:/x /mnt/shared nfs4 rw 0 0\n")
-    assert ray_jobs.mount_type(tmp_path / "mnt/a", mounts) == "ext4"
-    assert ray_jobs.mount_type("/mnt/shared/sweeps/a", mounts) == "nfs4"
-    ray_jobs.check_storage("/mnt/shared/sweeps/a", 3, False, str(mounts))
-    ray_jobs.check_storage(tmp_path, 1, False, str(mounts))
-    ray_jobs.check_storage(tmp_path, 3, True, str(mounts))
+    assert ray_cluster.mount_type(tmp_path / "mnt/a", mounts) == "ext4"
+    assert ray_cluster.mount_type("/mnt/shared/sweeps/a", mounts) == "nfs4"
+    ray_cluster.check_storage("/mnt/shared/sweeps/a", 3, False, str(mounts))
+    ray_cluster.check_storage(tmp_path, 1, False, str(mounts))
+    ray_cluster.check_storage(tmp_path, 3, True, str(mounts))
     with pytest.raises(ValueError, match="has 3 nodes and .* is on this machine's disk \\(ext4\\)"):
-        ray_jobs.check_storage(tmp_path, 3, False, str(mounts))
+        ray_cluster.check_storage(tmp_path, 3, False, str(mounts))
 
 
 @pytest.mark.slow  # eight short trainings
