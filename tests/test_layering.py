@@ -4,7 +4,7 @@ read from the source with `ast`:
     checks, plugins <- data, functional <- config <- nn <- models
            <- decode, capture, parallel, interop <- train <- cli
     jaxformer_lab:  markdown, cores, stops <- results, bible, records, ray_cluster
-           <- sweep, bench, aot
+           <- sweep, bench, aot, train_ray
            <- gpu_report
            <- cli <- plugin
 
@@ -49,6 +49,7 @@ RANKS = {
         "sweep": 2,
         "bench": 2,
         "aot": 2,
+        "train_ray": 2,
         "gpu_report": 3,
         "cli": 4,
         "plugin": 5,

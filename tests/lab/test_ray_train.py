@@ -99,7 +99,8 @@ def test_a_failed_process_stops_the_others(head, fake, tmp_path, capsys):
     (out / "fail1").write_text("3")
     assert main(command(head, out)) == 3
     assert (out / "saved0").exists()
-    assert f"process 1 exited with 3 (the others were stopped): see {out}/train.process1.log" in capsys.readouterr().err
+    said = f"process 1 exited with 3 (the others were stopped): see {out}/train.process1.log"
+    assert said in capsys.readouterr().err
 
 
 def refused(capsys, tmp_path, argv, match):
