@@ -3,7 +3,8 @@ read from the source with `ast`:
 
     checks, plugins <- data, functional <- config <- nn <- models
            <- decode, capture, parallel, interop <- train <- cli
-    jaxformer_lab:  markdown, cores, stops <- results, bible, records <- sweep, bench, aot
+    jaxformer_lab:  markdown, cores, stops <- results, bible, records, ray_cluster
+           <- sweep, bench, aot, train_ray
            <- gpu_report
            <- cli <- plugin
 
@@ -44,9 +45,11 @@ RANKS = {
         "results": 1,
         "bible": 1,
         "records": 1,
+        "ray_cluster": 1,
         "sweep": 2,
         "bench": 2,
         "aot": 2,
+        "train_ray": 2,
         "gpu_report": 3,
         "cli": 4,
         "plugin": 5,

@@ -2,6 +2,7 @@
 
 jaxformer sweep sweep.yaml [--jobs 2]      # variants x seeds, with a verdict
 jaxformer sweep sweep.yaml --ray auto      # ... each run a task on a Ray cluster
+jaxformer train ray --ray auto --hosts 2 -- --out /shared/runs/a ...   # one run, 2 hosts
 jaxformer sweep report sweep.yaml --out docs/results/sweep.json   # its tables, as a record
 jaxformer sweep report --runs runs/speedrun runs/other --out speedrun.json
 jaxformer bench decode --quick             # a benchmark: results/decode.json
@@ -23,6 +24,7 @@ from jaxformer.cli import VMAP_SEEDS, vmap_seeds_option
 COMMANDS = (
     "sweep",
     "sweep-report",
+    "train-ray",
     "sweep-calibrate",
     "bench",
     "docs",
@@ -36,6 +38,7 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
     commands = {"sweep": _sweep_parser(sub)}
     commands["sweep-report"] = _sweep_report_parser(sub)
     commands["sweep-calibrate"] = _sweep_calibrate_parser(sub)
+    commands["train-ray"] = _train_ray_parser(sub)
     commands["bench"], benchmarks = _bench_parser(sub)
     commands["docs"] = _docs_parser(sub)
     commands["gpu-report"] = _gpu_report_parser(sub)
@@ -51,6 +54,7 @@ def run(args) -> int:
         "sweep": _sweep,
         "sweep-report": _sweep_report,
         "sweep-calibrate": _sweep_calibrate,
+        "train-ray": _train_ray,
         "bench": _bench,
         "docs": _docs,
         "compile-check": _compile_check,
@@ -164,16 +168,40 @@ def _ray_options(w) -> None:
         "or auto: the one this machine belongs to; local: a head started here for this "
         "sweep); --jobs: tasks at once (default: as many as the cluster holds)",
     )
+    _ray_resource_options(w, "a run")
+
+
+def _ray_resource_options(w, each: str) -> None:
     w.add_argument("--ray-cpus", type=float, default=1, metavar="N",
-                   help="CPUs a run asks the Ray cluster for (default 1)")  # fmt: skip
+                   help=f"CPUs {each} asks the Ray cluster for (default 1)")  # fmt: skip
     w.add_argument("--ray-gpus", type=float, metavar="N",
-                   help="GPUs a run asks for (default: 1 on a cluster with GPUs, else 0)")  # fmt: skip
+                   help=f"GPUs {each} asks for (default: 1 on a cluster with GPUs, else 0)")  # fmt: skip
     w.add_argument(
         "--shared-storage",
         action="store_true",
-        help="the sweep's folder is on storage every node of the Ray cluster sees (else, "
+        help="the run folder is on storage every node of the Ray cluster sees (else, "
         "with several nodes, it must be on a network filesystem)",
     )
+
+
+def _train_ray_parser(sub) -> argparse.ArgumentParser:
+    r = sub.add_parser(
+        "train-ray",
+        prog="jaxformer train ray",
+        help="train one run over several hosts of a Ray cluster",
+        description="Train one run as --hosts processes on a Ray cluster, one task a host "
+        "(jaxformer_lab.train_ray): each runs `jaxformer train` with the options after -- "
+        "(--out DIR among them, on storage every node sees) and its own --coordinator, "
+        "--num-processes and --process-id; its output goes to DIR/train.process<I>.log. "
+        "Ctrl-C or SIGTERM stops every process, each saving its step.",
+    )
+    r.add_argument("--ray", required=True, metavar="ADDRESS",
+                   help="the Ray cluster: HOST:PORT of its head, auto, or local (a head here)")  # fmt: skip
+    r.add_argument("--hosts", type=int, required=True, metavar="N", help="processes, one a host")
+    _ray_resource_options(r, "each process")
+    r.add_argument("train_args", nargs="*", metavar="-- TRAIN-OPTIONS",
+                   help="`jaxformer train` options (--out DIR among them)")  # fmt: skip
+    return r
 
 
 def _bench_parser(sub) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -405,8 +433,7 @@ def _ray_cluster(args, spec):
         return None
     from jaxformer_lab.sweep import ray_jobs
 
-    if args.ray_cpus <= 0 or (args.ray_gpus or 0) < 0:
-        raise BadValue("--ray-cpus must be > 0 and --ray-gpus >= 0")
+    _check_ray_resources(args)
     cluster = ray_jobs.connect(args.ray, cpus=args.ray_cpus, gpus=args.ray_gpus)
     try:
         cluster.check(spec.out, shared_storage=args.shared_storage)
@@ -414,6 +441,69 @@ def _ray_cluster(args, spec):
         cluster.close()
         raise
     return cluster
+
+
+def _check_ray_resources(args) -> None:
+    if args.ray_cpus <= 0 or (args.ray_gpus or 0) < 0:
+        raise BadValue("--ray-cpus must be > 0 and --ray-gpus >= 0")
+
+
+def _train_ray(args) -> int:
+    """One run over --hosts processes on the Ray cluster: checked (one line, exit 2, before
+    any folder is made), placed, started, waited for; stopped, each process saves."""
+    from jaxformer_lab import ray_cluster, train_ray
+
+    check_int("--hosts", args.hosts)
+    _check_ray_resources(args)
+    out = train_ray.run_folder(args.train_args)
+    ray = ray_cluster.join(args.ray)
+    try:
+        gpus = args.ray_gpus
+        if gpus is None:
+            gpus = 1 if ray.cluster_resources().get("GPU", 0) else 0
+        needs = {k: v for k, v in (("CPU", args.ray_cpus), ("GPU", gpus)) if v}
+        how = train_ray.strategy(ray_cluster.live_nodes(ray), args.hosts, needs, args.ray)
+        nodes = args.hosts if how == "STRICT_SPREAD" else 1
+        ray_cluster.check_storage(out, nodes, args.shared_storage)
+        group = train_ray.place(ray, args.hosts, needs, how)
+        out.mkdir(parents=True, exist_ok=True)
+        return _train_on_ray(args, ray, group, needs, out)
+    finally:
+        ray.shutdown()
+
+
+def _train_on_ray(args, ray, group, needs: dict, out: pathlib.Path) -> int:
+    from jaxformer.train.provenance import command_line
+    from jaxformer.train.signals import Terminated, repeats_dropped, stop_signals_raise
+    from jaxformer_lab import train_ray
+
+    where, refs = "jaxformer train ray", []
+    try:
+        with stop_signals_raise():
+            address, refs = train_ray.launch(ray, group, args.hosts, needs, args.train_args, out)
+            logs = out / train_ray.LOG.format("<I>")
+            _progress(f"{where}: {args.hosts} process(es), coordinator {address}; output in {logs}")
+            ended = train_ray.wait(ray, refs)
+    except KeyboardInterrupt as stop:  # and Terminated: SIGTERM, SIGHUP
+        with repeats_dropped():
+            train_ray.cancel(ray, refs)
+            if refs:
+                ray.wait(refs, num_returns=len(refs))
+        why = f"terminated by {stop}" if isinstance(stop, Terminated) else "interrupted"
+        again = command_line() + ("" if "--resume" in args.train_args else " --resume")
+        _progress(
+            f"{where}: {why}: every process was stopped, saving its step; continue with {again}"
+        )
+        return 128 + stop.signum if isinstance(stop, Terminated) else 130
+    failed = [(i, code) for i, code in ended if code]
+    if not failed:
+        return 0
+    i, code = failed[0]  # the first to fail; the others were stopped
+    others = " (the others were stopped)" if len(ended) > 1 else ""
+    _progress(
+        f"{where}: process {i} exited with {code}{others}: see {out / train_ray.LOG.format(i)}"
+    )
+    return code if code > 0 else 1
 
 
 def _sweep_report(args) -> int:

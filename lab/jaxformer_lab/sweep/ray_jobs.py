@@ -16,80 +16,29 @@ resumes from the run's last checkpoint. Every node needs the same Python environ
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from jaxformer.checks import BadValue, MissingPackage, Unreachable
+from jaxformer.checks import BadValue
+from jaxformer_lab import ray_cluster
+from jaxformer_lab.ray_cluster import check_storage
 
 RESUMES = 2  # a run killed by a signal is resumed this many times by its task
 TASK_RETRIES = 2  # a task whose worker or node died runs again (Ray's max_retries)
 TASK_FILE = "ray_task.json"  # the node and process id of the run in flight
 WORKER_PYTHON = None  # the interpreter a task runs `jaxformer` with; None: the worker's own
-# Storage every node can mount (/proc/mounts types); a local disk is none of them.
-SHARED_FILESYSTEMS = ("nfs", "cifs", "smb3", "lustre", "gpfs", "ceph", "beegfs", "fuse.")
-CONNECT_SECONDS = 5  # how long an address has to answer
-
-
-def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise MissingPackage(
-            "--ray needs Ray: pip install 'jaxformer-lab[ray]' (here and on every node)"
-        ) from None
-    return ray
 
 
 def connect(address: str, *, cpus: float = 1, gpus: float | None = None) -> Cluster:
     """Join the Ray cluster at `address` ("local": start a head here, for this sweep);
     each run asks for `cpus` CPUs and `gpus` GPUs (None: 1 on a cluster with GPUs)."""
-    ray = import_ray()
-    if address not in ("auto", "local"):
-        _probe(address)
-    held = signal.getsignal(signal.SIGTERM)  # ray.init's handler would exit, not stop the runs
-    try:
-        if address == "local":
-            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
-        else:
-            ray.init(address=address, log_to_driver=False)
-    except ConnectionError as e:
-        raise Unreachable(f"--ray {address}: {_line(e)}") from None
-    except RuntimeError as e:
-        if not str(e).startswith("Version mismatch"):
-            raise
-        raise BadValue(
-            f"--ray {address}: the cluster runs another Ray or Python than this one "
-            f"({_line(e)}); install the cluster's versions here"
-        ) from None
-    finally:
-        if held is not None:
-            signal.signal(signal.SIGTERM, held)
+    ray = ray_cluster.join(address)
     if gpus is None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) else 0
     return Cluster(ray, address, cpus, gpus)
-
-
-def _probe(address: str) -> None:
-    """One line, at once, for an address nobody listens on (ray.init retries for minutes)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise BadValue(f"--ray {address}: give auto, local or HOST:PORT (the head's address)")
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
-    except OSError as e:
-        raise Unreachable(
-            f"--ray {address}: no Ray cluster answers there ({e.strerror or e}); start one "
-            "with `ray start --head`, or pass --ray local"
-        ) from None
-
-
-def _line(error: Exception) -> str:
-    return " ".join(str(error).split())
 
 
 class Cluster:
@@ -101,7 +50,7 @@ class Cluster:
 
     def nodes(self) -> list[dict]:
         """The resources of each live node."""
-        return [n["Resources"] for n in self.ray.nodes() if n["Alive"]]
+        return ray_cluster.live_nodes(self.ray)
 
     def needs(self) -> dict[str, float]:
         return {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v}
@@ -134,33 +83,6 @@ class Cluster:
 
     def close(self) -> None:
         self.ray.shutdown()
-
-
-def check_storage(out: Path, nodes: int, shared: bool, mounts: str = "/proc/mounts") -> None:
-    """With several nodes, `out` must be on a network filesystem, or `shared` said."""
-    kind = mount_type(out, mounts)
-    if nodes > 1 and not shared and not (kind or "").startswith(SHARED_FILESYSTEMS):
-        raise BadValue(
-            f"the Ray cluster has {nodes} nodes and {out} is on this machine's disk "
-            f"({kind or 'unknown'}), which they would not see: choose an --out on storage "
-            "every node mounts (NFS, Lustre, a bucket through gcsfuse), or pass "
-            "--shared-storage if it is shared"
-        )
-
-
-def mount_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
-    """The filesystem type of the mount holding `path` (None where unknown)."""
-    try:
-        table = Path(mounts).read_text().splitlines()
-    except OSError:
-        return None
-    path, depth, kind = Path(os.path.abspath(path)), -1, None
-    for line in table:  # the deepest mount holding it; of equal ones, the last mounted
-        fields = line.split()
-        point = Path(fields[1].replace("\\040", " ")) if len(fields) > 2 else None
-        if point and (point == path or point in path.parents) and len(point.parts) >= depth:
-            depth, kind = len(point.parts), fields[2]
-    return kind
 
 
 class RayRun:
@@ -196,33 +118,20 @@ def run_command(args: list[str], log: str, python: str | None) -> int:
     (the command has --resume) when killed by a signal, up to RESUMES times; on a
     KeyboardInterrupt (ray.cancel) pass SIGINT on and wait while it saves. Its exit code."""
     command = [python or sys.executable, "-m", "jaxformer", *args]
-    proc = None
     try:
         for attempt in range(RESUMES + 1):
-            proc = _start(command, Path(log))
-            while (code := proc.poll()) is None:
-                time.sleep(0.2)
+            code = ray_cluster.wait_stoppable(_start(command, Path(log)))
             if code >= 0 or attempt == RESUMES:
                 return code
             name = signal.Signals(-code).name
             _note(log, f"the run was killed by {name}; resuming it ({attempt + 1} of {RESUMES})")
-    except KeyboardInterrupt:  # a stop: the run saves its step
-        if proc is None or proc.poll() is not None:
-            return 128 + signal.SIGINT
-        proc.send_signal(signal.SIGINT)
-        return proc.wait()
+    except KeyboardInterrupt:  # a stop between two starts
+        return 128 + signal.SIGINT
 
 
 def _start(command: list[str], log: Path) -> subprocess.Popen:
-    """The run's process, with the stop signals that a Ray worker blocks unblocked (a
-    child inherits the mask); its node and pid written next to its log."""
-    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
-    try:
-        with open(log, "a") as out:
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    """The run's process (`ray_cluster.start`), its node and pid written next to its log."""
+    proc = ray_cluster.start(command, log)
     task = {"node": socket.gethostname(), "pid": proc.pid}
     (log.parent / TASK_FILE).write_text(json.dumps(task))
     return proc

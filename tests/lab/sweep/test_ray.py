@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -14,7 +13,7 @@ import time
 import pytest
 
 from jaxformer.cli import main
-from jaxformer_lab import sweep
+from jaxformer_lab import ray_cluster, sweep
 from jaxformer_lab.sweep import ray_jobs
 from tests.lab.sweep.test_sweep import BASE, write_spec
 
@@ -41,36 +40,6 @@ score = zlib.crc32(str(folder).split("sweep")[-1].encode()) % 100 / 100
 (folder / "summary.json").write_text(json.dumps({"exact_match": score}))
 print("fake run done")
 """
-
-HEAD = """
-import sys, ray
-ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
-print(ray.get_runtime_context().gcs_address, flush=True)
-sys.stdin.read()
-ray.shutdown()
-"""
-
-
-@pytest.fixture(scope="module")
-def head():
-    """A Ray head on this machine, 2 CPUs, owned by a process of ours; its address. (It
-    and the drivers of the tests leave Ray's token authentication off.)"""
-    mode = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    env = dict(os.environ, XLA_FLAGS="", RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-    )
-    address = proc.stdout.readline().decode().strip()
-    try:
-        assert address, "the Ray head did not start"
-        yield address
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
-        os.environ.pop("RAY_AUTH_MODE")
-        if mode is not None:
-            os.environ["RAY_AUTH_MODE"] = mode
 
 
 @pytest.fixture
@@ -197,13 +166,13 @@ def test_a_cluster_without_a_runs_resources_is_one_line(head, tmp_path, capsys):
 def test_several_nodes_need_the_folder_on_shared_storage(tmp_path, monkeypatch):
     mounts = tmp_path / "mounts"
     mounts.write_text("/dev/sda1 / ext4 rw 0 0\nserver:/x /mnt/shared nfs4 rw 0 0\n")
-    assert ray_jobs.mount_type(tmp_path / "mnt/a", mounts) == "ext4"
-    assert ray_jobs.mount_type("/mnt/shared/sweeps/a", mounts) == "nfs4"
-    ray_jobs.check_storage("/mnt/shared/sweeps/a", 3, False, str(mounts))
-    ray_jobs.check_storage(tmp_path, 1, False, str(mounts))
-    ray_jobs.check_storage(tmp_path, 3, True, str(mounts))
+    assert ray_cluster.mount_type(tmp_path / "mnt/a", mounts) == "ext4"
+    assert ray_cluster.mount_type("/mnt/shared/sweeps/a", mounts) == "nfs4"
+    ray_cluster.check_storage("/mnt/shared/sweeps/a", 3, False, str(mounts))
+    ray_cluster.check_storage(tmp_path, 1, False, str(mounts))
+    ray_cluster.check_storage(tmp_path, 3, True, str(mounts))
     with pytest.raises(ValueError, match="has 3 nodes and .* is on this machine's disk \\(ext4\\)"):
-        ray_jobs.check_storage(tmp_path, 3, False, str(mounts))
+        ray_cluster.check_storage(tmp_path, 3, False, str(mounts))
 
 
 @pytest.mark.slow  # eight short trainings

@@ -1,0 +1,138 @@
+"""The Ray plumbing the lab's commands share (`jaxformer sweep --ray`, `jaxformer train ray`).
+
+`join` connects to a cluster ("auto", "HOST:PORT", or "local": a head on this machine),
+after a quick probe of the address, and turns Ray's failures into one-line input errors
+(`jaxformer.checks`). `check_storage` refuses a folder on this machine's disk when several
+nodes would write it. On a worker, `start` runs a command as a subprocess with the stop
+signals a Ray worker blocks unblocked, and `wait_stoppable` waits for it, passing a
+cancellation (KeyboardInterrupt, `ray.cancel(force=False)`) on as SIGINT so that the
+run saves its step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from jaxformer.checks import BadValue, MissingPackage, Unreachable
+
+# Storage every node can mount (/proc/mounts types); a local disk is none of them.
+SHARED_FILESYSTEMS = ("nfs", "cifs", "smb3", "lustre", "gpfs", "ceph", "beegfs", "fuse.")
+CONNECT_SECONDS = 5  # how long an address has to answer
+STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise MissingPackage(
+            "--ray needs Ray: pip install 'jaxformer-lab[ray]' (here and on every node)"
+        ) from None
+    return ray
+
+
+def join(address: str):
+    """Ray, connected to the cluster at `address` ("local": a head started here)."""
+    ray = import_ray()
+    if address not in ("auto", "local"):
+        probe(address)
+    held = signal.getsignal(signal.SIGTERM)  # ray.init's handler would exit, not stop the runs
+    try:
+        if address == "local":
+            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except ConnectionError as e:
+        raise Unreachable(f"--ray {address}: {one_line(e)}") from None
+    except RuntimeError as e:
+        if not str(e).startswith("Version mismatch"):
+            raise
+        raise BadValue(
+            f"--ray {address}: the cluster runs another Ray or Python than this one "
+            f"({one_line(e)}); install the cluster's versions here"
+        ) from None
+    finally:
+        if held is not None:
+            signal.signal(signal.SIGTERM, held)
+    return ray
+
+
+def probe(address: str) -> None:
+    """One line, at once, for an address nobody listens on (ray.init retries for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise BadValue(f"--ray {address}: give auto, local or HOST:PORT (the head's address)")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as e:
+        raise Unreachable(
+            f"--ray {address}: no Ray cluster answers there ({e.strerror or e}); start one "
+            "with `ray start --head`, or pass --ray local"
+        ) from None
+
+
+def one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+def live_nodes(ray) -> list[dict]:
+    """The resources of each live node."""
+    return [n["Resources"] for n in ray.nodes() if n["Alive"]]
+
+
+def check_storage(out: Path, nodes: int, shared: bool, mounts: str = "/proc/mounts") -> None:
+    """With several nodes, `out` must be on a network filesystem, or `shared` said."""
+    kind = mount_type(out, mounts)
+    if nodes > 1 and not shared and not (kind or "").startswith(SHARED_FILESYSTEMS):
+        raise BadValue(
+            f"the Ray cluster has {nodes} nodes and {out} is on this machine's disk "
+            f"({kind or 'unknown'}), which they would not see: choose an --out on storage "
+            "every node mounts (NFS, Lustre, a bucket through gcsfuse), or pass "
+            "--shared-storage if it is shared"
+        )
+
+
+def mount_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
+    """The filesystem type of the mount holding `path` (None where unknown)."""
+    try:
+        table = Path(mounts).read_text().splitlines()
+    except OSError:
+        return None
+    path, depth, kind = Path(os.path.abspath(path)), -1, None
+    for line in table:  # the deepest mount holding it; of equal ones, the last mounted
+        fields = line.split()
+        point = Path(fields[1].replace("\\040", " ")) if len(fields) > 2 else None
+        if point and (point == path or point in path.parents) and len(point.parts) >= depth:
+            depth, kind = len(point.parts), fields[2]
+    return kind
+
+
+def start(command: list[str], log: Path) -> subprocess.Popen:
+    """`command`, its output appended to `log`, with the stop signals that a Ray worker
+    blocks unblocked (a child inherits the mask)."""
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    try:
+        with open(log, "a") as out:
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def wait_stoppable(proc: subprocess.Popen) -> int:
+    """`proc`'s exit code; a KeyboardInterrupt meanwhile (a cancelled task) is passed on as
+    SIGINT, and the run is waited for while it saves (a run that the signal kills: 130)."""
+    try:
+        while (code := proc.poll()) is None:
+            time.sleep(0.2)
+        return code
+    except KeyboardInterrupt:
+        if proc.poll() is not None:
+            return proc.returncode
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait()
+        return 128 - code if code < 0 else code
