@@ -3,7 +3,8 @@
 scheduler and as tasks on a local Ray cluster started for the benchmark, round by round,
 the two arms' order alternating. The ratio is Ray's wall time over the local scheduler's
 in the same round, the median over rounds with its 95% interval (what varied: the round);
-each sweep starts from an empty folder, so both arms compile every run.
+each sweep starts from an empty folder, after one untimed sweep in each arm has filled
+the compilation cache, so the rounds time the sweeps, not compiling.
 
     jaxformer bench ray-sweep [--rounds 6] [--steps 20]
 """
@@ -47,10 +48,12 @@ def run(options: RaySweepOptions) -> Record:
     cluster = ray_jobs.connect("local", cpus=1)
     times = {"local": [], "ray": []}
     try:
+        for arm in ("local", "ray"):  # compiled programs cached: rounds time the sweeps alone
+            say(f"warm-up: {arm} {_sweep_seconds(options.steps, _arm(arm, cluster)):.1f} s")
         for r in range(options.rounds):
             arms = ("local", "ray") if r % 2 == 0 else ("ray", "local")
             for arm in arms:
-                seconds = _sweep_seconds(options.steps, cluster if arm == "ray" else None)
+                seconds = _sweep_seconds(options.steps, _arm(arm, cluster))
                 times[arm].append(seconds)
                 say(f"round {r + 1}/{options.rounds}: {arm} {seconds:.1f} s")
     finally:
@@ -67,9 +70,17 @@ def _sweep_seconds(steps: int, cluster) -> float:
         base = dict(task="copy", steps=steps, batch_size=8, eval_every=steps, **MODEL)
         spec = dict(base=base, variants={"baseline": {}, "wide_ff": {"d_ff": 128}}, seeds=2)
         spec_file.write_text(json.dumps(spec | {"out": str(pathlib.Path(folder) / "sweep")}))
-        t0 = time.perf_counter()
-        sweep.run(sweep.Spec.load(spec_file), jobs=JOBS, cluster=cluster, say=lambda _: None)
-        return time.perf_counter() - t0
+        spec, t0 = sweep.Spec.load(spec_file), time.perf_counter()
+        sweep.run(spec, jobs=JOBS, cluster=cluster, say=lambda _: None)
+        seconds = time.perf_counter() - t0
+        ended = [sweep.status(spec.folder(v, s)) for v in spec.runs for s in spec.seeds]
+        if ended != ["done"] * len(ended):
+            raise BadValue(f"a timed sweep's runs did not all finish: {ended}")
+        return seconds
+
+
+def _arm(name: str, cluster):
+    return cluster if name == "ray" else None
 
 
 def _record(options: RaySweepOptions, times: dict[str, list[float]]) -> Record:
