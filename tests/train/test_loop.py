@@ -20,7 +20,7 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer.cli import main
 from jaxformer.train import checkpoint, evaluate, loop, run_folder, setup
-from jaxformer.train.provenance import code_version, describe_device
+from jaxformer.train.report import code_version, describe_device
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
