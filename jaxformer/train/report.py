@@ -16,7 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -26,7 +26,9 @@ from jaxformer.checks import option
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.models import Transformer
 from jaxformer.train.run_folder import RunFolder, read_metrics, write_whole
-from jaxformer.train.setup import Setup
+
+if TYPE_CHECKING:  # annotations only: set_up imports evaluate, which imports this
+    from jaxformer.train.setup import Setup
 
 
 class Progress:

@@ -17,7 +17,7 @@ import jaxformer as jf
 from jaxformer import data, decode
 from jaxformer.data.datasets import encode_pairs
 from jaxformer.train import checkpoint, loop, setup
-from jaxformer.train.metrics import METRICS
+from jaxformer.train.evaluate import METRICS
 
 REFERENCES = [
     "The cat sat on the mat.",
