@@ -29,8 +29,8 @@ from jaxformer.train.config import RunConfig
 from jaxformer.train.losses import LossSums
 from jaxformer.train.run_folder import RunFolder
 
-if TYPE_CHECKING:  # annotations only: set_up imports this module (check_metrics)
-    from jaxformer.train.hooks import StepContext
+if TYPE_CHECKING:  # annotations only: set_up and the loop import this module
+    from jaxformer.train.loop import StepContext
     from jaxformer.train.setup import Setup
 
 Pairs = list[tuple[str, str]]
