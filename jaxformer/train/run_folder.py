@@ -1,6 +1,5 @@
-"""A training run's folder: what it holds, who writes it, whether a run may start there,
-and its orbax checkpoints (`Checkpointer`: parameters, optimizer state, step, RNG, data
-position; `restore_model`: a trained run's model and tokenizer back).
+"""A training run's folder: what it holds, who writes it, whether a run may start there;
+its orbax checkpoints (`Checkpointer`), and `restore_model` (a trained run's model back).
 
     config.json, tokenizer.json   the model and run configs; the tokenizer (for generate)
     metrics.jsonl    one JSON object per logged step and per evaluation
