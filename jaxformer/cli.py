@@ -270,9 +270,8 @@ def _train(args) -> int:
 def _generate(args) -> int:
     from jaxformer import decode
     from jaxformer.models import Transformer
-    from jaxformer.train.checkpoint import restore_model
     from jaxformer.train.config import DataOptions
-    from jaxformer.train.run_folder import read_json
+    from jaxformer.train.run_folder import read_json, restore_model
 
     sampling = any(x is not None for x in (args.temperature, args.top_k, args.top_p))
     beam = args.beam is not None or args.alpha is not None

@@ -25,7 +25,7 @@ from jaxformer import data, decode, nn, train
 from jaxformer import functional as F
 from jaxformer.checks import InputError
 from jaxformer.cli import main
-from jaxformer.train import checkpoint, run_folder
+from jaxformer.train import run_folder
 from tests import hf_tokenizers as hf
 
 V = 11  # vocabulary of the tiny models
@@ -662,7 +662,7 @@ def test_resume_from_a_truncated_checkpoint(finished_run, tmp_path, capsys, dama
     code, err = _resume(capsys, run, finished_run / "small.json")
     _assert_one_line_error(code, err, r"checkpoint .*checkpoints/2 cannot be read")
     with pytest.raises(ValueError, match=r"checkpoints/2 cannot be read"):
-        checkpoint.restore_model(run)
+        run_folder.restore_model(run)
     gc.collect()  # an abandoned read, if any, is collected (and reported) here
 
 
@@ -672,5 +672,5 @@ def test_damaged_averaged_parameters_are_an_error_naming_them(finished_run, tmp_
     (run / "averaged").mkdir()
     (run / "averaged" / "_CHECKPOINT_METADATA").write_bytes(b"\x00\x01")
     with pytest.raises(ValueError, match=r"checkpoint .*averaged cannot be read .*: delete that"):
-        checkpoint.restore_model(run)
+        run_folder.restore_model(run)
     gc.collect()

@@ -18,7 +18,7 @@ import jaxformer as jf
 from jaxformer import decode
 from jaxformer.cli import main
 from jaxformer.data import tasks
-from jaxformer.train import checkpoint, loop
+from jaxformer.train import loop, run_folder
 from tests import hf_tokenizers as hf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def special_ids(tokenizer):
 def library(run_dir, lines, method, **kw):
     """What the library decodes for each line alone (a batch of one; sources padded to a
     multiple of 16 tokens, prompts not padded) with the tokenizer's ids, as text."""
-    model, tokenizer = checkpoint.restore_model(run_dir)
+    model, tokenizer = run_folder.restore_model(run_dir)
     seq2seq = isinstance(model, jf.Transformer)
     out = []
     for line in lines:
@@ -219,7 +219,12 @@ def test_the_command_exits_2_without_a_traceback(tmp_path):
         [sys.executable, "-m", "jaxformer", "generate", "--checkpoint", str(tmp_path / "nope")],
         capture_output=True,
         text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=""),
+        env=dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "lab")]),
+            JAX_PLATFORMS="cpu",
+            XLA_FLAGS="",
+        ),
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [

@@ -41,7 +41,7 @@ class TrainingData(Protocol):
     it for the defaults of `description` and `counts`.
 
         model_kind   the model class it trains: "Transformer" or "DecoderLM"
-        metrics      held-out metrics beyond the loss (`metrics.METRICS`); () for none
+        metrics      held-out metrics beyond the loss (`train.evaluate.METRICS`); () for none
         max_len      the longest sequence a batch holds (the model's max_len must reach it)
         tgt_len      the most target positions T a batch holds; predictions stop there
         dev_pairs    the held-out (source, target) pairs decoded; empty for an LM

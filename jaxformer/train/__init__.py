@@ -7,9 +7,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from jaxformer.train.checkpoint import restore_model
-    from jaxformer.train.hooks import Hook, StepContext
-    from jaxformer.train.loop import TrainingDiverged, train
+    from jaxformer.train.loop import Hook, StepContext, TrainingDiverged, train
     from jaxformer.train.losses import (
         LossSums,
         chunked_cross_entropy,
@@ -17,6 +15,7 @@ if TYPE_CHECKING:
         lm_head_choice,
     )
     from jaxformer.train.optim import make_optimizer, make_schedule, paper_schedule
+    from jaxformer.train.run_folder import restore_model
     from jaxformer.train.seed_group import seed_runs, train_seeds
     from jaxformer.train.setup import Setup, set_up
     from jaxformer.train.signals import Terminated
@@ -33,9 +32,8 @@ if TYPE_CHECKING:
 # Each name imported at first use: `jaxformer.train.steps` alone imports no data, run
 # folder or interop code.
 _LAZY = {
-    "restore_model": "jaxformer.train.checkpoint",
-    "Hook": "jaxformer.train.hooks",
-    "StepContext": "jaxformer.train.hooks",
+    "Hook": "jaxformer.train.loop",
+    "StepContext": "jaxformer.train.loop",
     "TrainingDiverged": "jaxformer.train.loop",
     "train": "jaxformer.train.loop",
     "LossSums": "jaxformer.train.losses",
@@ -45,6 +43,7 @@ _LAZY = {
     "make_optimizer": "jaxformer.train.optim",
     "make_schedule": "jaxformer.train.optim",
     "paper_schedule": "jaxformer.train.optim",
+    "restore_model": "jaxformer.train.run_folder",
     "seed_runs": "jaxformer.train.seed_group",
     "train_seeds": "jaxformer.train.seed_group",
     "Setup": "jaxformer.train.setup",

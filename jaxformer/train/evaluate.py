@@ -2,27 +2,36 @@
 (`Evaluation`): the in-run evaluation (the loss on every held-out batch, the first
 `eval_sample` dev pairs decoded greedily) and the final one (every dev pair decoded with
 the run's beam, averaged checkpoints and test pairs as configured).
+
+The held-out metrics a dataset can name (`data.metrics`, in `METRICS`) are here too:
+exact match, and BLEU and chrF as sacrebleu's corpus scores (0-100, BLEU with its default
+13a tokenization), imported only when a data source names them
+(`pip install 'jaxformer[bleu]'`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 from flax import nnx
 
 from jaxformer import decode
+from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.data import TrainingData
 from jaxformer.parallel import host_copy
 from jaxformer.train import report
 from jaxformer.train.config import RunConfig
-from jaxformer.train.hooks import StepContext
 from jaxformer.train.losses import LossSums
-from jaxformer.train.metrics import METRICS
 from jaxformer.train.run_folder import RunFolder
-from jaxformer.train.setup import Setup
+
+if TYPE_CHECKING:  # annotations only: set_up and the loop import this module
+    from jaxformer.train.loop import StepContext
+    from jaxformer.train.setup import Setup
 
 Pairs = list[tuple[str, str]]
 
@@ -34,7 +43,7 @@ class EvalSettings:
     sample          how many dev pairs (the first) the in-run evaluation decodes, greedily
     beam            the final evaluation's beam: eval_beam, else 4 for BLEU, else 1
     alpha           that beam search's length penalty (eval_alpha)
-    metrics         the data's metrics (names in `metrics.METRICS`)
+    metrics         the data's metrics (names in `METRICS`)
     average         how many of the last checkpoints the final model averages
     test            whether the final model is scored on the data's test pairs (final_test)
     batch_size, pad_multiple  decoding batches
@@ -269,3 +278,46 @@ def translate(model, tokenizer, sources: list[str], settings: EvalSettings, beam
         batch_size=settings.batch_size,
         pad_multiple=settings.pad_multiple,
     )
+
+
+# The held-out metrics, each a function of the predictions and their targets.
+def exact_match(predictions: list[str], targets: list[str]) -> float:
+    """The fraction of predictions equal to their targets."""
+    return float(np.mean([p == t for p, t in zip(predictions, targets, strict=True)]))
+
+
+def bleu(predictions: list[str], targets: list[str]) -> float:
+    """sacrebleu's corpus BLEU (0-100, 13a tokenization) against one reference each."""
+    return _sacrebleu().corpus_bleu(predictions, [targets]).score
+
+
+def chrf(predictions: list[str], targets: list[str]) -> float:
+    """sacrebleu's corpus chrF (0-100) against one reference each."""
+    return _sacrebleu().corpus_chrf(predictions, [targets]).score
+
+
+# Metric name (as data sources give them) -> metric(predictions, targets).
+METRICS: dict[str, Callable[[list[str], list[str]], float]] = {
+    "exact_match": exact_match,
+    "bleu": bleu,
+    "chrf": chrf,
+}
+_NEEDS_SACREBLEU = ("bleu", "chrf")
+
+
+def check_metrics(names: tuple[str, ...]) -> None:
+    """Raise before training if a metric is unknown or its library is missing."""
+    unknown = sorted(set(names) - set(METRICS))
+    if unknown:
+        raise BadValue(f"unknown metric(s) {unknown}; known: {sorted(METRICS)}")
+    if any(name in _NEEDS_SACREBLEU for name in names):
+        _sacrebleu()
+
+
+def _sacrebleu():
+    try:
+        return importlib.import_module("sacrebleu")
+    except ImportError:
+        raise MissingPackage(
+            "BLEU and chrF need sacrebleu: pip install 'jaxformer[bleu]'"
+        ) from None

@@ -26,7 +26,7 @@ from jaxformer.train import loop, report
 from jaxformer.train import seeds as seed_axis
 from jaxformer.train.config import RunConfig
 from jaxformer.train.evaluate import Evaluation
-from jaxformer.train.hooks import Hook, HookRunner, StepContext, check_hooks
+from jaxformer.train.loop import Hook, HookRunner, StepContext, check_hooks
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup, set_up
 from jaxformer.train.signals import repeats_dropped, signals_held, stop_signals_raise

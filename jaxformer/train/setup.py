@@ -26,11 +26,10 @@ from jaxformer.data.datasets import read_text_lines
 from jaxformer.data.tokenizers import Tokenizer
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, make_placement
-from jaxformer.train.checkpoint import restore_model
 from jaxformer.train.config import RunConfig
-from jaxformer.train.metrics import check_metrics
+from jaxformer.train.evaluate import check_metrics
 from jaxformer.train.optim import make_optimizer, make_schedule
-from jaxformer.train.run_folder import tensorboard_writer
+from jaxformer.train.run_folder import restore_model, tensorboard_writer
 from jaxformer.train.steps import (
     TrainState,
     create_train_state,

@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from jaxformer.checks import BadValue, MissingFile
-from jaxformer.train.provenance import code_version, command_line, describe_device, versions
+from jaxformer.train.report import code_version, command_line, describe_device, versions
 from jaxformer.train.run_folder import write_whole
 from jaxformer_lab.markdown import table
 

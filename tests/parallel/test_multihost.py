@@ -24,7 +24,7 @@ TRAIN = [
 def env(devices: int) -> dict:
     return dict(
         os.environ,
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "lab")]),
         JAX_PLATFORMS="cpu",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxformer as jf
-from jaxformer.train import checkpoint, loop, setup
+from jaxformer.train import loop, run_folder, setup
 
 SMALL = dict(
     num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=64
@@ -47,8 +47,8 @@ def test_losses_and_parameters_equal_a_loop_that_reads_every_step(tmp_path):
         state, metrics = job.train_step(state, job.data.train_batch(step, run.optim.batch_size))
         blocking[step + 1] = float(metrics["loss"])  # waits for the step, as the loop did
     assert _logged_losses(tmp_path) == blocking
-    saved, _ = checkpoint.Checkpointer(tmp_path).restore(
-        checkpoint.abstract_train_state(state), job.meta
+    saved, _ = run_folder.Checkpointer(tmp_path).restore(
+        run_folder.abstract_train_state(state), job.meta
     )
     assert int(saved.step) == run.optim.steps
     for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(state), strict=True):
@@ -106,7 +106,7 @@ def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp
         loop.TrainingDiverged, match=rf"became nan at step {bad_step}; the last good checkpoint"
     ):
         loop.train(*_configs(tmp_path, steps=8, checkpoint_every=2), progress=False)
-    assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
+    assert run_folder.Checkpointer(tmp_path).latest_step() == 4
     assert sorted(_logged_losses(tmp_path)) == list(range(1, bad_step))
 
 
@@ -134,4 +134,4 @@ def test_ctrl_c_saves_no_checkpoint_of_a_diverged_step(tmp_path, monkeypatch):
     monkeypatch.setattr(loop._Meter, "hold", hold_then_interrupt)
     with pytest.raises(loop.TrainingDiverged, match="became nan at step 3"):
         loop.train(*_configs(tmp_path, steps=8), progress=False)
-    assert checkpoint.Checkpointer(tmp_path).latest_step() is None
+    assert run_folder.Checkpointer(tmp_path).latest_step() is None

@@ -19,8 +19,8 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.train import checkpoint, evaluate, loop, run_folder, setup
-from jaxformer.train.provenance import code_version, describe_device
+from jaxformer.train import evaluate, loop, run_folder, setup
+from jaxformer.train.report import code_version, describe_device
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
@@ -55,7 +55,11 @@ def cli_env():
     """The test process's platform, precision and XLA flags (conftest: CPU, or the GPU with
     deterministic reductions), but one device: runs are compared to the bit."""
     flags = [f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f]
-    return dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=" ".join(flags))
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "lab")]),
+        XLA_FLAGS=" ".join(flags),
+    )
 
 
 def config_file(tmp_path, **overrides):
@@ -161,12 +165,12 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
         loop.TrainingDiverged, match=r"became nan at step 7; the last good checkpoint \(step 5\)"
     ):
         loop.train(small_config(), run_config(tmp_path, checkpoint_every=5), progress=False)
-    assert checkpoint.Checkpointer(tmp_path).latest_step() == 5
+    assert run_folder.Checkpointer(tmp_path).latest_step() == 5
 
 
 def test_restore_model_for_inference(tmp_path, capsys):
     loop.train(small_config(vocab_size=320), run_config(tmp_path, steps=2))
-    model, tokenizer = checkpoint.restore_model(tmp_path)
+    model, tokenizer = run_folder.restore_model(tmp_path)
     assert isinstance(model, jf.Transformer) and tokenizer.vocab_size == 259
     assert model.config.vocab_size == 259  # the tokenizer's, and the run says so:
     assert (
@@ -174,10 +178,10 @@ def test_restore_model_for_inference(tmp_path, capsys):
         in capsys.readouterr().out
     )
     with pytest.raises(FileNotFoundError, match="no such run folder"):
-        checkpoint.restore_model(tmp_path / "nope")
+        run_folder.restore_model(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither a `jaxformer train --out` folder"):
-        checkpoint.restore_model(tmp_path / "empty")
+        run_folder.restore_model(tmp_path / "empty")
 
 
 def test_a_run_fine_tunes_another_runs_model_on_its_own_data(tmp_path):
@@ -192,7 +196,7 @@ def test_a_run_fine_tunes_another_runs_model_on_its_own_data(tmp_path):
     first = tmp_path / "pretrained"
     pre = run_config(first, data_tsv=str(tmp_path / "pre.tsv"), tokenizer="bpe", **data)
     loop.train(small_config(), pre, progress=False)
-    pretrained, _ = checkpoint.restore_model(first)
+    pretrained, _ = run_folder.restore_model(first)
     run = run_config(
         tmp_path / "tuned", data_tsv=str(tmp_path / "tuned.tsv"), init_from=str(first), **data
     )
@@ -307,7 +311,7 @@ def test_ctrl_c_saves_and_exits_130(tmp_path):
     said = [line for line in stderr.splitlines() if "saved step" in line]
     assert len(said) == 1 and said[0].startswith("interrupted: saved step"), stderr
     assert said[0].endswith(f" --out {out} --resume")  # the command as run, to paste
-    step = checkpoint.Checkpointer(out).latest_step()
+    step = run_folder.Checkpointer(out).latest_step()
     assert step is not None and step >= 3
 
 
@@ -342,7 +346,7 @@ def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
     with pytest.raises(loop.Terminated) as stopped:
         loop.train(small_config(), run_config(tmp_path, steps=6), progress=False)
     assert stopped.value.signum == signal.SIGHUP and isinstance(stopped.value, KeyboardInterrupt)
-    assert checkpoint.Checkpointer(tmp_path).latest_step() == 3
+    assert run_folder.Checkpointer(tmp_path).latest_step() == 3
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
     out, err = capsys.readouterr()
     where = tmp_path.resolve() / "checkpoints"
@@ -377,7 +381,7 @@ def test_a_stop_repeated_while_the_step_is_saved_is_dropped(tmp_path, capsys, mo
     monkeypatch.setattr(run_folder.RunFolder, "save", save)
     with pytest.raises(loop.Terminated) as stopped:
         loop.train(small_config(), run_config(tmp_path, steps=6), progress=False)
-    assert checkpoint.Checkpointer(tmp_path).latest_step() == 3
+    assert run_folder.Checkpointer(tmp_path).latest_step() == 3
     assert len(sent) == 2 and stopped.value.signum == signal.SIGHUP
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
     where = tmp_path.resolve() / "checkpoints"
@@ -400,7 +404,7 @@ def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
     monkeypatch.setattr(evaluate.Evaluation, "final", hang_up_first)
     with pytest.raises(loop.Terminated):
         loop.train(small_config(), run_config(tmp_path, steps=4), progress=False)
-    assert checkpoint.Checkpointer(tmp_path).latest_step() == 4
+    assert run_folder.Checkpointer(tmp_path).latest_step() == 4
     assert not (tmp_path / "summary.json").exists()
     where = tmp_path.resolve() / "checkpoints"
     assert capsys.readouterr().err == (

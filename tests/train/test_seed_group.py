@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxformer import cli
-from jaxformer.train import checkpoint, evaluate, loop, seed_group
+from jaxformer.train import evaluate, loop, run_folder, seed_group
 from jaxformer.train.seed_group import seed_runs, train_seeds
 from tests.train.test_loop import losses, run_config, small_config
 
@@ -49,7 +49,7 @@ def test_seeds_together_leave_the_folders_and_figures_of_separate_runs(
             small_config(dropout_rate=0.1), run_config(alone, seed=seed), progress=False
         )
         assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in alone.iterdir())
-        assert checkpoint.Checkpointer(mine).latest_step() == 20
+        assert run_folder.Checkpointer(mine).latest_step() == 20
         got, want = losses(mine), losses(alone)
         assert list(got) == list(want)
         rtol = RTOL if vmapped else 0

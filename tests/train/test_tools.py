@@ -55,7 +55,10 @@ print("HITS", len(hits), "CODE", code)
 def test_the_command_reuses_compiled_programs_from_an_earlier_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env |= dict(
-        PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="", XDG_CACHE_HOME=str(tmp_path)
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "lab")]),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="",
+        XDG_CACHE_HOME=str(tmp_path),
     )
     (tmp_path / "model.json").write_text(
         json.dumps(

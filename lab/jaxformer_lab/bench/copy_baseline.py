@@ -1,6 +1,6 @@
 """The floor a translation model must beat (`jaxformer bench copy-baseline`): copying the
 source as the translation, scored with the runs' own metrics (sacrebleu's corpus BLEU and
-chrF, jaxformer.train.metrics) on every dev and test pair of the Bible translation
+chrF, jaxformer.train.evaluate) on every dev and test pair of the Bible translation
 datasets as `jaxformer train` loads them (aligned by content, shared quotations removed).
 No model runs, so the scores are the same on any machine. Needs `pip install
 -e 'lab[data]'`; about 10 s a dataset on 2 cores (it loads each).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxformer.checks import BadValue
-from jaxformer.train.metrics import bleu, chrf
+from jaxformer.train.evaluate import bleu, chrf
 from jaxformer_lab import bible
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
 from jaxformer_lab.results import Record, Table, capture

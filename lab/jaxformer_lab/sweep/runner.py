@@ -36,8 +36,7 @@ import sys
 import time
 
 from jaxformer.checks import BadValue
-from jaxformer.train.checkpoint import CHECKPOINTS, Checkpointer
-from jaxformer.train.run_folder import read_json, write_whole
+from jaxformer.train.run_folder import CHECKPOINTS, Checkpointer, read_json, write_whole
 from jaxformer.train.seed_group import UNVMAPPED
 from jaxformer.train.signals import repeats_dropped, signals_held, stop_signals_raise
 from jaxformer_lab.cores import on_cores, shares

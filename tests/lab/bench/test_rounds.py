@@ -21,7 +21,7 @@ SERVE = (
 
 
 def start(tmp_path, build: str) -> rounds.Worker:
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "lab")])}
     command = [sys.executable, "-c", SERVE.format(build=build)]
     return rounds.Worker("fake", command, env, open(tmp_path / "fake.log", "w"))
 
