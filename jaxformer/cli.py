@@ -475,7 +475,7 @@ def _users(filename: str) -> bool:
 
 
 # A name in an error that is not an option's own but means one.
-_MEANS = {"implementation": "attention_impl"}
+_MEANS = {"implementation": "attention_impl", "total_steps": "steps"}
 
 
 def _as_flags(message: str, config: str | None) -> str:

@@ -4,7 +4,7 @@ read from the source with `ast`:
     checks, plugins <- data, functional <- config <- nn <- models
            <- decode, capture, parallel, interop <- train <- cli
     jaxformer_lab:  markdown, cores, stops <- results, bible, records, ray_cluster
-           <- sweep, bench, aot, train_ray
+           <- sweep, aot, train_ray <- bench (ray-sweep times the sweep)
            <- gpu_report
            <- cli <- plugin
 
@@ -47,13 +47,13 @@ RANKS = {
         "records": 1,
         "ray_cluster": 1,
         "sweep": 2,
-        "bench": 2,
         "aot": 2,
         "train_ray": 2,
-        "gpu_report": 3,
-        "cli": 4,
-        "plugin": 5,
-        "__main__": 6,
+        "bench": 3,
+        "gpu_report": 4,
+        "cli": 5,
+        "plugin": 6,
+        "__main__": 7,
     },
 }
 BELOW = {"jaxformer": (), "jaxformer_lab": ("jaxformer",)}  # the packages each may import

@@ -473,7 +473,7 @@ def _train_ray(args) -> int:
 
 
 def _train_on_ray(args, ray, group, needs: dict, out: pathlib.Path) -> int:
-    from jaxformer.train.provenance import command_line
+    from jaxformer.train.report import command_line
     from jaxformer.train.signals import Terminated, repeats_dropped, stop_signals_raise
     from jaxformer_lab import train_ray
 

@@ -155,4 +155,4 @@ def test_a_one_step_run_fits_the_default_warmup(tmp_path, capsys):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 1
     assert main([*argv, "--out", str(tmp_path / "run2"), "--warmup-steps", "1"]) == 2
-    assert "needs total_steps > warmup_steps, got 1 and 1" in capsys.readouterr().err
+    assert "needs --steps > --warmup-steps, got 1 and 1" in capsys.readouterr().err
