@@ -154,33 +154,9 @@ def beam_search(
 STRATEGIES = ("greedy", "sample", "beam")
 
 
-def generate(
-    model: Transformer | DecoderLM,
-    tokenizer,
-    texts: list[str],
-    strategy: str = "greedy",
-    *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float = 1.0,
-    seed: int = 0,
-    max_new_tokens: int | None = None,
-    batch_size: int = 32,
-    pad_multiple: int = 16,
-    interventions: dict[str, Callable] | None = None,
-) -> list[str]:
-    """The decoded continuation of each text: a translation of each source (a `Transformer`:
-    the text's tokens + EOS) or of each prompt (a `DecoderLM`), by `strategy` ("greedy",
-    "sample" or "beam", with its options), with `interventions` ({site: function of its
-    value}, see `jaxformer.capture`) applied in every forward pass.
-
-    Each output holds at most its input's length + 50 tokens, or `max_new_tokens`. Texts go
-    in batches of `batch_size` rows; sampling is reproducible from `seed`."""
-    options = dict(beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k)
-    options |= dict(top_p=top_p, seed=seed, max_new_tokens=max_new_tokens)
-    options |= dict(batch_size=batch_size, pad_multiple=pad_multiple, interventions=interventions)
+def generate(model, tokenizer, texts: list[str], strategy: str = "greedy", **options) -> list[str]:
+    """The decoded continuation of each text, as one list: `generate_batches`' outputs
+    (the same arguments and options)."""
     batches = generate_batches(model, tokenizer, texts, strategy, **options)
     return [text for batch in batches for text in batch]
 
@@ -202,8 +178,13 @@ def generate_batches(
     pad_multiple: int = 16,
     interventions: dict[str, Callable] | None = None,
 ) -> Iterator[list[str]]:
-    """`generate`'s outputs, yielded a batch at a time as each is decoded (the same
-    outputs: `jaxformer generate` prints each batch before decoding the next)."""
+    """The decoded continuation of each text, a batch of `batch_size` at a time as each is
+    decoded (`jaxformer generate` prints each before decoding the next): a translation of
+    each source (a `Transformer`: the text's tokens + EOS) or of each prompt (a
+    `DecoderLM`), by `strategy` ("greedy", "sample" or "beam", with its options), with
+    `interventions` ({site: function of its value}, see `jaxformer.capture`) applied in
+    every forward pass. Each output holds at most its input's length + 50 tokens, or
+    `max_new_tokens`; sampling is reproducible from `seed`."""
     check_instance("model", model, (Transformer, DecoderLM))
     if strategy not in STRATEGIES:
         raise BadValue(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
