@@ -316,15 +316,16 @@ def _print_outputs(batches, total: int, from_stdin: bool) -> int:
     """Print each batch's outputs as it is decoded. Stopped (Ctrl-C, SIGTERM, SIGHUP), the
     lines printed stay, one line says how many and how to decode the rest, and the exit
     code is the signal's (130, 143, 129)."""
-    from jaxformer.train.signals import Terminated, stop_signals_raise
+    from jaxformer.train.signals import Terminated, signals_held, stop_signals_raise
 
     done = 0
     try:
         with stop_signals_raise():
             for batch in batches:
                 for text in batch:
-                    print(text.replace("\n", "\\n"), flush=True)
-                done += len(batch)
+                    with signals_held():  # a line printed is a line counted
+                        print(text.replace("\n", "\\n"), flush=True)
+                        done += 1
     except KeyboardInterrupt as stop:
         why = f"terminated by {stop}" if isinstance(stop, Terminated) else "interrupted"
         rest = f"give it stdin from line {done + 1} on (tail -n +{done + 1})" if from_stdin else ""
