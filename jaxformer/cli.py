@@ -357,12 +357,9 @@ def _read_inputs(text: str | None, tokenizer, seq2seq: bool, max_len: int) -> li
 
 
 def _tune_glibc_malloc() -> None:
-    """Keep XLA's large per-step CPU buffers in glibc's heap. By default each worker
-    thread's arena caps at 64 MiB, so a step's ~100 MiB of temporaries is a fresh mmap
-    every step, faulted in page by page (a third of a CPU run's time went to system time).
-    One arena, and no mmap or trim below 1 GiB, reuses the memory as tcmalloc would.
-    Must run before JAX starts its CPU backend; Linux with glibc only; an allocator or
-    tuning the user chose (LD_PRELOAD, MALLOC_*, GLIBC_TUNABLES) is left alone."""
+    """Keep XLA's large per-step CPU buffers in glibc's heap (one arena, no mmap or trim
+    below 1 GiB), not mmapped and faulted in anew each step (docs/performance.md). Runs
+    before JAX's CPU backend starts; a user's allocator or tuning is left alone."""
     import ctypes
 
     tuned = any(k.startswith("MALLOC_") for k in os.environ)
