@@ -406,9 +406,10 @@ def main(argv: list[str] | None = None, extensions: tuple | None = None) -> int:
         argv = [f"{argv[0]}-{argv[1]}", *argv[2:]]
     args, extras = parser.parse_known_args(argv)
     if extras:
-        name = args.command + (f" {args.benchmark}" if args.command == "bench" else "")
+        name = " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
         _unrecognized(commands[name], extras)
-    where = f"bench {args.benchmark}" if args.command == "bench" else args.command
+    # a plugin's command with commands of its own ("bench NAME") names the one chosen
+    where = " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
     where = "jaxformer " + (_joined(where, commands) or where)  # the command as typed
     with command_line(), warnings.catch_warnings():
         warnings.showwarning = _one_line_warning(where, warnings.showwarning)

@@ -217,7 +217,7 @@ def _bench_parser(sub) -> tuple[argparse.ArgumentParser, dict[str, argparse.Argu
         "and writes a record (jaxformer_lab.results) to --out, default results/NAME.json, with "
         "the command that reproduces it. `jaxformer bench NAME --help` lists its options.",
     )
-    benchmarks = b.add_subparsers(dest="benchmark", required=True, metavar="NAME")
+    benchmarks = b.add_subparsers(dest="subcommand", required=True, metavar="NAME")
     commands = {}
     for name in sorted(BENCHMARKS.names):
         help = BENCHMARKS[name].help
@@ -371,18 +371,18 @@ def _bench(args) -> int:
     from jaxformer_lab import stops
     from jaxformer_lab.bench import BENCHMARKS, registry
 
-    options = registry.options_from(args, BENCHMARKS[args.benchmark].options)
-    where = f"jaxformer bench {args.benchmark}"
+    options = registry.options_from(args, BENCHMARKS[args.subcommand].options)
+    where = f"jaxformer bench {args.subcommand}"
 
     def bench() -> int:
         try:
-            registry.run(args.benchmark, options)
+            registry.run(args.subcommand, options)
         except registry.Stopped as e:
             print(f"{where}: {e}", file=sys.stderr)
             return e.code
         return 0
 
-    rerun = f"no record written: rerun `{registry.command(args.benchmark, options)}`"
+    rerun = f"no record written: rerun `{registry.command(args.subcommand, options)}`"
     return stops.stoppable(where, bench, rerun)
 
 

@@ -40,7 +40,7 @@ def parse(words: list[str]):
     """The options `jaxformer bench NAME ...` gives."""
     parser, _ = cli._parser((plugin,))
     args = parser.parse_args(["bench", *words])
-    return registry.options_from(args, BENCHMARKS[args.benchmark].options)
+    return registry.options_from(args, BENCHMARKS[args.subcommand].options)
 
 
 def test_every_benchmark_is_registered_with_frozen_typed_options():
