@@ -4,17 +4,14 @@ process, which saves, a failed process stops the others, and the losses equal a
 one-process run's; bad input is one line, exit 2, before any folder is made."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from jaxformer.cli import main
 from jaxformer_lab import train_ray
-from tests.lab.sweep.test_ray import free_port, when
+from tests.lab.sweep.test_ray import free_port, main_stopped
 from tests.parallel.test_multihost import env, losses
 
 ray = pytest.importorskip("ray")
@@ -74,18 +71,7 @@ def test_a_stop_reaches_every_process_which_saves(head, fake, tmp_path, capsys, 
     out.mkdir()
     (out / "hold").write_text("x")
     monkeypatch.setattr(sys, "argv", ["jaxformer", *command(head, out)])
-
-    def stop():
-        when(out / "holding0")
-        when(out / "holding1")
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    stopper = threading.Thread(target=stop)
-    stopper.start()
-    try:
-        assert main(sys.argv[1:]) == 143
-    finally:
-        stopper.join()
+    assert main_stopped(sys.argv[1:], out / "holding0", out / "holding1") == 143
     assert (out / "saved0").exists() and (out / "saved1").exists()
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "terminated by SIGTERM: every process was stopped, saving its step" in last

@@ -75,6 +75,23 @@ def when(path, timeout=60):
         time.sleep(0.1)
 
 
+def main_stopped(argv: list[str], *ready) -> int:
+    """`main(argv)`'s exit code, this process sent SIGTERM once every file in `ready` is
+    there (what a held run writes as it starts to wait)."""
+
+    def stop():
+        for path in ready:
+            when(path)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    try:
+        return main(argv)
+    finally:
+        stopper.join()
+
+
 def test_a_killed_run_is_resumed_by_its_task_and_no_other_run_is_lost(head, fake, tmp_path):
     spec = sweep.Spec.load(write_spec(tmp_path))
     held = spec.folder("sq", 0)
@@ -107,17 +124,7 @@ def test_a_stop_reaches_the_run_on_ray_which_saves(head, fake, tmp_path, capsys,
     monkeypatch.setattr(sys, "argv", ["jaxformer", "sweep", str(path), "--ray", head])
     held = tmp_path / "sweep/baseline/seed0"
     (tmp_path / "hold").write_text("baseline/seed0")
-
-    def stop():
-        when(held / "holding")
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    stopper = threading.Thread(target=stop)
-    stopper.start()
-    try:
-        assert main(sys.argv[1:]) == 143
-    finally:
-        stopper.join()
+    assert main_stopped(sys.argv[1:], held / "holding") == 143
     out, err = capsys.readouterr()
     assert "[1/1] baseline seed 0: interrupted (resumes next time)" in out
     assert f"continue with jaxformer sweep {path} --ray {head}" in err.splitlines()[-1]
