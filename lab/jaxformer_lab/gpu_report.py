@@ -84,6 +84,7 @@ from jaxformer.train.signals import stop_signals_raise
 from jaxformer_lab import results, stops
 from jaxformer_lab.bench import plan
 from jaxformer_lab.markdown import table
+from jaxformer_lab.parts import Clock, run_parts
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout: configs/, docs/results/
 CONFIG = ROOT / "configs/gpu_report.yaml"
@@ -395,7 +396,7 @@ def run(args: argparse.Namespace) -> dict:
     summary = load_summary(out)
     summary["calls"].append(call | {"ran": []})
     with stop_signals_raise():
-        ran = run_parts(chosen, summary, out, args)
+        ran = run_call(chosen, summary, out, args)
     left = [name for name in part_names() if not finished(summary, name)]
     print(json.dumps({"ran": ran, "left": left}))
     return summary
@@ -416,27 +417,30 @@ def check_gpu(found: dict) -> None:
     )
 
 
-def run_parts(chosen: list[Part], summary: dict, out: pathlib.Path, args) -> dict:
-    """Run the chosen parts not yet finished (all of them with --force), in order, while
-    the next one's budget fits in --budget-minutes; record each in the summary, saved
-    (with the markdown) before and after each part. Returns {part: status}."""
-    deadline = time.perf_counter() + args.budget_minutes * 60
-    ran, device = {}, summary["calls"][-1]["machine"].get("device")
-    for part in chosen:
-        if finished(summary, part.name) and not args.force:
-            continue
-        budget = part.budget_s * args.budget_scale
-        if budget > deadline - time.perf_counter():
-            left = deadline - time.perf_counter()
-            print(f"{part.name} needs {budget:.0f} s, this call has {left:.0f} s left: stopping")
-            break
+def run_call(chosen: list[Part], summary: dict, out: pathlib.Path, args) -> dict:
+    """Run the chosen parts not yet finished (all of them with --force) in order, while
+    the next one's budget fits in --budget-minutes (`jaxformer_lab.parts`); record each in
+    the summary, saved (with the markdown) before and after each part. Returns {part:
+    status}."""
+    by_name, ran = {p.name: p for p in chosen}, {}
+    device = summary["calls"][-1]["machine"].get("device")
+
+    def run_one(name: str, budget: float) -> None:
         record = dict(status="running", budget_s=round(budget), date=_now(), device=device)
-        summary["parts"][part.name] = record
+        summary["parts"][name] = record
         save(summary, out)
-        summary["parts"][part.name] = record | run_part(part, out, budget)
-        summary["calls"][-1]["ran"].append(part.name)
-        ran[part.name] = summary["parts"][part.name]["status"]
+        summary["parts"][name] = record | run_part(by_name[name], out, budget)
+        summary["calls"][-1]["ran"].append(name)
+        ran[name] = summary["parts"][name]["status"]
         save(summary, out)
+
+    run_parts(
+        list(by_name),
+        budgets={p.name: p.budget_s * args.budget_scale for p in chosen},
+        finished=lambda name: finished(summary, name) and not args.force,
+        run_one=run_one,
+        clock=Clock(args.budget_minutes * 60),
+    )
     save(summary, out)
     return ran
 

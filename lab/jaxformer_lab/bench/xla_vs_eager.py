@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from jaxformer.train.signals import Terminated, stop_signals_raise
 from jaxformer_lab.bench import load, plan, report
 from jaxformer_lab.bench.plan import TORCH_PAIRS
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, Stopped, command, option, say
+from jaxformer_lab.parts import Clock, alarm_at_deadline, run_parts
 from jaxformer_lab.results import Record, Table, capture
 
 NAME = "xla-vs-eager"
@@ -169,11 +169,13 @@ def run_lab(options: LabOptions) -> dict:
     call = {"start": start, "guard": guard, "earlier": _earlier_calls(out, records)}
     names = chosen_parts(profile, options)
     _say_plan(profile, names, records, guard)
-    with _caches(), stop_signals_raise(), _time_limit(options.time_limit) as stopping:
+    clock = Clock(options.time_limit)
+    at_limit = alarm_at_deadline(clock, lambda: Stopped("the time limit", 124))
+    with _caches(), stop_signals_raise(), at_limit:
         try:
-            _measure(options, profile, names, records, out, stopping, call)
+            _measure(options, profile, names, records, out, clock, call)
         except (KeyboardInterrupt, Stopped) as e:  # Terminated: SIGTERM, SIGHUP
-            why, code = _stopped_by(e, stopping)
+            why, code = _stopped_by(e, clock)
             result = assemble(records, options, profile, call, stopped=why)
             write(result, out, final=True)
             raise Stopped(f"stopped by {why}; what was measured is in {out}", code) from None
@@ -194,7 +196,7 @@ def _earlier_calls(out: pathlib.Path, records: dict) -> list[dict]:
         return []
 
 
-def _measure(options, profile, names, records, out, stopping, call) -> None:
+def _measure(options, profile, names, records, out, clock, call) -> None:
     from jaxformer_lab.bench import host, measure
 
     device = None if options.no_torch else host.torch_device()
@@ -210,35 +212,35 @@ def _measure(options, profile, names, records, out, stopping, call) -> None:
         say=say,
     )
     monitor = load.Monitor()
+
+    def run_one(name: str, budget: float) -> None:
+        mark, t0 = monitor.mark(), time.perf_counter()
+        result = measure.part_function(name)(ctx)
+        window = monitor.window(mark)
+        records[name] = {
+            "name": name,
+            "fingerprint": fingerprint(options, profile),
+            "wall_s": time.perf_counter() - t0,
+            "budget_s": budget,
+            "load": window,
+            "quiet": load.verdict(window, options.max_load),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "result": result,
+        }
+        save_part(out / "parts", records[name])
+        write(assemble(records, options, profile, call), out, final=False)
+        say(_done_line(records[name], tolerance=options.max_load))
+
     try:
-        todo = [n for n in names if n not in records]
-        for i, name in enumerate(todo, 1):
-            budget = profile.budgets[name]
-            if stopping.left() is not None and stopping.left() < budget:
-                say(
-                    f"[{i}/{len(todo)}] {name}: left for the next call ({budget} s budget, "
-                    f"{stopping.left():.0f} s left)"
-                )
-                continue
-            stopping.part = name
-            say(f"[{i}/{len(todo)}] {name} (budget {budget} s on {_budget_machine(profile)})")
-            mark, t0 = monitor.mark(), time.perf_counter()
-            result = measure.part_function(name)(ctx)
-            window = monitor.window(mark)
-            records[name] = {
-                "name": name,
-                "fingerprint": fingerprint(options, profile),
-                "wall_s": time.perf_counter() - t0,
-                "budget_s": budget,
-                "load": window,
-                "quiet": load.verdict(window, options.max_load),
-                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "result": result,
-            }
-            save_part(out / "parts", records[name])
-            write(assemble(records, options, profile, call), out, final=False)
-            say(_done_line(records[name], tolerance=options.max_load))
-            stopping.part = None  # a stop from here on names no part
+        run_parts(
+            names,
+            budgets=profile.budgets,
+            finished=records.__contains__,
+            run_one=run_one,
+            clock=clock,
+            say=say,
+            budgets_on=_budget_machine(profile),
+        )
     finally:
         monitor.close()
 
@@ -268,18 +270,7 @@ def _say_plan(profile, names, records, guard) -> None:
         say(f"  {n}: {state}")
 
 
-class _Stopping:
-    """The time left before --time-limit (None: no limit) and the part running."""
-
-    def __init__(self, limit: float | None):
-        self.deadline = None if limit is None else time.perf_counter() + limit
-        self.part: str | None = None
-
-    def left(self) -> float | None:
-        return None if self.deadline is None else self.deadline - time.perf_counter()
-
-
-def _stopped_by(stop: BaseException, stopping: _Stopping) -> tuple[str, int]:
+def _stopped_by(stop: BaseException, clock: Clock) -> tuple[str, int]:
     """What stopped the lab, said with the part it stopped, and the exit status to give."""
     if isinstance(stop, Stopped):
         why, code = str(stop), stop.code
@@ -287,36 +278,7 @@ def _stopped_by(stop: BaseException, stopping: _Stopping) -> tuple[str, int]:
         why, code = str(stop), 128 + stop.signum
     else:
         why, code = "Ctrl-C", 130
-    return why + (f" during part {stopping.part}" if stopping.part else ""), code
-
-
-class _time_limit:
-    """At --time-limit SIGALRM raises Stopped, so that the run writes what it has (the
-    stop signals are `stop_signals_raise`'s). Only the main thread can take signals."""
-
-    def __init__(self, limit: float | None):
-        self.stopping = _Stopping(limit)
-        self.saved = None
-
-    def __enter__(self) -> _Stopping:
-        import threading
-
-        if (
-            self.stopping.deadline is None
-            or threading.current_thread() is not threading.main_thread()
-        ):
-            return self.stopping
-        self.saved = signal.signal(signal.SIGALRM, self._raise)
-        signal.setitimer(signal.ITIMER_REAL, max(self.stopping.left(), 0.01))
-        return self.stopping
-
-    def _raise(self, *_):
-        raise Stopped("the time limit", 124)
-
-    def __exit__(self, *exc) -> None:
-        if self.saved is not None:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self.saved)
+    return why + (f" during part {clock.part}" if clock.part else ""), code
 
 
 class _caches:
