@@ -3,7 +3,7 @@ read from the source with `ast`:
 
     checks, plugins <- data, functional <- config <- nn <- models
            <- decode, capture, parallel, interop <- train <- cli
-    jaxformer_lab:  markdown, cores, stops <- results, bible, records, ray_cluster
+    jaxformer_lab:  markdown, cores, stops, parts <- results, bible, records, ray_cluster
            <- sweep, aot, train_ray <- bench (ray-sweep times the sweep)
            <- gpu_report
            <- cli <- plugin
@@ -42,6 +42,7 @@ RANKS = {
         "markdown": 0,
         "cores": 0,
         "stops": 0,
+        "parts": 0,
         "results": 1,
         "bible": 1,
         "records": 1,

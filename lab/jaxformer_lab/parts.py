@@ -76,9 +76,9 @@ def run_parts(
                 f"left: it{rest} left for the next call"
             )
             break
+        clock.part = name  # before the line that says so: a stop from here names it
         on = f" on {budgets_on}" if budgets_on else ""
         say(f"[{i}/{len(todo)}] {name} (budget {budget:.0f} s{on})")
-        clock.part = name
         run_one(name, budget)
         clock.part = None  # a stop from here on names no part
         ran.append(name)

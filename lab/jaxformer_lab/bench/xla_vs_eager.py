@@ -1,20 +1,17 @@
 """The XLA-vs-eager lab: when compiling pays off, why, what it costs, and how JAX compares
 with PyTorch, for the same model, batch and data (`jaxformer bench xla-vs-eager`).
 
-`run_lab(LabOptions(...))` measures the parts of a plan (plan.py: CPU or GPU sizes, quick
-or full; each part with its time budget) in order (measure.py), after checking that the
-machine is quiet enough (load.py). Its --out is a folder (default results/xla_vs_eager).
-Each finished part is saved at once to <out>/parts/<part>.json and the report
-(report.json, report.md) is rewritten from every part there, so a run that is stopped
-(Ctrl-C, SIGTERM, --time-limit) keeps what it measured, and running the same command
-again skips the finished parts and merges the rest. report.json records the command with
-every option given, so it reruns as recorded; the benchmark's record (`run`,
-<out>/record.json) is what the documentation renders: the report as its body, then the
-headline (jit's speed-up and break-even per workload) and the provenance.
+`run_lab(LabOptions(...))` checks that the machine is quiet enough (load.py), then
+measures the parts of a plan (plan.py: CPU or GPU sizes, quick or full, each part with its
+budget) through the resumable parts runner (`jaxformer_lab.parts`; measure.py measures a
+part). Each finished part is saved at once to <out>/parts/<part>.json and report.json and
+report.md are rewritten from every part there, so a stopped run (a signal, --time-limit)
+keeps what it measured and the same command again measures only the rest. The record
+(<out>/record.json) is what the docs render: the report, then its headline.
 
 Modes: modes.py. Timing: stats.py (interleaved rounds, paired ratios). Why: programs.py
-(counts, and launches read from JAX's profiler), eager_model.py and validate.py (the
-fitted model, scored out of sample). Compiling: compile_costs.py. First calls: fresh.py.
+(counts, launches from JAX's profiler), eager_model.py and validate.py (the fitted model,
+scored out of sample). Compiling: compile_costs.py. First calls: fresh.py.
 """
 
 from __future__ import annotations
