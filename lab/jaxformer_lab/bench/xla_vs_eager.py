@@ -56,8 +56,9 @@ class LabOptions(Options):
     parts: tuple[str, ...] = option((), "measure only these parts of the plan")
     time_limit: float | None = option(
         None,
-        "seconds this call may take: a part whose budget no longer fits is left for the "
-        "next call, and a part still running at the limit is stopped (what is done is written)",
+        "seconds this call may take: at the first part whose budget no longer fits, it and "
+        "the rest are left for the next call; a part still running at the limit is stopped "
+        "(what is done is written)",
     )
     max_load: float = option(
         0.25,
