@@ -90,6 +90,11 @@ def run(options: LabOptions) -> Record:
     """When jax.jit pays off against eager execution, why, and how torch compares."""
     result = run_lab(options)
     line = headline(result, pathlib.Path(options.out))
+    return capture([headline_table(line)], data={"headline": line}, body=report.tables(result))
+
+
+def headline_table(line: dict) -> Table:
+    """The record's table: `headline`'s figures per workload, and what it lacks."""
     rows = [
         [
             name,
@@ -101,15 +106,14 @@ def run(options: LabOptions) -> Record:
         if isinstance(w, dict)
     ]
     caption = (
-        f"The XLA-vs-eager lab's headline (its report: {line['report']}): per workload jit's "
-        "speed-up over eager and torch eager's time over jit's, medians of paired rounds "
-        "with their 95% intervals, and when compiling pays for itself:"
+        "The XLA-vs-eager lab's headline: per workload jit's speed-up over eager and torch "
+        "eager's time over jit's, medians of paired rounds with their 95% intervals, and "
+        "when compiling pays for itself:"
     )
     notes = [f"Parts not measured yet: {', '.join(line['missing'])}."] if line["missing"] else []
     notes += ["Measured on a busy machine: see the report's marks."] if line["loaded"] else []
     columns = ["workload", "eager / jit [95%]", "jit pays off", "torch / jit [95%]"]
-    table = Table(columns, rows, "lrlr", caption=caption, notes=notes)
-    return capture([table], data={"headline": line}, body=report.tables(result))
+    return Table(columns, rows, "lrlr", caption=caption, notes=notes)
 
 
 def _ci_text(ci: list[float] | None) -> str:
