@@ -2,20 +2,17 @@
 the documentation's pages render.
 
 A `Record` is its tables (caption, columns, alignment, rows, notes), for a report also a
-body of markdown ahead of them (headings, prose, figures: the XLA-vs-eager lab's), and
-where they come from: the command that made them, the device, the versions, the date and
-the source (the code's commit, or what the record was computed from). `capture(tables)`
-fills in the provenance itself; `Record.write(path)` writes the JSON the pages render
-from, and `render_page` rewrites each section of a page marked
+body of markdown ahead of them, and where they come from: the command that made them, the
+device, the versions, the date and the source (the code's commit, or what the record was
+computed from). `capture(tables)` fills in the provenance itself; `Record.write(path)`
+writes the JSON the pages render from, and `render_page` rewrites each section of a page
+marked
 
     <!-- results:NAME:start -->  ...  <!-- results:NAME:end -->
 
-with the record docs/results/NAME.json (NAME may name a subfolder's:
-xla_vs_eager/DIR/record), its headings one level down in the page and its figures linked
-from the page (`results-headline:NAME` in place of `results:NAME`: the tables without a
+with the record docs/results/NAME.json (`results-headline:NAME`: the tables without a
 report's body). `render_pages` (`jaxformer docs`) runs it over every page;
-`tests/lab/test_docs.py` checks that the committed pages equal what their records render.
-"""
+`tests/lab/test_docs.py` checks that the committed pages equal what their records render."""
 
 from __future__ import annotations
 

@@ -2,19 +2,15 @@
 of forward + backward, and their agreement with the plain one, for sequence lengths 256
 to 16384 (32768 on a GPU).
 
-Causal self-attention, batch 1, 8 heads, head dim 64, float32; on an NVIDIA GPU also
-bfloat16 for "xla", "chunked" and "cudnn" (which needs it), and everywhere tokamax's
-"tokamax_mosaic" and "tokamax_triton" (skipped, with the reason, where they cannot run).
-For each length and implementation the jitted gradient of sum(out * cotangent) with
-respect to q, k and v is compiled; XLA's `memory_analysis()` of the compiled program
-gives its temporary buffers (the attention memory: inputs and outputs are the same for
-every implementation). A program whose temporaries exceed --max-gib is compiled but not
-run (its memory from the compiler alone). The programs of one length that run are timed
-in interleaved rounds (stats): medians with their intervals, and each implementation's
-time over xla's of the same dtype, round by round. On a GPU whose peak is known
-(shared.PEAK_TFLOPS) each row also gives the forward pass alone and its % of that peak
-(causal FLOPs: half of 4 B H T^2 D). On a Linux CPU the full run repeats the largest
-chunked program in a fresh process that reports how far its resident memory rises.
+Causal self-attention, batch 1, 8 heads, head dim 64, float32 (on an NVIDIA GPU also
+bfloat16; tokamax's kernels skipped, with the reason, where they cannot run). For each
+length and implementation the jitted gradient of sum(out * cotangent) with respect to q,
+k and v is compiled; the temporaries of XLA's `memory_analysis()` are its memory. A
+program over --max-gib is compiled, not run. The programs of one length are timed in
+interleaved rounds (stats), each also over xla's of the same dtype, round by round. On a
+GPU whose peak is known (shared.PEAK_TFLOPS) a row also gives the forward pass's % of it;
+on a Linux CPU the full run measures the largest chunked program's resident memory in a
+fresh process. The method in full: docs/performance.md, "How the benchmarks measure".
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """`jaxformer bench compile-time`: what compiling the train step costs, in two parts.
 
-depth: compile time, step time and memory of the train step as models get deeper, the
-layer stacks unrolled (a Python loop, the default) against `scan_layers=True` (one scan
-over stacked parameters per stack), and `remat` none / dots / full. Two models
-(shared.seq2seq_config's widths: d_model 256, 4 heads, d_ff 1024, dropout 0.1; byte
-vocabulary): `transformer`, N encoder and N decoder layers, on 32 `dates` examples (32
-source, 16 target tokens); `lm`, N decoder layers, on 8 packed rows of 128 tokens. The
-unrolled and the scanned step are compiled --tries times each, alternately (stats), the
-fastest counting (jit's trace + lower + compile of a fresh function); each variant's step
-is then timed over --repeats calls (median and interval); memory is XLA's plan for the
-compiled step (`memory_analysis()`): temporaries and the peak (temporaries plus arguments
-and outputs). A plot goes next to the record (compile-time.png). (`jaxformer bench`
-keeps no compilation cache; with JAX's own on, JAX_COMPILATION_CACHE_DIR, a compile time
-is a read of it.)
+depth: compile time, step time and memory of the train step as models get deeper (the
+encoder-decoder `transformer` and the decoder-only `lm`, shared.seq2seq_config's widths),
+the layer stacks unrolled against `scan_layers=True`, and `remat` none / dots / full.
+Compiles are the fastest of --tries (jit's trace + lower + compile of a fresh function),
+steps the median of --repeats calls, memory XLA's plan of the compiled step
+(`memory_analysis()`); a plot goes next to the record (compile-time.png).
 
 cache: time to the first training step of `make train`'s job as fresh `jaxformer train`
-processes (2 steps, a small final evaluation) with an empty and then a warm persistent
-compilation cache, and with the cache turned off; "seconds_to_first_step" from each run's
-summary.json (data, model, compilation, the first step; not Python's start-up), the best
-of --cache-runs.
+processes with an empty, then a warm persistent compilation cache, and with it off
+("seconds_to_first_step" from each run's summary.json, the best of --cache-runs).
+
+The method in full: docs/scaling.md (depth) and docs/performance.md (cache).
 """
 
 from __future__ import annotations

@@ -8,14 +8,11 @@ differs:
 - cached: `model.extend` feeds the new token through the decoder once, reading the keys
   and values of earlier tokens from the cache (the library's decoding);
 - recompute: the decoder runs over the whole target buffer [B, N] at every step and the
-  logits at the current position are kept (a compiled loop cannot grow its shapes, so
-  this is what decoding without a cache costs there).
+  logits at the current position are kept.
 
-Every row decodes exactly N tokens (EOS is disabled), 4 sources of 16 tokens; after
-compilation the two sides run in interleaved rounds (stats): tokens/s from each median,
-and the speed-up as the median of the per-round ratios with its 95% interval. Tokens/s
-counts the B * N output tokens (for beam search: of the best hypotheses).
-"""
+Every row decodes exactly N tokens (EOS disabled); the two sides run in interleaved rounds
+(stats): tokens/s of the B * N output tokens from each median, and the speed-up as the
+median of the per-round ratios with its 95% interval (docs/decoding.md, "Speed")."""
 
 from __future__ import annotations
 

@@ -3,18 +3,15 @@ step's optimized HLO text (`jaxformer bench profile --model gpt2`; the GPU trace
 in tests/fixtures/gpu_traces).
 
 Each device operation is sorted by the HLO instruction it runs: a kernel XLA generated is
-named after its instruction; on a GPU the step runs as a command buffer (a CUDA graph),
-whose cuBLAS kernels carry cuBLAS's names and run the entry computation's cuBLAS calls in
-schedule order, and whose cuDNN kernels run its attention calls. An instruction's category
-(`category_of`) comes from its shapes, op_name (the train step's "loss" and "optimizer"
-scopes; transpose(...) for the backward pass), custom-call target and stack frame: matrix
-products by layer (Q/K/V projection, attention output, feed-forward in and out, LM head)
-and pass (forward, backward dX, backward dW), attention, loss, norms/elementwise,
-optimizer, copies; a kernel matched to no instruction is "unmatched". The categories sum
-to the kernels' time per step; the busy time counts overlapping kernels once.
+named after its instruction; in a GPU command buffer (a CUDA graph) the cuBLAS kernels run
+the entry computation's cuBLAS calls in schedule order, and the cuDNN kernels its
+attention calls. `category_of` names an instruction's category from its shapes, op_name,
+custom-call target and stack frame: matrix products by layer and pass, attention, loss,
+norms/elementwise, optimizer, copies; a kernel matched to no instruction is "unmatched".
+The categories sum to the kernels' time per step; the busy time counts overlapping
+kernels once. Sizes `s` are the language model's (shared.LMOptions.sizes).
 
-Sizes `s` are the language model's (shared.LMOptions.sizes): batch, context, heads,
-d_model, d_ff, vocab.
+The categories in full: docs/performance.md, "The profile by category".
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
 """The ways the XLA-vs-eager lab runs a workload (workloads.py), each a call that waits for
 its output and returns it:
 
-    eager               the pure function f(state, *inputs) = nnx.merge(...)(*inputs), not
-                        compiled: JAX dispatches each primitive (and each inner jit) alone
-    eager, functional   (train step) the same step as plain JAX: jax.value_and_grad over
-                        the parameters as arrays and optax's Adam, no NNX transform
-    disable_jit         eager under jax.disable_jit(), which also unrolls the jits inside
-                        library code (jax.nn, optax)
-    jit                 jax.jit(f) over nnx.split / nnx.merge, the state donated where the
-                        call changes it, as jaxformer's trainer runs
-    jit, no donation    (train step) the same without donating the state
-    jit, auto attention (attention) jit through JAX's best kernel for the device
-    nnx.jit             nnx.jit over the module object: NNX traverses its graph each call
-    nnx.cached_partial  nnx.jit with the module's graph traversal cached
-    torch               the torch.nn equivalent with the same weights, eager op by op:
-                        torch's fused inference fast path turned off
-    torch, fast path    (inference workloads) the same with torch's fused fast path on
-                        (torch's default: _native_multi_head_attention, ...)
-    torch.compile       the torch module under torch.compile, mode default
-    torch.compile max-autotune      the module in that mode
-    torch.compile reduce-overhead   the module with CUDA graphs (CUDA only)
-    torch.compile step  (train step) the whole torch step compiled as written: dynamo
-                        breaks it at loss.backward() (graphs and breaks are reported)
-    torch.compile functional step   (train step) the step as one function of tensors
-                        (torch.func.grad_and_value and Adam written out), fullgraph=True
+- eager: the pure function f(state, *inputs) = nnx.merge(...)(*inputs), not compiled;
+  for the train step also the same step as plain JAX and optax's Adam; disable_jit;
+- jit: jax.jit(f) over nnx.split / nnx.merge, the state donated where the call changes
+  it, as jaxformer's trainer runs; for the train step also without donation, for
+  attention also through JAX's best kernel for the device; nnx.jit, nnx.cached_partial;
+- torch: the torch.nn equivalent with the same weights, eager op by op, with torch's
+  fused inference fast path off (and on, for the inference workloads); torch.compile in
+  modes default, max-autotune and reduce-overhead (CUDA); for the train step the whole
+  step compiled as written and as one function of tensors (fullgraph=True).
 
-torch is imported only by the torch modes.
-"""
+torch is imported only by the torch modes. Every mode, with its table name:
+docs/xla-vs-eager.md, "Modes"."""
 
 from __future__ import annotations
 

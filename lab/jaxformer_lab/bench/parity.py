@@ -2,28 +2,17 @@
 converted from Hugging Face transformers reproduce them, float32 on a CPU (needs the
 `torch` extra, and transformers for the hf part).
 
-torch: for each torch module kind (MultiheadAttention, encoder/decoder layer, encoder/
-decoder stack, nn.Transformer), each configuration (norm_first, activation, bias,
-layer_norm_eps, batch_first, sizes) and each input set (key padding and causal masks;
-batch 1 with bool masks), the torch module (eval mode, autograd on, attention on SDPA's
-math backend: torch's reference path) is converted with
-`jaxformer.interop.torch.from_torch` and both run on the same inputs: the max absolute
-difference of the outputs and of the gradients of sum(output * g), for a random g, with
-respect to every input, and each over the largest absolute value of its array in torch.
-Weights are torch's initialisation with biases and LayerNorm parameters drawn at random
-(torch starts them at 0 and 1, which would hide a misplaced bias). The last rows are
-nn.Transformer at the paper's base size (TransformerConfig.paper_base).
+torch: each module kind (MultiheadAttention to nn.Transformer), configuration and input
+set, the torch module (eval mode, SDPA's math backend) against its `from_torch`
+conversion: the max absolute difference of the outputs and of the gradients of
+sum(output * g) with respect to every input, also over torch's largest value.
 
-hf: each transformers model is built from a config with random weights (no download;
-biases and norms drawn at random too), converted with `jaxformer.interop.hf.from_hf`, and
-both run on the same padded batch (3 rows, source 9 and target 7 tokens, some padded):
-the max absolute logit difference over the real target positions, the largest logit,
-and whether 20 greedy tokens equal `generate(do_sample=False, num_beams=1)` with no early
-stop. The last rows are GPT-2 small and an OPUS-MT-sized Marian.
+hf: each transformers model built from a config with random weights (no download),
+converted with `jaxformer.interop.hf.from_hf`: the max absolute logit difference on a
+padded batch, and whether 20 greedy tokens equal `generate`'s.
 
---quick: each torch module kind once, on the padded inputs, the small configurations
-taken in turn; the first small model of each Hugging Face kind (GPT-2, Marian, BART).
-"""
+--quick: fewer and smaller cases. The cases in full: docs/interop.md, "Parity with
+PyTorch" and "Parity with Hugging Face"."""
 
 from __future__ import annotations
 

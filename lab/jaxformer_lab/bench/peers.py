@@ -1,30 +1,18 @@
 """`jaxformer bench gpt2-peers`: jaxformer's GPT-2 training step against its peers, in
 alternating rounds of one run.
 
-Three programs train lm-throughput's model (its options: --quick, --batch, --layers,
---context; bfloat16 compute, float32 parameters and AdamW state) on the same batch:
+Three programs train lm-throughput's model (its options; bfloat16 compute, float32
+parameters and AdamW state) on the same batch:
 
     jaxformer  shared.lm_step (attention and LM head as --attention, --lm-head: "auto")
     jax        jaxformer_lab.bench.gpt2_jax: a minimal pure-JAX GPT-2 step
     torch      jaxformer_lab.bench.gpt2_torch: a nanoGPT-style PyTorch step, torch.compile'd
-               (--torch-mode; "auto": "default" on CUDA, eager on a CPU, where compiling
-               needs a C++ toolchain and minutes); skipped, with a note, without torch
+               (--torch-mode); skipped, with a note, without torch
 
-The two peers start from the same weights (their losses at initialisation agree to
-bfloat16's precision; jaxformer's own initialisation differs). Each program runs in its
-own worker process (jaxformer_lab.bench.rounds: no fight over GPU memory; each JAX worker
-preallocates a third of the GPU's memory, as pools grown on demand ran an H100 out of it;
-the workers start and compile one at a time, as compiling at once ran an H100 out of
-memory too); after two warm-up rounds each round asks every
-worker in turn (order rotated by one each round) for --steps steps and times it
-(`stats.time_interleaved`). Per program: the median ms/step over rounds with its 95%
-interval, tokens/s, MFU (shared's FLOP formula and peak table), the most device memory it
-held (GPUs); per peer: jaxformer's time over the peer's, the median of the per-round
-ratios with its 95% interval (what varied is the round). Compile seconds are each
-worker's first step less its median step. A program not ready within --ready-timeout
-seconds is stopped and reported as such, and the others run their rounds without it.
-The workers' logs go next to the record (results/gpt2-peers/<program>.log).
-"""
+Each runs in its own worker process (`rounds`), started and compiled one at a time, and
+rounds of --steps steps rotate through them (`stats`): each program's median ms/step,
+tokens/s, MFU and peak memory, and jaxformer's time over each peer's as the median of
+per-round ratios, with 95% intervals (docs/performance.md, "jaxformer against its peers")."""
 
 from __future__ import annotations
 
@@ -77,7 +65,7 @@ def run(options: PeersOptions) -> Record:
     n_rounds, steps = options.timing()
     try:
         for n in names:  # one at a time: a compile's (and autotuner's) peak needs the memory
-            workers[n] = start_worker(n, options)  # the others' would hold (an H100 ran out)
+            workers[n] = start_worker(n, options)  # the others' would hold
             ready |= rounds.ready_all({n: workers[n]}, options.ready_timeout)
         running = {n: w for n, w in workers.items() if "error" not in ready[n]}
         say(f"ready: {sorted(running)}; timing {n_rounds} rounds of {steps} steps")
@@ -94,8 +82,7 @@ def run(options: PeersOptions) -> Record:
 
 def start_worker(name: str, options: PeersOptions) -> rounds.Worker:
     """A worker process for program `name`, its stderr in the logs folder."""
-    # Several on one GPU: each JAX worker preallocates a third of its memory (a pool grown
-    # on demand reserves regions well past its peak: two and torch ran an H100 out of memory).
+    # Workers share one GPU: each JAX one preallocates a third (pools grown on demand overshoot).
     env = os.environ | {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
     env |= {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.33"}
     if name == "torch":

@@ -1,9 +1,8 @@
 """`jaxformer bench profile`: where one training step spends its time.
 
 --model dates (the default): `make train`'s job (the dates task, the tiny preset, batch
-64) trained for --steps steps with `profile="{steps - 1}:{steps}"` (the last step traced,
-after warm-up), --repeats times as fresh runs; the trace the run folder holds (XLA's
-operations on each runtime thread) is sorted by kind of operation: matrix products (dot
+64) trained for --steps steps, the last traced (`profile="{steps - 1}:{steps}"`), --repeats
+times as fresh runs; the trace's operations are sorted by kind: matrix products (dot
 fusions), layout copies and transposes, random bits (dropout's threefry), reductions,
 other fusions (elementwise work fused by XLA). The record has a row per run; the last
 run's timeline goes next to it (profile.png).

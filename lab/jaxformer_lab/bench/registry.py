@@ -1,32 +1,18 @@
 """The benchmarks behind `jaxformer bench NAME`: each a name, a frozen dataclass of typed
-options and a function `run(options) -> Record`.
-
-    from jaxformer_lab.bench import BENCHMARKS, registry
-
-    options = BENCHMARKS["decode"].options(quick=True)
-    record = registry.run("decode", options)  # writes results/decode.json
-
-A benchmark registers itself where it is defined (the built-ins are imported by
-`jaxformer_lab.bench`):
+options and a function `run(options) -> Record`, registered where it is defined:
 
     @dataclass(frozen=True)
     class DecodeOptions(Options):
         quick: bool = option(False, "output lengths 16 and 64 (a CPU in seconds)")
 
-        def __post_init__(self):
-            super().__post_init__()   # checks --out
-
     @BENCHMARKS.register("decode", DecodeOptions)
     def run(options: DecodeOptions) -> Record:
         '''The KV cache against recomputing the prefix (its help line).'''
 
-Every field is an option of `jaxformer bench NAME` (--field-name, its type, default,
-choices and help from the field: `add_options`, `options_from`); `command(name, options)`
-is the command line that gives `options` back, the record's command. `run(name,
-options)` writes the record to --out (default results/NAME.json; a benchmark writes its
-other files next to it) and prints its headline (data["headline"]) as the last line on
-stdout; progress goes to stderr (`say`).
-"""
+Each field is an option of the command (`add_options`, `options_from`; `command(name,
+options)` gives the command line back). `run(name, options)` writes the record to --out
+(default results/NAME.json) and prints data["headline"] last on stdout, progress on
+stderr (`say`). To write one: docs/performance.md, "A benchmark of your own"."""
 
 from __future__ import annotations
 

@@ -1,34 +1,18 @@
 """k seeds as one vmapped step against the same k seeds stepped one after another, side by
-side in alternating rounds of one process (`jaxformer bench seeds-vmapped`).
-
-    jaxformer bench seeds-vmapped [--tasks dates wyc-web] [--seeds 1 3 8] [--rounds 8]
-                                  [--steps 5] [--processes 0] [--shared-lengths]
-                                  [--decode 0] [--out results/seeds-vmapped.json]
+side in alternating rounds of one process (`jaxformer bench seeds-vmapped [--tasks dates
+wyc-web] [--seeds 1 3 8] [--rounds 8] [--steps 5] ...`).
 
 For each task (`dates`: make train's model and batch; `wyc-web`: the speedrun's run
-defaults, which need the `data` extra) and each k, it builds the k seeds' runs as `jaxformer
-train --seeds` would (`train.seed_runs`, each seed's own `set_up`: initialisation, dropout,
-data order) and times, per round, the batches of steps 1 .. --steps (the same each round,
-so that warm-up compiles every batch shape) through the vmapped step (`jax.vmap` of the
-run's train step over the stacked states; the k batches stacked and padded, as
-`train_seeds` does each step), through the mapped step (`jax.lax.map` over the same stacked
-states and batches: one seed at a time inside one program, so a step's working set is one
-seed's: `seeds.seed_step(fn, 1)`) and through each seed's own step in turn (what `train
---seeds` does on a CPU: one compiled program shared, no k-fold compile). A speed-up is
-separate time / the program's time per round, the median over rounds with its 95%
-order-statistic interval (`jaxformer_lab.bench.stats.paired_ratio`): what varied is the round.
-Compile seconds, XLA's memory analysis (arguments + temporaries) and the positions the
-stacked batches compute over their own are reported for each row. With --processes N,
-each row with k > 1 also times whole runs of --steps steps in N rounds: one `jaxformer
-train --seeds` process against k `jaxformer train` processes. With --shared-lengths the
-runs' translation batches come in one order of lengths for every seed (the run option
-shared_lengths), so that the stacked batches pad little. With --decode N each row with
-k > 1 also times decoding the first N dev sources with the final evaluation's settings,
-the k seeds' models in one vmapped program (`decode.translate_seeds`, as a seed group evaluates)
-against one seed's after another (`evaluate.translate`). XLA's cost analysis of each
-compiled step gives the vmapped step's flops and bytes over k one-seed steps'. The record
-is written after every row, so that a stopped run keeps the rows it measured.
-"""
+defaults, which need the `data` extra) and each k, it builds the k seeds' runs as
+`jaxformer train --seeds` would (`train.seed_runs`) and times, per round, the same
+batches of steps 1 .. --steps through the vmapped step (`jax.vmap` over the stacked
+states and batches, as `train_seeds` steps), the mapped step (`jax.lax.map`: one seed at
+a time inside one program) and each seed's own step in turn. A speed-up is separate time
+/ the program's, the median over rounds with its 95% interval (`stats.paired_ratio`).
+--processes, --shared-lengths and --decode add whole runs as processes, one order of
+lengths for every seed, and decoding; the record is written after every row, so that a
+stopped run keeps what it measured. The method in full: docs/training.md, "Several seeds
+as one program"."""
 
 from __future__ import annotations
 

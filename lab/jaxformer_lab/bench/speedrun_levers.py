@@ -1,23 +1,18 @@
 """What the wyc-web speedrun's speed levers buy on this machine, measured side by side
-(`jaxformer bench speedrun-levers`; needs `pip install -e 'lab[data]'`).
+(`jaxformer bench speedrun-levers`; needs `pip install -e 'lab[data]'`), on the real
+wyc-web training batches (the BPE the default run learns):
 
-Two measurements on the real wyc-web training batches (the BPE the default run learns):
+1. Padding: over one epoch of batch-64 batches, the share of source and target positions
+   that are padding at each `--pad-multiple`, and how many batch shapes XLA compiles; the
+   same for batches cut by token count (`--batch-tokens`) at batch 64's mean tokens a step.
+2. Train-step time of candidate models on the same fixed batches (a spread of the epoch's
+   shapes at pad multiple 16): the default tiny model against bfloat16 compute, no
+   dropout, 4 encoder and 1 decoder layers, and 2x wider (float32 and bfloat16), in
+   rotating rounds (stats): medians over rounds with their 95% intervals, and each
+   candidate's speed against the default as the median of the per-round ratios.
 
-1. **Padding.** Over one epoch of batch-64 batches, the share of source and target
-   positions that are padding at each `--pad-multiple`, and how many batch shapes XLA
-   compiles; and the same for batches cut by token count (`--batch-tokens`, as the
-   paper's ~25k tokens) at batch 64's mean tokens a step. On a CPU a step's time follows
-   its padded size.
-2. **Train-step time** of candidate models on the same fixed batches (a spread of the
-   epoch's shapes at pad multiple 16): the default tiny model in float32, with bfloat16
-   compute, without dropout, with 4 encoder layers and 1 decoder layer, and 2x wider
-   (in float32 and with bfloat16 compute), in rotating rounds through
-   `jaxformer_lab.bench.stats`: a figure is the median over rounds with its 95% interval, and a
-   candidate's speed against the default is the median of their per-round ratios.
-
-These are speed figures only: how fast each candidate learns per minute needs training
-runs (`jaxformer sweep`).
-"""
+Speed figures only: how fast each candidate learns per minute needs training runs
+(`jaxformer sweep`). The measured figures: docs/results/training-speed.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,17 @@
-"""How many runs a sweep should train at once on this CPU (`jaxformer bench sweep-jobs`): one
-run on every core against N runs at once, each pinned to its share of the cores (what
-`jaxformer sweep --jobs N` does on a CPU: `jaxformer_lab.cores`), once compiled.
-
-    jaxformer bench sweep-jobs [--config RUN_FILE] [--jobs 2] [--rounds 6] [--steps 10]
+"""How many runs a sweep should train at once on this CPU (`jaxformer bench sweep-jobs
+[--config RUN_FILE] [--jobs 2] [--rounds 6] [--steps 10]`): one run on every core against
+N runs at once, each pinned to its share of the cores (what `jaxformer sweep --jobs N` does
+on a CPU: `jaxformer_lab.cores`), once compiled.
 
 The runs are seeds 0 .. N-1 of the run file (default: `jaxformer train`'s defaults, the
-dates task), each with its own initialisation and data order. Each arm is worker processes
-(`jaxformer_lab.bench.rounds`): one worker on every core that steps the N runs in turn, and N
-workers, each pinned to its share of the cores, stepping one run each at the same time.
-A round gives each arm --steps steps of every run (each run's batches of steps 0 ..
---steps-1, the same every round, so that the warm-up round compiles every batch shape);
-the speed-up is the one worker's time over the N workers', round by round, the median over
-rounds with its 95% interval (what varied: the round): how many more runs a sweep
-finishes an hour with --jobs N than with --jobs 1, compiling aside. Each worker holds its
-runs' data and training state: N pinned workers hold N copies of what one run holds.
+dates task). Each arm is worker processes (`jaxformer_lab.bench.rounds`): one worker on
+every core stepping the N runs in turn, and N workers, each pinned to its share of the
+cores, stepping one run each at the same time. A round gives each arm --steps steps of
+every run (the same batches every round, so that the warm-up round compiles every batch
+shape); the speed-up is the one worker's time over the N workers', the median over
+rounds with its 95% interval: how many more runs a sweep finishes an hour with --jobs N
+than with --jobs 1, compiling aside. N pinned workers hold N copies of a run's data and
+training state (docs/training.md, "Runs at once on a CPU").
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """`jaxformer bench train-step`: training-step throughput of jaxformer against
 `torch.nn.Transformer`, side by side.
 
-The same model on both sides (shared.seq2seq_config: the tiny preset at d_model 256, 4
-heads, 2 + 2 post-LN layers, d_ff 1024, ReLU, dropout 0.1, one shared matrix for the
-embeddings and the output projection, sinusoidal positions, label smoothing 0.1,
-Adam(0.9, 0.98, 1e-9)), vocabulary 1000, batch 32 with source and target length 64.
-Four programs run in interleaved rounds (stats.time_interleaved, the order rotated each
-round, so a busy machine slows all of them alike): --steps-per-round jaxformer float32
-steps, as many torch eager float32 steps (where torch is installed), as many jaxformer
-bfloat16-compute steps, and as many [2048, 2048] float32 matrix products (the machine's
-GEMM peak). Per program the median over rounds with its 95% interval; the speed against
-torch is the median of the per-round ratios, with its interval. On an NVIDIA GPU both run
-there, float32 products in TF32 on both sides (JAX's default precision there; torch's
-"high").
+The same model on both sides (shared.seq2seq_config: the tiny preset at d_model 256, 2 + 2
+post-LN layers), vocabulary 1000, batch 32 with source and target length 64. Four
+programs run in interleaved rounds (stats.time_interleaved, the order rotated each round):
+jaxformer float32 steps, torch eager float32 steps (where torch is installed), jaxformer
+bfloat16-compute steps and [2048, 2048] float32 matrix products (the GEMM peak). Per
+program the median over rounds with its 95% interval; the speed against torch is the
+median of the per-round ratios. On an NVIDIA GPU float32 products run in TF32 on both
+sides. MFU = analytic model FLOPs (beside XLA's `cost_analysis`) / step time / the GEMM
+peak. --loss-steps N also trains float32 and bfloat16 from one initialisation on `dates`
+and compares their final losses.
 
-Model FLOPs per step are counted analytically (2 per multiply-add of every matrix product
-in the forward pass, times 3 for forward + backward) and read from XLA's `cost_analysis`
-of the compiled step; MFU = analytic FLOPs / step time / measured GEMM peak. With
---loss-steps N (default 300; quick 100; 0 skips it) it also trains float32 and bfloat16
-from the same initialisation on the same `dates` batches (cosine schedule to 1e-3) and
-compares the mean loss of the last fifth of the steps.
-"""
+The method in full: docs/performance.md, "How the benchmarks measure"."""
 
 from __future__ import annotations
 

@@ -4,16 +4,13 @@ with bootstrap intervals on every figure derived from it.
 What varies: the timing rounds. Each replicate resamples, within every point, its rounds
 with replacement (a round's eager, Python and jit times together: they were timed in the
 same round), takes the medians, refits and recomputes every figure; the 95% interval is
-the 2.5th-97.5th percentile of the replicates, the point estimate the figure from the data
-themselves. The counts, bytes and FLOPs are exact and fixed.
+the 2.5th-97.5th percentile of the replicates. The counts, bytes and FLOPs are exact.
 
-Scored out of sample:
-    by point      each point held out in turn, the model fitted to the others
-    by program    each program (attention, layer, forward with the scale sweep, train step)
-                  held out whole: does the model carry over to a program it never saw?
-    extrapolation the largest value of each scale axis held out, fitted on the rest
-A held-out prediction "holds" where its error's interval lies within +-TOLERANCE, "fails"
-where it lies wholly outside, and is "uncertain" otherwise.
+Scored out of sample: by point (each held out in turn), by program (each held out whole:
+does the model carry over to a program it never saw?) and by extrapolation (each scale
+axis's largest value held out). A held-out prediction "holds" where its error's interval
+lies within +-TOLERANCE, "fails" where it lies wholly outside, and is "uncertain"
+otherwise (docs/xla-vs-eager.md, "How it measures").
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
-"""The sweep's verdict rule by simulation: how often it calls a variant better or worse
-when every variant equals the baseline (the familywise false-positive rate of a 4-variant
-sweep), and how often it finds a real gain (power), through the library's own functions
-(jaxformer_lab.sweep.stats: t_test, bootstrap, verdicts): `jaxformer sweep calibrate`.
+"""The sweep's verdict rule by simulation (`jaxformer sweep calibrate [--repetitions 1000]
+[--out docs/results/verdict_calibration.json]`): how often it calls a variant better or
+worse when every variant equals the baseline (the familywise false-positive rate of a
+4-variant sweep), and how often it finds a real gain (power), through the library's own
+functions (jaxformer_lab.sweep.stats: t_test, bootstrap, verdicts).
 
-    jaxformer sweep calibrate [--repetitions 1000] [--out docs/results/verdict_calibration.json]
-
-The model of a sweep: every run scores the same N dev sentences; run (system s, seed j)
-scores sentence i at
+Every run scores the same N dev sentences; run (system s, seed j) scores sentence i at
 
     x = 20 + d_i + effect_s + b_si + u_sj + e_sji
 
-d_i the sentence's difficulty (shared by every run), effect_s the system's true gain
-(0 for the baseline), b_si a sentence-specific effect of the system, the same in every
-seed (SD `sentence_effect_sd`, mean 0 over sentences: a variant that helps some
-sentences and hurts others), u_sj the run's seed effect (SD `seed_sd`, the spread between
-training runs beyond the sentences' noise) and e_sji the sentence's noise (SD 5, so a
-one-seed difference of two systems on 400 sentences has a standard error of 0.35, that of
-the committed speedrun runs' one-seed comparisons, whose 95% intervals are about ± 0.7
-BLEU). A run's corpus score is the mean of its sentences' (exact match's form of
-statistics, (x, 1) per sentence); the verdicts are read over the family of the sweep's
-variants (one metric, one reading). `record` is the power table as a results file.
-"""
+(the sentence's difficulty, the system's true gain, a sentence-specific effect of the
+system of SD `sentence_effect_sd`, the run's seed effect of SD `seed_sd`, noise of SD 5).
+A run's corpus score is the mean of its sentences'; the verdicts are read over the family
+of the sweep's variants. `record` is the power table as a results file. The model in full:
+docs/research.md, "How often the rule errs, and what it finds"."""
 
 from __future__ import annotations
 

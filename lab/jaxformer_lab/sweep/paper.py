@@ -1,6 +1,5 @@
-"""A sweep read against a paper: the spec's `paper` block holds, for each variant, the
-paper's figure and its finding against the baseline, and the report turns them into a
-table with a verdict column (configs/sweeps/table3.yaml holds the paper's Table 3):
+"""A sweep read against a paper (configs/sweeps/table3.yaml: Table 3): the spec's `paper`
+block holds each variant's figure and finding in the paper, and the report adds a table:
 
     paper:
       figure: dev BLEU                    # what the paper's figure is
@@ -10,13 +9,10 @@ table with a verdict column (configs/sweeps/table3.yaml holds the paper's Table 
         base: {figure: 25.8, params: 65}  # params: the paper's count, in millions
         A1: {figure: 24.9, finding: worse, why: one head is worse than eight}
 
-A finding is better, worse or equal (the variant against the baseline). The verdict is
-"reproduces" when the sweep's verdict on the compared dev metric (BLEU, else exact match)
-is the finding's direction, or, for "equal", when no verdict is reached and the 95%
-interval of the difference lies within ± equal_within; "contradicts" when the sweep's
-verdict is the other direction (or any direction, for "equal"); else "inconclusive", as
-with fewer than two paired seeds.
-"""
+A finding (better, worse or equal) "reproduces" when the sweep's verdict on the dev
+metric has its direction (for "equal": no verdict and the 95% interval within ±
+equal_within), "contradicts" when the verdict goes the other way (any way, for "equal"),
+else "inconclusive" (docs/research.md, "The paper's Table 3 on a laptop")."""
 
 from __future__ import annotations
 

@@ -2,20 +2,15 @@
 the tables of `jaxformer sweep report --runs RUN...`, each run read from its summary.json,
 config.json, metrics.jsonl and predictions.tsv.
 
-    jaxformer train --dataset wyc-web --steps 2000 --eval-every 500 --final-test --out runs/speedrun
-    jaxformer train ... --dropout-rate 0 --out runs/speedrun-no-dropout
     jaxformer sweep report --runs runs/speedrun runs/speedrun-no-dropout --out speedrun.json
 
-The first run must be the speedrun command's (its folder aside; else the error says how it
-differs). A run's configuration is named by the options in which it differs from it, and
-the dev BLEU of its final model (with average_checkpoints, the average's) is compared with
-the first run's on the same dev sentences: the difference with the 95% interval of the
-paired bootstrap over sentences (jaxformer_lab.sweep.stats). One seed each: the variance
-between training runs is not in that interval, so it is no verdict (a sweep with seeds
-gives one). A pair (BASE, RUN) compares two of the runs the same way, for a run that
-changes another than the first. An evaluation's time is the wall clock when it ended: that
-of the first training record logged after it (which includes the evaluation), or, for the
-final ones (the last checkpoint's and the average's), the run's end less the test scoring.
+The first run must be the speedrun command's (SPEEDRUN, its folder aside). A run is named
+by the options in which it differs from the first, and the dev BLEU of its final model
+(with average_checkpoints, the average's) is compared with the first run's on the same
+dev sentences: the difference with the 95% interval of the paired bootstrap over
+sentences, no verdict (one seed each: the variance between training runs is not in it).
+A pair (BASE, RUN) compares two of the runs the same way. An evaluation's time is the
+wall clock when it ended. The tables in full: docs/research.md, "The verdict".
 """
 
 from __future__ import annotations

@@ -4,36 +4,15 @@ A spec (YAML or JSON) names a base configuration, variants (each a set of overri
 RunConfig options and TransformerConfig fields), an optional grid, and seeds:
 
     base: {task: dates, steps: 600, preset: tiny}   # any fields, and `preset`
-    variants:
-      baseline: {}
-      squared_relu: {activation: squared_relu}
-    grid:                          # every combination becomes a variant, named
-      num_heads: [1, 4]            #   "num_heads=1,dropout_rate=0.0", ...
-      dropout_rate: [0.0, 0.3]
-    seeds: 3                       # or a list: [0, 1, 2]
-    baseline: baseline             # default: the first variant
-    readings: [squared_relu]       # other baselines the same runs are read against
-    stages:                        # runs a variant starts from, not compared themselves
-      pretrain: {dataset: wyc+kjv-web, steps: 3000}
-    # a variant {init_from: {stage: pretrain}, steps: 1000} fine-tunes seed k's stage run
-    variant_files: [experiments/variants/squared_relu.py]  # registrations, if any
-    out: runs/sweeps/activations   # default: runs/sweeps/<the spec's file name>
-    paper: {...}                   # a paper's figure and finding per variant (see `paper`)
+    variants: {baseline: {}, squared_relu: {activation: squared_relu}}
+    grid: {num_heads: [1, 4], dropout_rate: [0.0, 0.3]}   # each combination a variant
+    seeds: 3                                               # or a list: [0, 1, 2]
 
-Every reading (the baseline, then each of `readings`) compares the other variants with
-it, and the verdicts of all of them are one family: Holm's adjustment covers every
-comparison reported from the runs (jaxformer_lab.sweep.stats.verdicts). `final_test: true` in
-`base` has every run score its final model on the test set too, shown beside the
-verdicts, which stay on dev; it is set for the whole sweep, never per variant. A run's
-fields (base, then its variant's, then the sweep's seed and folder) resolve as a run file
-would (jaxformer.train.config.load_run), and each run of `<out>/<variant>/seed<k>` records the
-hash of its resolved configuration in `config_hash.json` when it is launched.
-
-A stage is a run of base and its overrides, seed by seed, in `<out>/<stage>/seed<k>`, that a
-variant starts from with `init_from: {stage: NAME}`: seed k of the variant fine-tunes seed
-k's stage run (its model, architecture and tokenizer; a fresh step and optimizer). Its
-hash is part of the variant's, so a changed stage reruns the variants started from it.
-"""
+and, optionally, baseline, readings, stages, variant_files, out (default runs/sweeps/<the
+spec's file name>) and paper. A run's fields (base, then its variant's, then the sweep's
+seed and folder) resolve as a run file would (jaxformer.train.config.load_run), and each
+run of `<out>/<variant>/seed<k>` records the hash of its resolved configuration in
+`config_hash.json` when it is launched. Every key: docs/research.md, "The sweep spec"."""
 
 from __future__ import annotations
 

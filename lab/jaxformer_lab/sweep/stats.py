@@ -3,22 +3,16 @@ the baseline's seed k: the same initialisation seed and data order):
 
 - `mean_ci`: a mean and the half-width of its 95% t-interval (over seeds);
 - `t_test`: the seed-paired t-test of a difference, its exact p with n - 1 degrees of
-  freedom (`t_p`, from the regularized incomplete beta function; `t_critical` inverts it);
-- `bootstrap`: the crossed two-level bootstrap of a corpus metric's difference: each
-  resample draws the seeds with replacement and one draw of sentences that every drawn
-  seed shares (each seed scored the same sentences, so a sentence that favours the
-  variant does so in every seed), with its 95% interval and p-value; with
-  `resample_seeds=False` the sentence-level paired bootstrap alone, which ignores the
-  variance between training runs;
+  freedom (`t_p`; `t_critical` inverts it);
+- `bootstrap`: the crossed two-level bootstrap of a corpus metric's difference (the seeds
+  drawn with replacement, and one draw of sentences that every drawn seed shares), its
+  95% interval and p; `resample_seeds=False`: the sentence-level paired bootstrap alone;
 - `holm`: Holm's step-down adjustment of the p-values of one family of comparisons;
-- `verdicts`: the rule, over one family (every comparison reported from the same runs:
-  variants, metrics and readings against other baselines): better / worse only when the
-  t-test's and the bootstrap's p, each Holm-adjusted over the family, are both below
-  alpha on the same side; `verdict` reads one comparison from its adjusted p's.
+- `verdicts`: better / worse only when the t-test's and the bootstrap's p, each
+  Holm-adjusted over the family, are both below alpha on the same side; `verdict` reads
+  one comparison from its adjusted p's.
 
-Corpus BLEU and chrF come from sacrebleu's per-sentence sufficient statistics, summed
-over the resampled sentences, as sacrebleu's own paired test does.
-"""
+BLEU and chrF sum sacrebleu's per-sentence statistics (docs/research.md, "The verdict")."""
 
 from __future__ import annotations
 
