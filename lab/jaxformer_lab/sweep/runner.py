@@ -1,28 +1,17 @@
-"""Seeded sweeps: the runner (see `spec` for the spec).
+"""Seeded sweeps: the runner (the spec: `spec`; the report: `report`).
 
-Every (variant, seed) is an ordinary `jaxformer train` run in `<out>/<variant>/seed<k>`
-of its resolved configuration, written there as a run file (`run.json`): its command in
-`command.txt`, its output in `train.log`, the hash of that configuration in
-`config_hash.json`. With an NVIDIA GPU (or `vmap_seeds=True`) a variant's seeds train
-as one vmapped program (`jaxformer train --seeds`, `jaxformer.train.seed_group`): one
-process, one compilation, each seed still in its own folder; its command and output are
-those of the group's first seed. Seeds at different steps (a sweep resumed after
-separate runs) go in groups by step; a group in which a seed diverged runs its seeds
-again apart, so only that seed is marked diverged. On a CPU (where the vmapped step
-measured slower than the seeds' own steps: docs/training.md), with `vmap_seeds=False`,
-or with a run option that keeps seeds apart (a mesh, pmap, a profile, logged internals,
-token-count batches, a stage to start from: each seed has its own), every run is its own
-process, seed-major: seed 0 of every variant, then seed 1, ..., so a drift of the
-machine's speed does not fall on one variant. A seed's stages run before its variants; a
-variant started from a stage waits for that seed's stage run, and fails, naming it, when
-that run failed or diverged.
+Every (variant, seed) is an ordinary `jaxformer train` run in `<out>/<variant>/seed<k>`,
+its resolved configuration written there as a run file (`run.json`), with `command.txt`,
+`train.log` and the configuration's hash (`config_hash.json`). With `vmap_seeds` a
+variant's seeds at one step train as one vmapped program (`jaxformer train --seeds`); a
+group in which a seed diverged runs its seeds again apart. Otherwise every run is its own
+process, seed-major, so a drift of the machine's speed does not fall on one variant. A
+variant started from a stage waits for that seed's stage run (and fails if it failed).
 
-A run with a summary.json is finished and never rerun; any other resumes from its last
-checkpoint, so a killed sweep continues where it stopped. A folder whose recorded hash is
-not its configuration's (the variant or the base was edited) makes the sweep refuse,
-naming it, unless `rerun_changed` (then it is emptied and run again); `retry_failed`
-empties and reruns failed and diverged runs. Then `results.json`, `results.md` and
-`curves.png` compare the variants (see `report`).
+A run with a summary.json is never rerun; any other resumes from its last checkpoint. A
+folder made by another configuration is refused, naming it, unless `rerun_changed`;
+`retry_failed` reruns failed and diverged runs. Jobs run as local processes (`jobs` slots,
+each pinned to a GPU or a share of the cores) or as Ray tasks (`ray_jobs`).
 """
 
 from __future__ import annotations
