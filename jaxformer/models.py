@@ -2,8 +2,7 @@
 decoder-only `DecoderLM`, and the encoder-only `Encoder`.
 
 Models are deterministic unless called with `deterministic=False` and an `rng`. Token
-arrays are int [B, T]; `valid` arrays bool [B, T] (True = real token; None = all real).
-"""
+arrays are int [B, T]; `valid` arrays bool [B, T] (True = real token; None = all real)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@
 Layout follows `jax.nn.dot_product_attention`: q [B, T, H, D], k [B, S, K, D],
 v [B, S, K, Dv]. H query heads share K key/value heads in groups of G = H / K
 (K = H: multi-head, K = 1: multi-query, otherwise grouped-query attention);
-query head h reads key/value head h // G.
-"""
+query head h reads key/value head h // G."""
 
 from __future__ import annotations
 
