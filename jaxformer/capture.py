@@ -27,12 +27,11 @@ def run(
     interventions: dict[str, Callable] | None = None,
     **kwargs,
 ) -> tuple[Any, dict[str, jax.Array]]:
-    """`model(*args, **kwargs)` compiled once (the positional arguments traced, keyword
-    arguments such as `deterministic` passed as given), returning (its output, {site: value}) for the
-    sites matching the `capture` patterns (glob: `*` matches one path piece or more), with
-    each site in `interventions` replaced by f(value). A pattern or intervention that
-    matches no site is a ValueError listing the model's sites. Models built with
-    scan_layers=True have no per-layer sites (a ValueError says so)."""
+    """`model(*args, **kwargs)` compiled once (positional arguments traced, keyword ones such
+    as `deterministic` passed as given): (its output, {site: value}) for the sites matching
+    the `capture` globs (`*` matches one path piece or more), each site in `interventions`
+    replaced by f(value). A pattern or intervention matching no site is a ValueError listing
+    the model's sites; a scan_layers=True model, with no per-layer sites, is one too."""
     check_instance("model", model, nnx.Module)
     capture = [capture] if isinstance(capture, str) else list(capture)
     interventions = dict(interventions or {})

@@ -4,8 +4,7 @@ ValueError, and the message names the argument, what was given and what was expe
 Every input error the package raises is an `InputError`, of a kind that is also the
 built-in exception Python code expects (`BadValue` is a ValueError, ...); the `jaxformer`
 command reports it in one line with exit code 2. Input used in part (a torn metrics line)
-is an `InputWarning`.
-"""
+is an `InputWarning`."""
 
 from __future__ import annotations
 

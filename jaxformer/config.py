@@ -79,8 +79,7 @@ class TransformerConfig:
 
     `remat` trades compute for memory (see REMAT); `scan_layers` stacks each layer stack's
     parameters [N, ...] and runs it as one scan, so compile time does not grow with depth.
-    `lm_head` chooses how training computes the output projection and loss (LM_HEADS).
-    """
+    `lm_head` chooses how training computes the output projection and loss (LM_HEADS)."""
 
     vocab_size: int = option(
         dataclasses.MISSING, "vocabulary size V (in training: the tokenizer's)"

@@ -7,8 +7,7 @@ marks the real tokens; each prompt row keeps its own positions 0, 1, ... in the 
 The prompt is prefilled in one call, then `model.extend` writes one token per step in one
 `lax.while_loop`. Outputs hold only the generated tokens: each row up to and including its
 first EOS, then `pad_id` filler. `run_sampling` and `run_beam_search` take any step function
-`step(state, tokens [B]) -> (logits [B, V], state)`.
-"""
+`step(state, tokens [B]) -> (logits [B, V], state)`."""
 
 from __future__ import annotations
 
@@ -55,14 +54,11 @@ def greedy(
 ) -> jax.Array:
     """The argmax token at every step: src [B, S] (or prompts) -> tokens [B, max_new_tokens].
 
-    interventions: {site: function of its value}, applied in every forward pass of the
-    search (prefill and each step), e.g. a head ablated while decoding (see
-    jaxformer.capture); the same for `sample` and `beam_search`.
-    """
+    interventions: {site: function of its value} applied in every forward pass (prefill and
+    each step; see jaxformer.capture), here and in `sample` and `beam_search`."""
     n = _check_common(model, src_tokens, src_valid, max_new_tokens)
     graphdef, state = nnx.split(model)
-    ids = _ids(bos_id, eos_id, pad_id, model.config.vocab_size)
-    changes = _static(interventions)
+    ids, changes = _ids(bos_id, eos_id, pad_id, model.config.vocab_size), _static(interventions)
     return _sample_jit(graphdef, state, src_tokens, src_valid, ids, None, n, changes)
 
 
@@ -81,12 +77,8 @@ def sample(
     pad_id: int = PAD_ID,
     interventions: dict[str, Callable] | None = None,
 ) -> jax.Array:
-    """Ancestral sampling: src [B, S] (or prompts) -> tokens [B, max_new_tokens].
-
-    At every step the logits are divided by `temperature`, cut to the `top_k` most likely
-    tokens, then to the nucleus of `top_p` (see `filter_logits`), and a token is drawn.
-    `rng` is a key or an int seed; the same seed gives the same tokens.
-    """
+    """Ancestral sampling: src [B, S] (or prompts) -> tokens [B, max_new_tokens], each step
+    drawn from the logits `filter_logits` leaves; `rng` is a key or an int seed."""
     n = _check_common(model, src_tokens, src_valid, max_new_tokens)
     V = model.config.vocab_size
     check_sampling_options(temperature, top_k, top_p, vocab_size=V)
@@ -98,10 +90,8 @@ def sample(
         jnp.float32(top_p),
     )
     graphdef, state = nnx.split(model)
-    ids = _ids(bos_id, eos_id, pad_id, model.config.vocab_size)
-    sampling = (key, filters)
-    changes = _static(interventions)
-    return _sample_jit(graphdef, state, src_tokens, src_valid, ids, sampling, n, changes)
+    ids, changes = _ids(bos_id, eos_id, pad_id, V), _static(interventions)
+    return _sample_jit(graphdef, state, src_tokens, src_valid, ids, (key, filters), n, changes)
 
 
 def beam_search(
@@ -117,16 +107,14 @@ def beam_search(
     pad_id: int = PAD_ID,
     interventions: dict[str, Callable] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Beam search with the GNMT length penalty, the paper's beam 4 and alpha 0.6.
+    """Beam search with the GNMT length penalty, the paper's beam 4 and alpha 0.6: tokens
+    [B, beam_size, N] and scores [B, beam_size], best first; a pool entry never filled has
+    score -inf and `pad_id` tokens.
 
     A hypothesis of n tokens (EOS included) and log-probability L scores
     L / ((5 + n) / 6) ** alpha. Finished hypotheses move to a per-row pool of the best
     `beam_size`; the search stops when no live one can still enter it. A row's maximum
-    length is its input's length + 50, or `max_new_tokens` when given.
-
-    Returns:
-      tokens [B, beam_size, N] and scores [B, beam_size], best first; a pool entry never
-      filled has score -inf and `pad_id` tokens."""
+    length is its input's length + 50, or `max_new_tokens` when given."""
     _check_model(model, src_tokens, src_valid)
     check_beam_options(beam_size, alpha, vocab_size=model.config.vocab_size)
     input_lens = np.asarray(_valid_or_all(src_tokens, src_valid).sum(axis=1))
@@ -178,13 +166,10 @@ def generate_batches(
     pad_multiple: int = 16,
     interventions: dict[str, Callable] | None = None,
 ) -> Iterator[list[str]]:
-    """The decoded continuation of each text, a batch of `batch_size` at a time as each is
-    decoded (`jaxformer generate` prints each before decoding the next): a translation of
-    each source (a `Transformer`: the text's tokens + EOS) or of each prompt (a
-    `DecoderLM`), by `strategy` ("greedy", "sample" or "beam", with its options), with
-    `interventions` ({site: function of its value}, see `jaxformer.capture`) applied in
-    every forward pass. Each output holds at most its input's length + 50 tokens, or
-    `max_new_tokens`; sampling is reproducible from `seed`."""
+    """The decoded continuation of each text (a `Transformer`'s translation of the text's
+    tokens + EOS, or a `DecoderLM`'s of the prompt) by `strategy` with its options, yielded
+    a batch of `batch_size` at a time. Each output holds at most its input's length + 50
+    tokens, or `max_new_tokens`; sampling is reproducible from `seed`."""
     check_instance("model", model, (Transformer, DecoderLM))
     if strategy not in STRATEGIES:
         raise BadValue(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -233,12 +218,10 @@ def translate_seeds(
     pad_multiple: int,
     max_len: int,
 ) -> list[list[str]]:
-    """`generate` for k encoder-decoders of one structure at once: `params` the k models'
-    parameters stacked on a leading axis (of `graphdef`), `texts[i]` the sources model i
-    translates (as many for each), greedily for beam_size 1, else by beam search with
-    `alpha`, each to at most `max_new_tokens` tokens, sources padded to a multiple of
-    `pad_multiple` tokens up to `max_len`. Each batch of the k is one vmapped program;
-    model i's batch is padded to the widest of the k (masked, as padding is)."""
+    """`generate` for k encoder-decoders of one structure, one vmapped program a batch:
+    `params` stacked on a leading axis (of `graphdef`), `texts[i]` model i's sources (as
+    many for each), greedy for beam_size 1, else beam search; model i's batch is padded to
+    the widest of the k (masked, as padding is)."""
     if len({len(t) for t in texts}) != 1:
         raise BadValue(f"each model needs as many texts, got {[len(t) for t in texts]}")
     check_int("max_new_tokens", max_new_tokens)
@@ -269,12 +252,10 @@ def filter_logits(
     top_k: int | jax.Array | None = None,
     top_p: float | jax.Array = 1.0,
 ) -> jax.Array:
-    """logits [..., V] / temperature, with the tokens outside the top k and outside the
-    nucleus set to -inf (float32). The arguments may be traced scalars.
-
-    top_k keeps every token whose logit is >= the k-th largest. The nucleus (after top_k)
-    keeps the fewest most probable tokens that reach mass top_p, and ties with the last.
-    """
+    """logits [..., V] / temperature in float32, -inf outside the top k and the nucleus; the
+    arguments may be traced scalars. top_k keeps every token whose logit is >= the k-th
+    largest; the nucleus (after top_k) keeps the fewest most probable tokens that reach
+    mass top_p, and ties with the last."""
     logits = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
     desc = -jnp.sort(-logits, axis=-1)
     if top_k is not None:
@@ -305,11 +286,8 @@ def run_sampling(
     pad_id: int = PAD_ID,
 ) -> jax.Array:
     """Pick a token per row with `choose(logits [B, V], key) -> tokens [B]` and feed it
-    back through `step`, until max_new_tokens or until every row has emitted EOS.
-
-    `logits` [B, V] predict the first new token. Returns tokens [B, max_new_tokens],
-    `pad_id` after a row's EOS.
-    """
+    back through `step`, until max_new_tokens or every row's EOS; `logits` [B, V] predict
+    the first. Returns tokens [B, max_new_tokens], `pad_id` after a row's EOS."""
     B = logits.shape[0]
     out = jnp.full((B, max_new_tokens), pad_id, jnp.int32)
 
@@ -344,11 +322,9 @@ def run_beam_search(
     eos_id: int,
     pad_id: int = PAD_ID,
 ) -> tuple[jax.Array, jax.Array]:
-    """Beam search (see `beam_search`) over a step function.
-
-    `state`'s leaves and `logits` [B * W, V] hold each row W times (row b's copies at
-    b * W ... b * W + W - 1); row_max_len [B] <= max_new_tokens. Returns tokens
-    [B, W, max_new_tokens] and scores [B, W], best first."""
+    """`beam_search` over a step function: `state`'s leaves and `logits` [B * W, V] hold
+    each row W times (at b * W ... b * W + W - 1); row_max_len [B] <= max_new_tokens.
+    Returns tokens [B, W, max_new_tokens] and scores [B, W], best first."""
     W, N = beam_size, max_new_tokens
     BW, V = logits.shape
     B = BW // W

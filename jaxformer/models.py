@@ -2,8 +2,7 @@
 decoder-only `DecoderLM`, and the encoder-only `Encoder`.
 
 Models are deterministic unless called with `deterministic=False` and an `rng`. Token
-arrays are int [B, T]; `valid` arrays bool [B, T] (True = real token; None = all real).
-"""
+arrays are int [B, T]; `valid` arrays bool [B, T] (True = real token; None = all real)."""
 
 from __future__ import annotations
 
@@ -73,11 +72,8 @@ def _position_table(c: TransformerConfig) -> jax.Array:
 
 
 class DecodeCache(NamedTuple):
-    """The decoder's state between decoding steps, as explicit arrays (a pytree whose
-    leaves all have the batch as leading axis, so beam search can reorder it).
-
-    Each row has its own length: its next token takes position `lengths[b]`.
-    """
+    """The decoder's state between steps: a pytree with the batch leading every leaf (so
+    beam search can reorder it); row b's next token takes position `lengths[b]`."""
 
     layers: tuple[F.DecoderLayerCache, ...]  # per decoder layer; self-attention [B, S_max, ..]
     lengths: jax.Array  # [B] int32: tokens held per row
@@ -85,11 +81,8 @@ class DecodeCache(NamedTuple):
 
 
 class Transformer(nnx.Module):
-    """The encoder-decoder of Vaswani et al. (2017), figure 1.
-
-    With `config.share_embeddings` (the paper), one matrix embeds source and target
-    tokens and produces the output logits.
-    """
+    """The encoder-decoder of Vaswani et al. (2017), figure 1; with `share_embeddings` (the
+    paper) one matrix embeds source and target tokens and produces the logits."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         _need_layers(config, encoder=True, decoder=True)
@@ -218,9 +211,8 @@ class Transformer(nnx.Module):
     def extend(
         self, tgt_tokens: jax.Array, cache: DecodeCache, tgt_valid: jax.Array | None = None
     ) -> tuple[jax.Array, DecodeCache]:
-        """Decode tgt_tokens [B, T] after the tokens in `cache`: (logits [B, T, V], cache).
-
-        Prefill and one step (T = 1) are the same call; deterministic (no dropout)."""
+        """Decode tgt_tokens [B, T] after the tokens in `cache`: (logits [B, T, V], cache);
+        prefill and one step (T = 1) alike, without dropout."""
         return _extend(self, self.tgt_inputs, tgt_tokens, cache, tgt_valid)
 
 
@@ -246,11 +238,9 @@ class DecoderLM(nnx.Module):
         deterministic: bool = True,
         rng: jax.Array | None = None,
     ) -> jax.Array:
-        """tokens [B, T] -> next-token logits [B, T, V] (float32).
-
-        For packed rows, pass `segment_ids` [B, T] (1, 2, ... per document, 0 = padding)
-        and `positions` [B, T] restarting at 0 in each document.
-        """
+        """tokens [B, T] -> next-token logits [B, T, V] (float32). Packed rows pass
+        `segment_ids` [B, T] (1, 2, ... per document, 0 = padding) and `positions` [B, T]
+        restarting at 0 in each document."""
         kw = dict(positions=positions, segment_ids=segment_ids, deterministic=deterministic)
         y = self.hidden(tokens, valid, **kw, rng=rng)
         return _logits(self, self.inputs, y)
@@ -301,13 +291,11 @@ class DecoderLM(nnx.Module):
     ) -> tuple[jax.Array, DecodeCache]:
         """Run tokens [B, T] after the tokens in `cache`: (next-token logits [B, T, V], cache).
 
-        Prefill a prompt (T = its length) and take a step (T = 1) with the same call. Row
-        b's tokens take positions lengths[b], lengths[b] + 1, ...; their keys and values are
-        written into those cache slots. `valid` [B, T] marks the real tokens, a prefix of
-        each row (right padding); lengths advance by its row sums (T without it), so a
-        padded slot is overwritten by the row's next token before anything attends to it.
-        The caller keeps lengths + T <= the cache's max_len. Deterministic (no dropout).
-        """
+        Prefill (T = the prompt's length) and a step (T = 1) alike, without dropout. Row b's
+        tokens take positions and cache slots lengths[b], lengths[b] + 1, ...; `valid`
+        [B, T] (right padding) advances lengths by its row sums (T without it), so a padded
+        slot is overwritten by the row's next token before anything attends to it. The
+        caller keeps lengths + T <= the cache's max_len."""
         return _extend(self, self.inputs, tokens, cache, valid)
 
 
@@ -400,8 +388,7 @@ def _logits(model, inputs: _Inputs, y: jax.Array) -> jax.Array:
 
 
 def _head(model, inputs: _Inputs) -> tuple[jax.Array, jax.Array | None]:
-    """(table [V, E] in the compute dtype, bias [V] float32 or None): the matrix and bias
-    `_logits` applies, for a loss that applies them itself."""
+    """`output_head`: the matrix and bias `_logits` applies, for a loss applying them."""
     embed = model.output_embed or inputs.embed
     bias = None if model.logits_bias is None else model.logits_bias[...].astype(jnp.float32)
     return embed.table[...].astype(embed.dtype), bias

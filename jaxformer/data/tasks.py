@@ -7,8 +7,7 @@
     dates     "Saturday, 3 March 2001"   -> "2001-03-03"  (and 14 other written formats)
 
 An example is in the test split when a hash of its *key* falls in the test tenth (for
-`dates` the date itself, so a test date is never trained on in any format).
-"""
+`dates` the date itself, so a test date is never trained on in any format)."""
 
 from __future__ import annotations
 

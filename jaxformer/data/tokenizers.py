@@ -4,8 +4,7 @@ two use the `tokenizers` package (`pip install jaxformer[bpe]`).
 
 Every tokenizer names its special ids `pad_id` (filler; may equal eos_id), `bos_id` (the
 decoder's start) and `eos_id`; byte and BPE use 0, 1, 2. A tokenizer saves to and loads
-from `tokenizer.json` in a folder.
-"""
+from `tokenizer.json` in a folder."""
 
 from __future__ import annotations
 
@@ -32,11 +31,9 @@ MIN_MERGE_COUNT = 50  # BPE sized from the data: a merge needs a pair seen this 
 
 
 def check_tokens(tokens, vocab_size: int, *, name: str = "tokens") -> None:
-    """Raise ValueError if a token id lies outside [0, vocab_size), naming the first
-    offending position and value.
-
-    Jitted code cannot raise on values, and an out-of-range id would embed silently.
-    tokens: any array-like of integers."""
+    """Raise ValueError naming the first position and value of a token id (tokens: any
+    array-like of integers) outside [0, vocab_size): jitted code cannot raise on values,
+    and an out-of-range id would embed silently."""
     check_int("vocab_size", vocab_size)
     array = np.asarray(tokens)
     if array.size == 0:

@@ -5,8 +5,7 @@
 Layout follows `jax.nn.dot_product_attention`: q [B, T, H, D], k [B, S, K, D],
 v [B, S, K, Dv]. H query heads share K key/value heads in groups of G = H / K
 (K = H: multi-head, K = 1: multi-query, otherwise grouped-query attention);
-query head h reads key/value head h // G.
-"""
+query head h reads key/value head h // G."""
 
 from __future__ import annotations
 
@@ -226,10 +225,9 @@ def _problem(implementation, q, k, v, masked, padded, explicit, dense, dropout_r
     if implementation == "splash":
         return splash_problem(q, k, v, explicit=dense, dropout_rate=dropout_rate)
     if implementation == "cudnn":
+        deterministic = "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")
         problem = _cudnn_problem(q, k, v, masked, dropout_rate)
-        if problem is None and "--xla_gpu_deterministic_ops=true" in os.environ.get(
-            "XLA_FLAGS", ""
-        ):
+        if problem is None and deterministic:
             problem = BadValue, "XLA_FLAGS asks for deterministic ops"
         return problem
     if implementation == "tokamax_mosaic":
@@ -294,11 +292,9 @@ def _full_lengths(x, T: int, S: int):
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array | None, axis: int = -1) -> jax.Array:
-    """Softmax over `axis` of float32 `logits`, zero where `mask` is False.
-
-    Rows with nothing to attend to (all masked, or all -inf) give zeros; neither the
-    value nor the gradient is ever NaN or inf.
-    """
+    """Softmax over `axis` of float32 `logits`, zero where `mask` is False; rows with
+    nothing to attend to (all masked, or all -inf) give zeros, and neither the value nor
+    the gradient is ever NaN or inf."""
     logits = logits.astype(jnp.float32)
     if mask is not None:
         check_bool_array("mask", mask)
@@ -437,11 +433,9 @@ def multi_head_attention(
 def attention_with_weights(
     q, k, v, structure: AttentionMask, dropout_rate: float = 0.0, dropout_rng=None
 ) -> tuple[jax.Array, jax.Array]:
-    """The reference path for when the weights are wanted: `scaled_dot_product_attention`
-    as "xla" computes it, with the weights [B, H, T, S] (float32, before dropout) returned
-    and passed through the "weights" site, where a capture reads or replaces them.
-
-    Returns (heads [B, T, H, Dv] in q's dtype, weights)."""
+    """`scaled_dot_product_attention` as "xla" computes it, for when the weights are wanted:
+    (heads [B, T, H, Dv] in q's dtype, weights [B, H, T, S] float32 before dropout), the
+    weights passed through the "weights" site, where a capture reads or replaces them."""
     B, T, S = _bts(q, k)
     if structure.k_lengths is not None:
         check_lengths("mask.k_lengths", structure.k_lengths, B)
@@ -498,10 +492,8 @@ def project_kv(
 
 
 def write_kv(cache: KVCache, new: KVCache, positions: jax.Array) -> KVCache:
-    """Write new keys and values [B, T, K, D] into slots `positions` [B, T] of each row.
-
-    Fixed shapes, so it runs under jit with traced positions (each row has its own).
-    """
+    """Write new keys and values [B, T, K, D] into slots `positions` [B, T] of each row;
+    fixed shapes, so it runs under jit with traced positions (each row its own)."""
     check_rank("cache_positions", positions, 2, "[B, T]")
     if positions.shape != new.k.shape[:2]:
         raise BadValue(
@@ -515,12 +507,9 @@ def write_kv(cache: KVCache, new: KVCache, positions: jax.Array) -> KVCache:
 
 
 def _project_qkv(x_q, x_kv, p: AttentionParams) -> tuple[jax.Array, KVCache]:
-    """q [B, T, H, Dk] and the keys and values, with as few matrix products as possible.
-
-    Self-attention with Dk = Dv concatenates W^Q, W^K, W^V along the head axis
-    ([E, H + 2K, D]) into one product: fewer, larger products, faster on CPU, the same
-    values. Otherwise q is one product and k, v come from `project_kv`.
-    """
+    """q [B, T, H, Dk] and the keys and values. Self-attention with Dk = Dv runs one product
+    of W^Q, W^K, W^V concatenated on the head axis ([E, H + 2K, D]): the same values, faster
+    on CPU; otherwise q is one product and k, v come from `project_kv`."""
     H, K = p.wq.shape[1], p.wk.shape[1]
     if x_kv is x_q and p.wk.shape[2] == p.wv.shape[2]:
         qkv = project_heads(x_q, *_stack_heads((p.wq, p.wk, p.wv), (p.bq, p.bk, p.bv)))

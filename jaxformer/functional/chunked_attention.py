@@ -6,8 +6,7 @@ are carried across key blocks. The forward saves q, k, v, the output and the row
 log-sum-exp [B, K, G, T]; the backward (`jax.custom_vjp`) recomputes each tile from them.
 No [T, S] array is formed; masks and bias apply per tile (causal tiles above the diagonal
 are skipped). Dropout keep-masks are drawn per tile and redrawn in the backward, so they
-match "xla" in distribution only. A query with nothing to attend to gets zero output.
-"""
+match "xla" in distribution only. A query with nothing to attend to gets zero output."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from jaxformer.functional.masks import split_heads
 
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
+_einsum_f32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
 
 
 class _Tiles(NamedTuple):
@@ -54,10 +54,9 @@ def chunked_attention(
 ) -> jax.Array:
     """q [B, T, H, D], k [B, S, K, D], v [B, S, K, Dv] -> [B, T, H, Dv] in q's dtype.
 
-    Arguments as in `scaled_dot_product_attention` (which checks them and calls this for
-    `implementation="chunked"`); block_q and block_k are the tile sizes (clipped to T and
-    S; the sequences are zero-padded to a multiple of them, padded keys masked out).
-    """
+    Arguments as in `scaled_dot_product_attention` (which checks them); block_q and block_k
+    are the tile sizes (clipped to T and S; the sequences are zero-padded to a multiple of
+    them, padded keys masked out)."""
     if dropout_rate > 0.0 and dropout_rng is None:
         raise BadValue("dropout_rate > 0 needs a dropout_rng")
     if block_q < 1 or block_k < 1:
@@ -71,13 +70,8 @@ def chunked_attention(
     Tp, Sp = _round_up(T, bq), _round_up(S, bk)
     if Sp != S and k_valid is None:
         k_valid = jnp.ones((B, S), bool)
-    tiles = _Tiles(
-        causal=causal,
-        scale=float(1.0 / math.sqrt(D) if scale is None else scale),
-        dropout_rate=float(dropout_rate),
-        block_q=bq,
-        block_k=bk,
-    )
+    scale = float(1.0 / math.sqrt(D) if scale is None else scale)
+    tiles = _Tiles(causal, scale, float(dropout_rate), block_q=bq, block_k=bk)
     q5 = _pad_axis(q, 1, Tp).reshape(B, Tp, K, H // K, D)
     mask5 = None if mask is None else _pad_ts(split_heads(mask, H, K), Tp, Sp)
     bias5 = None if bias is None else _pad_ts(split_heads(bias.astype(jnp.float32), H, K), Tp, Sp)
@@ -122,9 +116,7 @@ def _forward(tiles, q, k, v, mask, bias, q_valid, k_valid, rng):
             alpha = jnp.exp(m - m_safe)
             l = alpha * l + jnp.sum(p, axis=-1)
             p = _drop(tiles, p, rng, i, j)
-            pv = jnp.einsum(
-                "bkgqs,bskd->bkgqd", p.astype(v.dtype), v_j, preferred_element_type=jnp.float32
-            )
+            pv = _einsum_f32("bkgqs,bskd->bkgqd", p.astype(v.dtype), v_j)
             return alpha[..., None] * acc + pv, m_new, l
 
         init = (
@@ -170,35 +162,21 @@ def _attend_bwd(tiles, residuals, d_out):
             s = _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid)
             p = jnp.exp(s - lse_i[..., None])  # the softmax weights of this tile
             p_dropped = _drop(tiles, p, rng, i, j)
-            dv_j = dv_j + jnp.einsum(
-                "bkgqs,bqkgd->bskd",
-                p_dropped.astype(do_i.dtype),
-                do_i,
-                preferred_element_type=jnp.float32,
-            )
-            dp = jnp.einsum("bqkgd,bskd->bkgqs", do_i, v_j, preferred_element_type=jnp.float32)
+            dv_j = dv_j + _einsum_f32("bkgqs,bqkgd->bskd", p_dropped.astype(do_i.dtype), do_i)
+            dp = _einsum_f32("bqkgd,bskd->bkgqs", do_i, v_j)
             dp = _drop(tiles, dp, rng, i, j)
             ds = p * (dp - delta_i[..., None])  # d loss / d (scaled logits + bias)
             if dbias is not None:
                 dbias = _add_tile(dbias, ds, i * bq, j * bk)
             ds = ds * jnp.float32(tiles.scale)
-            dq_i = jnp.einsum(
-                "bkgqs,bskd->bqkgd", ds.astype(k_j.dtype), k_j, preferred_element_type=jnp.float32
-            )
+            dq_i = _einsum_f32("bkgqs,bskd->bqkgd", ds.astype(k_j.dtype), k_j)
             dq = jax.lax.dynamic_update_slice_in_dim(
                 dq, jax.lax.dynamic_slice_in_dim(dq, i * bq, bq, axis=1) + dq_i, i * bq, axis=1
             )
-            dk_j = dk_j + jnp.einsum(
-                "bkgqs,bqkgd->bskd", ds.astype(q_i.dtype), q_i, preferred_element_type=jnp.float32
-            )
+            dk_j = dk_j + _einsum_f32("bkgqs,bqkgd->bskd", ds.astype(q_i.dtype), q_i)
             return dk_j, dv_j, dq, dbias
 
-        init = (
-            jnp.zeros(k_j.shape, jnp.float32),
-            jnp.zeros(v_j.shape, jnp.float32),
-            dq,
-            dbias,
-        )
+        init = (jnp.zeros(k_j.shape, jnp.float32), jnp.zeros(v_j.shape, jnp.float32), dq, dbias)
         first = (j * bk) // bq if tiles.causal else 0  # query blocks that see key block j
         dk_j, dv_j, dq, dbias = jax.lax.fori_loop(first, n_q, query_block, init)
         return (dq, dbias), (dk_j, dv_j)
@@ -220,7 +198,7 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 def _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid):
     """Scaled logits (+ bias) of tile (i, j), [B, K, G, bq, bk] float32; -inf where masked."""
     bq, bk = tiles.block_q, tiles.block_k
-    s = jnp.einsum("bqkgd,bskd->bkgqs", q_i, k_j, preferred_element_type=jnp.float32)
+    s = _einsum_f32("bqkgd,bskd->bkgqs", q_i, k_j)
     s = s * jnp.float32(tiles.scale)
     if bias is not None:
         s = s + _tile(bias, i * bq, bq, j * bk, bk)
@@ -229,16 +207,9 @@ def _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid):
         q_pos = i * bq + jnp.arange(bq)
         k_pos = j * bk + jnp.arange(bk)
         keep.append((k_pos[None, :] <= q_pos[:, None])[None, None, None])  # [1, 1, 1, q, s]
-    if q_valid is not None:
-        keep.append(
-            jax.lax.dynamic_slice_in_dim(q_valid, i * bq, bq, axis=1)[:, None, None, :, None]
-        )
-    if k_valid is not None:
-        keep.append(
-            jax.lax.dynamic_slice_in_dim(k_valid, j * bk, bk, axis=1)[:, None, None, None, :]
-        )
-    if mask is not None:
-        keep.append(_tile(mask, i * bq, bq, j * bk, bk))
+    q_valid = None if q_valid is None else q_valid[:, None, None, :, None]
+    k_valid = None if k_valid is None else k_valid[:, None, None, None, :]
+    keep += [_tile(m, i * bq, bq, j * bk, bk) for m in (q_valid, k_valid, mask) if m is not None]
     if not keep:
         return s
     return jnp.where(functools.reduce(jnp.logical_and, keep), s, -jnp.inf)

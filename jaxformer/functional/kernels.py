@@ -8,8 +8,7 @@ with no key give zeros), no attention dropout:
   "tokamax_triton"  Triton flash kernel (NVIDIA GPUs)
   "tokamax_xla"     tokamax's XLA reference (any device; what the tests run on a CPU)
 tokamax is imported at first trace. `target_device` tells "auto" which device it chooses
-for; `gpu_target` lowers these kernels for a GPU this host lacks.
-"""
+for; `gpu_target` lowers these kernels for a GPU this host lacks."""
 
 from __future__ import annotations
 
@@ -102,12 +101,9 @@ def device_families(backend: str, device) -> tuple[str, ...]:
 
 
 def tokamax_or_none():
-    """The tokamax module, or None when it is not installed.
-
-    tokamax reads its options from absl flags and, on first use, parses sys.argv for them:
-    a program with options of its own (pytest's, the jaxformer command's) would fail
-    there with UnrecognizedFlagError, so unparsed flags are marked parsed (defaults).
-    """
+    """The tokamax module, or None when it is not installed. tokamax parses sys.argv for
+    its absl flags at first use, which fails on a program's own options (pytest's, the
+    jaxformer command's): unparsed flags are marked parsed (defaults)."""
     try:
         tokamax = importlib.import_module("tokamax")
     except ImportError:
@@ -162,12 +158,10 @@ def _fails_here(name: str):
 
 @functools.cache
 def kernel_failure(name: str, capability: str | None = None) -> str | None:
-    """Why tokamax's `name` kernel fails to build, or None: its forward and backward on
-    one small bfloat16 causal call ([1, 128, 2, 64]), once per process: compiled on the
-    default device, or with `capability` ("9.0": Hopper) lowered for that NVIDIA GPU on
-    any host (`gpu_lowering`). A release of tokamax can lag a release of JAX; "auto" then
-    runs the next row of its table rather than a kernel that cannot run. Shapes other than
-    the probe's are not checked."""
+    """Why tokamax's `name` kernel fails to build, or None (once per process): its forward
+    and backward on one small bfloat16 causal call ([1, 128, 2, 64]), compiled on the
+    default device, or lowered for the NVIDIA GPU of `capability` ("9.0": Hopper) on any
+    host. A tokamax release can lag JAX's; "auto" then runs the next row of its table."""
     tokamax = tokamax_or_none()
     if tokamax is None:
         return f"ImportError: tokamax is not installed ({INSTALL_HINT})"

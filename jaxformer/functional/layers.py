@@ -5,8 +5,7 @@ A layer is a composition of sub-layers, each wrapped as (section 5.4 and 3.1 of 
     post-LN (the paper):  LayerNorm(x + Dropout(Sublayer(x)))
     pre-LN  (modern):     x + Dropout(Sublayer(LayerNorm(x)))
 
-Parameters are NamedTuples of arrays; static choices one frozen `BlockOptions`.
-"""
+Parameters are NamedTuples of arrays; static choices one frozen `BlockOptions`."""
 
 from __future__ import annotations
 
@@ -179,10 +178,8 @@ NORMS.register("rms", lambda x, p, eps: rms_norm(x, p.scale, eps=eps), bias=Fals
 
 
 def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "relu"):
-    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E].
-
-    The products accumulate in float32 (`einsum_f32`); activations are in x's dtype.
-    """
+    """Position-wise feed-forward network (eq. 2): x [..., E] -> [..., E]; the products
+    accumulate in float32 (`einsum_f32`), activations are in x's dtype."""
     check_float_array("x", x)
     variant = ACTIVATIONS[activation]
     gated = variant.options.get("gated", False)
@@ -207,10 +204,8 @@ def feed_forward(x: jax.Array, params: FeedForwardParams, *, activation: str = "
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    """Inverted dropout: zero with probability `rate`, scale the rest by 1 / (1 - rate).
-
-    The identity when rng is None or rate is 0.
-    """
+    """Inverted dropout: zero with probability `rate`, scale the rest by 1 / (1 - rate);
+    the identity when rng is None or rate is 0."""
     check_number("rate", rate, "[0, 1)")
     if rng is None or rate == 0.0:
         return x
@@ -284,11 +279,8 @@ def encoder_layer(
     rng: jax.Array | None = None,
     rope_positions: jax.Array | None = None,
 ) -> jax.Array:
-    """Self-attention then feed-forward, each a residual sub-layer: x [B, T, E] -> [B, T, E].
-
-    mask: broadcastable to [B, H, T, T]. rope_positions: [B, T] when rotary embeddings
-    are used.
-    """
+    """Self-attention then feed-forward, each a residual sub-layer: x [B, T, E] -> [B, T, E];
+    mask broadcastable to [B, H, T, T], rope_positions [B, T] with rotary embeddings."""
     check_rank("x", x, 3, "[B, T, E]")
     k_attn, k_res1, k_res2 = _split(rng, 3)
     rope = None if rope_positions is None else (rope_positions, rope_positions)
@@ -340,8 +332,7 @@ def decoder_layer(
     return_cross_attention: also return the cross-attention weights [B, H, T, S].
     cache, cache_positions: decoding with a `decoder_layer_cache`: keys and values are
     written at cache_positions [B, T], self_mask ([B, H, T, S_max]) hides unwritten slots,
-    and the memory comes from the cache (memory must be None).
-    """
+    and the memory comes from the cache (memory must be None)."""
     has_memory = _check_decoder_inputs(y, params, memory, cache, cache_positions)
     if return_cross_attention and not has_memory:
         raise BadValue("return_cross_attention needs a layer with cross-attention")

@@ -20,12 +20,9 @@ from jaxformer.checks import (
 
 
 def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> jax.Array:
-    """[T, S] mask where query t (at absolute position t + offset) sees keys s <= t + offset.
-
-    With S = None, S = T. `offset` may be traced (decoding with a KV cache: the queries
-    are the positions offset, offset + 1, ... of a cache of length S); an offset per row,
-    shape [B, 1, 1, 1], gives a [B, 1, T, S] mask.
-    """
+    """[T, S] mask where query t (at absolute position t + offset) sees keys s <= t + offset;
+    S defaults to T. `offset` may be traced (decoding: queries at offset, offset + 1, ... of
+    a cache of S slots); a per-row offset [B, 1, 1, 1] gives a [B, 1, T, S] mask."""
     S = T if S is None else S
     check_int("causal_mask's T", T)
     check_int("causal_mask's S", S)
@@ -35,11 +32,9 @@ def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> ja
 
 
 def padding_mask(q_valid: jax.Array | None, k_valid: jax.Array) -> jax.Array:
-    """[B, 1, T, S] mask from validity vectors q_valid [B, T] and k_valid [B, S].
-
-    A pair attends when both positions are real. With q_valid = None only the keys are
-    masked ([B, 1, 1, S]): padded queries then still produce (ignored) outputs.
-    """
+    """[B, 1, T, S] mask from q_valid [B, T] and k_valid [B, S]: a pair attends when both
+    are real. With q_valid None only keys are masked ([B, 1, 1, S]); padded queries then
+    still give (ignored) outputs."""
     check_rank("k_valid", k_valid, 2)
     check_bool_array("k_valid", k_valid, "(True = real token)")
     mask = k_valid[:, None, None, :]
@@ -76,15 +71,12 @@ def padding_lengths(valid: jax.Array | None) -> jax.Array | None:
 )
 @dataclasses.dataclass(frozen=True)
 class AttentionMask:
-    """Who may attend to whom, as the structure kernels take natively, not as an array:
+    """Who may attend to whom, as the structure kernels take natively (a pytree, `causal`
+    static); `multi_head_attention` takes one wherever it takes a mask array.
 
       causal: query t sees keys s <= t (a flag);
       k_lengths: [B] int, keys s >= k_lengths[b] are padding;
-      dense: boolean, broadcastable to [B, H, T, S], for what neither expresses, or None.
-
-    `multi_head_attention` takes one wherever it takes a mask array. A pytree (`causal`
-    static).
-    """
+      dense: boolean, broadcastable to [B, H, T, S], for what neither expresses, or None."""
 
     causal: bool = False
     k_lengths: jax.Array | None = None
@@ -97,11 +89,8 @@ class AttentionMask:
 
 
 def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
-    """[B, 1, T, S] mask that keeps packed sequences apart: attend iff segment ids are equal.
-
-    q_segments [B, T], k_segments [B, S] are integer ids; id 0 marks padding and attends
-    to nothing.
-    """
+    """[B, 1, T, S] mask keeping packed sequences apart: q_segments [B, T] and k_segments
+    [B, S] (int ids) attend iff equal; id 0 marks padding and attends to nothing."""
     check_rank("q_segments", q_segments, 2)
     check_rank("k_segments", k_segments, 2)
     check_int_array("q_segments", q_segments, "of segment ids")
@@ -157,10 +146,8 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 
 
 def split_heads(x: jax.Array, H: int, K: int) -> jax.Array:
-    """A mask or bias broadcastable to [B, H, T, S] -> [B | 1, K | 1, G | 1, T | 1, S | 1].
-
-    Grouped heads: query head h = k * G + g reads key/value head k (G = H / K).
-    """
+    """A mask or bias broadcastable to [B, H, T, S] -> [B | 1, K | 1, G | 1, T | 1, S | 1],
+    query head h = k * G + g reading key/value head k (G = H / K)."""
     x = x.reshape((1,) * (4 - x.ndim) + x.shape)
     b, h, t, s = x.shape
     if h == H and H > 1:

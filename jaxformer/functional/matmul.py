@@ -7,8 +7,7 @@ For float32 operands both are plain products. For bfloat16 operands the gradient
 written out (`jax.custom_vjp`) so the backward products take bfloat16 operands too:
 autodiff would give a float32 cotangent (jax-ml/jax#23797), i.e. TF32 GEMMs on a GPU. The
 cotangent is rounded to bfloat16 first; a bias's gradient is summed in float32. On a CPU
-the product is formed in float32 and rounded once. `jax.jvp` is not defined through these.
-"""
+the product is formed in float32 and rounded once. `jax.jvp` is not defined through these."""
 
 from __future__ import annotations
 
@@ -19,11 +18,9 @@ import jax.numpy as jnp
 
 
 def einsum_f32(spec: str, x: jax.Array, w: jax.Array, bias: jax.Array | None = None):
-    """einsum(spec, x, w) (+ bias over the trailing axes) accumulated in float32, returned
-    in x's dtype. bias: any float dtype, e.g. [F] for "ne,ef->nf".
-
-    spec: "A,B->C" with no ellipsis and every index used once per operand.
-    """
+    """einsum(spec, x, w) (+ bias of any float dtype over the trailing axes, e.g. [F] for
+    "ne,ef->nf") accumulated in float32, returned in x's dtype. spec: "A,B->C" with no
+    ellipsis and every index used once per operand."""
     if x.dtype == jnp.float32 and w.dtype == jnp.float32:
         out = jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
         return out if bias is None else out + _trailing(bias, out.ndim)
@@ -86,10 +83,7 @@ _low_precision.defvjp(_low_precision_fwd, _low_precision_bwd)
 
 def einsum_to_f32(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
     """einsum(spec, x, w) accumulated and returned in float32; for low-precision x and w
-    the backward products take x's and w's dtype.
-
-    spec: "A,B->C" with no ellipsis and every index used once per operand.
-    """
+    the backward products take x's and w's dtype. spec: as in `einsum_f32`."""
     if x.dtype == jnp.float32 and w.dtype == jnp.float32:
         return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
     return _to_f32(spec, x, w)

@@ -48,11 +48,9 @@ def sinusoidal_positions(length: int, d_model: int, *, layout: str = "interleave
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0) -> jax.Array:
-    """Rotary position embedding (Su et al., 2021) of x [B, T, H, D] at positions [B, T] or [T].
-
-    Pairs dimension j with j + D/2 (the GPT-NeoX/LLaMA layout) and rotates the pair by
-    positions * base^(-2j/D). Rotation is done in float32; the result has x's dtype.
-    """
+    """Rotary position embedding (Su et al., 2021) of x [B, T, H, D] at positions [B, T] or
+    [T]: dimension j pairs with j + D/2 (the GPT-NeoX/LLaMA layout), rotated by positions *
+    base^(-2j/D) in float32; the result has x's dtype."""
     check_rank("x", x, 4, "[B, T, H, D]")
     check_float_array("x", x)
     D = x.shape[-1]

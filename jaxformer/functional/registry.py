@@ -9,8 +9,7 @@ config, layers and command look names up in these registries only.
     config = TransformerConfig.tiny(259, activation="squared_relu")
 
 Importing a file registers its variants (`--variants FILE.py`); restoring a model whose
-variant is not registered is an error naming it.
-"""
+variant is not registered is an error naming it."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ Sites of every layer (`encoder/<i>/`, `decoder/<i>/`), per sub-layer `self_atten
   <attention>/heads   each head's output before W^O [B, T, H, Dv] (zero one to ablate it)
   <attention>/weights the attention probabilities [B, H, T, S] (computed when captured)
   ffn/hidden          the feed-forward activations [B, T, F]
-and `out`, the layer's output [B, T, E].
-"""
+and `out`, the layer's output [B, T, E]."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ as CausalMask, key lengths and validity as SegmentIds): no dense mask, bias or d
 float32 or bfloat16, T and S multiples of 128 (`splash_problem` says why not).
 
 On a CPU it runs in Pallas interpret mode (`INTERPRET` overrides). Under a mesh it runs
-inside `jax.shard_map`: batch rows over `data` and `fsdp`, heads over `tensor`.
-"""
+inside `jax.shard_map`: batch rows over `data` and `fsdp`, heads over `tensor`."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@
 `from_hf` reads the architecture (`config_from_hf`) and copies the weights; `to_hf` writes
 `config.json` and `model.safetensors` that `from_pretrained` loads. What jaxformer cannot
 express is refused with an error naming it; training-only differences (embd_pdrop,
-activation_dropout, layerdrop) are not. BART's two unused position rows are dropped.
-"""
+activation_dropout, layerdrop) are not. BART's two unused position rows are dropped."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ EncoderStack/DecoderStack and EncoderDecoder. `from_torch` copies the weights in
 jaxformer module of the same architecture; `to_torch` builds the torch module. jaxformer
 is batch-first with boolean masks, True = may attend (`mask_from_torch` converts torch's).
 What has no counterpart in `TransformerConfig` is refused with an error naming it. torch
-gives NaN where jaxformer gives zeros for a query with no key.
-"""
+gives NaN where jaxformer gives zeros for a query with no key."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
     batch_first: the layout of the torch module's inputs (jaxformer's is batch-first).
     dropout: torch's one dropout probability; default the layers' residual dropout rate.
     Raises ValueError naming the option for what torch cannot represent (RMSNorm, SwiGLU,
-    grouped key/value heads, ...).
-    """
+    grouped key/value heads, ...)."""
     torch = _import_torch()
     tnn = torch.nn
     states = nnx.to_flat_state(nnx.state(module, nnx.Param))
@@ -110,8 +108,7 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
 def config_from_torch(module) -> TransformerConfig:
     """The TransformerConfig of a torch Transformer, encoder/decoder stack or layer.
 
-    vocab_size is 1 and position_embedding "none": torch's modules have neither.
-    """
+    vocab_size is 1 and position_embedding "none": torch's modules have neither."""
     tnn = _import_torch().nn
     layer_classes = {"encoder": tnn.TransformerEncoderLayer, "decoder": tnn.TransformerDecoderLayer}
     parts = _stacks(module)
@@ -204,8 +201,7 @@ def mask_from_torch(attn_mask=None, key_padding_mask=None, *, num_heads: int | N
 
     attn_mask: [T, S] or [B * num_heads, T, S]; key_padding_mask: [B, S]. Either is
     boolean (True = may NOT attend) or float with only 0 (attend) and -inf (not), as
-    torch accepts them; torch tensors or arrays. The result broadcasts to [B, H, T, S].
-    """
+    torch accepts them; torch tensors or arrays. The result broadcasts to [B, H, T, S]."""
     masks = []
     if attn_mask is not None:
         allowed = _allowed("attn_mask", attn_mask)

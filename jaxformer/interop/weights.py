@@ -9,8 +9,7 @@ function per direction; converters build links from the architecture, and `to_ja
 
 Dense weights are stored either [out, in] (torch's Linear, y = x W^T + b: `out_in=True`)
 or [in, out] (GPT-2's Conv1D, and jaxformer's own). Attention projections split their
-output axis into heads h * D + d: wq, wk, wv [E, H, D], wo [H, D, E], biases [H, D].
-"""
+output axis into heads h * D + d: wq, wk, wv [E, H, D], wo [H, D, E], biases [H, D]."""
 
 from __future__ import annotations
 

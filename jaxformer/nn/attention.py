@@ -75,11 +75,9 @@ class MultiHeadAttention(nnx.Module):
         kv_cache: F.KVCache | None = None,
         cache_positions: jax.Array | None = None,
     ) -> F.AttentionOutput:
-        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention), mask (a boolean array or
-        an `AttentionMask`) -> AttentionOutput
-        (out [B, T, E], weights, cache), as `functional.multi_head_attention` (a
-        cross-attention over a cache of projected keys and values: x_kv=None and no
-        cache_positions)."""
+        """x_q [B, T, E], x_kv [B, S, E] (None: self-attention, or with a kv_cache and no
+        cache_positions, attention over the cache's projected keys and values), mask (an
+        array or `AttentionMask`) -> AttentionOutput, as `functional.multi_head_attention`."""
         cross_from_cache = kv_cache is not None and cache_positions is None
         return F.multi_head_attention(
             x_q,

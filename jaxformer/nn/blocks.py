@@ -2,8 +2,7 @@
 together (`EncoderDecoder`, torch.nn.Transformer's shape), as NNX modules.
 
 A layer holds its `BlockOptions`; the attention, feed-forward and norm modules inside it
-hold parameters only and take options as call arguments.
-"""
+hold parameters only and take options as call arguments."""
 
 from __future__ import annotations
 
@@ -195,8 +194,7 @@ class DecoderLayer(nnx.Module):
         cache: F.DecoderLayerCache | None = None,
         cache_positions: jax.Array | None = None,
     ) -> F.DecoderOutput:
-        """y [B, T, E], memory [B, S, E] (encoder output) -> DecoderOutput(y [B, T, E],
-        cross-attention weights [B, H, T, S] or None, updated cache or None), as
+        """y [B, T, E], memory [B, S, E] (encoder output) -> DecoderOutput, as
         `functional.decoder_layer`."""
         return F.decoder_layer(
             y,
@@ -214,11 +212,8 @@ class DecoderLayer(nnx.Module):
 
 
 class _Stack(nnx.Module):
-    """N layers, then a final norm when the config asks for one (pre-LN).
-
-    With `config.scan_layers` the layers' parameters are stacked [N, ...] and run by one
-    scan; with `config.remat` each layer is recomputed in the backward pass.
-    """
+    """N layers, then a final norm when the config asks for one (pre-LN); `scan_layers`
+    stacks their parameters [N, ...] for one scan, `remat` recomputes each in the backward."""
 
     def __init__(self, layers: list[nnx.Module], config: TransformerConfig, rngs: nnx.Rngs):
         self.layers = _stacked(layers) if config.scan_layers else nnx.List(layers)
@@ -286,10 +281,9 @@ class DecoderStack(_Stack):
         cache=None,
         cache_positions=None,
     ) -> F.DecoderOutput:
-        """y [B, T, E] -> DecoderOutput(y [B, T, E], each layer's cross-attention weights
-        [L, B, H, T, S] with `return_cross_attention`, else None, and with `cache` (from
-        `init_cache`) and cache_positions [B, T] the updated caches, else None). Dropout
-        is applied when rng is given."""
+        """y [B, T, E] -> DecoderOutput(y, cross-attention weights [L, B, H, T, S] with
+        `return_cross_attention`, the updated caches with `cache` (from `init_cache`) and
+        cache_positions [B, T]); dropout when rng is given."""
 
         def call(layer, y, key, layer_cache):
             return layer(
@@ -312,8 +306,7 @@ class DecoderStack(_Stack):
 class EncoderDecoder(nnx.Module):
     """The body of the Transformer (figure 1 without embeddings, positions or the output
     projection): an `EncoderStack` over already-embedded sources and a `DecoderStack`
-    with cross-attention over its output. The counterpart of `torch.nn.Transformer`.
-    """
+    with cross-attention over its output. The counterpart of `torch.nn.Transformer`."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         check_instance("config", config, TransformerConfig)
@@ -330,14 +323,11 @@ class EncoderDecoder(nnx.Module):
         *,
         rng: jax.Array | None = None,
     ) -> jax.Array:
-        """src [B, S, E], tgt [B, T, E] -> [B, T, E]. Dropout is applied when rng is given.
+        """src [B, S, E], tgt [B, T, E] -> [B, T, E]; dropout when rng is given.
 
-        Boolean masks (True = may attend), broadcastable to src_mask [B, H, S, S],
-        tgt_mask [B, H, T, T] and memory_mask [B, H, T, S], or `functional.AttentionMask`s
-        (the causal flag and key lengths, which kernels take without a dense mask). As in
-        torch, nothing is causal unless tgt_mask says so: pass
-        `functional.AttentionMask(causal=True)` (or the dense `functional.causal_mask(T)`).
-        """
+        Masks: boolean (True = may attend), broadcastable to src_mask [B, H, S, S], tgt_mask
+        [B, H, T, T], memory_mask [B, H, T, S], or `functional.AttentionMask`s. As in torch,
+        nothing is causal unless tgt_mask says so (`functional.AttentionMask(causal=True)`)."""
         k_enc, k_dec = (None, None) if rng is None else tuple(jax.random.split(rng))
         memory = self.encoder(src, src_mask, rng=k_enc)
         return self.decoder(tgt, tgt_mask, memory=memory, cross_mask=memory_mask, rng=k_dec).y
@@ -348,14 +338,11 @@ REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_bat
 
 
 def _run_layers(stack: _Stack, call, x, rng, *, cache=None) -> F.DecoderOutput:
-    """x through `stack.layers` by `call(layer, x, key, layer_cache) -> DecoderOutput`.
-    Returns the last output, the cross-attention weights stacked [N, ...] (or None) and
-    the per-layer caches (or None).
+    """x through `stack.layers` by `call(layer, x, key, layer_cache) -> DecoderOutput`:
+    the last output, cross-attention weights stacked [N, ...] and per-layer caches (or None).
 
-    Without a cache, stacked layers run as one jax.lax.scan (jax.checkpoint if asked) over
-    the layer's state, not nnx.scan / nnx.remat, which refuse arrays from an enclosing
-    trace. With a cache, stacked layers run one by one: one cache entry per layer.
-    """
+    Stacked layers without a cache run as one jax.lax.scan over the layer's state (not
+    nnx.scan / nnx.remat, which refuse arrays from an enclosing trace); with one, one by one."""
 
     def step(layer, x, key, layer_cache):
         out = call(layer, x, key, layer_cache)

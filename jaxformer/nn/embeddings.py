@@ -12,11 +12,9 @@ from jaxformer.nn.sharding import gather_whole
 
 
 class Embed(nnx.Module):
-    """Embedding table [V, E]. `__call__` looks tokens up and multiplies by sqrt(E)
-    (section 3.4); `attend` is the pre-softmax projection with the same matrix.
-
-    Initialised N(0, 1/E), so that the scaled embeddings have unit variance.
-    """
+    """Embedding table [V, E], initialised N(0, 1/E) so the scaled embeddings have unit
+    variance. `__call__` looks tokens up and multiplies by sqrt(E) (section 3.4); `attend`
+    is the pre-softmax projection with the same matrix."""
 
     def __init__(
         self,

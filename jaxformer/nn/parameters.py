@@ -18,10 +18,8 @@ LOGICAL_AXES = ("embed", "heads", "kv", "mlp", "vocab", "position", "norm", "lay
 
 
 def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...], dtype) -> nnx.Param:
-    """An `nnx.Param` of `shape` drawn from `init`, tagged with logical `axes`.
-
-    Sharding is applied later, by the parallel layer's rules, not at creation.
-    """
+    """An `nnx.Param` of `shape` drawn from `init`, tagged with logical `axes` (sharded
+    later, by the parallel layer's rules)."""
     assert len(axes) == len(shape) and all(a in LOGICAL_AXES for a in axes), axes
     return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
 

@@ -4,8 +4,7 @@
 models then pin their residual stream (after the inputs and after every layer) to the
 `batch` rule's mesh axes and gather whole embedding tables before lookups, so XLA does
 not carry the parameters' FSDP layout into the activations. Outside the context both
-functions return their input unchanged.
-"""
+functions return their input unchanged."""
 
 from __future__ import annotations
 

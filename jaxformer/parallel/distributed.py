@@ -2,8 +2,7 @@
 
 Every process runs the same command with its own `process_id`; process 0 also runs the
 coordinator service at `coordinator` (HOST:PORT, reachable from every process). Call
-`initialize` before anything else touches JAX devices.
-"""
+`initialize` before anything else touches JAX devices."""
 
 from __future__ import annotations
 

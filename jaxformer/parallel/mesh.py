@@ -5,8 +5,7 @@
     tensor  attention heads and the feed-forward hidden units are split (Megatron)
 
 The mesh spans every device of every process; on several hosts the outermost axis,
-`data`, crosses hosts and `tensor`, the innermost, stays inside one.
-"""
+`data`, crosses hosts and `tensor`, the innermost, stays inside one."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def make_mesh(
     """A mesh of shape (data, fsdp, tensor) over `devices` (default: all of them).
 
     One size may be -1: the devices left over. The product must equal the number of
-    devices. Axes are `AxisType.Auto`: XLA propagates the shardings of the inputs.
-    """
+    devices. Axes are `AxisType.Auto`: XLA propagates the shardings of the inputs."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
     for name, size in sizes.items():

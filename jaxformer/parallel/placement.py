@@ -8,8 +8,7 @@ the logical axes (`train.state_layout(graphdef, state)`), the state itself is pl
     step = placement.compile(train_step, layout, donate_state=True)
     state, metrics = step(state, batch)           # batch: the global batch, on the host
 
-`MeshPlacement` jits with NamedShardings over a mesh; `PmapPlacement` runs `jax.pmap`.
-"""
+`MeshPlacement` jits with NamedShardings over a mesh; `PmapPlacement` runs `jax.pmap`."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ class Placement(abc.ABC):
         arrays or shapes whose Variables carry logical axes) and host batches.
 
         With donate_state, fn returns (new state, outputs) and the state passed in is
-        donated; otherwise it returns outputs. Outputs (metrics, sums) come back whole.
-        """
+        donated; otherwise it returns outputs. Outputs (metrics, sums) come back whole."""
 
     @abc.abstractmethod
     def one_copy(self, tree):

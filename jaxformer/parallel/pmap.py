@@ -4,8 +4,7 @@ parameters.
 
 The state is replicated with a leading device axis; each device takes B / n rows. A step
 marks per-replica sums with `sum_over_replicas` (`lax.psum`) and gets a per-device dropout
-key from `per_replica_key`; outside a pmap placement's step both are the identity.
-"""
+key from `per_replica_key`; outside a pmap placement's step both are the identity."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ split). The defaults give data, FSDP and tensor parallelism; a size-1 mesh axis 
     heads     -> tensor        W^Q, W^K, W^V split by output head, W^O by input head
     mlp       -> tensor        W1 split by column, W2 by row: one all-reduce per sub-layer
     kv, vocab, position, layers, seeds -> not split
-Pass `rules=DEFAULT_RULES | {"vocab": "tensor"}` to split a large vocabulary.
-"""
+Pass `rules=DEFAULT_RULES | {"vocab": "tensor"}` to split a large vocabulary."""
 
 from __future__ import annotations
 

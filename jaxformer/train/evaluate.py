@@ -6,8 +6,7 @@ the run's beam, averaged checkpoints and test pairs as configured).
 The held-out metrics a dataset can name (`data.metrics`, in `METRICS`) are here too:
 exact match, and BLEU and chrF as sacrebleu's corpus scores (0-100, BLEU with its default
 13a tokenization), imported only when a data source names them
-(`pip install 'jaxformer[bleu]'`).
-"""
+(`pip install 'jaxformer[bleu]'`)."""
 
 from __future__ import annotations
 
@@ -264,9 +263,8 @@ def score(
 
 
 def translate(model, tokenizer, sources: list[str], settings: EvalSettings, beam: int) -> list[str]:
-    """Translations of `sources` as a run's evaluation decodes them: greedy for beam 1,
-    else beam search with the settings' length penalty, at most `max_new_tokens` tokens,
-    in batches of the run's batch size padded to its pad multiple."""
+    """Translations of `sources` as a run's evaluation decodes them with `settings`: greedy
+    for beam 1, else beam search."""
     return decode.generate(
         model,
         tokenizer,

@@ -8,8 +8,7 @@ from the gradients, the parameters before and after the update, and named sites
   attention_entropy/<stack>/<i>/<attention>/head<h>
                                       -sum p log p in nats, mean over real queries
   activation_rms/<stack>/<i>          RMS of the residual stream after layer i
-scan_layers or remat models log the norms alone; entropy needs implementation "xla".
-"""
+scan_layers or remat models log the norms alone; entropy needs implementation "xla"."""
 
 from __future__ import annotations
 

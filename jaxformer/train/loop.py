@@ -11,8 +11,7 @@ Stopping: Ctrl-C, SIGTERM and SIGHUP wait until the step in flight has given bac
 donated state (`signals`); the last step done is saved, one line says so, and `train`
 raises KeyboardInterrupt or `Terminated` (the command exits 130, 143 or 129). A mesh
 (`RunConfig.runtime.mesh`) or pmap spreads the run over devices (`jaxformer.parallel`); on
-several processes each runs this loop, building the global batch, placing its own rows.
-"""
+several processes each runs this loop, building the global batch, placing its own rows."""
 
 from __future__ import annotations
 
@@ -75,10 +74,8 @@ class StepContext:
 class Hook:
     """`action(context)` after steps every, 2 * every, ... before the run's last step, and
     after the last step only when `at_end` (every=3 over 10 steps: 3, 6, 9, and 10 with
-    at_end). `name` names the hook in messages.
-
-    A hook that raises stops the run with its error, after saving the last step done.
-    """
+    at_end); `name` names it in messages. A hook that raises stops the run with its error,
+    after saving the last step done."""
 
     every: int
     action: Callable[[StepContext], None]
@@ -140,8 +137,7 @@ def train(
     `run.runtime.out`; `hooks` run after the built-in evaluation and checkpoint. Without
     `progress` only warnings and stops are printed (stderr). Raises TrainingDiverged on a
     non-finite loss (the last good checkpoint stays); re-raises KeyboardInterrupt,
-    Terminated and a hook's error after saving the last completed step.
-    """
+    Terminated and a hook's error after saving the last completed step."""
     with stop_signals_raise():
         return _train(model_config, run, resume, progress, hooks)
 
@@ -203,9 +199,7 @@ def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState
 
 
 def _hooks(run: RunConfig, evaluation: Evaluation, hooks: Sequence[Hook]) -> HookRunner:
-    """The hooks in the order they run: the in-run evaluation, the checkpoint (also at
-    the end), the caller's, the final evaluation (at the end only: every = the run's
-    steps)."""
+    """The built-in hooks and the caller's, in the order the module docstring gives."""
     in_order = [
         Hook(run.eval.eval_every, evaluation.in_run, "in-run evaluation"),
         Hook(run.runtime.checkpoint_every, _checkpoint, "checkpoint", at_end=True),
@@ -228,9 +222,8 @@ def _run_steps(
     hooks: HookRunner,
 ) -> None:
     """Run the steps after `meter.step` up to run.optim.steps, each followed by the hooks
-    due then (a run resumed complete runs none, then the at_end hooks). On Ctrl-C,
-    SIGTERM or SIGHUP, or when a hook raises, the last step done is saved (unless its loss
-    is NaN) before the error is raised again."""
+    due then (a run resumed complete runs only the at_end ones); a stop or a hook's error
+    saves the last step done (unless its loss is NaN) before it is raised again."""
     run, profiler = setup.run, _Profiler(setup.run.runtime.profile_steps, folder)
     try:
         for step in range(meter.step, run.optim.steps):
@@ -294,12 +287,10 @@ class _Meter:
     time adds `earlier`, the seconds earlier processes of a resumed run took to reach its
     checkpoint; tokens/s is this process's.
 
-    It reads a step's metrics one step late: `hold` keeps them on the device, and `read`
-    (called after the next step is dispatched, or before the hooks of its step)
-    brings the oldest to the host, so the host never waits for the step it has just
-    dispatched. Metrics stay held until read without a NaN, even if an interrupt cuts
-    the read short.
-    """
+    Metrics are read one step late, so the host never waits for the step it has just
+    dispatched: `hold` keeps them on the device; `read` (after the next step's dispatch, or
+    before its step's hooks) brings the oldest to the host and lets go of them only once
+    read without a NaN, even if an interrupt cuts the read short."""
 
     def __init__(self, first: int, started: float, earlier: float = 0.0):
         self.first = self.step = first

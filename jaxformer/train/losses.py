@@ -6,8 +6,7 @@ With the smoothed target q = (1 - eps) * one_hot(y) + eps / V and p = softmax(lo
 
 computed in float32 without materialising q. NLL, perplexity and accuracy are reported
 unsmoothed. `chunked_cross_entropy` computes the same sums from the hidden states without
-the [B, T, V] logits; `lm_head_choice` picks one (the config's `lm_head`).
-"""
+the [B, T, V] logits; `lm_head_choice` picks one (the config's `lm_head`)."""
 
 from __future__ import annotations
 

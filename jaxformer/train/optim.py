@@ -4,8 +4,7 @@
     cosine:  linear warmup to `lr`, then cosine decay to `lr * final_fraction`
     constant: `lr`
 
-The schedules take the paper's step = optax's count + 1.
-"""
+The schedules take the paper's step = optax's count + 1."""
 
 from __future__ import annotations
 

@@ -191,11 +191,8 @@ def _steps_line(summary: dict[str, Any]) -> str:
 
 def _held_out(nll: float, perplexity: float, accuracy: float, scores: dict) -> str:
     """The losses, then whichever of exact match, BLEU and chrF `scores` holds."""
-    losses = [
-        f"held-out NLL {nll:.4f} (perplexity {perplexity:.3f})",
-        f"token accuracy {accuracy:.2%}",
-    ]
-    return ", ".join(losses + _scores(scores))
+    losses = f"held-out NLL {nll:.4f} (perplexity {perplexity:.3f}), token accuracy {accuracy:.2%}"
+    return ", ".join([losses, *_scores(scores)])
 
 
 def _scores(scores: dict, prefix: str = "") -> list[str]:
@@ -226,10 +223,9 @@ def write_predictions(
 def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
     """Train and held-out loss against steps; held-out token accuracy and exact match; and
     BLEU and chrF in a third panel when the evaluations have them (the mean of the last
-    checkpoints as a star, the final model's on the test books as a triangle). The
-    held-out NLL and token accuracy are teacher-forced on every held-out example, in-run
-    and final alike; exact match, BLEU and chrF are of decoded pairs, a series per
-    protocol (`_plot_evals`)."""
+    checkpoints as a star, the final model's test score as a triangle). NLL and token
+    accuracy are teacher-forced on every held-out example; exact match, BLEU and chrF are
+    of decoded pairs, a series per protocol (`_plot_evals`)."""
     plt = _pyplot()
     records = read_metrics(metrics_path)
     train = [r for r in records if "loss" in r]
@@ -265,9 +261,8 @@ def loss_curves(metrics_path: pathlib.Path, out_png: pathlib.Path) -> None:
 
 
 def _plot_teacher_forced(ax_loss, ax_acc, evals: list[dict]) -> None:
-    """The held-out NLL and token accuracy of the evaluations: one series each, as every
-    evaluation computes them teacher-forced on all held-out pairs (whose number the
-    final evaluation records; the in-run ones record the pairs they decode)."""
+    """The held-out NLL and token accuracy: one series each, as every evaluation computes
+    them teacher-forced on all held-out pairs (the number the final evaluation records)."""
     pairs = max(r.get("eval_pairs") or 0 for r in evals)
     forced = f" (teacher-forced, all {pairs:,} held-out pairs)" if pairs else " (teacher-forced)"
     steps = [r["step"] for r in evals]
@@ -285,11 +280,8 @@ def _plot_evals(ax, evals: list[dict], key: str, label: str, style: str) -> str:
         protocols.setdefault((r.get("eval_pairs"), r.get("eval_beam")), []).append(r)
     color = None
     for (pairs, beam), group in protocols.items():
-        what = (
-            ""
-            if pairs is None
-            else f" ({pairs:,} pairs, {'greedy' if beam == 1 else f'beam {beam}'})"
-        )
+        decoding = "greedy" if beam == 1 else f"beam {beam}"
+        what = "" if pairs is None else f" ({pairs:,} pairs, {decoding})"
         (line,) = ax.plot(
             [r["step"] for r in group],
             [r[key] for r in group],
@@ -433,8 +425,6 @@ def command_line() -> str:
 
 def describe_device() -> str:
     """The first device JAX sees: its kind, or for a CPU the processor and its cores."""
-    import jax
-
     device = jax.devices()[0]
     if device.platform != "cpu":
         return f"{device.device_kind} ({jax.device_count()} device(s))"

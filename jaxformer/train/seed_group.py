@@ -7,8 +7,7 @@ Each seed keeps its separate run's initialisation, dropout key, data order and f
 it reads as a separate run (figures equal to float rounding). On an accelerator (or
 `vmapped=True`) the step is `jax.vmap`ped over seeds (`jaxformer.train.seeds`); on a CPU
 seeds are stepped in turn. A run with a mesh or pmap, a profile or logged internals trains
-its seeds separately.
-"""
+its seeds separately."""
 
 from __future__ import annotations
 
@@ -56,11 +55,11 @@ def train_seeds(
     vmapped: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Train `runs` (one configuration, differing only in seed and folder) in one process;
-    returns their summaries, in order. `vmapped`: one vmapped step for all seeds (None:
-    on an accelerator, unless batch_tokens), else the one-seed step on each seed in turn (a CPU's default:
-    there the vmapped step measured slower than the seeds' own steps, docs/training.md).
-    One run trains as `loop.train` does. Resumed, every run must be at the same step.
-    Stops and errors as `loop.train`."""
+    returns their summaries, in order. `vmapped`: one vmapped step for all seeds, else the
+    one-seed step on each seed in turn (None: vmapped on an accelerator unless batch_tokens;
+    on a CPU the vmapped step measured slower, docs/training.md). One run trains as
+    `loop.train` does; resumed, every run must be at the same step; stops and errors as
+    `loop.train`."""
     check_seed_runs(runs)
     if len(runs) == 1:
         return [loop.train(model_config, runs[0], resume=resume, progress=progress, hooks=hooks)]

@@ -8,8 +8,7 @@ Train states and batches are stacked on a leading seed axis [k, ...] and the ste
     states, metrics = step(states, stack_batches([d.train_batch(i, B) for d in datas]))
     per_seed = unstack(states)                 # one TrainState per seed, for its run folder
 
-Batches of different lengths are padded to the longest and the padding masked.
-"""
+Batches of different lengths are padded to the longest and the padding masked."""
 
 from __future__ import annotations
 

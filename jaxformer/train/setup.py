@@ -1,7 +1,6 @@
 """A run before its first step (`set_up`): its tokenizer and data, the model, the
 optimizer and schedule, the fresh train state, and the placement that lays them out and
-compiles the steps. Everything here can fail before the run folder exists.
-"""
+compiles the steps. Everything here can fail before the run folder exists."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """How a run is stopped from outside: Ctrl-C (SIGINT), SIGTERM (`kill`, `timeout`, `docker
 stop`, a cluster scheduler's preemption) and SIGHUP (a closed terminal). While `train`
 runs, SIGTERM and SIGHUP raise `Terminated`; during a step all three wait until it has
-given back its donated state, so the loop can save it. Callers' own handlers are kept.
-"""
+given back its donated state, so the loop can save it. Callers' own handlers are kept."""
 
 from __future__ import annotations
 

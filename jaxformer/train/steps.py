@@ -7,8 +7,7 @@ A batch is a dict of arrays. The decoder side is shared by both model kinds:
     tgt_valid [B, T] bool real target tokens (loss weights; False = padding); leave it out
                           when every token is real, and the step does no padding work
 `Transformer` batches add src [B, S] int and src_valid [B, S] bool (optional likewise);
-`DecoderLM` batches may add segment_ids and positions [B, T] int for packed rows.
-"""
+`DecoderLM` batches may add segment_ids and positions [B, T] int for packed rows."""
 
 from __future__ import annotations
 
