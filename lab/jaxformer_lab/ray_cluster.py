@@ -5,8 +5,9 @@ after a quick probe of the address, and turns Ray's failures into one-line input
 (`jaxformer.checks`). `check_storage` refuses a folder on this machine's disk when several
 nodes would write it. On a worker, `start` runs a command as a subprocess with the stop
 signals a Ray worker blocks unblocked, and `wait_stoppable` waits for it, passing a
-cancellation (KeyboardInterrupt, `ray.cancel(force=False)`) on as SIGINT so that the
-run saves its step.
+cancellation (KeyboardInterrupt, `ray.cancel(force=False)`) on as the signal the driver's
+stop named beside the run (`ask_stop`: a cancellation carries none; SIGINT where none is
+named), so that the run saves its step and exits as a local run would.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from jaxformer.checks import BadValue, MissingPackage, Unreachable
 SHARED_FILESYSTEMS = ("nfs", "cifs", "smb3", "lustre", "gpfs", "ceph", "beegfs", "fuse.")
 CONNECT_SECONDS = 5  # how long an address has to answer
 STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+STOP_FILE = "ray_stop"  # beside a run: the name of the signal its stop passes on
 
 
 def import_ray():
@@ -112,6 +114,23 @@ def mount_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
     return kind
 
 
+def ask_stop(folder: Path, signum: int) -> None:
+    """Name, beside the run in `folder`, the signal a cancellation of its task passes on."""
+    (Path(folder) / STOP_FILE).write_text(signal.Signals(signum).name)
+
+
+def stop_signal(folder: Path) -> int:
+    """The signal `ask_stop` named beside the run in `folder` (SIGINT where none)."""
+    try:
+        return signal.Signals[(Path(folder) / STOP_FILE).read_text().strip()]
+    except (OSError, KeyError):
+        return signal.SIGINT
+
+
+def clear_stop(folder: Path) -> None:
+    (Path(folder) / STOP_FILE).unlink(missing_ok=True)
+
+
 def start(command: list[str], log: Path) -> subprocess.Popen:
     """`command`, its output appended to `log`, with the stop signals that a Ray worker
     blocks unblocked (a child inherits the mask)."""
@@ -123,9 +142,10 @@ def start(command: list[str], log: Path) -> subprocess.Popen:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def wait_stoppable(proc: subprocess.Popen) -> int:
+def wait_stoppable(proc: subprocess.Popen, folder: Path) -> int:
     """`proc`'s exit code; a KeyboardInterrupt meanwhile (a cancelled task) is passed on as
-    SIGINT, and the run is waited for while it saves (a run that the signal kills: 130)."""
+    the signal named in `folder` (`stop_signal`), and the run is waited for while it saves
+    (a run that the signal kills: 128 + its number)."""
     try:
         while (code := proc.poll()) is None:
             time.sleep(0.2)
@@ -133,6 +153,6 @@ def wait_stoppable(proc: subprocess.Popen) -> int:
     except KeyboardInterrupt:
         if proc.poll() is not None:
             return proc.returncode
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop_signal(folder))
         code = proc.wait()
         return 128 - code if code < 0 else code

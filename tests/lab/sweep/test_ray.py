@@ -1,6 +1,6 @@
 """Sweeps on a Ray cluster (one local head for the module): the report of a sweep run as
 Ray tasks equals the local one's; a run killed mid-way is resumed by its task and no other
-run is lost; a stop reaches the run, which saves; bad input is one line, exit 2, no folder."""
+run is lost; a stop passes its signal to the run, which saves; bad input is one line, exit 2, no folder."""
 
 import json
 import os
@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 # A stand-in for `python -m jaxformer train` (with a Python's #! line): it appends to
 # calls.txt in the run's folder and writes a summary that depends on the run; in the run
 # named in the file `hold` beside the sweep's folder, its first call waits (to be killed
-# or stopped), saving on SIGINT.
+# or stopped), saving on a stop signal, whose name it writes to `saved`.
 FAKE = """
 import json, pathlib, signal, sys, time, zlib
 folder = pathlib.Path(sys.argv[sys.argv.index("--config") + 1]).parent
@@ -30,10 +30,11 @@ with open(folder / "calls.txt", "a") as calls:
     calls.write("call\\n")
 hold = folder.parents[2] / "hold"
 if hold.exists() and str(folder).endswith(hold.read_text()) and len((folder / "calls.txt").read_text().split()) == 1:
-    def save(*_):
-        (folder / "saved").write_text("x")
-        sys.exit(130)
-    signal.signal(signal.SIGINT, save)
+    def save(signum, _):
+        (folder / "saved").write_text(signal.Signals(signum).name)
+        sys.exit(128 + signum)
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, save)
     (folder / "holding").write_text("x")
     time.sleep(120)
 score = zlib.crc32(str(folder).split("sweep")[-1].encode()) % 100 / 100
@@ -119,7 +120,7 @@ def test_a_killed_run_is_resumed_by_its_task_and_no_other_run_is_lost(head, fake
     assert sorted(calls.values()) == [1, 1, 1, 2] and calls["seed0sq"] == 2
 
 
-def test_a_stop_reaches_the_run_on_ray_which_saves(head, fake, tmp_path, capsys, monkeypatch):
+def test_a_stop_passes_its_signal_to_the_run_on_ray(head, fake, tmp_path, capsys, monkeypatch):
     path = write_spec(tmp_path, variants={"baseline": {}}, seeds=1)
     monkeypatch.setattr(sys, "argv", ["jaxformer", "sweep", str(path), "--ray", head])
     held = tmp_path / "sweep/baseline/seed0"
@@ -128,7 +129,8 @@ def test_a_stop_reaches_the_run_on_ray_which_saves(head, fake, tmp_path, capsys,
     out, err = capsys.readouterr()
     assert "[1/1] baseline seed 0: interrupted (resumes next time)" in out
     assert f"continue with jaxformer sweep {path} --ray {head}" in err.splitlines()[-1]
-    assert (held / "saved").exists()
+    assert (held / "saved").read_text() == "SIGTERM"  # as a local run gets it
+    assert not (held / ray_cluster.STOP_FILE).exists()
 
 
 def free_port() -> int:
