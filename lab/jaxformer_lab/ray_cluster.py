@@ -3,11 +3,12 @@
 `join` connects to a cluster ("auto", "HOST:PORT", or "local": a head on this machine),
 after a quick probe of the address, and turns Ray's failures into one-line input errors
 (`jaxformer.checks`). `check_storage` refuses a folder on this machine's disk when several
-nodes would write it. On a worker, `start` runs a command as a subprocess with the stop
-signals a Ray worker blocks unblocked, and `wait_stoppable` waits for it, passing a
-cancellation (KeyboardInterrupt, `ray.cancel(force=False)`) on as the signal the driver's
-stop named beside the run (`ask_stop`: a cancellation carries none; SIGINT where none is
-named), so that the run saves its step and exits as a local run would.
+nodes would write it. On a worker, `start` runs a command as a subprocess, with the
+driver's `forwarded_env` and the stop signals a Ray worker blocks unblocked, and
+`wait_stoppable` waits for it, passing a cancellation (KeyboardInterrupt,
+`ray.cancel(force=False)`) on as the signal the driver's stop named beside the run
+(`ask_stop`: a cancellation carries none; SIGINT where none is named), so that the run
+saves its step and exits as a local run would.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ SHARED_FILESYSTEMS = ("nfs", "cifs", "smb3", "lustre", "gpfs", "ceph", "beegfs",
 CONNECT_SECONDS = 5  # how long an address has to answer
 STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 STOP_FILE = "ray_stop"  # beside a run: the name of the signal its stop passes on
+# The driver's variables that shape a run: XLA's and JAX's flags, and jaxformer's own.
+FORWARDED = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_", "LIBTPU_INIT_ARGS", "JAX_", "JAXFORMER_")
 
 
 def import_ray():
@@ -114,6 +117,11 @@ def mount_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
     return kind
 
 
+def forwarded_env(environ=os.environ) -> dict[str, str]:
+    """The variables of `environ` (the driver's) that each run on a worker gets: FORWARDED."""
+    return {key: value for key, value in environ.items() if key.startswith(FORWARDED)}
+
+
 def ask_stop(folder: Path, signum: int) -> None:
     """Name, beside the run in `folder`, the signal a cancellation of its task passes on."""
     (Path(folder) / STOP_FILE).write_text(signal.Signals(signum).name)
@@ -131,13 +139,14 @@ def clear_stop(folder: Path) -> None:
     (Path(folder) / STOP_FILE).unlink(missing_ok=True)
 
 
-def start(command: list[str], log: Path) -> subprocess.Popen:
-    """`command`, its output appended to `log`, with the stop signals that a Ray worker
-    blocks unblocked (a child inherits the mask)."""
+def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`command`, its output appended to `log`, with `env` over the worker's environment
+    and the stop signals that a Ray worker blocks unblocked (a child inherits the mask)."""
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     try:
         with open(log, "a") as out:
-            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            env = dict(os.environ, **env)
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 

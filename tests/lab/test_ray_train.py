@@ -17,14 +17,15 @@ from tests.parallel.test_multihost import env, losses
 ray = pytest.importorskip("ray")
 
 # A stand-in for `python -m jaxformer train`: it writes its arguments to argv<I>.json in
-# the run folder; with a file `hold` there it waits (to be stopped), saving on a stop
-# signal, whose name it writes to saved<I>; with a file `fail<I>` it exits with the code
-# that file holds.
+# the run folder, and the JAXFORMER_PROBE it sees to env<I>.json; with a file `hold`
+# there it waits (to be stopped), saving on a stop signal, whose name it writes to
+# saved<I>; with a file `fail<I>` it exits with the code that file holds.
 FAKE = """
-import json, pathlib, signal, sys, time
+import json, os, pathlib, signal, sys, time
 argv = sys.argv[1:]  # -m jaxformer train ...
 out, i = pathlib.Path(argv[argv.index("--out") + 1]), argv[argv.index("--process-id") + 1]
 (out / f"argv{i}.json").write_text(json.dumps(argv))
+(out / f"env{i}.json").write_text(json.dumps(os.environ.get("JAXFORMER_PROBE")))
 if (out / f"fail{i}").exists():
     sys.exit(int((out / f"fail{i}").read_text()))
 if (out / "hold").exists():
@@ -56,7 +57,10 @@ def command(address, out, hosts=2):
     return train(address, out, hosts=hosts) + ["--", "--task", "copy", "--out", str(out)]
 
 
-def test_each_process_gets_its_id_and_the_first_nodes_coordinator(head, fake, tmp_path):
+def test_each_process_gets_its_id_and_the_first_nodes_coordinator(
+    head, fake, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("JAXFORMER_PROBE", "the driver's")  # the head's workers lack it
     out = tmp_path / "run"
     assert main(command(head, out)) == 0
     argvs = [json.loads((out / f"argv{i}.json").read_text()) for i in range(2)]
@@ -66,6 +70,8 @@ def test_each_process_gets_its_id_and_the_first_nodes_coordinator(head, fake, tm
     assert argvs[0][7:9] == argvs[1][7:9] and argvs[0][7] == "--coordinator"
     assert argvs[0][8].rpartition(":")[2].isdigit()  # the head's node: its address, a port
     assert "fake process 1 done" in (out / "train.process1.log").read_text()
+    seen = [json.loads((out / f"env{i}.json").read_text()) for i in range(2)]
+    assert seen == ["the driver's"] * 2
 
 
 def test_a_stop_passes_its_signal_to_every_process(head, fake, tmp_path, capsys, monkeypatch):
@@ -123,7 +129,8 @@ def test_the_placement_spreads_over_nodes_where_there_are_enough():
 
 
 @pytest.mark.slow  # three processes compiling from scratch
-def test_two_processes_on_ray_train_like_one_process(head, tmp_path):
+def test_two_processes_on_ray_train_like_one_process(head, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")  # forwarded: each process on Ray has one device
     config = tmp_path / "model.json"
     fields = dict(num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
     config.write_text(json.dumps(fields | {"max_len": 64}))

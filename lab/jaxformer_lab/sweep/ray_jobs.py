@@ -3,15 +3,14 @@
 `connect` joins a cluster ("auto", "host:port", or "local": a head on this machine for
 this sweep); `Cluster.check` refuses, before any folder is made, a cluster where no node
 has a run's resources, or several nodes writing to a local folder. `Cluster.launch`
-submits the runner's `jaxformer train` command of one job as a task that runs it as a
-subprocess on a worker, its output appended to the run's train.log, and returns a `RayRun`,
-which the runner polls, stops and waits on as it does a local process. A stop names its
-signal beside the run and cancels the task (ray.cancel, force=False): the task passes
-that signal on, and the run saves its step. A run killed by a signal is resumed by its
-task, up to RESUMES times; a task whose worker or node died is run again by Ray
-(max_retries), and resumes from the run's last checkpoint. Every node needs the same
-Python environment (jaxformer and jaxformer-lab installed) and the sweep's folder at the
-same path.
+submits one job's `jaxformer train` command as a task that runs it on a worker with the
+driver's XLA, JAX and jaxformer variables (`ray_cluster.forwarded_env`), output appended
+to the run's train.log; the `RayRun` it returns the runner polls, stops and waits on as
+a local process. A stop names its signal beside the run and cancels the task (not
+forced), which passes that signal on; the run saves its step. A run killed by a signal
+is resumed by its task, up to RESUMES times; a task whose worker or node died is run
+again by Ray (max_retries), from the run's last checkpoint. Every node needs the same
+Python environment (jaxformer and jaxformer-lab) and the sweep's folder at the same path.
 """
 
 from __future__ import annotations
@@ -81,7 +80,8 @@ class Cluster:
             self._task = self.ray.remote(max_retries=TASK_RETRIES)(run_command)
         ray_cluster.clear_stop(log.parent)  # a stop of an earlier sweep
         options = dict(num_cpus=self.cpus, num_gpus=self.gpus)
-        ref = self._task.options(**options).remote(args, str(log), WORKER_PYTHON)
+        env = ray_cluster.forwarded_env()
+        ref = self._task.options(**options).remote(args, str(log), WORKER_PYTHON, env)
         return RayRun(self.ray, ref, log.parent)
 
     def close(self) -> None:
@@ -119,15 +119,16 @@ class RayRun:
             return -signal.SIGKILL
 
 
-def run_command(args: list[str], log: str, python: str | None) -> int:
-    """On a worker: run `python -m jaxformer *args`, output appended to `log`; resume it
+def run_command(args: list[str], log: str, python: str | None, env: dict[str, str]) -> int:
+    """On a worker: run `python -m jaxformer *args` with `env` over the worker's
+    environment, output appended to `log`; resume it
     (the command has --resume) when killed by a signal, up to RESUMES times; on a
     KeyboardInterrupt (ray.cancel) pass the stop's signal on (`ray_cluster.wait_stoppable`)
     and wait while it saves. Its exit code."""
     command, folder = [python or sys.executable, "-m", "jaxformer", *args], Path(log).parent
     try:
         for attempt in range(RESUMES + 1):
-            code = ray_cluster.wait_stoppable(_start(command, Path(log)), folder)
+            code = ray_cluster.wait_stoppable(_start(command, Path(log), env), folder)
             if code >= 0 or attempt == RESUMES:
                 return code
             name = signal.Signals(-code).name
@@ -136,9 +137,9 @@ def run_command(args: list[str], log: str, python: str | None) -> int:
         return 128 + ray_cluster.stop_signal(folder)
 
 
-def _start(command: list[str], log: Path) -> subprocess.Popen:
+def _start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     """The run's process (`ray_cluster.start`), its node and pid written next to its log."""
-    proc = ray_cluster.start(command, log)
+    proc = ray_cluster.start(command, log, env)
     task = {"node": socket.gethostname(), "pid": proc.pid}
     (log.parent / TASK_FILE).write_text(json.dumps(task))
     return proc

@@ -20,14 +20,17 @@ from tests.lab.sweep.test_sweep import BASE, write_spec
 ray = pytest.importorskip("ray")
 
 # A stand-in for `python -m jaxformer train` (with a Python's #! line): it appends to
-# calls.txt in the run's folder and writes a summary that depends on the run; in the run
-# named in the file `hold` beside the sweep's folder, its first call waits (to be killed
-# or stopped), saving on a stop signal, whose name it writes to `saved`.
+# calls.txt in the run's folder, writes there the variables it sees (probed), and a
+# summary that depends on the run; in the run named in the file `hold` beside the
+# sweep's folder, its first call waits (to be killed or stopped), saving on a stop
+# signal, whose name it writes to `saved`.
 FAKE = """
-import json, pathlib, signal, sys, time, zlib
+import json, os, pathlib, signal, sys, time, zlib
 folder = pathlib.Path(sys.argv[sys.argv.index("--config") + 1]).parent
 with open(folder / "calls.txt", "a") as calls:
     calls.write("call\\n")
+probed = ("XLA_FLAGS", "JAXFORMER_PROBE", "CUDA_VISIBLE_DEVICES")
+(folder / "env.json").write_text(json.dumps({k: os.environ.get(k) for k in probed}))
 hold = folder.parents[2] / "hold"
 if hold.exists() and str(folder).endswith(hold.read_text()) and len((folder / "calls.txt").read_text().split()) == 1:
     def save(signum, _):
@@ -58,7 +61,9 @@ def verdicts(out):
     return {k: v for k, v in results.items() if k != "out"}
 
 
-def test_a_sweep_on_ray_reports_as_the_local_one(head, fake, tmp_path, capsys):
+def test_a_sweep_on_ray_reports_as_the_local_one(head, fake, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("JAXFORMER_PROBE", "the driver's")  # the head's workers lack it
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # Ray's to set, per task
     spec = write_spec(tmp_path, variants={"baseline": {}, "wide": {"d_ff": 64}})
     assert main(["sweep", str(spec), "--ray", head, "--out", str(tmp_path / "ray/sweep")]) == 0
     assert main(["sweep", str(spec), "--out", str(tmp_path / "local/sweep")]) == 0
@@ -67,6 +72,16 @@ def test_a_sweep_on_ray_reports_as_the_local_one(head, fake, tmp_path, capsys):
     assert on_ray == local and set(local["variants"]) == {"baseline", "wide"}
     task = json.loads((tmp_path / "ray/sweep/wide/seed1" / ray_jobs.TASK_FILE).read_text())
     assert task["pid"] > 0 and not (tmp_path / "local/sweep/wide/seed1/ray_task.json").exists()
+    seen = json.loads((tmp_path / "ray/sweep/wide/seed1/env.json").read_text())
+    assert seen["XLA_FLAGS"] == os.environ["XLA_FLAGS"] != ""  # the head's is ""
+    assert seen["JAXFORMER_PROBE"] == "the driver's" and seen["CUDA_VISIBLE_DEVICES"] != "7"
+
+
+def test_the_runs_get_the_drivers_xla_jax_and_jaxformer_variables():
+    driver = dict(XLA_FLAGS="--a", XLA_PYTHON_CLIENT_MEM_FRACTION=".5", JAX_PLATFORMS="cpu")
+    driver |= dict(JAXFORMER_PLUGINS="p", LIBTPU_INIT_ARGS="--b")
+    others = dict(CUDA_VISIBLE_DEVICES="0", PATH="/bin", RAY_ADDRESS="x", XLA_X="y")
+    assert ray_cluster.forwarded_env(driver | others) == driver
 
 
 def when(path, timeout=60):
@@ -186,7 +201,7 @@ def test_several_nodes_need_the_folder_on_shared_storage(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # eight short trainings
 def test_real_runs_on_ray_give_the_local_figures_and_verdicts(head, tmp_path, monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "")  # the local runs: one CPU device, as the head's
+    monkeypatch.setenv("XLA_FLAGS", "")  # each run (local, or on Ray: forwarded): one device
     path, results = write_spec(tmp_path), {}
     for where in ("ray", "local"):
         spec = sweep.Spec.load(path, out=str(tmp_path / where))
