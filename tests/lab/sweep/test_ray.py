@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -15,7 +16,7 @@ import pytest
 from jaxformer.cli import main
 from jaxformer_lab import ray_cluster, sweep
 from jaxformer_lab.sweep import ray_jobs
-from tests.lab.sweep.test_sweep import BASE, write_spec
+from tests.lab.sweep.test_sweep import BASE, ROOT, write_spec
 
 ray = pytest.importorskip("ray")
 
@@ -180,6 +181,23 @@ def test_a_version_mismatch_is_one_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(ray, "init", mismatch)
     refused(capsys, tmp_path, "--ray", "auto", match="runs another Ray or Python than this one")
+
+
+QUIET = """
+from jaxformer_lab import ray_cluster
+ray = ray_cluster.join("local")
+print(ray.get(ray.remote(lambda: "ran").remote()))
+ray.shutdown()
+"""
+
+
+def test_a_head_started_here_says_nothing_and_keeps_rays_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # Ray's default
+    env["HOME"] = str(tmp_path)  # where Ray keeps its token
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "lab")])
+    done = subprocess.run([sys.executable, "-c", QUIET], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ran\n", "")
+    assert (tmp_path / ".ray/auth_token").exists()
 
 
 def test_a_cluster_without_a_runs_resources_is_one_line(head, tmp_path, capsys):
