@@ -1,6 +1,8 @@
 """Sweeps on a Ray cluster (one local head for the module): the report of a sweep run as
 Ray tasks equals the local one's; a run killed mid-way is resumed by its task and no other
-run is lost; a stop passes its signal to the run, which saves; bad input is one line, exit 2, no folder."""
+run is lost; a stop passes its signal to the run, which saves; the runs get the driver's
+XLA and JAX variables; bad input is one line, exit 2, no folder, as is a local folder on a
+cluster of two nodes."""
 
 import json
 import os
@@ -8,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -215,6 +218,52 @@ def test_several_nodes_need_the_folder_on_shared_storage(tmp_path, monkeypatch):
     ray_cluster.check_storage(tmp_path, 3, True, str(mounts))
     with pytest.raises(ValueError, match="has 3 nodes and .* is on this machine's disk \\(ext4\\)"):
         ray_cluster.check_storage(tmp_path, 3, False, str(mounts))
+
+
+TWO_NODES = """
+import sys
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False))
+cluster.add_node(num_cpus=1)
+print(cluster.address, flush=True)
+sys.stdin.read()
+cluster.shutdown()
+"""
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    """A Ray cluster of two nodes on this machine, its files (and the address that
+    `--ray auto` would read) in a short folder of its own (Ray's sockets live there); its
+    address."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with tempfile.TemporaryDirectory(dir="/tmp", ignore_cleanup_errors=True) as temp:
+        env = dict(os.environ, RAY_TMPDIR=temp, XLA_FLAGS="")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", TWO_NODES],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            address = proc.stdout.readline().decode().strip()
+            assert address, "the two-node cluster did not start"
+            yield address
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+
+
+def test_a_local_folder_on_two_nodes_is_one_line_before_any_folder(two_nodes, tmp_path, capsys):
+    if (ray_cluster.mount_type(tmp_path) or "").startswith(ray_cluster.SHARED_FILESYSTEMS):
+        pytest.skip(f"{tmp_path} is on shared storage here")
+    refused(capsys, tmp_path, "--ray", two_nodes, match="the Ray cluster has 2 nodes and")
+    out = tmp_path / "sweep"
+    argv = ["train", "ray", "--ray", two_nodes, "--hosts", "2", "--", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the Ray cluster has 2 nodes and" in err, err
+    assert not out.exists()
 
 
 @pytest.mark.slow  # eight short trainings
