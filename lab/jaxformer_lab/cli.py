@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
+import signal
 import sys
 
 from jaxformer.checks import BadValue, MissingFile, check_int
@@ -486,9 +487,7 @@ def _train_on_ray(args, ray, group, needs: dict, out: pathlib.Path) -> int:
             ended = train_ray.wait(ray, refs)
     except KeyboardInterrupt as stop:  # and Terminated: SIGTERM, SIGHUP
         with repeats_dropped():
-            train_ray.cancel(ray, refs)
-            if refs:
-                ray.wait(refs, num_returns=len(refs))
+            train_ray.stop(ray, refs, out, getattr(stop, "signum", signal.SIGINT))
         why = f"terminated by {stop}" if isinstance(stop, Terminated) else "interrupted"
         again = command_line() + ("" if "--resume" in args.train_args else " --resume")
         _progress(

@@ -1,20 +1,25 @@
 """The Ray plumbing the lab's commands share (`jaxformer sweep --ray`, `jaxformer train ray`).
 
-`join` connects to a cluster ("auto", "HOST:PORT", or "local": a head on this machine),
-after a quick probe of the address, and turns Ray's failures into one-line input errors
-(`jaxformer.checks`). `check_storage` refuses a folder on this machine's disk when several
-nodes would write it. On a worker, `start` runs a command as a subprocess with the stop
-signals a Ray worker blocks unblocked, and `wait_stoppable` waits for it, passing a
-cancellation (KeyboardInterrupt, `ray.cancel(force=False)`) on as SIGINT so that the
-run saves its step.
+`join` connects to a cluster ("auto", "HOST:PORT", or "local": a head on this machine,
+with token authentication unless RAY_AUTH_MODE says otherwise), after a quick probe of
+the address, without Ray's progress lines, and turns Ray's failures into one-line input
+errors (`jaxformer.checks`). `check_storage` refuses a folder on this machine's disk
+when several nodes would write it. On a worker, `start` runs a command as a subprocess,
+with the driver's `forwarded_env` and the stop signals a Ray worker blocks unblocked,
+and `wait_stoppable` waits for it, passing a cancellation (KeyboardInterrupt,
+`ray.cancel(force=False)`) on as the signal the driver's stop named beside the run
+(`ask_stop`: a cancellation carries none; SIGINT where none is named), so that the run
+saves its step and exits as a local run would.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,9 +29,19 @@ from jaxformer.checks import BadValue, MissingPackage, Unreachable
 SHARED_FILESYSTEMS = ("nfs", "cifs", "smb3", "lustre", "gpfs", "ceph", "beegfs", "fuse.")
 CONNECT_SECONDS = 5  # how long an address has to answer
 STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+AUTH_MODE = "RAY_AUTH_MODE"  # Ray's token authentication: "token" or "disabled"
+LOOPBACK = "127.0.0.1"  # the address of a head started here
+STOP_FILE = "ray_stop"  # beside a run: the name of the signal its stop passes on
+# The driver's variables that shape a run: XLA's and JAX's flags, and jaxformer's own.
+FORWARDED = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_", "LIBTPU_INIT_ARGS", "JAX_", "JAXFORMER_")
 
 
-def import_ray():
+def import_ray(*, head_here: bool = False):
+    """Ray; for a head started here, Ray's own default of token authentication chosen
+    (unless RAY_AUTH_MODE says otherwise) before Ray first reads it, as it does on import,
+    so that Ray has nothing to warn of."""
+    if head_here and "ray" not in sys.modules:
+        os.environ.setdefault(AUTH_MODE, "token")
     try:
         import ray
     except ImportError:
@@ -38,15 +53,16 @@ def import_ray():
 
 def join(address: str):
     """Ray, connected to the cluster at `address` ("local": a head started here)."""
-    ray = import_ray()
+    ray = import_ray(head_here=address == "local")
     if address not in ("auto", "local"):
         probe(address)
     held = signal.getsignal(signal.SIGTERM)  # ray.init's handler would exit, not stop the runs
+    quiet = dict(log_to_driver=False, logging_level=logging.WARNING)  # no progress lines
     try:
         if address == "local":
-            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+            ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, **quiet)
         else:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, **quiet)
     except ConnectionError as e:
         raise Unreachable(f"--ray {address}: {one_line(e)}") from None
     except RuntimeError as e:
@@ -112,20 +128,44 @@ def mount_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
     return kind
 
 
-def start(command: list[str], log: Path) -> subprocess.Popen:
-    """`command`, its output appended to `log`, with the stop signals that a Ray worker
-    blocks unblocked (a child inherits the mask)."""
+def forwarded_env(environ=os.environ) -> dict[str, str]:
+    """The variables of `environ` (the driver's) that each run on a worker gets: FORWARDED."""
+    return {key: value for key, value in environ.items() if key.startswith(FORWARDED)}
+
+
+def ask_stop(folder: Path, signum: int) -> None:
+    """Name, beside the run in `folder`, the signal a cancellation of its task passes on."""
+    (Path(folder) / STOP_FILE).write_text(signal.Signals(signum).name)
+
+
+def stop_signal(folder: Path) -> int:
+    """The signal `ask_stop` named beside the run in `folder` (SIGINT where none)."""
+    try:
+        return signal.Signals[(Path(folder) / STOP_FILE).read_text().strip()]
+    except (OSError, KeyError):
+        return signal.SIGINT
+
+
+def clear_stop(folder: Path) -> None:
+    (Path(folder) / STOP_FILE).unlink(missing_ok=True)
+
+
+def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`command`, its output appended to `log`, with `env` over the worker's environment
+    and the stop signals that a Ray worker blocks unblocked (a child inherits the mask)."""
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     try:
         with open(log, "a") as out:
-            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            env = dict(os.environ, **env)
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def wait_stoppable(proc: subprocess.Popen) -> int:
+def wait_stoppable(proc: subprocess.Popen, folder: Path) -> int:
     """`proc`'s exit code; a KeyboardInterrupt meanwhile (a cancelled task) is passed on as
-    SIGINT, and the run is waited for while it saves (a run that the signal kills: 130)."""
+    the signal named in `folder` (`stop_signal`), and the run is waited for while it saves
+    (a run that the signal kills: 128 + its number)."""
     try:
         while (code := proc.poll()) is None:
             time.sleep(0.2)
@@ -133,6 +173,6 @@ def wait_stoppable(proc: subprocess.Popen) -> int:
     except KeyboardInterrupt:
         if proc.poll() is not None:
             return proc.returncode
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop_signal(folder))
         code = proc.wait()
         return 128 - code if code < 0 else code

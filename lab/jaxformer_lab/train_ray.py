@@ -4,11 +4,13 @@
 cluster has that many nodes with room; else PACK, all on one node), asks the first
 bundle's node for a free port (the coordinator), then starts one task per bundle, each
 running `python -m jaxformer train <options> --coordinator ADDR --num-processes N
---process-id I` as a subprocess, its output in the run folder's train.process<I>.log. A
-stop (Ctrl-C, SIGTERM, SIGHUP) cancels every task without force: each passes SIGINT to
-its process, and the run saves its step together. A process that fails has the others
-cancelled the same way. Every node needs the same Python environment, the run folder at
-the same path, and the coordinator's port reachable from the others.
+--process-id I` as a subprocess with the driver's XLA, JAX and jaxformer variables
+(`ray_cluster.forwarded_env`), its output in the run folder's train.process<I>.log. A
+stop (Ctrl-C, SIGTERM, SIGHUP) names its signal in the run folder and cancels every task
+without force: each passes that signal on to its process, and the run saves its step
+together. A process that fails has the others cancelled with SIGINT. Every node needs
+the same Python environment, the run folder at the same path, and the coordinator's
+port reachable from the others.
 """
 
 from __future__ import annotations
@@ -87,14 +89,14 @@ def launch(ray, group, hosts: int, needs: dict, train_args: list[str], out: Path
             num_cpus=needs.get("CPU", 0), num_gpus=needs.get("GPU", 0), scheduling_strategy=where
         )
 
+    ray_cluster.clear_stop(out)  # a stop of an earlier launch
     coordinator = ray.get(ray.remote(free_address).options(**in_bundle(0)).remote())
-    task = ray.remote(max_retries=0)(run_process)
-    refs = []
+    task, env, refs = ray.remote(max_retries=0)(run_process), ray_cluster.forwarded_env(), []
     for i in range(hosts):
         args = ["train", *train_args, "--coordinator", coordinator]
         args += ["--num-processes", str(hosts), "--process-id", str(i)]
         log = str(out / LOG.format(i))
-        refs.append(task.options(**in_bundle(i)).remote(args, log, WORKER_PYTHON))
+        refs.append(task.options(**in_bundle(i)).remote(args, log, WORKER_PYTHON, env))
     return coordinator, refs
 
 
@@ -119,6 +121,15 @@ def cancel(ray, refs: list, *, force: bool = False) -> None:
         ray.cancel(ref, force=force)
 
 
+def stop(ray, refs: list, out: Path, signum: int) -> None:
+    """Cancel the tasks, each passing `signum` on to its process, and wait for them."""
+    ray_cluster.ask_stop(out, signum)
+    cancel(ray, refs)
+    if refs:
+        ray.wait(refs, num_returns=len(refs))
+    ray_cluster.clear_stop(out)
+
+
 def result(ray, ref) -> int:
     try:
         return ray.get(ref)
@@ -138,11 +149,13 @@ def free_address() -> str:
     return f"{ray.util.get_node_ip_address()}:{port}"
 
 
-def run_process(args: list[str], log: str, python: str | None) -> int:
-    """On a worker: `python -m jaxformer *args`, output appended to `log`; a cancellation
-    is passed on as SIGINT (the run saves its step). Its exit code."""
+def run_process(args: list[str], log: str, python: str | None, env: dict[str, str]) -> int:
+    """On a worker: `python -m jaxformer *args` with `env` over the worker's environment,
+    output appended to `log`; a cancellation is passed on as the stop's signal (the run
+    saves its step). Its exit code."""
+    command, folder = [python or sys.executable, "-m", "jaxformer", *args], Path(log).parent
     try:
-        proc = ray_cluster.start([python or sys.executable, "-m", "jaxformer", *args], Path(log))
+        proc = ray_cluster.start(command, Path(log), env)
     except KeyboardInterrupt:  # cancelled before it started
-        return 128 + signal.SIGINT
-    return ray_cluster.wait_stoppable(proc)
+        return 128 + ray_cluster.stop_signal(folder)
+    return ray_cluster.wait_stoppable(proc, folder)

@@ -1,6 +1,6 @@
 """One training run over two processes launched on Ray (a local head for the module): each
-process gets its id and the coordinator on the first task's node, a stop reaches every
-process, which saves, a failed process stops the others, and the losses equal a
+process gets its id and the coordinator on the first task's node, a stop passes its
+signal to every process, which saves, a failed process stops the others, and the losses equal a
 one-process run's; bad input is one line, exit 2, before any folder is made."""
 
 import json
@@ -10,27 +10,30 @@ import sys
 import pytest
 
 from jaxformer.cli import main
-from jaxformer_lab import train_ray
+from jaxformer_lab import ray_cluster, train_ray
 from tests.lab.sweep.test_ray import free_port, main_stopped
 from tests.parallel.test_multihost import env, losses
 
 ray = pytest.importorskip("ray")
 
 # A stand-in for `python -m jaxformer train`: it writes its arguments to argv<I>.json in
-# the run folder; with a file `hold` there it waits (to be stopped), saving on SIGINT;
-# with a file `fail<I>` it exits with the code that file holds.
+# the run folder, and the JAXFORMER_PROBE it sees to env<I>.json; with a file `hold`
+# there it waits (to be stopped), saving on a stop signal, whose name it writes to
+# saved<I>; with a file `fail<I>` it exits with the code that file holds.
 FAKE = """
-import json, pathlib, signal, sys, time
+import json, os, pathlib, signal, sys, time
 argv = sys.argv[1:]  # -m jaxformer train ...
 out, i = pathlib.Path(argv[argv.index("--out") + 1]), argv[argv.index("--process-id") + 1]
 (out / f"argv{i}.json").write_text(json.dumps(argv))
+(out / f"env{i}.json").write_text(json.dumps(os.environ.get("JAXFORMER_PROBE")))
 if (out / f"fail{i}").exists():
     sys.exit(int((out / f"fail{i}").read_text()))
 if (out / "hold").exists():
-    def save(*_):
-        (out / f"saved{i}").write_text("x")
-        sys.exit(130)
-    signal.signal(signal.SIGINT, save)
+    def save(signum, _):
+        (out / f"saved{i}").write_text(signal.Signals(signum).name)
+        sys.exit(128 + signum)
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, save)
     (out / f"holding{i}").write_text("x")
     time.sleep(120)
 print("fake process", i, "done")
@@ -54,7 +57,10 @@ def command(address, out, hosts=2):
     return train(address, out, hosts=hosts) + ["--", "--task", "copy", "--out", str(out)]
 
 
-def test_each_process_gets_its_id_and_the_first_nodes_coordinator(head, fake, tmp_path):
+def test_each_process_gets_its_id_and_the_first_nodes_coordinator(
+    head, fake, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("JAXFORMER_PROBE", "the driver's")  # the head's workers lack it
     out = tmp_path / "run"
     assert main(command(head, out)) == 0
     argvs = [json.loads((out / f"argv{i}.json").read_text()) for i in range(2)]
@@ -64,15 +70,18 @@ def test_each_process_gets_its_id_and_the_first_nodes_coordinator(head, fake, tm
     assert argvs[0][7:9] == argvs[1][7:9] and argvs[0][7] == "--coordinator"
     assert argvs[0][8].rpartition(":")[2].isdigit()  # the head's node: its address, a port
     assert "fake process 1 done" in (out / "train.process1.log").read_text()
+    seen = [json.loads((out / f"env{i}.json").read_text()) for i in range(2)]
+    assert seen == ["the driver's"] * 2
 
 
-def test_a_stop_reaches_every_process_which_saves(head, fake, tmp_path, capsys, monkeypatch):
+def test_a_stop_passes_its_signal_to_every_process(head, fake, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     out.mkdir()
     (out / "hold").write_text("x")
     monkeypatch.setattr(sys, "argv", ["jaxformer", *command(head, out)])
     assert main_stopped(sys.argv[1:], out / "holding0", out / "holding1") == 143
-    assert (out / "saved0").exists() and (out / "saved1").exists()
+    assert [(out / f"saved{i}").read_text() for i in range(2)] == ["SIGTERM"] * 2
+    assert not (out / ray_cluster.STOP_FILE).exists()
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "terminated by SIGTERM: every process was stopped, saving its step" in last
     assert last.endswith(f"continue with jaxformer {' '.join(command(head, out))} --resume")
@@ -84,7 +93,7 @@ def test_a_failed_process_stops_the_others(head, fake, tmp_path, capsys):
     (out / "hold").write_text("x")
     (out / "fail1").write_text("3")
     assert main(command(head, out)) == 3
-    assert (out / "saved0").exists()
+    assert (out / "saved0").read_text() == "SIGINT"
     said = f"process 1 exited with 3 (the others were stopped): see {out}/train.process1.log"
     assert said in capsys.readouterr().err
 
@@ -120,7 +129,8 @@ def test_the_placement_spreads_over_nodes_where_there_are_enough():
 
 
 @pytest.mark.slow  # three processes compiling from scratch
-def test_two_processes_on_ray_train_like_one_process(head, tmp_path):
+def test_two_processes_on_ray_train_like_one_process(head, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")  # forwarded: each process on Ray has one device
     config = tmp_path / "model.json"
     fields = dict(num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
     config.write_text(json.dumps(fields | {"max_len": 64}))

@@ -3,14 +3,14 @@
 `connect` joins a cluster ("auto", "host:port", or "local": a head on this machine for
 this sweep); `Cluster.check` refuses, before any folder is made, a cluster where no node
 has a run's resources, or several nodes writing to a local folder. `Cluster.launch`
-submits the runner's `jaxformer train` command of one job as a task that runs it as a
-subprocess on a worker, its output appended to the run's train.log, and returns a `RayRun`,
-which the runner polls, stops and waits on as it does a local process. A stop cancels the
-task (ray.cancel, force=False): its KeyboardInterrupt reaches the run as SIGINT, and the
-run saves its step. A run killed by a signal (a stop aside) is resumed by its task, up to
-RESUMES times; a task whose worker or node died is run again by Ray (max_retries), and
-resumes from the run's last checkpoint. Every node needs the same Python environment
-(jaxformer and jaxformer-lab installed) and the sweep's folder at the same path.
+submits one job's `jaxformer train` command as a task that runs it on a worker with the
+driver's XLA, JAX and jaxformer variables (`ray_cluster.forwarded_env`), output appended
+to the run's train.log; the `RayRun` it returns the runner polls, stops and waits on as
+a local process. A stop names its signal beside the run and cancels the task (not
+forced), which passes that signal on; the run saves its step. A run killed by a signal
+is resumed by its task, up to RESUMES times; a task whose worker or node died is run
+again by Ray (max_retries), from the run's last checkpoint. Every node needs the same
+Python environment (jaxformer and jaxformer-lab) and the sweep's folder at the same path.
 """
 
 from __future__ import annotations
@@ -78,8 +78,11 @@ class Cluster:
         """Submit `jaxformer *args` as a task, its output appended to `log`."""
         if self._task is None:
             self._task = self.ray.remote(max_retries=TASK_RETRIES)(run_command)
+        ray_cluster.clear_stop(log.parent)  # a stop of an earlier sweep
         options = dict(num_cpus=self.cpus, num_gpus=self.gpus)
-        return RayRun(self.ray, self._task.options(**options).remote(args, str(log), WORKER_PYTHON))
+        env = ray_cluster.forwarded_env()
+        ref = self._task.options(**options).remote(args, str(log), WORKER_PYTHON, env)
+        return RayRun(self.ray, ref, log.parent)
 
     def close(self) -> None:
         self.ray.shutdown()
@@ -87,17 +90,20 @@ class Cluster:
 
 class RayRun:
     """A submitted task, as the runner sees a local process: poll, returncode,
-    send_signal (a stop: the task is cancelled, the run saves its step) and wait."""
+    send_signal (a stop: the task is cancelled and passes `signum` on to the run in
+    `folder`, which saves its step) and wait."""
 
-    def __init__(self, ray, ref):
-        self.ray, self.ref, self.returncode = ray, ref, None
+    def __init__(self, ray, ref, folder: Path):
+        self.ray, self.ref, self.folder, self.returncode = ray, ref, folder, None
 
     def poll(self) -> int | None:
         if self.returncode is None and self.ray.wait([self.ref], timeout=0)[0]:
             self.returncode = self._result()
+            ray_cluster.clear_stop(self.folder)
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
+        ray_cluster.ask_stop(self.folder, signum)
         self.ray.cancel(self.ref, force=False)
 
     def wait(self) -> int:
@@ -108,30 +114,32 @@ class RayRun:
         try:
             return self.ray.get(self.ref)
         except self.ray.exceptions.TaskCancelledError:  # cancelled before it started
-            return 128 + signal.SIGINT
+            return 128 + ray_cluster.stop_signal(self.folder)
         except self.ray.exceptions.RayError:  # its worker or node died, retries spent
             return -signal.SIGKILL
 
 
-def run_command(args: list[str], log: str, python: str | None) -> int:
-    """On a worker: run `python -m jaxformer *args`, output appended to `log`; resume it
+def run_command(args: list[str], log: str, python: str | None, env: dict[str, str]) -> int:
+    """On a worker: run `python -m jaxformer *args` with `env` over the worker's
+    environment, output appended to `log`; resume it
     (the command has --resume) when killed by a signal, up to RESUMES times; on a
-    KeyboardInterrupt (ray.cancel) pass SIGINT on and wait while it saves. Its exit code."""
-    command = [python or sys.executable, "-m", "jaxformer", *args]
+    KeyboardInterrupt (ray.cancel) pass the stop's signal on (`ray_cluster.wait_stoppable`)
+    and wait while it saves. Its exit code."""
+    command, folder = [python or sys.executable, "-m", "jaxformer", *args], Path(log).parent
     try:
         for attempt in range(RESUMES + 1):
-            code = ray_cluster.wait_stoppable(_start(command, Path(log)))
+            code = ray_cluster.wait_stoppable(_start(command, Path(log), env), folder)
             if code >= 0 or attempt == RESUMES:
                 return code
             name = signal.Signals(-code).name
             _note(log, f"the run was killed by {name}; resuming it ({attempt + 1} of {RESUMES})")
     except KeyboardInterrupt:  # a stop between two starts
-        return 128 + signal.SIGINT
+        return 128 + ray_cluster.stop_signal(folder)
 
 
-def _start(command: list[str], log: Path) -> subprocess.Popen:
+def _start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     """The run's process (`ray_cluster.start`), its node and pid written next to its log."""
-    proc = ray_cluster.start(command, log)
+    proc = ray_cluster.start(command, log, env)
     task = {"node": socket.gethostname(), "pid": proc.pid}
     (log.parent / TASK_FILE).write_text(json.dumps(task))
     return proc

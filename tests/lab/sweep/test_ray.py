@@ -1,12 +1,16 @@
 """Sweeps on a Ray cluster (one local head for the module): the report of a sweep run as
 Ray tasks equals the local one's; a run killed mid-way is resumed by its task and no other
-run is lost; a stop reaches the run, which saves; bad input is one line, exit 2, no folder."""
+run is lost; a stop passes its signal to the run, which saves; the runs get the driver's
+XLA and JAX variables; bad input is one line, exit 2, no folder, as is a local folder on a
+cluster of two nodes."""
 
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -15,25 +19,29 @@ import pytest
 from jaxformer.cli import main
 from jaxformer_lab import ray_cluster, sweep
 from jaxformer_lab.sweep import ray_jobs
-from tests.lab.sweep.test_sweep import BASE, write_spec
+from tests.lab.sweep.test_sweep import BASE, ROOT, write_spec
 
 ray = pytest.importorskip("ray")
 
 # A stand-in for `python -m jaxformer train` (with a Python's #! line): it appends to
-# calls.txt in the run's folder and writes a summary that depends on the run; in the run
-# named in the file `hold` beside the sweep's folder, its first call waits (to be killed
-# or stopped), saving on SIGINT.
+# calls.txt in the run's folder, writes there the variables it sees (probed), and a
+# summary that depends on the run; in the run named in the file `hold` beside the
+# sweep's folder, its first call waits (to be killed or stopped), saving on a stop
+# signal, whose name it writes to `saved`.
 FAKE = """
-import json, pathlib, signal, sys, time, zlib
+import json, os, pathlib, signal, sys, time, zlib
 folder = pathlib.Path(sys.argv[sys.argv.index("--config") + 1]).parent
 with open(folder / "calls.txt", "a") as calls:
     calls.write("call\\n")
+probed = ("XLA_FLAGS", "JAXFORMER_PROBE", "CUDA_VISIBLE_DEVICES")
+(folder / "env.json").write_text(json.dumps({k: os.environ.get(k) for k in probed}))
 hold = folder.parents[2] / "hold"
 if hold.exists() and str(folder).endswith(hold.read_text()) and len((folder / "calls.txt").read_text().split()) == 1:
-    def save(*_):
-        (folder / "saved").write_text("x")
-        sys.exit(130)
-    signal.signal(signal.SIGINT, save)
+    def save(signum, _):
+        (folder / "saved").write_text(signal.Signals(signum).name)
+        sys.exit(128 + signum)
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, save)
     (folder / "holding").write_text("x")
     time.sleep(120)
 score = zlib.crc32(str(folder).split("sweep")[-1].encode()) % 100 / 100
@@ -57,7 +65,9 @@ def verdicts(out):
     return {k: v for k, v in results.items() if k != "out"}
 
 
-def test_a_sweep_on_ray_reports_as_the_local_one(head, fake, tmp_path, capsys):
+def test_a_sweep_on_ray_reports_as_the_local_one(head, fake, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("JAXFORMER_PROBE", "the driver's")  # the head's workers lack it
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # Ray's to set, per task
     spec = write_spec(tmp_path, variants={"baseline": {}, "wide": {"d_ff": 64}})
     assert main(["sweep", str(spec), "--ray", head, "--out", str(tmp_path / "ray/sweep")]) == 0
     assert main(["sweep", str(spec), "--out", str(tmp_path / "local/sweep")]) == 0
@@ -66,6 +76,16 @@ def test_a_sweep_on_ray_reports_as_the_local_one(head, fake, tmp_path, capsys):
     assert on_ray == local and set(local["variants"]) == {"baseline", "wide"}
     task = json.loads((tmp_path / "ray/sweep/wide/seed1" / ray_jobs.TASK_FILE).read_text())
     assert task["pid"] > 0 and not (tmp_path / "local/sweep/wide/seed1/ray_task.json").exists()
+    seen = json.loads((tmp_path / "ray/sweep/wide/seed1/env.json").read_text())
+    assert seen["XLA_FLAGS"] == os.environ["XLA_FLAGS"] != ""  # the head's is ""
+    assert seen["JAXFORMER_PROBE"] == "the driver's" and seen["CUDA_VISIBLE_DEVICES"] != "7"
+
+
+def test_the_runs_get_the_drivers_xla_jax_and_jaxformer_variables():
+    driver = dict(XLA_FLAGS="--a", XLA_PYTHON_CLIENT_MEM_FRACTION=".5", JAX_PLATFORMS="cpu")
+    driver |= dict(JAXFORMER_PLUGINS="p", LIBTPU_INIT_ARGS="--b")
+    others = dict(CUDA_VISIBLE_DEVICES="0", PATH="/bin", RAY_ADDRESS="x", XLA_X="y")
+    assert ray_cluster.forwarded_env(driver | others) == driver
 
 
 def when(path, timeout=60):
@@ -119,7 +139,7 @@ def test_a_killed_run_is_resumed_by_its_task_and_no_other_run_is_lost(head, fake
     assert sorted(calls.values()) == [1, 1, 1, 2] and calls["seed0sq"] == 2
 
 
-def test_a_stop_reaches_the_run_on_ray_which_saves(head, fake, tmp_path, capsys, monkeypatch):
+def test_a_stop_passes_its_signal_to_the_run_on_ray(head, fake, tmp_path, capsys, monkeypatch):
     path = write_spec(tmp_path, variants={"baseline": {}}, seeds=1)
     monkeypatch.setattr(sys, "argv", ["jaxformer", "sweep", str(path), "--ray", head])
     held = tmp_path / "sweep/baseline/seed0"
@@ -128,7 +148,8 @@ def test_a_stop_reaches_the_run_on_ray_which_saves(head, fake, tmp_path, capsys,
     out, err = capsys.readouterr()
     assert "[1/1] baseline seed 0: interrupted (resumes next time)" in out
     assert f"continue with jaxformer sweep {path} --ray {head}" in err.splitlines()[-1]
-    assert (held / "saved").exists()
+    assert (held / "saved").read_text() == "SIGTERM"  # as a local run gets it
+    assert not (held / ray_cluster.STOP_FILE).exists()
 
 
 def free_port() -> int:
@@ -165,6 +186,23 @@ def test_a_version_mismatch_is_one_line(tmp_path, capsys, monkeypatch):
     refused(capsys, tmp_path, "--ray", "auto", match="runs another Ray or Python than this one")
 
 
+QUIET = """
+from jaxformer_lab import ray_cluster
+ray = ray_cluster.join("local")
+print(ray.get(ray.remote(lambda: "ran").remote()))
+ray.shutdown()
+"""
+
+
+def test_a_head_started_here_says_nothing_and_keeps_rays_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # Ray's default
+    env["HOME"] = str(tmp_path)  # where Ray keeps its token
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "lab")])
+    done = subprocess.run([sys.executable, "-c", QUIET], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ran\n", "")
+    assert (tmp_path / ".ray/auth_token").exists()
+
+
 def test_a_cluster_without_a_runs_resources_is_one_line(head, tmp_path, capsys):
     refused(capsys, tmp_path, "--ray", head, "--ray-gpus", "1", match="asks for 1 GPU and no node")
     assert not ray.is_initialized()
@@ -182,9 +220,55 @@ def test_several_nodes_need_the_folder_on_shared_storage(tmp_path, monkeypatch):
         ray_cluster.check_storage(tmp_path, 3, False, str(mounts))
 
 
+TWO_NODES = """
+import sys
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False))
+cluster.add_node(num_cpus=1)
+print(cluster.address, flush=True)
+sys.stdin.read()
+cluster.shutdown()
+"""
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    """A Ray cluster of two nodes on this machine, its files (and the address that
+    `--ray auto` would read) in a short folder of its own (Ray's sockets live there); its
+    address."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with tempfile.TemporaryDirectory(dir="/tmp", ignore_cleanup_errors=True) as temp:
+        env = dict(os.environ, RAY_TMPDIR=temp, XLA_FLAGS="")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", TWO_NODES],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            address = proc.stdout.readline().decode().strip()
+            assert address, "the two-node cluster did not start"
+            yield address
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+
+
+def test_a_local_folder_on_two_nodes_is_one_line_before_any_folder(two_nodes, tmp_path, capsys):
+    if (ray_cluster.mount_type(tmp_path) or "").startswith(ray_cluster.SHARED_FILESYSTEMS):
+        pytest.skip(f"{tmp_path} is on shared storage here")
+    refused(capsys, tmp_path, "--ray", two_nodes, match="the Ray cluster has 2 nodes and")
+    out = tmp_path / "sweep"
+    argv = ["train", "ray", "--ray", two_nodes, "--hosts", "2", "--", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the Ray cluster has 2 nodes and" in err, err
+    assert not out.exists()
+
+
 @pytest.mark.slow  # eight short trainings
 def test_real_runs_on_ray_give_the_local_figures_and_verdicts(head, tmp_path, monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "")  # the local runs: one CPU device, as the head's
+    monkeypatch.setenv("XLA_FLAGS", "")  # each run (local, or on Ray: forwarded): one device
     path, results = write_spec(tmp_path), {}
     for where in ("ray", "local"):
         spec = sweep.Spec.load(path, out=str(tmp_path / where))
