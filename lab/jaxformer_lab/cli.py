@@ -463,9 +463,10 @@ def _train_ray(args) -> int:
         if gpus is None:
             gpus = 1 if ray.cluster_resources().get("GPU", 0) else 0
         needs = {k: v for k, v in (("CPU", args.ray_cpus), ("GPU", gpus)) if v}
-        how = train_ray.strategy(ray_cluster.live_nodes(ray), args.hosts, needs, args.ray)
-        nodes = args.hosts if how == "STRICT_SPREAD" else 1
-        ray_cluster.check_storage(out, nodes, args.shared_storage)
+        nodes = ray_cluster.live_nodes(ray)
+        how = train_ray.strategy(nodes, args.hosts, needs, args.ray)
+        # packed processes still land on a node Ray picks, not always this one
+        ray_cluster.check_storage(out, len(nodes), args.shared_storage)
         group = train_ray.place(ray, args.hosts, needs, how)
         out.mkdir(parents=True, exist_ok=True)
         return _train_on_ray(args, ray, group, needs, out)
@@ -484,7 +485,7 @@ def _train_on_ray(args, ray, group, needs: dict, out: pathlib.Path) -> int:
             address, refs = train_ray.launch(ray, group, args.hosts, needs, args.train_args, out)
             logs = out / train_ray.LOG.format("<I>")
             _progress(f"{where}: {args.hosts} process(es), coordinator {address}; output in {logs}")
-            ended = train_ray.wait(ray, refs)
+            ended = train_ray.wait(ray, refs, out)
     except KeyboardInterrupt as stop:  # and Terminated: SIGTERM, SIGHUP
         with repeats_dropped():
             train_ray.stop(ray, refs, out, getattr(stop, "signum", signal.SIGINT))

@@ -32,6 +32,7 @@ STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 AUTH_MODE = "RAY_AUTH_MODE"  # Ray's token authentication: "token" or "disabled"
 LOOPBACK = "127.0.0.1"  # the address of a head started here
 STOP_FILE = "ray_stop"  # beside a run: the name of the signal its stop passes on
+TASK_FAILED = 70  # a run whose Ray task raised (EX_SOFTWARE): failed, not interrupted
 # The driver's variables that shape a run: XLA's and JAX's flags, and jaxformer's own.
 FORWARDED = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_", "LIBTPU_INIT_ARGS", "JAX_", "JAXFORMER_")
 
@@ -144,6 +145,23 @@ def stop_signal(folder: Path) -> int:
         return signal.Signals[(Path(folder) / STOP_FILE).read_text().strip()]
     except (OSError, KeyError):
         return signal.SIGINT
+
+
+def outcome(ray, ref, log: Path) -> int:
+    """A finished task's exit code: its run's; 128 + the stop's signal when it was
+    cancelled before it started; TASK_FAILED, with the error's line appended to `log`,
+    when the task's own code raised; -SIGKILL when its worker or node died."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.TaskCancelledError:
+        return 128 + stop_signal(Path(log).parent)
+    except ray.exceptions.RayTaskError as error:
+        cause = error.cause if isinstance(error.cause, Exception) else error
+        with open(log, "a") as out:
+            out.write(f"the Ray task failed: {type(cause).__name__}: {one_line(cause)}\n")
+        return TASK_FAILED
+    except ray.exceptions.RayError:  # its worker or node died, retries spent
+        return -signal.SIGKILL
 
 
 def clear_stop(folder: Path) -> None:

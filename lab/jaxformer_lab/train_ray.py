@@ -15,7 +15,6 @@ port reachable from the others.
 
 from __future__ import annotations
 
-import signal
 import socket
 import sys
 import time
@@ -100,13 +99,15 @@ def launch(ray, group, hosts: int, needs: dict, train_args: list[str], out: Path
     return coordinator, refs
 
 
-def wait(ray, refs: list) -> list[tuple[int, int]]:
+def wait(ray, refs: list, out: Path) -> list[tuple[int, int]]:
     """(process, exit code) of each task, in the order they ended; when one fails, the
     others are stopped (and killed after FAILURE_GRACE_SECONDS)."""
     ended, pending, failed_at = [], list(refs), None
     while pending:
         done, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-        ended += [(refs.index(ref), result(ray, ref)) for ref in done]
+        for ref in done:
+            i = refs.index(ref)
+            ended.append((i, ray_cluster.outcome(ray, ref, out / LOG.format(i))))
         if failed_at is None and pending and any(code for _, code in ended):
             failed_at = time.monotonic()
             cancel(ray, pending)
@@ -128,15 +129,6 @@ def stop(ray, refs: list, out: Path, signum: int) -> None:
     if refs:
         ray.wait(refs, num_returns=len(refs))
     ray_cluster.clear_stop(out)
-
-
-def result(ray, ref) -> int:
-    try:
-        return ray.get(ref)
-    except ray.exceptions.TaskCancelledError:  # cancelled before it started
-        return 128 + signal.SIGINT
-    except ray.exceptions.RayError:  # its worker or node died
-        return -signal.SIGKILL
 
 
 def free_address() -> str:

@@ -111,12 +111,7 @@ class RayRun:
         return self.poll()
 
     def _result(self) -> int:
-        try:
-            return self.ray.get(self.ref)
-        except self.ray.exceptions.TaskCancelledError:  # cancelled before it started
-            return 128 + ray_cluster.stop_signal(self.folder)
-        except self.ray.exceptions.RayError:  # its worker or node died, retries spent
-            return -signal.SIGKILL
+        return ray_cluster.outcome(self.ray, self.ref, self.folder / "train.log")
 
 
 def run_command(args: list[str], log: str, python: str | None, env: dict[str, str]) -> int:

@@ -203,6 +203,22 @@ def test_a_head_started_here_says_nothing_and_keeps_rays_token(tmp_path):
     assert (tmp_path / ".ray/auth_token").exists()
 
 
+def test_a_task_whose_own_code_raises_fails_naming_its_error(head, tmp_path):
+    """Not "interrupted (resumes next time)", as a dead worker's task is."""
+    ray = ray_cluster.join(head)
+    try:
+
+        @ray.remote(max_retries=0)
+        def broken():
+            raise ValueError("no such  thing")
+
+        log = tmp_path / "train.log"
+        assert ray_cluster.outcome(ray, broken.remote(), log) == ray_cluster.TASK_FAILED
+        assert log.read_text() == "the Ray task failed: ValueError: no such thing\n"
+    finally:
+        ray.shutdown()
+
+
 def test_a_cluster_without_a_runs_resources_is_one_line(head, tmp_path, capsys):
     refused(capsys, tmp_path, "--ray", head, "--ray-gpus", "1", match="asks for 1 GPU and no node")
     assert not ray.is_initialized()
@@ -259,11 +275,12 @@ def test_a_local_folder_on_two_nodes_is_one_line_before_any_folder(two_nodes, tm
         pytest.skip(f"{tmp_path} is on shared storage here")
     refused(capsys, tmp_path, "--ray", two_nodes, match="the Ray cluster has 2 nodes and")
     out = tmp_path / "sweep"
-    argv = ["train", "ray", "--ray", two_nodes, "--hosts", "2", "--", "--out", str(out)]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "the Ray cluster has 2 nodes and" in err, err
-    assert not out.exists()
+    for hosts in ("2", "1"):  # spread, or packed on a node Ray picks
+        argv = ["train", "ray", "--ray", two_nodes, "--hosts", hosts, "--", "--out", str(out)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "the Ray cluster has 2 nodes and" in err, err
+        assert not out.exists()
 
 
 @pytest.mark.slow  # eight short trainings
