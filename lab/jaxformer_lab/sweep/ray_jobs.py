@@ -133,9 +133,13 @@ def run_command(args: list[str], log: str, python: str | None, env: dict[str, st
 
 
 def _start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    """The run's process (`ray_cluster.start`), its node and pid written next to its log."""
+    """The run's process (`ray_cluster.start`), its host, Ray node and pid written next
+    to its log."""
+    import ray
+
     proc = ray_cluster.start(command, log, env)
-    task = {"node": socket.gethostname(), "pid": proc.pid}
+    node = ray.get_runtime_context().get_node_id()
+    task = {"node": socket.gethostname(), "ray_node": node, "pid": proc.pid}
     (log.parent / TASK_FILE).write_text(json.dumps(task))
     return proc
 

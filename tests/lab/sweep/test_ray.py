@@ -283,6 +283,19 @@ def test_a_local_folder_on_two_nodes_is_one_line_before_any_folder(two_nodes, tm
         assert not out.exists()
 
 
+def test_a_sweep_over_two_nodes_reports_as_the_local_one(two_nodes, fake, tmp_path, capsys):
+    """Two Ray nodes (one CPU each) on this machine, whose disk both see: the runs go to
+    both nodes, and the report is the local runner's."""
+    spec = write_spec(tmp_path, variants={"baseline": {}, "wide": {"d_ff": 64}})
+    out = tmp_path / "ray/sweep"
+    argv = ["sweep", str(spec), "--ray", two_nodes, "--shared-storage", "--out", str(out)]
+    assert main(argv) == 0
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "local/sweep")]) == 0
+    assert verdicts(out) == verdicts(tmp_path / "local/sweep")
+    tasks = [json.loads(p.read_text()) for p in out.glob(f"*/seed*/{ray_jobs.TASK_FILE}")]
+    assert len(tasks) == 4 and len({t["ray_node"] for t in tasks}) == 2
+
+
 @pytest.mark.slow  # eight short trainings
 def test_real_runs_on_ray_give_the_local_figures_and_verdicts(head, tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")  # each run (local, or on Ray: forwarded): one device
