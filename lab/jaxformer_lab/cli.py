@@ -177,6 +177,8 @@ def _ray_resource_options(w, each: str) -> None:
                    help=f"CPUs {each} asks the Ray cluster for (default 1)")  # fmt: skip
     w.add_argument("--ray-gpus", type=float, metavar="N",
                    help=f"GPUs {each} asks for (default: 1 on a cluster with GPUs, else 0)")  # fmt: skip
+    w.add_argument("--ray-tpus", type=float, metavar="N",
+                   help=f"TPU chips {each} asks for (default: a TPU host's, on a cluster with TPUs)")  # fmt: skip
     w.add_argument(
         "--shared-storage",
         action="store_true",
@@ -427,6 +429,7 @@ def _ray_cluster(args, spec):
         options = {
             "--ray-cpus": args.ray_cpus != 1,
             "--ray-gpus": args.ray_gpus is not None,
+            "--ray-tpus": args.ray_tpus is not None,
             "--shared-storage": args.shared_storage,
         }
         if given := [option for option, used in options.items() if used]:
@@ -435,7 +438,7 @@ def _ray_cluster(args, spec):
     from jaxformer_lab.sweep import ray_jobs
 
     _check_ray_resources(args)
-    cluster = ray_jobs.connect(args.ray, cpus=args.ray_cpus, gpus=args.ray_gpus)
+    cluster = ray_jobs.connect(args.ray, cpus=args.ray_cpus, gpus=args.ray_gpus, tpus=args.ray_tpus)
     try:
         cluster.check(spec.out, shared_storage=args.shared_storage)
     except BaseException:
@@ -445,8 +448,8 @@ def _ray_cluster(args, spec):
 
 
 def _check_ray_resources(args) -> None:
-    if args.ray_cpus <= 0 or (args.ray_gpus or 0) < 0:
-        raise BadValue("--ray-cpus must be > 0 and --ray-gpus >= 0")
+    if args.ray_cpus <= 0 or (args.ray_gpus or 0) < 0 or (args.ray_tpus or 0) < 0:
+        raise BadValue("--ray-cpus must be > 0, and --ray-gpus and --ray-tpus >= 0")
 
 
 def _train_ray(args) -> int:
@@ -459,10 +462,7 @@ def _train_ray(args) -> int:
     out = train_ray.run_folder(args.train_args)
     ray = ray_cluster.join(args.ray)
     try:
-        gpus = args.ray_gpus
-        if gpus is None:
-            gpus = 1 if ray.cluster_resources().get("GPU", 0) else 0
-        needs = {k: v for k, v in (("CPU", args.ray_cpus), ("GPU", gpus)) if v}
+        needs = ray_cluster.run_needs(ray, args.ray_cpus, args.ray_gpus, args.ray_tpus)
         nodes = ray_cluster.live_nodes(ray)
         how = train_ray.strategy(nodes, args.hosts, needs, args.ray)
         # packed processes still land on a node Ray picks, not always this one

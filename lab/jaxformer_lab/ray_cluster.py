@@ -102,6 +102,23 @@ def live_nodes(ray) -> list[dict]:
     return [n["Resources"] for n in ray.nodes() if n["Alive"]]
 
 
+def run_needs(ray, cpus: float, gpus: float | None, tpus: float | None) -> dict[str, float]:
+    """What one run's process asks of the cluster: `cpus` CPUs; `gpus` GPUs (None: 1 where
+    the cluster has GPUs); `tpus` TPU chips (None: a whole TPU host's where it has TPUs,
+    since one JAX process drives every chip of its host)."""
+    if gpus is None:
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) else 0
+    if tpus is None:
+        tpus = max((n.get("TPU", 0) for n in live_nodes(ray)), default=0)
+    return {k: v for k, v in (("CPU", cpus), ("GPU", gpus), ("TPU", tpus)) if v}
+
+
+def task_options(needs: dict[str, float]) -> dict:
+    """`needs` as Ray task options (TPUs are a custom resource to Ray)."""
+    options = dict(num_cpus=needs.get("CPU", 0), num_gpus=needs.get("GPU", 0))
+    return options | ({"resources": {"TPU": needs["TPU"]}} if "TPU" in needs else {})
+
+
 def check_storage(out: Path, nodes: int, shared: bool, mounts: str = "/proc/mounts") -> None:
     """With several nodes, `out` must be on a network filesystem, or `shared` said."""
     kind = mount_type(out, mounts)

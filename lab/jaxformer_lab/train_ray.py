@@ -58,7 +58,7 @@ def strategy(nodes: list[dict], hosts: int, needs: dict[str, float], address: st
     asked = ", ".join(f"{need:g} {key}" for key, need in needs.items())
     raise BadValue(
         f"--hosts {hosts}: the Ray cluster at {address} has room for {sum(fits)} process(es) "
-        f"of {asked} ({len(nodes)} node(s)); add nodes, or ask less with --ray-cpus/--ray-gpus"
+        f"of {asked} ({len(nodes)} node(s)); add nodes, or ask less with --ray-cpus/--ray-gpus/--ray-tpus"
     )
 
 
@@ -84,9 +84,7 @@ def launch(ray, group, hosts: int, needs: dict, train_args: list[str], out: Path
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
-        return dict(
-            num_cpus=needs.get("CPU", 0), num_gpus=needs.get("GPU", 0), scheduling_strategy=where
-        )
+        return ray_cluster.task_options(needs) | dict(scheduling_strategy=where)
 
     ray_cluster.clear_stop(out)  # a stop of an earlier launch
     coordinator = ray.get(ray.remote(free_address).options(**in_bundle(0)).remote())

@@ -32,39 +32,37 @@ TASK_FILE = "ray_task.json"  # the node and process id of the run in flight
 WORKER_PYTHON = None  # the interpreter a task runs `jaxformer` with; None: the worker's own
 
 
-def connect(address: str, *, cpus: float = 1, gpus: float | None = None) -> Cluster:
+def connect(
+    address: str, *, cpus: float = 1, gpus: float | None = None, tpus: float | None = None
+) -> Cluster:
     """Join the Ray cluster at `address` ("local": start a head here, for this sweep);
-    each run asks for `cpus` CPUs and `gpus` GPUs (None: 1 on a cluster with GPUs)."""
+    each run asks for what `ray_cluster.run_needs` gives."""
     ray = ray_cluster.join(address)
-    if gpus is None:
-        gpus = 1 if ray.cluster_resources().get("GPU", 0) else 0
-    return Cluster(ray, address, cpus, gpus)
+    return Cluster(ray, address, ray_cluster.run_needs(ray, cpus, gpus, tpus))
 
 
 class Cluster:
     """A joined Ray cluster and what each run asks of it."""
 
-    def __init__(self, ray, address: str, cpus: float, gpus: float):
-        self.ray, self.address, self.cpus, self.gpus = ray, address, cpus, gpus
+    def __init__(self, ray, address: str, needs: dict[str, float]):
+        self.ray, self.address, self.needs = ray, address, needs
+        self.accelerators = needs.get("GPU", 0) + needs.get("TPU", 0)  # per run
         self._task = None
 
     def nodes(self) -> list[dict]:
         """The resources of each live node."""
         return ray_cluster.live_nodes(self.ray)
 
-    def needs(self) -> dict[str, float]:
-        return {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v}
-
     def slots(self) -> int:
         """How many runs the cluster holds at once."""
-        fits = [min(int(n.get(k, 0) // v) for k, v in self.needs().items()) for n in self.nodes()]
+        fits = [min(int(n.get(k, 0) // v) for k, v in self.needs.items()) for n in self.nodes()]
         return max(1, sum(fits))
 
     def check(self, out: Path, *, shared_storage: bool = False) -> None:
         """Refuse a cluster where no node has a run's resources, and a local `out` that
         the cluster's other nodes would not see."""
         nodes = self.nodes()
-        for key, need in self.needs().items():
+        for key, need in self.needs.items():
             most = max((n.get(key, 0) for n in nodes), default=0)
             if most < need:
                 raise BadValue(
@@ -79,7 +77,7 @@ class Cluster:
         if self._task is None:
             self._task = self.ray.remote(max_retries=TASK_RETRIES)(run_command)
         ray_cluster.clear_stop(log.parent)  # a stop of an earlier sweep
-        options = dict(num_cpus=self.cpus, num_gpus=self.gpus)
+        options = ray_cluster.task_options(self.needs)
         env = ray_cluster.forwarded_env()
         ref = self._task.options(**options).remote(args, str(log), WORKER_PYTHON, env)
         return RayRun(self.ray, ref, log.parent)

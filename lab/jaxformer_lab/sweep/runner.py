@@ -92,7 +92,8 @@ def run(
         pin = len(slots) > 1 and gpus >= len(slots)  # each slot runs on its own GPU
         cores = shares(len(slots)) if not gpus and len(slots) > 1 else None  # or its cores
     else:  # Ray places each task, and gives it its GPUs
-        gpus, slots, pin, cores = cluster.gpus, list(range(jobs or cluster.slots())), False, None
+        gpus, slots = cluster.accelerators, list(range(jobs or cluster.slots()))
+        pin, cores = False, None
     queue = _jobs(spec, pending, gpus > 0 if vmap_seeds is None else vmap_seeds)
     running: dict[int, tuple] = {}
     done = len(todo) - len(pending)

@@ -203,6 +203,26 @@ def test_a_head_started_here_says_nothing_and_keeps_rays_token(tmp_path):
     assert (tmp_path / ".ray/auth_token").exists()
 
 
+class TpuCluster:
+    """Ray as a cluster of two TPU hosts (4 chips each) and a CPU node shows it."""
+
+    def cluster_resources(self):
+        return {"CPU": 40, "TPU": 8}
+
+    def nodes(self):
+        tpu_host = {"Alive": True, "Resources": {"CPU": 16, "TPU": 4}}
+        return [tpu_host, tpu_host, {"Alive": True, "Resources": {"CPU": 8}}]
+
+
+def test_a_run_asks_for_a_whole_tpu_host_where_the_cluster_has_tpus():
+    needs = ray_cluster.run_needs(TpuCluster(), 1, None, None)
+    assert needs == {"CPU": 1, "TPU": 4}
+    assert ray_cluster.task_options(needs) == dict(num_cpus=1, num_gpus=0, resources={"TPU": 4})
+    assert ray_cluster.run_needs(TpuCluster(), 2, 0, 1) == {"CPU": 2, "TPU": 1}
+    cluster = ray_jobs.Cluster(TpuCluster(), "x:1", needs)
+    assert cluster.slots() == 2 and cluster.accelerators == 4  # one run per host
+
+
 def test_a_task_whose_own_code_raises_fails_naming_its_error(head, tmp_path):
     """Not "interrupted (resumes next time)", as a dead worker's task is."""
     ray = ray_cluster.join(head)
