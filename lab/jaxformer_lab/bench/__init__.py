@@ -21,6 +21,7 @@ from jaxformer_lab.bench import (  # noqa: F401
     compile_time,
     copy_baseline,
     decode_speed,
+    first_hour,
     internals_overhead,
     lm_throughput,
     make_train,

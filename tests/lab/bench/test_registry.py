@@ -20,6 +20,7 @@ NAMES = (
     "compile-time",
     "copy-baseline",
     "decode",
+    "first-hour",
     "gpt2-peers",
     "internals-overhead",
     "lm-throughput",

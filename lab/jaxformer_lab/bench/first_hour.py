@@ -1,0 +1,128 @@
+"""How long a new user's first two commands take (`jaxformer bench first-hour`): a fresh
+clone of this checkout's commit, then `make train` and `make test` as the README gives
+them, each split into its install and its run, with pip's cache empty (`--pip-cache
+cold`, the default: a first machine) or the user's own (`warm`).
+
+Each step runs as the user would run it, from the clone, with an empty compilation cache
+and without CI's variables; the machine's load average is sampled every 5 s, since other
+jobs on the machine lengthen every figure. The clone and its environments are removed at
+the end. The record (docs/results/first_hour.json) is what the README's times cite.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from jaxformer.checks import BadValue
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.results import Record, Table, capture
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]  # the checkout this lab runs from
+# (name, make target): each install, then what the user asked for.
+STEPS = {
+    "train": [("install for make train", ".venv/.installed-run"), ("make train", "train")],
+    "test": [("install for make test", ".venv/.installed-dev"), ("make test", "test")],
+}
+
+
+@dataclass(frozen=True)
+class FirstHourOptions(Options):
+    pip_cache: str = option("cold", "pip's cache: an empty one, or yours", choices=("cold", "warm"))
+    parts: tuple[str, ...] = option(("train", "test"), "the commands to time, in order")
+
+    def __post_init__(self):
+        super().__post_init__()
+        unknown = sorted(set(self.parts) - set(STEPS))
+        if unknown or not self.parts:
+            raise BadValue(f"--parts {' '.join(unknown)}: choose from {' '.join(STEPS)}")
+
+
+@BENCHMARKS.register("first-hour", FirstHourOptions)
+def run(options: FirstHourOptions) -> Record:
+    """`make train` and `make test` from a fresh clone, each install and run timed."""
+    commit = _git("rev-parse", "--short", "HEAD")
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = pathlib.Path(tmp) / "jaxformer"
+        say(f"cloning {ROOT} at {commit} into a temporary folder")
+        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+        env = _user_env(pathlib.Path(tmp), options.pip_cache)
+        rows = [timed(name, target, clone, env) for p in options.parts for name, target in STEPS[p]]
+    headline = {
+        p: round(sum(r["wall_s"] for r in rows if r["part"] == p), 1) for p in options.parts
+    }
+    headline["pip_cache"] = options.pip_cache
+    source = f"a fresh clone of jaxformer at commit {commit}, pip's cache {options.pip_cache}"
+    return capture(
+        [_table(rows, options.pip_cache)], source=source, data={"headline": headline, "steps": rows}
+    )
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _user_env(tmp: pathlib.Path, pip_cache: str) -> dict[str, str]:
+    """This environment less CI's variables and any virtual environment, with an empty
+    compilation cache and (cold) an empty pip cache."""
+    drop = ("CI", "VIRTUAL_ENV", "PYTHONPATH", "JAXFORMER_PLUGINS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["XDG_CACHE_HOME"] = str(tmp / "cache")
+    if pip_cache == "cold":
+        env["PIP_CACHE_DIR"] = str(tmp / "pip-cache")
+    return env
+
+
+def timed(name: str, target: str, clone: pathlib.Path, env: dict) -> dict:
+    """One `make TARGET` in the clone: its wall seconds and the load average's mean and
+    range while it ran; its output in the clone's make-<target>.log (said when it fails)."""
+    loads, done = [os.getloadavg()[0]], threading.Event()
+
+    def sample():
+        while not done.wait(5.0):
+            loads.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    say(f"{name}: make {target} (minutes)")
+    log = clone / f"make-{pathlib.Path(target).name}.log"
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        code = subprocess.run(
+            ["make", target], cwd=clone, env=env, stdout=out, stderr=out
+        ).returncode
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    if code != 0:
+        tail = log.read_text().strip().splitlines()[-1:] or [""]
+        raise RuntimeError(f"make {target} exited with {code} after {wall:.0f} s: {tail[0]}")
+    say(f"  {wall:.0f} s")
+    part = next(p for p, steps in STEPS.items() if (name, target) in steps)
+    load = [round(sum(loads) / len(loads), 1), round(min(loads), 1), round(max(loads), 1)]
+    return dict(part=part, step=name, target=target, wall_s=round(wall, 1), load=load)
+
+
+def _table(rows: list[dict], pip_cache: str) -> Table:
+    """A row per step, then each command's total."""
+    cells = [[r["step"], f"{r['wall_s'] / 60:.1f}", "{} ({}-{})".format(*r["load"])] for r in rows]
+    for part in dict.fromkeys(r["part"] for r in rows):
+        total = sum(r["wall_s"] for r in rows if r["part"] == part)
+        cells.append([f"**make {part} from a fresh clone**", f"**{total / 60:.1f}**", ""])
+    return Table(
+        caption=f"A fresh clone's first commands, pip's cache {pip_cache} (minutes):",
+        columns=["step", "minutes", "load average (mean, range)"],
+        align="lrr",
+        rows=cells,
+        notes=[
+            f"The load average is sampled every 5 s; above {os.cpu_count()} (the cores), "
+            "other jobs ran beside the step and its time is longer than on an idle machine."
+        ],
+    )
