@@ -255,20 +255,23 @@ def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkey
     assert correct >= 19, list(zip(out, pairs, strict=True))
 
 
-def test_sigterm_while_decoding_a_large_input_keeps_the_printed_outputs(seq2seq_run):
-    """Outputs are printed a batch at a time; SIGTERM mid-way exits 143 with one line
-    saying how many were printed and where the rest starts, and those lines stay."""
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_stop_while_decoding_a_large_input_keeps_the_printed_outputs(seq2seq_run, name):
+    """Outputs are printed a batch at a time; Ctrl-C, SIGTERM or SIGHUP mid-way exits 130,
+    143 or 129 with one line saying how many were printed and where the rest starts, and
+    those lines stay."""
     from tests.stopping import Started
 
     lines = [f"{d} March 2001" for d in range(1, 29)] * 100
     argv = ["generate", "--checkpoint", str(seq2seq_run), "--batch-size", "1"]
     run = Started(argv, stdin="\n".join(lines) + "\n")
     run.wait_for("out", r"")  # the first output (an untrained model: maybe empty)
-    code, seconds = run.stop(signal.SIGTERM)
-    assert code == 143 and seconds < 10, run.err()
+    code, seconds = run.stop(getattr(signal, name))
+    assert code == 128 + getattr(signal, name) and seconds < 10, run.err()
     printed = len(run.lines["out"])
     assert 1 <= printed < len(lines) and all(line.endswith("\n") for line in run.lines["out"])
-    said = f"jaxformer generate: terminated by SIGTERM after {printed} of {len(lines)} outputs"
+    why = "interrupted" if name == "SIGINT" else f"terminated by {name}"
+    said = f"jaxformer generate: {why} after {printed} of {len(lines)} outputs"
     assert run.err()[-1] == (
         f"{said} (printed); for the rest, give it stdin from line {printed + 1} on "
         f"(tail -n +{printed + 1})"

@@ -286,7 +286,7 @@ def _stopped_by(stop: BaseException, stopping: _Stopping) -> tuple[str, int]:
     elif isinstance(stop, Terminated):
         why, code = str(stop), 128 + stop.signum
     else:
-        why, code = "Ctrl-C", 130
+        why, code = "SIGINT", 130
     return why + (f" during part {stopping.part}" if stopping.part else ""), code
 
 
