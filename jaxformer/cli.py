@@ -20,6 +20,8 @@ import difflib
 import os
 import pathlib
 import re
+import shlex
+import signal
 import sys
 import traceback
 import typing
@@ -394,14 +396,30 @@ def _use_compilation_cache(enabled: bool) -> None:
 
 def main(argv: list[str] | None = None, extensions: tuple | None = None) -> int:
     """The command; `extensions` are the plugin modules that add commands (default: every
-    installed plugin that defines `add_commands`)."""
+    installed plugin that defines `add_commands`). A stop that no command took (Ctrl-C
+    while it starts) is one line and the signal's exit code."""
+    from jaxformer.train.signals import stops_kept
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        with stops_kept():
+            return _main(argv, extensions)
+    except KeyboardInterrupt as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        again = shlex.join(["jaxformer", *argv])
+        print(
+            f"jaxformer: stopped by {signal.Signals(signum).name}; rerun `{again}`", file=sys.stderr
+        )
+        return 128 + signum
+
+
+def _main(argv: list[str], extensions: tuple | None) -> int:
     _tune_glibc_malloc()
     if extensions is None:
         from jaxformer import plugins
 
         extensions = tuple(p for p in plugins.load() if hasattr(p, "add_commands"))
     parser, commands = _parser(extensions)
-    argv = sys.argv[1:] if argv is None else argv
     if len(argv) > 1 and _joined(f"{argv[0]}-{argv[1]}", commands):  # "sweep report"
         argv = [f"{argv[0]}-{argv[1]}", *argv[2:]]
     args, extras = parser.parse_known_args(argv)

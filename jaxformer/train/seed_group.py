@@ -112,12 +112,14 @@ class _Seed(NamedTuple):
 def _train_seeds(model_config, runs, resume, progress, hooks, vmapped) -> list[dict[str, Any]]:
     started = time.perf_counter()
     check_hooks(hooks)
-    setups = _set_up(model_config, runs)  # all bad input before any folder
     group, folders = [], []
     stepped = lambda: any(s.meter.step > s.meter.first for s in group)  # noqa: E731
-    with loop.undone_on_bad_start(folders, stepped):
+    steps = None
+    with loop.undone_on_bad_start(folders, stepped, stepping=lambda: steps is not None):
+        setups = _set_up(model_config, runs)  # all bad input before any folder
         states = _open(setups, group, folders, started, resume, progress, hooks)
-        _run_steps(group, _Steps(group[0].setup, states, vmapped))
+        steps = _Steps(group[0].setup, states, vmapped)
+        _run_steps(group, steps)
     summaries = [_finish(seed) for seed in group]  # the first seed's report is shown
     if progress and group[0].folder.is_main:
         for seed in group[1:]:

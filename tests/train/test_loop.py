@@ -1,6 +1,7 @@
 """The training loop, checkpoints, resume, faults and the `jaxformer train` command."""
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -385,6 +386,43 @@ def test_a_stop_repeated_while_the_step_is_saved_is_dropped(tmp_path, capsys, mo
     assert capsys.readouterr().err == (
         f"terminated by SIGHUP: saved step 3 in {where}; continue with resume=True\n"
     )
+
+
+@NEEDS_SIGHUP
+def test_a_stop_before_the_first_step_leaves_no_folder_and_says_so(tmp_path, capsys, monkeypatch):
+    """SIGHUP once the run folder is started, before its first step: nothing to save, the
+    folder goes (as on bad input), and one line says so with how to continue."""
+    real = loop._start
+
+    def start(*args, **kwargs):
+        started = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGHUP)  # its handler raises here
+        return started
+
+    monkeypatch.setattr(loop, "_start", start)
+    with pytest.raises(loop.Terminated):
+        loop.train(small_config(), run_config(tmp_path / "run", steps=6), progress=False)
+    assert not (tmp_path / "run").exists()
+    assert capsys.readouterr().err == (
+        "terminated by SIGHUP before the first step: nothing to save; continue with resume=True\n"
+    )
+
+
+@NEEDS_SIGHUP
+def test_a_stop_dropped_in_a_garbage_collector_callback_is_sent_again():
+    """A stop whose handler runs inside a gc callback (JAX has one) raises there, where
+    Python prints and drops the exception: it is sent again, and stops the job."""
+    from jaxformer.train.signals import stop_signals_raise
+
+    def callback(phase, info):
+        gc.callbacks.remove(callback)
+        raise loop.Terminated(signal.SIGHUP)  # as the handler would, inside the callback
+
+    with pytest.raises(loop.Terminated) as stopped, stop_signals_raise():
+        gc.callbacks.append(callback)
+        gc.collect()
+        time.sleep(10)  # the stop comes again meanwhile
+    assert stopped.value.signum == signal.SIGHUP
 
 
 @NEEDS_SIGHUP
