@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxformer import decode
-from jaxformer.checks import BadValue
+from jaxformer.checks import BadValue, option
 from jaxformer.config import TransformerConfig
 from jaxformer.train import loop, report
 from jaxformer.train import seeds as seed_axis
@@ -37,7 +37,7 @@ UNVMAPPED = ("mesh", "pmap", "profile", "log_internals")  # options seeds cannot
 def seed_runs(run: RunConfig, seeds: Sequence[int], out: str | None = None) -> list[RunConfig]:
     """`run` once per seed, each in `<out>/seed<S>` (default out: the run's own folder)."""
     if not seeds or len(set(seeds)) != len(seeds):
-        raise BadValue(f"seeds must be distinct, at least one, got {list(seeds)}")
+        raise BadValue(f"{option('seeds')} must be distinct, at least one, got {list(seeds)}")
     base = pathlib.Path(out or run.runtime.out)
     fields = run.to_dict()
     return [
