@@ -482,7 +482,7 @@ def test_every_reading_of_the_runs_is_one_family(tmp_path):
     again = sweep.report.summarize(dataclasses.replace(spec, baseline="b", readings=spec.baselines))
     fresh = again["variants"]["a"]["paired"]["bootstrap"]["bleu"]
     assert fresh == pytest.approx(ba) and again["comparisons"] == 6
-    with pytest.raises(ValueError, match="baseline 'd' is not one of the variants"):
+    with pytest.raises(ValueError, match="readings: 'd' is not one of the variants"):
         sweep.Spec.load(write_spec(tmp_path, readings=["d"]))
     with pytest.raises(ValueError, match="readings must be a list of variant names"):
         sweep.Spec.load(write_spec(tmp_path, readings="b"))
