@@ -20,6 +20,8 @@ import difflib
 import os
 import pathlib
 import re
+import shlex
+import signal
 import sys
 import traceback
 import typing
@@ -394,14 +396,30 @@ def _use_compilation_cache(enabled: bool) -> None:
 
 def main(argv: list[str] | None = None, extensions: tuple | None = None) -> int:
     """The command; `extensions` are the plugin modules that add commands (default: every
-    installed plugin that defines `add_commands`)."""
+    installed plugin that defines `add_commands`). A stop that no command took (Ctrl-C
+    while it starts) is one line and the signal's exit code."""
+    from jaxformer.train.signals import stops_kept
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        with stops_kept():
+            return _main(argv, extensions)
+    except KeyboardInterrupt as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        again = shlex.join(["jaxformer", *argv])
+        print(
+            f"jaxformer: stopped by {signal.Signals(signum).name}; rerun `{again}`", file=sys.stderr
+        )
+        return 128 + signum
+
+
+def _main(argv: list[str], extensions: tuple | None) -> int:
     _tune_glibc_malloc()
     if extensions is None:
         from jaxformer import plugins
 
         extensions = tuple(p for p in plugins.load() if hasattr(p, "add_commands"))
     parser, commands = _parser(extensions)
-    argv = sys.argv[1:] if argv is None else argv
     if len(argv) > 1 and _joined(f"{argv[0]}-{argv[1]}", commands):  # "sweep report"
         argv = [f"{argv[0]}-{argv[1]}", *argv[2:]]
     args, extras = parser.parse_known_args(argv)
@@ -434,29 +452,32 @@ def _command(args, extensions: tuple, where: str) -> int:
         if args.command not in ("train", "generate"):
             return next(p.run(args) for p in extensions if args.command in p.COMMANDS)
         _use_compilation_cache(not args.no_compile_cache)
-        _import_variants(args.variants)
+        import_variants(args.variants)
         if args.command == "train":
             return _train(args)
         return _generate(args)
     except InputError as e:  # anything else is a bug: its traceback
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
-        message = _as_flags(str(e), args.config) if args.command == "train" else str(e)
+        message = str(e)
+        if args.command in ("train", "generate"):
+            message = _as_flags(message, args.command, getattr(args, "config", None))
         print(f"{where}: error: {message}", file=sys.stderr)
         return 2
 
 
-def _import_variants(sources: list[str]) -> None:
-    """Import each --variants file or module; one that raises is bad input, shown as its
-    exception and its own frames (not the importing machinery's)."""
-    from jaxformer.functional.registry import import_variants
+def import_variants(sources: list[str]) -> None:
+    """Import each --variants file or module (a sweep's variant_files); one that raises
+    (or exits) is bad input, shown as its exception and its own frames (not the
+    importing machinery's)."""
+    from jaxformer.functional import registry
 
     for source in sources:
         try:
-            import_variants([source])
+            registry.import_variants([source])
         except InputError:
             raise
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             frames = [f for f in traceback.extract_tb(e.__traceback__) if _users(f.filename)]
             shown = traceback.format_list(frames[-3:]) + traceback.format_exception_only(e)
             raise BadValue(
@@ -473,22 +494,29 @@ def _users(filename: str) -> bool:
     )
 
 
-# A name in an error that is not an option's own but means one.
-_MEANS = {"implementation": "attention_impl", "total_steps": "steps"}
+# A name in an error that is not an option's own but means one: train's, generate's.
+_MEANS = {
+    "implementation": "attention_impl",
+    "total_steps": "steps",
+    "timeout_s": "coordinator_timeout",
+}
+_MEANS |= {name: name for name in ("coordinator", "num_processes", "process_id")}
+_GENERATE = {"beam_size": "beam", "alpha": "alpha", "temperature": "temperature"}
+_GENERATE |= {name: name for name in ("top_k", "top_p", "max_new_tokens")}
 
 
-def _as_flags(message: str, config: str | None) -> str:
-    """`message` with the config fields it names written as `jaxformer train`'s flags
-    (batch_size -> --batch-size): a name with an underscore wherever it stands as a word,
-    any other before "=" or " must". Names in quotes are keys and stay; so does a message
-    about the --config file, whose keys are its fields."""
+def _as_flags(message: str, command: str, config: str | None) -> str:
+    """`message` with the config fields (decoding's arguments) it names written as the
+    `command`'s flags (batch_size -> --batch-size): a name with an underscore wherever it
+    stands as a word, any other before "=" or " must". Names in quotes are keys and stay;
+    so does a message about the --config file, whose keys are its fields."""
     if config is not None and message.startswith(f"{config}:"):
         return message
     from jaxformer.config import TransformerConfig
     from jaxformer.train.config import RunConfig
 
     names = {*RunConfig.options(), *(f.name for f in dataclasses.fields(TransformerConfig))}
-    means = {name: name for name in names} | _MEANS
+    means = _GENERATE if command == "generate" else {name: name for name in names} | _MEANS
     word = r"(?<![\w\-./'\"])(\w+)(?![\w'\"/]|\.\w)(=(?!=)| must\b)?"
 
     def flag(m: re.Match) -> str:

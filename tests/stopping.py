@@ -1,5 +1,7 @@
 """Stopping a command in a phase: start it, wait until its output shows the phase, send a
-signal, and find the processes it started that outlived it."""
+signal, and find the processes it started that outlived it. The command starts with the
+stop signals as a terminal leaves them (a test run started in the background ignores
+SIGINT, and a child would inherit that)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,14 @@ import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MARKER = "JAXFORMER_STOP_TEST"  # in the environment of the command and all it starts
+STOPS = ("SIGINT", "SIGTERM", "SIGHUP")
+# `python -m jaxformer` with Ctrl-C's handler and the other stops' default action
+BOOT = (
+    "import runpy, signal\n"
+    "for name in ('SIGTERM', 'SIGHUP'): signal.signal(getattr(signal, name), signal.SIG_DFL)\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "runpy.run_module('jaxformer', run_name='__main__', alter_sys=True)"
+)
 
 
 class Started:
@@ -25,7 +35,7 @@ class Started:
         path = os.pathsep.join([str(ROOT), str(ROOT / "lab")])
         env = dict(os.environ, PYTHONPATH=path, **{MARKER: self.marker}, **(env or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jaxformer", *argv],
+            [sys.executable, "-c", BOOT, *argv],
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -69,10 +79,14 @@ class Started:
         self.proc.kill()
         raise AssertionError(f"no line {pattern!r} on std{stream}: {self.err()[-5:]}")
 
-    def stop(self, signum: int, timeout: float = 30) -> tuple[int, float]:
-        """Send `signum`; the exit code and the seconds it took to exit."""
+    def stop(self, signum: int, timeout: float = 30, group: bool = False) -> tuple[int, float]:
+        """Send `signum` (to every process of the command's group with `group`, as a
+        terminal sends Ctrl-C); the exit code and the seconds it took to exit."""
         sent = time.monotonic()
-        self.proc.send_signal(signum)
+        if group:
+            os.killpg(self.proc.pid, signum)
+        else:
+            self.proc.send_signal(signum)
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

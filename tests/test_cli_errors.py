@@ -2,6 +2,7 @@
 stderr (a few for a --variants file's own error) with exit code 2, names the flag to
 change, and leaves no run folder behind."""
 
+import re
 import subprocess
 import sys
 
@@ -92,4 +93,60 @@ def test_errors_name_flags_not_fields(tmp_path, argv, words):
     out = tmp_path / "run"
     code, lines = _train("--task", "copy", *argv, "--out", out)
     _one_line(code, lines, *words)
+    assert not out.exists()
+
+
+def _in_process(capsys, *argv):
+    """`jaxformer train ARGV --no-progress` in this process: (exit code, stderr lines)."""
+    from jaxformer.cli import main
+
+    try:
+        code = main(["train", *map(str, argv), "--no-progress"])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+# Found by a fault trial: a flag's value named as a field or blamed on the --config file.
+FLAGS = [
+    ("a flag over --config is the flag's", ["--config", "small.json", "--steps", "0"], r"--steps must be >= 1, got 0$"),
+    ("a model flag over --config", ["--config", "small.json", "--dropout-rate", "1.5"], r"--dropout-rate must be in \[0, 1\), got 1.5$"),
+    ("the file's own value is the file's", ["--config", "bad_lr.json"], r"bad_lr.json: lr must be > 0, got -1$"),
+    ("--coordinator", ["--coordinator", "nohostport", "--num-processes", "2", "--process-id", "0"], r"--coordinator must be HOST:PORT \(or 'auto'\), got 'nohostport'$"),
+    ("--process-id", ["--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "5"], r"--process-id must be in \[0, 1\] for --num-processes=2, got 5$"),
+    ("--coordinator-timeout", ["--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "0", "--coordinator-timeout", "0"], r"--coordinator-timeout must be a positive int \(seconds\), got 0$"),
+    ("--seeds repeated", ["--seeds", "0", "0"], r"--seeds must be distinct, at least one, got \[0, 0\]$"),
+    ("--seq-len over --max-len", ["--data-text", "text.txt", "--seq-len", "100", "--max-len", "64"], r"--seq-len=100 is more than the model's --max-len=64$"),
+    ("a --variants module not there", ["--variants", "no_such_variants_module"], r"--variants no_such_variants_module: no such file or module$"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, match", [pytest.param(a, m, id=n) for n, a, m in FLAGS])
+def test_errors_name_the_flag_given(tmp_path, capsys, monkeypatch, argv, match):
+    (tmp_path / "small.json").write_text('{"d_model": 16, "num_heads": 2, "d_ff": 32}')
+    (tmp_path / "bad_lr.json").write_text('{"run": {"lr": -1}}')
+    (tmp_path / "text.txt").write_text("one document here\n\nand another one\n")
+    monkeypatch.chdir(tmp_path)
+    task = [] if "--data-text" in argv else ["--task", "copy"]
+    code, lines = _in_process(capsys, *task, *argv, "--out", tmp_path / "run")
+    _one_line(code, lines)
+    assert re.search(match, lines[0]), lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_variants_file_that_exits_is_an_error_not_an_exit(tmp_path, capsys):
+    variants = tmp_path / "exits.py"
+    variants.write_text("import sys\n\nsys.exit(3)\n")
+    code, lines = _in_process(capsys, "--task", "copy", "--variants", variants)
+    assert code == 2 and lines[0].endswith(f"--variants {variants} raised on import:"), lines
+    assert lines[-1] == "SystemExit: 3" and len(lines) <= 5, lines
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel may run on a GPU or TPU")
+def test_a_tokamax_kernel_on_a_cpu_is_one_line_and_leaves_no_folder(tmp_path, capsys):
+    """Found when the first step is traced, after the folder was made: the folder goes."""
+    out = tmp_path / "run"
+    argv = ["--task", "copy", "--config", config_file(tmp_path), "--steps", "2"]
+    code, lines = _in_process(capsys, *argv, "--attention-impl", "tokamax_mosaic", "--out", out)
+    _one_line(code, lines, "tokamax")
     assert not out.exists()

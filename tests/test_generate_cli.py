@@ -178,10 +178,12 @@ def test_beam_search_gets_the_tokenizers_ids(hf_run, capsys, monkeypatch):
     [
         ([], "3 March 2001\n\n20010303\n", "input line 2 is empty"),
         (["--input", "x" * 48], None, "input line 1 has 49 tokens, more than the model's max_len=48"),
-        (["--input", "1", "--temperature", "0"], None, "temperature must be > 0"),
-        (["--input", "1", "--top-p", "1.5"], None, r"top_p must be in \(0, 1\]"),
-        (["--input", "1", "--top-p", "0"], None, r"top_p must be in \(0, 1\]"),
-        (["--input", "1", "--beam", "0"], None, "beam_size must be >= 1, got 0"),
+        (["--input", "1", "--temperature", "0"], None, "--temperature must be > 0"),
+        (["--input", "1", "--top-p", "1.5"], None, r"--top-p must be in \(0, 1\]"),
+        (["--input", "1", "--top-p", "0"], None, r"--top-p must be in \(0, 1\]"),
+        (["--input", "1", "--beam", "0"], None, "--beam must be >= 1, got 0"),
+        (["--input", "1", "--alpha", "-1"], None, r"--alpha must be >= 0, got -1.0$"),
+        (["--input", "1", "--top-k", "0"], None, r"--top-k must be >= 1, got 0$"),
         (["--input", "1", "--batch-size", "0"], None, "--batch-size must be >= 1, got 0"),
         (["--input", "1", "--top-k", "two"], None, "argument --top-k: invalid int value: 'two'"),
         (["--input", "1", "--beam", "2", "--temperature", "1"], None, "not both"),
@@ -255,20 +257,23 @@ def test_trained_on_dates_generate_prints_the_iso_dates(tmp_path, capsys, monkey
     assert correct >= 19, list(zip(out, pairs, strict=True))
 
 
-def test_sigterm_while_decoding_a_large_input_keeps_the_printed_outputs(seq2seq_run):
-    """Outputs are printed a batch at a time; SIGTERM mid-way exits 143 with one line
-    saying how many were printed and where the rest starts, and those lines stay."""
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_stop_while_decoding_a_large_input_keeps_the_printed_outputs(seq2seq_run, name):
+    """Outputs are printed a batch at a time; Ctrl-C, SIGTERM or SIGHUP mid-way exits 130,
+    143 or 129 with one line saying how many were printed and where the rest starts, and
+    those lines stay."""
     from tests.stopping import Started
 
     lines = [f"{d} March 2001" for d in range(1, 29)] * 100
     argv = ["generate", "--checkpoint", str(seq2seq_run), "--batch-size", "1"]
     run = Started(argv, stdin="\n".join(lines) + "\n")
     run.wait_for("out", r"")  # the first output (an untrained model: maybe empty)
-    code, seconds = run.stop(signal.SIGTERM)
-    assert code == 143 and seconds < 10, run.err()
+    code, seconds = run.stop(getattr(signal, name))
+    assert code == 128 + getattr(signal, name) and seconds < 10, run.err()
     printed = len(run.lines["out"])
     assert 1 <= printed < len(lines) and all(line.endswith("\n") for line in run.lines["out"])
-    said = f"jaxformer generate: terminated by SIGTERM after {printed} of {len(lines)} outputs"
+    why = "interrupted" if name == "SIGINT" else f"terminated by {name}"
+    said = f"jaxformer generate: {why} after {printed} of {len(lines)} outputs"
     assert run.err()[-1] == (
         f"{said} (printed); for the rest, give it stdin from line {printed + 1} on "
         f"(tail -n +{printed + 1})"

@@ -26,7 +26,7 @@ import jax
 import jax.extend.backend
 import jax.numpy as jnp
 
-from jaxformer.checks import BadValue, MissingPackage
+from jaxformer.checks import BadType, BadValue, MissingPackage
 from jaxformer.functional.masks import causal_mask, combine_masks, fold_masks
 from jaxformer.functional.registry import ATTENTION
 
@@ -120,7 +120,7 @@ def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float
     reason), or None. explicit: a dense mask, bias or validity vectors; padded: key
     lengths."""
     if tokamax_or_none() is None:
-        return ImportError, f"tokamax is not installed ({INSTALL_HINT})"
+        return MissingPackage, f"tokamax is not installed ({INSTALL_HINT})"
     if dropout_rate > 0.0:
         return BadValue, "has no attention dropout"
     backend, device = current_target()
@@ -129,17 +129,17 @@ def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float
     if families[0] == "tpu":
         generation = re.search(r"(\d+)", device.device_kind)
         if generation is None or int(generation.group(1)) < 5:
-            return ValueError, f"needs TPU v5 or newer, found {device.device_kind!r}"
+            return BadValue, f"needs TPU v5 or newer, found {device.device_kind!r}"
         if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float32):
-            return TypeError, f"on a TPU takes bfloat16 or float32 q, k, v; got {dtypes}"
+            return BadType, f"on a TPU takes bfloat16 or float32 q, k, v; got {dtypes}"
         if padded or explicit:
             return BadValue, "on a TPU takes the causal flag only: no key lengths, masks, bias"
         return _fails_here("mosaic")
     if families[0] in ("gpu_sm90", "gpu_sm100"):
         if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
-            return TypeError, f"takes bfloat16 or float16 q, k, v (all one dtype); got {dtypes}"
+            return BadType, f"takes bfloat16 or float16 q, k, v (all one dtype); got {dtypes}"
         return _fails_here("mosaic")
-    return ValueError, f"needs a Hopper or Blackwell GPU or a TPU, found {families[0]!r}"
+    return BadValue, f"needs a Hopper or Blackwell GPU or a TPU, found {families[0]!r}"
 
 
 def _fails_here(name: str):

@@ -111,9 +111,20 @@ def import_variants(sources: list[str]) -> None:
     for source in sources:
         path = pathlib.Path(source)
         if path.suffix != ".py":
-            importlib.import_module(source)
+            _import_module(source)
             continue
         if not path.is_file():
             raise MissingFile(f"--variants {source}: no such file")
         spec = importlib.util.spec_from_file_location(f"jaxformer_variants_{path.stem}", path)
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def _import_module(name: str) -> None:
+    """Import the module `name`; one that is not there is a missing file (a module it
+    imports that is not there is the module's own error)."""
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
+            raise
+        raise MissingFile(f"--variants {name}: no such file or module") from None

@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 import math
 import pathlib
+import re
 import typing
 from typing import Any
 
@@ -418,6 +419,8 @@ def load_run(
         config = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(**fields)
         options = RunConfig.from_options(**(sections["run"] | (run or {})))
     except InputError as e:
+        if any(re.search(rf"\b{name}\b", str(e)) for name in [*(model or {}), *(run or {})]):
+            raise  # a value given over the file's: the error is not the file's
         raise type(e)(f"{where}{e}") from None
     return config, options
 

@@ -28,6 +28,7 @@ from flax import nnx
 
 from jaxformer.checks import BadType, InputError, check_bool, check_instance, check_int
 from jaxformer.config import TransformerConfig
+from jaxformer.parallel import is_main_process
 from jaxformer.train import report
 from jaxformer.train.config import RunConfig
 from jaxformer.train.evaluate import Evaluation
@@ -145,20 +146,22 @@ def train(
 def _train(model_config, run, resume, progress, hooks) -> dict[str, Any]:
     started = time.perf_counter()
     check_hooks(hooks)
-    setup = set_up(model_config, run)  # everything that can fail before the folder exists
-    folder = RunFolder(
-        run.runtime.out,
-        placement=setup.placement,
-        meta=setup.meta,
-        keep_checkpoints=run.runtime.keep_checkpoints,
-        verbose=progress,
-    )
-    meter = None
-    with undone_on_bad_start([folder], lambda: meter is not None and meter.step > meter.first):
+    folders, meter = [], None
+    stepped = lambda: meter is not None and meter.step > meter.first  # noqa: E731
+    with undone_on_bad_start(folders, stepped, stepping=lambda: meter is not None):
+        setup = set_up(model_config, run)  # everything that can fail before the folder exists
+        folder = RunFolder(
+            run.runtime.out,
+            placement=setup.placement,
+            meta=setup.meta,
+            keep_checkpoints=run.runtime.keep_checkpoints,
+            verbose=progress,
+        )
+        folders.append(folder)
         state, first = _start(setup, folder, resume=resume)
         evaluation = Evaluation(setup, earlier=folder.resumed_seconds["eval_seconds"])
-        meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
         shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
+        meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
         _run_steps(setup, folder, meter, shown, state, _hooks(run, evaluation, hooks))
     final = evaluation.result
     summary = meter.summary() | final.fields | report.description(setup) | final.tests
@@ -168,17 +171,33 @@ def _train(model_config, run, resume, progress, hooks) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def undone_on_bad_start(folders: list[RunFolder], stepped: Callable[[], bool]):
+def undone_on_bad_start(
+    folders: list[RunFolder], stepped: Callable[[], bool], stepping: Callable[[], bool]
+):
     """On bad input (an InputError) before the run's first step (while not `stepped()`),
-    undo the opening of `folders` (what they made goes, what was there stays): a run
-    that never started leaves no folder."""
+    or a stop (Ctrl-C, SIGTERM, SIGHUP) before its steps begin (while not `stepping()`;
+    the steps save and say so themselves), undo the opening of `folders` (what they made
+    goes, what was there stays): a run that never started leaves no folder. A stop says
+    so in one line."""
     try:
         yield
     except InputError:
         if not stepped():
-            for folder in reversed(folders):
-                folder.undo()
+            _undo(folders)
         raise
+    except KeyboardInterrupt as stop:
+        if not stepping():
+            with repeats_dropped():
+                _undo(folders)
+                if is_main_process():
+                    why = f"{_stop(stop, None)} before the first step: nothing to save"
+                    print(f"{why}; continue with {report.continue_command()}", file=sys.stderr)
+        raise
+
+
+def _undo(folders: list[RunFolder]) -> None:
+    for folder in reversed(folders):
+        folder.undo()
 
 
 def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState, int]:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxformer import decode
-from jaxformer.checks import BadValue
+from jaxformer.checks import BadValue, option
 from jaxformer.config import TransformerConfig
 from jaxformer.train import loop, report
 from jaxformer.train import seeds as seed_axis
@@ -36,7 +36,7 @@ UNVMAPPED = ("mesh", "pmap", "profile", "log_internals")  # options seeds cannot
 def seed_runs(run: RunConfig, seeds: Sequence[int], out: str | None = None) -> list[RunConfig]:
     """`run` once per seed, each in `<out>/seed<S>` (default out: the run's own folder)."""
     if not seeds or len(set(seeds)) != len(seeds):
-        raise BadValue(f"seeds must be distinct, at least one, got {list(seeds)}")
+        raise BadValue(f"{option('seeds')} must be distinct, at least one, got {list(seeds)}")
     base = pathlib.Path(out or run.runtime.out)
     fields = run.to_dict()
     return [
@@ -111,12 +111,14 @@ class _Seed(NamedTuple):
 def _train_seeds(model_config, runs, resume, progress, hooks, vmapped) -> list[dict[str, Any]]:
     started = time.perf_counter()
     check_hooks(hooks)
-    setups = _set_up(model_config, runs)  # all bad input before any folder
     group, folders = [], []
     stepped = lambda: any(s.meter.step > s.meter.first for s in group)  # noqa: E731
-    with loop.undone_on_bad_start(folders, stepped):
+    steps = None
+    with loop.undone_on_bad_start(folders, stepped, stepping=lambda: steps is not None):
+        setups = _set_up(model_config, runs)  # all bad input before any folder
         states = _open(setups, group, folders, started, resume, progress, hooks)
-        _run_steps(group, _Steps(group[0].setup, states, vmapped))
+        steps = _Steps(group[0].setup, states, vmapped)
+        _run_steps(group, steps)
     summaries = [_finish(seed) for seed in group]  # the first seed's report is shown
     if progress and group[0].folder.is_main:
         for seed in group[1:]:

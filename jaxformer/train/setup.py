@@ -99,7 +99,7 @@ def set_up(
     `reseeded`), instead of building them."""
     if run.data.init_from is None:
         tokenizer, data = data or build_data(run)
-        config = _fit_config(model_config, tokenizer, data)
+        config = _fit_config(model_config, tokenizer, data, run.data.task is None)
         model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.runtime.seed))
     else:
         model, tokenizer, data = _pretrained(run)
@@ -203,10 +203,15 @@ def _pretrained(run: RunConfig) -> tuple[nnx.Module, Tokenizer, TrainingData]:
 
 
 def _fit_config(
-    config: TransformerConfig, tokenizer: Tokenizer, data: TrainingData
+    config: TransformerConfig, tokenizer: Tokenizer, data: TrainingData, cut: bool
 ) -> TransformerConfig:
-    """`config` with the tokenizer's vocabulary, checked against the data's length."""
+    """`config` with the tokenizer's vocabulary, checked against the data's length (with
+    `cut`, the run's seq_len: a file's or a corpus's sequences are cut to it)."""
     if config.max_len < data.max_len:
+        if cut:
+            raise BadValue(
+                f"seq_len={data.max_len} is more than the model's max_len={config.max_len}"
+            )
         raise BadValue(
             f"the data needs sequences of {data.max_len} tokens but max_len={config.max_len}"
         )

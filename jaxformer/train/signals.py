@@ -6,7 +6,9 @@ given back its donated state, so the loop can save it. Callers' own handlers are
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 
 
@@ -36,7 +38,8 @@ def stop_signals_raise():
     for signum in ours:
         signal.signal(signum, _raise_terminated)
     try:
-        yield
+        with stops_kept():
+            yield
     finally:
         for signum in ours:
             signal.signal(signum, signal.SIG_DFL)
@@ -44,6 +47,32 @@ def stop_signals_raise():
 
 def _raise_terminated(signum, frame):
     raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def stops_kept():
+    """While the block runs: a stop whose exception Python can only print and drop (its
+    handler ran inside a garbage collector's callback, as JAX's, or a __del__) is sent
+    again, so that it still stops the job rather than being lost."""
+    before = sys.unraisablehook
+    if getattr(before, "sends_stops_again", False):  # an outer block's
+        yield
+        return
+
+    def hook(unraisable):
+        stop = unraisable.exc_value
+        if not isinstance(stop, KeyboardInterrupt):
+            return before(unraisable)
+        signum = getattr(stop, "signum", signal.SIGINT)
+        # from another thread, once the callback that dropped it has returned
+        threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+
+    hook.sends_stops_again = True
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = before
 
 
 @contextlib.contextmanager

@@ -314,6 +314,8 @@ def _compile_check(args) -> int:
             raise BadValue(f"--model {name!r}: expected one of {', '.join(aot.MODEL_NAMES)}")
     if args.out is not None and not args.out.parent.is_dir():
         raise MissingFile(f"--out {args.out}: no folder {args.out.parent}")
+    if args.out is not None:
+        results.check_out(args.out)
     for name in ("batch", "length"):
         if getattr(args, name) is not None:
             check_int(f"--{name}", getattr(args, name))
@@ -509,7 +511,10 @@ def _train_on_ray(args, ray, group, needs: dict, out: pathlib.Path) -> int:
 def _sweep_report(args) -> int:
     import json
 
+    from jaxformer_lab import results
+
     _check_report_options(args)
+    results.check_out(args.out)
     record, line = _report_runs(args) if args.runs else _report_sweep(args)
     given = {"device": args.device, "source": args.source}
     record = dataclasses.replace(record, **{k: v for k, v in given.items() if v is not None})
@@ -521,10 +526,12 @@ def _sweep_report(args) -> int:
 def _sweep_calibrate(args) -> int:
     import json
 
+    from jaxformer_lab import results
     from jaxformer_lab.sweep import calibration
 
     check_int("--repetitions", args.repetitions)
     check_int("--samples", args.samples)
+    results.check_out(args.out)
     record = calibration.record(args.repetitions, args.samples, say=_progress)
     record.write(args.out)
     print(json.dumps({"out": args.out, "rows": record.tables[0].rows}))

@@ -340,7 +340,10 @@ def run(args: argparse.Namespace) -> dict:
     if not args.dry_run:
         check_gpu(call["machine"])
     out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadValue(f"--out {args.out}: cannot make the folder ({e.strerror})") from None
     chosen = [p for p in parts(out, args.jobs) if not args.parts or p.name in args.parts]
     if args.dry_run:
         result = call | {"parts": dry_run(chosen, out)}

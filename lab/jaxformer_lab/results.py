@@ -124,6 +124,18 @@ class Record:
         return "*" + "; ".join(p for p in parts if p) + ".*"
 
 
+def check_out(path: str | pathlib.Path, flag: str = "--out") -> None:
+    """Refuse (BadValue) a record's path that `write` could not write: a folder, or one
+    under a file or a folder this process may not write; checked before the work."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise BadValue(f"{flag} {path} is a folder; give the record's file path")
+    there = next(p for p in path.parents if p.exists())
+    if not there.is_dir() or not os.access(there, os.W_OK):
+        why = "is a file" if not there.is_dir() else "cannot be written"
+        raise BadValue(f"{flag} {path}: {there} {why}; choose another {flag}")
+
+
 def capture(
     tables: list[Table],
     *,

@@ -1,6 +1,7 @@
 """The training loop, checkpoints, resume, faults and the `jaxformer train` command."""
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -276,8 +277,15 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
     assert losses(killed_out) == losses(straight_out)
 
 
-def test_ctrl_c_saves_and_exits_130(tmp_path):
-    out = tmp_path / "run"
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_stop_saves_and_exits_with_its_code(tmp_path, name):
+    """Ctrl-C (130), SIGTERM (143) or a closed terminal's SIGHUP (129) while steps run:
+    the step in flight is saved, one line says so with the command that continues, and
+    the command leaves no process behind (test_faults: the resumed run ends as an
+    unstopped one)."""
+    from tests.stopping import Started
+
+    out, signum = tmp_path / "run", getattr(signal, name)
     args = [
         *"train --task copy --steps 100000 --checkpoint-every 100000 --log-every 1".split(),
         "--config",
@@ -286,33 +294,23 @@ def test_ctrl_c_saves_and_exits_130(tmp_path):
         "--out",
         str(out),
     ]
-    # A test run started in the background of a non-interactive shell (as CI may start it)
-    # has SIGINT ignored, and a child inherits that: Python then installs no Ctrl-C
-    # handler. The run gets the handler a terminal would give it.
-    ctrl_c = "import signal, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    ctrl_c += "runpy.run_module('jaxformer', run_name='__main__')"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ctrl_c, *args],
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run = Started(args, env={"XLA_FLAGS": cli_env()["XLA_FLAGS"]})
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (
         metrics.exists() and metrics.read_text().count("\n") >= 3
     ):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    assert stdout == ""  # --no-progress; the stop is one line on stderr
-    said = [line for line in stderr.splitlines() if "saved step" in line]
-    assert len(said) == 1 and said[0].startswith("interrupted: saved step"), stderr
+    code, seconds = run.stop(signum)
+    assert code == 128 + signum and seconds < 10, run.err()
+    assert run.lines["out"] == []  # --no-progress; the stop is one line on stderr
+    said = [line for line in run.err() if "saved step" in line]
+    why = "interrupted" if name == "SIGINT" else f"terminated by {name}"
+    assert len(said) == 1 and said[0].startswith(f"{why}: saved step"), run.err()
     assert said[0].endswith(f" --out {out} --resume")  # the command as run, to paste
     step = run_folder.Checkpointer(out).latest_step()
     assert step is not None and step >= 3
+    assert run.survivors() == []
 
 
 NEEDS_SIGHUP = pytest.mark.skipif(
@@ -391,7 +389,44 @@ def test_a_stop_repeated_while_the_step_is_saved_is_dropped(tmp_path, capsys, mo
 
 
 @NEEDS_SIGHUP
-@pytest.mark.slow  # 13 s of the quick suite; test_ctrl_c_saves_and_exits_130 stops a run there
+def test_a_stop_before_the_first_step_leaves_no_folder_and_says_so(tmp_path, capsys, monkeypatch):
+    """SIGHUP once the run folder is started, before its first step: nothing to save, the
+    folder goes (as on bad input), and one line says so with how to continue."""
+    real = loop._start
+
+    def start(*args, **kwargs):
+        started = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGHUP)  # its handler raises here
+        return started
+
+    monkeypatch.setattr(loop, "_start", start)
+    with pytest.raises(loop.Terminated):
+        loop.train(small_config(), run_config(tmp_path / "run", steps=6), progress=False)
+    assert not (tmp_path / "run").exists()
+    assert capsys.readouterr().err == (
+        "terminated by SIGHUP before the first step: nothing to save; continue with resume=True\n"
+    )
+
+
+@NEEDS_SIGHUP
+def test_a_stop_dropped_in_a_garbage_collector_callback_is_sent_again():
+    """A stop whose handler runs inside a gc callback (JAX has one) raises there, where
+    Python prints and drops the exception: it is sent again, and stops the job."""
+    from jaxformer.train.signals import stop_signals_raise
+
+    def callback(phase, info):
+        gc.callbacks.remove(callback)
+        raise loop.Terminated(signal.SIGHUP)  # as the handler would, inside the callback
+
+    with pytest.raises(loop.Terminated) as stopped, stop_signals_raise():
+        gc.callbacks.append(callback)
+        gc.collect()
+        time.sleep(10)  # the stop comes again meanwhile
+    assert stopped.value.signum == signal.SIGHUP
+
+
+@NEEDS_SIGHUP
+@pytest.mark.slow  # 13 s of the quick suite; test_a_stop_saves_and_exits_with_its_code stops a run there
 def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
     tmp_path, capsys, monkeypatch
 ):

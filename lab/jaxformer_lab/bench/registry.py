@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 from jaxformer.checks import BadType, BadValue, check_instance
-from jaxformer_lab.results import Record
+from jaxformer_lab.results import Record, check_out
 
 
 def option(default, help: str, **extra) -> Any:
@@ -51,6 +51,8 @@ class Options:
             self.out and not self.FOLDER and not self.out.endswith(".json")
         ):
             raise BadValue(f"--out must be a .json path, got {self.out!r}")
+        if self.out and not self.FOLDER:
+            check_out(self.out)
 
     def record_path(self) -> pathlib.Path:
         """Where the record goes: --out, or record.json in the --out folder."""

@@ -155,6 +155,8 @@ def run_lab(options: LabOptions) -> dict:
     report; returns the report's dict (report.json). Raises Stopped after writing what it
     has when a signal or --time-limit stops it."""
     start = time.perf_counter()
+    profile = profile_of(options)
+    names = chosen_parts(profile, options)  # a bad --parts before the load is measured
     say(f"jaxformer bench {NAME}: measuring the machine's load for 3 s (other processes, in cores)")
     guard = load.probe(3.0) | {"max_cores": options.max_load, "allowed": options.allow_load}
     guard["quiet"] = load.verdict(guard, options.max_load)
@@ -165,11 +167,9 @@ def run_lab(options: LabOptions) -> dict:
             f"--max-load is {options.max_load:g}. Wait for a quiet machine, or pass "
             "--allow-load to run anyway with every figure marked as measured under load"
         )
-    profile = profile_of(options)
     out = pathlib.Path(options.out)
     records = read_parts(out / "parts", fingerprint(options, profile))
     call = {"start": start, "guard": guard, "earlier": _earlier_calls(out, records)}
-    names = chosen_parts(profile, options)
     _say_plan(profile, names, records, guard)
     clock = Clock(options.time_limit)
     at_limit = alarm_at_deadline(clock, lambda: Stopped("the time limit", 124))
@@ -279,7 +279,7 @@ def _stopped_by(stop: BaseException, clock: Clock) -> tuple[str, int]:
     elif isinstance(stop, Terminated):
         why, code = str(stop), 128 + stop.signum
     else:
-        why, code = "Ctrl-C", 130
+        why, code = "SIGINT", 130
     return why + (f" during part {clock.part}" if clock.part else ""), code
 
 

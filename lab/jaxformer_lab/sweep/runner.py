@@ -80,7 +80,7 @@ def run(
     if retry_failed:
         again = [(v, s) for v, s in todo if status(spec.folder(v, s)) in ("failed", "diverged")]
         _clear(spec, again, "retrying", say)
-    spec.out.mkdir(parents=True, exist_ok=True)
+    _make_folder(spec.out)
     pending = [(v, s) for v, s in todo if status(spec.folder(v, s)) == "pending"]
     why = "a pending variant starts from it, and its checkpoints are gone"
     _clear(spec, _stages_without_checkpoints(spec, pending), why, say)
@@ -119,6 +119,16 @@ def run(
             _collect(spec, running, queue, done, len(todo), say)
             raise
     return report.write(spec)
+
+
+def _make_folder(out) -> None:
+    """The sweep's folder; one that cannot be made is bad input naming it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadValue(
+            f"cannot make the sweep folder {out} ({e.strerror}); choose another --out"
+        ) from None
 
 
 def _say_waiting(queue: list[tuple], say) -> None:

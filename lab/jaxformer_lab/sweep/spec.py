@@ -26,8 +26,8 @@ import pathlib
 import yaml
 
 from jaxformer.checks import BadValue, InputError
+from jaxformer.cli import import_variants
 from jaxformer.config import TransformerConfig, load_config_file
-from jaxformer.functional.registry import import_variants
 from jaxformer.train.config import RunConfig, load_run, without_added_defaults
 from jaxformer.train.run_folder import read_json
 from jaxformer_lab.sweep.paper import Paper
@@ -73,7 +73,7 @@ class Spec:
             variants=variants,
             seeds=_seeds(fields.get("seeds", 1), path),
             baseline=str(fields.get("baseline", next(iter(variants)))),
-            variant_files=tuple(fields.get("variant_files", ())),
+            variant_files=_variant_files(fields.get("variant_files", []), path),
             out=pathlib.Path(
                 out or fields.get("out") or pathlib.Path("runs/sweeps") / pathlib.Path(path).stem
             ),
@@ -85,8 +85,9 @@ class Spec:
         )
         for name in spec.baselines:
             if name not in spec.variants:
+                key = "baseline" if name == spec.baseline else "readings:"
                 raise BadValue(
-                    f"{path}: baseline {name!r} is not one of the variants {list(spec.variants)}"
+                    f"{path}: {key} {name!r} is not one of the variants {list(spec.variants)}"
                 )
         import_variants(list(spec.variant_files))
         for name in spec.runs:  # every configuration is checked before any run starts
@@ -231,7 +232,10 @@ def _overrides(pairs: tuple[str, ...]) -> dict:
         _check_field(key, "--set")
         if key in SWEEP_OWNS:
             raise BadValue(f"--set: {key!r} is set by the sweep (seeds, out)")
-        fields[key] = yaml.safe_load(value)
+        try:
+            fields[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise BadValue(f"--set {pair}: not a YAML value ({str(e).splitlines()[0]})") from None
     return fields
 
 
@@ -297,6 +301,13 @@ def _stages(value, base: dict, variants: dict[str, dict], path) -> dict[str, dic
                 f"folder or {{stage: NAME}}, NAME one of the stages {list(stages)}"
             )
     return stages
+
+
+def _variant_files(value, path) -> tuple[str, ...]:
+    """`variant_files: [FILE.py or MODULE, ...]`."""
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise BadValue(f"{path}: variant_files must be a list of files or modules, got {value!r}")
+    return tuple(value)
 
 
 def _readings(value, path) -> tuple[str, ...]:

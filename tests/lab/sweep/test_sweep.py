@@ -2,7 +2,6 @@
 sweep of a few steps that writes its table and, run again after losing a run, reruns only
 that one."""
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 from jaxformer.cli import main
+from jaxformer.train import run_folder
 from jaxformer.train.config import load_run
 from jaxformer_lab import cores as cores_lib
 from jaxformer_lab import records, sweep
@@ -482,7 +482,7 @@ def test_every_reading_of_the_runs_is_one_family(tmp_path):
     again = sweep.report.summarize(dataclasses.replace(spec, baseline="b", readings=spec.baselines))
     fresh = again["variants"]["a"]["paired"]["bootstrap"]["bleu"]
     assert fresh == pytest.approx(ba) and again["comparisons"] == 6
-    with pytest.raises(ValueError, match="baseline 'd' is not one of the variants"):
+    with pytest.raises(ValueError, match="readings: 'd' is not one of the variants"):
         sweep.Spec.load(write_spec(tmp_path, readings=["d"]))
     with pytest.raises(ValueError, match="readings must be a list of variant names"):
         sweep.Spec.load(write_spec(tmp_path, readings="b"))
@@ -922,45 +922,45 @@ def children(pid: int) -> list[int]:
 
 @pytest.mark.slow  # a sweep and its run start: two processes import JAX, one compiles
 @pytest.mark.skipif(not pathlib.Path("/proc/self/stat").is_file(), reason="reads /proc")
-def test_sigterm_stops_the_sweeps_run_which_saves_and_says_how_to_continue(tmp_path):
-    """SIGTERM to the sweep alone (as `kill` or a scheduler sends it) reaches its run,
-    which saves its step; the sweep exits 143 once the run has ended, naming the command
-    that continues it."""
+@pytest.mark.parametrize(
+    ("name", "group"),
+    [("SIGTERM", False), ("SIGHUP", False), ("SIGINT", False), ("SIGINT", True)],
+)
+def test_a_stop_reaches_the_sweeps_run_which_saves_and_resumes(tmp_path, name, group):
+    """A stop to the sweep alone (`kill`, a scheduler, a closed terminal's hang-up) or, for
+    Ctrl-C, to the terminal's whole group reaches its run, which saves its step; the sweep
+    exits with the signal's code once the run has ended, naming the command that continues
+    it, and leaves no process; that command resumes the run from its step."""
+    from tests.stopping import Started
+
     never = 10**6  # the run is stopped long before its end, evaluation or checkpoint
     base = BASE | dict(steps=never, eval_every=never, checkpoint_every=never, log_every=1)
     path = write_spec(tmp_path, base=base, variants={"baseline": {}}, seeds=1, variant_files=[])
-    command = [sys.executable, "-m", "jaxformer", "sweep", str(path)]
-    env = dict(os.environ, XLA_FLAGS="")
-    run = tmp_path / "sweep" / "baseline" / "seed0"
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    run, signum = tmp_path / "sweep" / "baseline" / "seed0", getattr(signal, name)
+    sweep = Started(["sweep", str(path)], env={"XLA_FLAGS": ""})
+    _wait_for(lambda: (run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text())
+    (child,) = children(sweep.proc.pid)
+    code, _ = sweep.stop(signum, timeout=60, group=group)
+    assert code == 128 + signum, sweep.err()
+    assert sweep.survivors() == [] and not pathlib.Path(f"/proc/{child}").exists()
+    assert "[1/1] baseline seed 0: interrupted (resumes next time)" in "".join(sweep.lines["out"])
+    why = "interrupted" if name == "SIGINT" else f"terminated by {name}"
+    assert sweep.err()[-1] == (
+        f"jaxformer sweep: {why}: the runs in flight were stopped, each saving its step "
+        f"(above); continue with jaxformer sweep {path}"
     )
-    try:
-        deadline = time.time() + 120
-        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text()):
-            assert time.time() < deadline and proc.poll() is None  # a step logged: training
-            time.sleep(0.2)
-        (child,) = children(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:  # nothing left running, whatever failed
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 143, err
-    with pytest.raises(ProcessLookupError):
-        os.kill(child, 0)
-    assert "[1/1] baseline seed 0: interrupted (resumes next time)" in out
-    assert err.strip().splitlines()[-1] == (
-        "jaxformer sweep: terminated by SIGTERM: the runs in flight were stopped, each saving "
-        f"its step (above); continue with jaxformer sweep {path}"
-    )
-    assert "terminated by SIGTERM: saved step" in (run / "train.log").read_text()
-    assert any(p.name.isdigit() for p in (run / "checkpoints").iterdir())
+    assert f"{why}: saved step" in (run / "train.log").read_text()
+    saved = run_folder.Checkpointer(run).latest_step()
+    again = Started(["sweep", str(path)], env={"XLA_FLAGS": ""})
+    _wait_for(lambda: f"resumed from step {saved}" in (run / "train.log").read_text())
+    assert again.stop(signal.SIGTERM, timeout=60)[0] == 143 and again.survivors() == []
+
+
+def _wait_for(condition, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline
+        time.sleep(0.2)
 
 
 @pytest.mark.slow  # two short trainings: about 2 min on a loaded 2-core machine
