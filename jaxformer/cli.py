@@ -248,6 +248,9 @@ def _train(args) -> int:
         raise BadValue("--vmap-seeds says how --seeds train; give it with --seeds S [S ...]")
     given = vars(args)  # the options given: the others are left out (argparse.SUPPRESS)
     model_fields = ["preset", *(f.name for f in dataclasses.fields(TransformerConfig))]
+    if given.get("init_from") and (flags := [n for n in model_fields if n in given]):
+        named = ", ".join("--" + n.replace("_", "-") for n in flags)
+        raise BadValue(f"{named}: the model is --init-from's; leave model options out")
     config, run = load_run(
         args.config,
         model={name: given[name] for name in model_fields if name in given},

@@ -118,6 +118,7 @@ FLAGS = [
     ("--seeds repeated", ["--seeds", "0", "0"], r"--seeds must be distinct, at least one, got \[0, 0\]$"),
     ("--seq-len over --max-len", ["--data-text", "text.txt", "--seq-len", "100", "--max-len", "64"], r"--seq-len=100 is more than the model's --max-len=64$"),
     ("a --variants module not there", ["--variants", "no_such_variants_module"], r"--variants no_such_variants_module: no such file or module$"),
+    ("model flags with --init-from", ["--init-from", "run", "--d-model", "64", "--dropout-rate", "0.2"], r"--d-model, --dropout-rate: the model is --init-from's; leave model options out$"),
 ]  # fmt: skip
 
 
