@@ -40,6 +40,8 @@ def initialize(
     else:
         _check_address(coordinator)
         for name, value in (("num_processes", num_processes), ("process_id", process_id)):
+            if value is None:
+                raise BadValue(f"a coordinator HOST:PORT needs {name} too (or use 'auto')")
             if not isinstance(value, int) or isinstance(value, bool):
                 raise BadValue(f"{name} must be an int with a coordinator, got {value!r}")
         if num_processes < 1:

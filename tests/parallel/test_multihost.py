@@ -115,13 +115,13 @@ def test_bad_multihost_arguments_are_clear_errors(tmp_path, capsys):
     base = ["train", "--task", "copy", "--steps", "10", "--out", str(tmp_path)]
     cases = [
         (["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"],
-         "process_id must be in [0, 1] for num_processes=2, got 2"),
+         "--process-id must be in [0, 1] for --num-processes=2, got 2"),
         (["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "-1"],
          "got -1"),
         (["--coordinator", "127.0.0.1", "--num-processes", "2", "--process-id", "0"],
          "coordinator must be HOST:PORT"),
         (["--num-processes", "2", "--process-id", "1"], "need --coordinator"),
-        (["--coordinator", "127.0.0.1:1234"], "num_processes must be an int"),
+        (["--coordinator", "127.0.0.1:1234"], "a coordinator HOST:PORT needs --num-processes too"),
         (["--mesh", "data=3"], "mesh data=3,fsdp=1,tensor=1 needs 3 devices, but there are 8"),
         (["--mesh", "data=2,pipeline=4"], "AXIS in ('data', 'fsdp', 'tensor')"),
         (["--mesh", "data=8", "--batch-size", "12"], "12 / 1 = 12 is not divisible by data*fsdp = 8"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import tempfile
 import threading
@@ -23,6 +24,7 @@ from jaxformer.checks import BadValue
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
 from jaxformer_lab.results import Record, Table, capture
 
+MAKE_SAYS = re.compile(r"make(\[\d+\])?: ")  # make's own lines, not the failing command's
 ROOT = pathlib.Path(__file__).resolve().parents[3]  # the checkout this lab runs from
 # (name, make target): each install, then what the user asked for.
 STEPS = {
@@ -72,7 +74,15 @@ def _git(*args: str) -> str:
 def _user_env(tmp: pathlib.Path, pip_cache: str) -> dict[str, str]:
     """This environment less CI's variables and any virtual environment, with an empty
     compilation cache and (cold) an empty pip cache."""
-    drop = ("CI", "VIRTUAL_ENV", "PYTHONPATH", "JAXFORMER_PLUGINS")
+    drop = (
+        "CI",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "JAXFORMER_PLUGINS",
+        "MAKEFLAGS",
+        "MAKELEVEL",
+        "MFLAGS",
+    )
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["XDG_CACHE_HOME"] = str(tmp / "cache")
     if pip_cache == "cold":
@@ -102,8 +112,9 @@ def timed(name: str, target: str, clone: pathlib.Path, env: dict) -> dict:
     done.set()
     sampler.join()
     if code != 0:
-        tail = log.read_text().strip().splitlines()[-1:] or [""]
-        raise RuntimeError(f"make {target} exited with {code} after {wall:.0f} s: {tail[0]}")
+        said = [line for line in log.read_text().splitlines() if not MAKE_SAYS.match(line)]
+        last = said[-1] if said else ""
+        raise RuntimeError(f"make {target} exited with {code} after {wall:.0f} s: {last}")
     say(f"  {wall:.0f} s")
     part = next(p for p, steps in STEPS.items() if (name, target) in steps)
     load = [round(sum(loads) / len(loads), 1), round(min(loads), 1), round(max(loads), 1)]
