@@ -133,7 +133,8 @@ def _table(rows: list[dict], pip_cache: str) -> Table:
         align="lrr",
         rows=cells,
         notes=[
-            f"The load average is sampled every 5 s; above {os.cpu_count()} (the cores), "
-            "other jobs ran beside the step and its time is longer than on an idle machine."
+            f"The load average is sampled every 5 s; above {os.cpu_count()} (the cores), more "
+            "processes wanted a core than there were: the step's own (make test's workers and "
+            "the processes its tests start) or other jobs."
         ],
     )
