@@ -478,13 +478,21 @@ def _train_ray(args) -> int:
 
 def _train_on_ray(args, ray, group, needs: dict, out: pathlib.Path) -> int:
     from jaxformer.train.report import command_line
-    from jaxformer.train.signals import Terminated, repeats_dropped, stop_signals_raise
+    from jaxformer.train.signals import (
+        Terminated,
+        repeats_dropped,
+        signals_held,
+        stop_signals_raise,
+    )
     from jaxformer_lab import train_ray
 
     where, refs = "jaxformer train ray", []
     try:
         with stop_signals_raise():
-            address, refs = train_ray.launch(ray, group, args.hosts, needs, args.train_args, out)
+            with signals_held():  # a stop while they start is raised once refs holds them
+                address, refs = train_ray.launch(
+                    ray, group, args.hosts, needs, args.train_args, out
+                )
             logs = out / train_ray.LOG.format("<I>")
             _progress(f"{where}: {args.hosts} process(es), coordinator {address}; output in {logs}")
             ended = train_ray.wait(ray, refs, out)

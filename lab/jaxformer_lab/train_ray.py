@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from jaxformer.checks import BadValue
+from jaxformer.train.signals import signals_held
 from jaxformer_lab import ray_cluster
 
 LOG = "train.process{}.log"  # each process's output, in the run folder
@@ -102,10 +103,11 @@ def wait(ray, refs: list, out: Path) -> list[tuple[int, int]]:
     others are stopped (and killed after FAILURE_GRACE_SECONDS)."""
     ended, pending, failed_at = [], list(refs), None
     while pending:
-        done, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-        for ref in done:
-            i = refs.index(ref)
-            ended.append((i, ray_cluster.outcome(ray, ref, out / LOG.format(i))))
+        with signals_held():  # inside Ray's calls a SIGTERM would become a bare Ctrl-C
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+            for ref in done:
+                i = refs.index(ref)
+                ended.append((i, ray_cluster.outcome(ray, ref, out / LOG.format(i))))
         if failed_at is None and pending and any(code for _, code in ended):
             failed_at = time.monotonic()
             cancel(ray, pending)

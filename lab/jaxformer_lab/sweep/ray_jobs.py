@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from jaxformer.checks import BadValue
+from jaxformer.train.signals import signals_held
 from jaxformer_lab import ray_cluster
 from jaxformer_lab.ray_cluster import check_storage
 
@@ -95,9 +96,10 @@ class RayRun:
         self.ray, self.ref, self.folder, self.returncode = ray, ref, folder, None
 
     def poll(self) -> int | None:
-        if self.returncode is None and self.ray.wait([self.ref], timeout=0)[0]:
-            self.returncode = self._result()
-            ray_cluster.clear_stop(self.folder)
+        with signals_held():  # inside Ray's calls a SIGTERM would become a bare Ctrl-C
+            if self.returncode is None and self.ray.wait([self.ref], timeout=0)[0]:
+                self.returncode = self._result()
+                ray_cluster.clear_stop(self.folder)
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
