@@ -16,11 +16,11 @@ import pathlib
 import re
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 
 from jaxformer.checks import BadValue
+from jaxformer_lab.bench import load
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
 from jaxformer_lab.results import Record, Table, capture
 
@@ -66,9 +66,11 @@ def run(options: FirstHourOptions) -> Record:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    """`git ARGS` in the checkout; one line where it is not one (an installed lab)."""
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BadValue(f"first-hour clones the checkout it runs from, and {ROOT} is not one")
+    return done.stdout.strip()
 
 
 def _user_env(tmp: pathlib.Path, pip_cache: str) -> dict[str, str]:
@@ -93,32 +95,21 @@ def _user_env(tmp: pathlib.Path, pip_cache: str) -> dict[str, str]:
 def timed(name: str, target: str, clone: pathlib.Path, env: dict) -> dict:
     """One `make TARGET` in the clone: its wall seconds and the load average's mean and
     range while it ran; its output in the clone's make-<target>.log (said when it fails)."""
-    loads, done = [os.getloadavg()[0]], threading.Event()
-
-    def sample():
-        while not done.wait(5.0):
-            loads.append(os.getloadavg()[0])
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     say(f"{name}: make {target} (minutes)")
     log = clone / f"make-{pathlib.Path(target).name}.log"
-    start = time.perf_counter()
-    with open(log, "w") as out:
-        code = subprocess.run(
-            ["make", target], cwd=clone, env=env, stdout=out, stderr=out
-        ).returncode
-    wall = time.perf_counter() - start
-    done.set()
-    sampler.join()
+    with load.load_averages() as loads, open(log, "w") as out:
+        start = time.perf_counter()
+        run = subprocess.run(["make", target], cwd=clone, env=env, stdout=out, stderr=out)
+        wall = time.perf_counter() - start
+    code = run.returncode
     if code != 0:
         said = [line for line in log.read_text().splitlines() if not MAKE_SAYS.match(line)]
         last = said[-1] if said else ""
         raise RuntimeError(f"make {target} exited with {code} after {wall:.0f} s: {last}")
     say(f"  {wall:.0f} s")
     part = next(p for p, steps in STEPS.items() if (name, target) in steps)
-    load = [round(sum(loads) / len(loads), 1), round(min(loads), 1), round(max(loads), 1)]
-    return dict(part=part, step=name, target=target, wall_s=round(wall, 1), load=load)
+    averages = [round(sum(loads) / len(loads), 1), round(min(loads), 1), round(max(loads), 1)]
+    return dict(part=part, step=name, target=target, wall_s=round(wall, 1), load=averages)
 
 
 def _table(rows: list[dict], pip_cache: str) -> Table:

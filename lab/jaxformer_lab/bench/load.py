@@ -10,6 +10,7 @@ samples it every second in a background thread, and `Monitor.window` sums it ove
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import statistics
@@ -115,6 +116,25 @@ class Monitor:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+@contextlib.contextmanager
+def load_averages(every: float = 5.0):
+    """The 1-minute load average, sampled as the block starts and every `every` s while it
+    runs: the list it fills (for a whole command, whose own processes count in it)."""
+    loads, done = [os.getloadavg()[0]], threading.Event()
+
+    def sample():
+        while not done.wait(every):
+            loads.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield loads
+    finally:
+        done.set()
+        sampler.join()
 
 
 def verdict(load: dict, max_cores: float) -> bool:

@@ -18,10 +18,10 @@ import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from jaxformer.train.run_folder import read_json, read_metrics
+from jaxformer_lab.bench import load
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, say
 from jaxformer_lab.results import Record, Table, capture
 
@@ -44,25 +44,16 @@ def timed_run(tmp: pathlib.Path) -> dict:
     out = tmp / "dates"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env |= dict(XDG_CACHE_HOME=str(tmp / "cache"))
-    loads, done = [os.getloadavg()[0]], threading.Event()
-
-    def sample():
-        while not done.wait(5.0):
-            loads.append(os.getloadavg()[0])
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     say(f"running {' '.join(['python', *COMMAND])} (minutes)")
-    start = time.perf_counter()
     command = [sys.executable, *COMMAND, "--out", str(out)]
-    finished = subprocess.run(command, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    done.set()
+    with load.load_averages() as loads:
+        start = time.perf_counter()
+        finished = subprocess.run(command, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
     if finished.returncode != 0:  # the run's own error, not a bare exit status
         raise RuntimeError(
             f"{' '.join(command)} exited with {finished.returncode}: {finished.stderr[-2000:]}"
         )
-    sampler.join()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return dict(wall=wall, user=usage.ru_utime, system=usage.ru_stime, loads=loads, out=out)
 

@@ -64,3 +64,9 @@ def test_a_failing_step_names_itself_and_its_last_line(checkout):
 def test_unknown_parts_are_one_line():
     with pytest.raises(BadValue, match="--parts lint: choose from train test"):
         first_hour.FirstHourOptions(parts=("train", "lint"))
+
+
+def test_a_lab_run_outside_a_checkout_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(first_hour, "ROOT", tmp_path)  # an installed lab: no git checkout
+    with pytest.raises(BadValue, match=f"clones the checkout it runs from, and {tmp_path} is not"):
+        first_hour.run(first_hour.FirstHourOptions())
