@@ -326,7 +326,12 @@ def _print_outputs(batches, total: int, from_stdin: bool) -> int:
     done = 0
     try:
         with stop_signals_raise():
-            for batch in batches:
+            batches = iter(batches)
+            while True:
+                with signals_held():  # raised inside jit's C++, a stop becomes its ValueError
+                    batch = next(batches, None)
+                if batch is None:
+                    break
                 for text in batch:
                     with signals_held():  # a line printed is a line counted
                         print(text.replace("\n", "\\n"), flush=True)
