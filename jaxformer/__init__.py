@@ -1,22 +1,25 @@
 """jaxformer: the Transformer (Vaswani et al., 2017) in JAX and Flax NNX."""
 
 import importlib
-from typing import TYPE_CHECKING
-
-from jaxformer import functional
-from jaxformer.config import TransformerConfig
-from jaxformer.models import DecoderLM, Encoder, Transformer, count_params
-
-if TYPE_CHECKING:
-    from jaxformer.data.tokenizers import check_tokens
-    from jaxformer.train.config import RunConfig
 
 __version__ = "0.1.0"
-# Imported at first use, so that importing the model imports no training or data code.
-_LAZY = {"RunConfig": "jaxformer.train.config", "check_tokens": "jaxformer.data.tokenizers"}
+# Each name imported at first use: `jaxformer --help` imports no JAX, and the model no
+# training or data code.
+_LAZY = {
+    "TransformerConfig": "jaxformer.config",
+    "DecoderLM": "jaxformer.models",
+    "Encoder": "jaxformer.models",
+    "Transformer": "jaxformer.models",
+    "count_params": "jaxformer.models",
+    "RunConfig": "jaxformer.train.config",
+    "check_tokens": "jaxformer.data.tokenizers",
+}
+__all__ = ["functional", *_LAZY]
 
 
 def __getattr__(name: str):
+    if name == "functional":
+        return importlib.import_module("jaxformer.functional")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'jaxformer' has no attribute {name!r}")

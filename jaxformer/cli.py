@@ -19,7 +19,6 @@ import dataclasses
 import difflib
 import os
 import pathlib
-import re
 import shlex
 import signal
 import sys
@@ -43,34 +42,55 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+# The library's own commands and their one-line help; a parser is built only for the
+# command that runs, as for a plugin's (`jaxformer.plugins`).
+COMMANDS = {"train": "train a model", "generate": "decode with a trained model"}
+
+
 def _parser(
-    extensions: tuple = (),
+    extensions: tuple = (), running: str | None = None
 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The `jaxformer` parser, and each command's parser by name (a plugin's too: "bench
-    NAME", "sweep-report")."""
+    """The `jaxformer` parser, and each command's parser by name. Every command is named
+    with its one-line help; its options ("bench NAME", "sweep-report" and a plugin's other
+    commands too) are built only for the command `running`: the others' modules stay
+    unimported."""
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    t, g = _train_parser(sub), _generate_parser(sub)
-    for command in (t, g):
-        command.add_argument(
-            "--variants",
-            action="append",
-            default=[],
-            metavar="FILE.py",
-            help="a Python file (or module) that registers your own activations, norms or "
-            "attention kernels (jaxformer.functional.ACTIVATIONS.register, ...); repeatable",
-        )
-        command.add_argument(
-            "--no-compile-cache",
-            action="store_true",
-            help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
-        )
-    commands = {"train": t, "generate": g}
+    commands = {}
+    for name, about in COMMANDS.items():
+        if name == running:
+            commands[name] = _command_parser(sub, name, about)
+        else:
+            commands[name] = sub.add_parser(name, help=about)
     for plugin in extensions:
-        commands |= plugin.add_commands(sub)
+        if running in plugin.COMMANDS:
+            commands |= plugin.add_commands(sub)
+        else:
+            commands |= {
+                name: sub.add_parser(name, help=about) for name, about in plugin.COMMANDS.items()
+            }
     shown = [name for name in sub.choices if _joined(name, commands) is None]
     sub.metavar = "{" + ",".join(shown) + "}"
     return parser, commands
+
+
+def _command_parser(sub, name: str, about: str) -> argparse.ArgumentParser:
+    """The parser of the library's command `name`, with the options train and generate share."""
+    command = {"train": _train_parser, "generate": _generate_parser}[name](sub, about)
+    command.add_argument(
+        "--variants",
+        action="append",
+        default=[],
+        metavar="FILE.py",
+        help="a Python file (or module) that registers your own activations, norms or "
+        "attention kernels (jaxformer.functional.ACTIVATIONS.register, ...); repeatable",
+    )
+    command.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
+    )
+    return command
 
 
 def _joined(name: str, commands) -> str | None:
@@ -80,13 +100,13 @@ def _joined(name: str, commands) -> str | None:
     return f"{head} {tail}" if tail and name in commands and head in commands else None
 
 
-def _train_parser(sub) -> argparse.ArgumentParser:
+def _train_parser(sub, about: str) -> argparse.ArgumentParser:
     from jaxformer.config import PRESETS, TransformerConfig
     from jaxformer.train.config import RunConfig
 
     t = sub.add_parser(
         "train",
-        help="train a model",
+        help=about,
         description="Train a Transformer (or, on --data-text, a decoder-only LM): the --config "
         "run file's model and run, with the options given here over it. Every RunConfig "
         "option and TransformerConfig field is an option.",
@@ -116,7 +136,7 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         nargs="+",
         metavar="S",
         help="train these seeds of the run in one process, each in <out>/seed<S> "
-        "(see jaxformer.train.seed_group)",
+        "(see jaxformer.train.seeds)",
     )
     vmap_seeds_option(
         t,
@@ -140,10 +160,10 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     return t
 
 
-def _generate_parser(sub) -> argparse.ArgumentParser:
+def _generate_parser(sub, about: str) -> argparse.ArgumentParser:
     g = sub.add_parser(
         "generate",
-        help="decode with a trained model",
+        help=about,
         description="Translate (Transformer) or continue (DecoderLM) each input line with the "
         "model of a `jaxformer train --out` folder; prints one output line per input line "
         "(newlines in an output are written as \\n). Greedy unless --beam or sampling "
@@ -231,7 +251,7 @@ def _train(args) -> int:
     from jaxformer.config import TransformerConfig
     from jaxformer.train.config import RunConfig, load_run
     from jaxformer.train.loop import Terminated, TrainingDiverged
-    from jaxformer.train.seed_group import seed_runs, train_seeds
+    from jaxformer.train.seeds import seed_runs, train_seeds
 
     if args.coordinator:
         from jaxformer import parallel
@@ -274,9 +294,10 @@ def _train(args) -> int:
 
 def _generate(args) -> int:
     from jaxformer import decode
+    from jaxformer.files import read_json
     from jaxformer.models import Transformer
+    from jaxformer.train.checkpoints import restore_model
     from jaxformer.train.config import DataOptions
-    from jaxformer.train.run_folder import read_json, restore_model
 
     sampling = any(x is not None for x in (args.temperature, args.top_k, args.top_p))
     beam = args.beam is not None or args.alpha is not None
@@ -321,7 +342,7 @@ def _print_outputs(batches, total: int, from_stdin: bool) -> int:
     """Print each batch's outputs as it is decoded. Stopped (Ctrl-C, SIGTERM, SIGHUP), the
     lines printed stay, one line says how many and how to decode the rest, and the exit
     code is the signal's (130, 143, 129)."""
-    from jaxformer.train.signals import Terminated, signals_held, stop_signals_raise
+    from jaxformer.signals import Terminated, signals_held, stop_signals_raise
 
     done = 0
     try:
@@ -406,7 +427,7 @@ def main(argv: list[str] | None = None, extensions: tuple | None = None) -> int:
     """The command; `extensions` are the plugin modules that add commands (default: every
     installed plugin that defines `add_commands`). A stop that no command took (Ctrl-C
     while it starts) is one line and the signal's exit code."""
-    from jaxformer.train.signals import stops_kept
+    from jaxformer.signals import stops_kept
 
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -426,10 +447,11 @@ def _main(argv: list[str], extensions: tuple | None) -> int:
     if extensions is None:
         from jaxformer import plugins
 
-        extensions = tuple(p for p in plugins.load() if hasattr(p, "add_commands"))
-    parser, commands = _parser(extensions)
-    if len(argv) > 1 and _joined(f"{argv[0]}-{argv[1]}", commands):  # "sweep report"
+        extensions = tuple(p for p in plugins.load() if hasattr(p, "COMMANDS"))
+    named = {name for plugin in extensions for name in plugin.COMMANDS}
+    if len(argv) > 1 and f"{argv[0]}-{argv[1]}" in named:  # "sweep report"
         argv = [f"{argv[0]}-{argv[1]}", *argv[2:]]
+    parser, commands = _parser(extensions, argv[0] if argv else None)
     args, extras = parser.parse_known_args(argv)
     if extras:
         name = " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
@@ -437,7 +459,8 @@ def _main(argv: list[str], extensions: tuple | None) -> int:
     # a plugin's command with commands of its own ("bench NAME") names the one chosen
     where = " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
     where = "jaxformer " + (_joined(where, commands) or where)  # the command as typed
-    with command_line(), warnings.catch_warnings():
+    name = " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
+    with command_line(_flags(commands[name])), warnings.catch_warnings():
         warnings.showwarning = _one_line_warning(where, warnings.showwarning)
         return _command(args, extensions, where)
 
@@ -467,10 +490,7 @@ def _command(args, extensions: tuple, where: str) -> int:
     except InputError as e:  # anything else is a bug: its traceback
         if os.environ.get("JAXFORMER_TRACEBACK"):
             raise
-        message = str(e)
-        if args.command in ("train", "generate"):
-            message = _as_flags(message, args.command, getattr(args, "config", None))
-        print(f"{where}: error: {message}", file=sys.stderr)
+        print(f"{where}: error: {e}", file=sys.stderr)
         return 2
 
 
@@ -502,38 +522,27 @@ def _users(filename: str) -> bool:
     )
 
 
-# A name in an error that is not an option's own but means one: train's, generate's.
-_MEANS = {
-    "implementation": "attention_impl",
-    "total_steps": "steps",
-    "timeout_s": "coordinator_timeout",
+# Library arguments that a flag gives under another name (flag's dest -> argument).
+_ALSO_NAMED = {
+    "attention_impl": "implementation",
+    "steps": "total_steps",
+    "coordinator_timeout": "timeout_s",
+    "beam": "beam_size",
 }
-_MEANS |= {name: name for name in ("coordinator", "num_processes", "process_id")}
-_GENERATE = {"beam_size": "beam", "alpha": "alpha", "temperature": "temperature"}
-_GENERATE |= {name: name for name in ("top_k", "top_p", "max_new_tokens")}
 
 
-def _as_flags(message: str, command: str, config: str | None) -> str:
-    """`message` with the config fields (decoding's arguments) it names written as the
-    `command`'s flags (batch_size -> --batch-size): a name with an underscore wherever it
-    stands as a word, any other before "=" or " must". Names in quotes are keys and stay;
-    so does a message about the --config file, whose keys are its fields."""
-    if config is not None and message.startswith(f"{config}:"):
-        return message
-    from jaxformer.config import TransformerConfig
-    from jaxformer.train.config import RunConfig
-
-    names = {*RunConfig.options(), *(f.name for f in dataclasses.fields(TransformerConfig))}
-    means = _GENERATE if command == "generate" else {name: name for name in names} | _MEANS
-    word = r"(?<![\w\-./'\"])(\w+)(?![\w'\"/]|\.\w)(=(?!=)| must\b)?"
-
-    def flag(m: re.Match) -> str:
-        name, after = m.group(1), m.group(2) or ""
-        if name not in means or ("_" not in name and not after):
-            return m.group(0)
-        return "--" + means[name].replace("_", "-") + after
-
-    return re.sub(word, flag, message)
+def _flags(command: argparse.ArgumentParser) -> dict[str, str]:
+    """The arguments a command's flags give, each with its flag (`checks.as_given` names
+    them so): an option's dest, and the library argument it is passed as."""
+    flags = {}
+    for action in command._actions:
+        if action.option_strings and action.dest != "help":
+            positive = [o for o in action.option_strings if not o.startswith("--no-")]
+            flag = max(positive or action.option_strings, key=len)
+            flags[action.dest] = flags.get(action.dest, flag)
+            if action.dest in _ALSO_NAMED:
+                flags[_ALSO_NAMED[action.dest]] = flag
+    return flags
 
 
 def _unrecognized(command: argparse.ArgumentParser, extras: list[str]) -> None:

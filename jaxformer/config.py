@@ -37,7 +37,7 @@ REMAT = ("none", "full", "dots")
 LM_HEADS = ("auto", "dense", "chunked")
 
 
-def option(default, help: str, choices: tuple[str, ...] | None = None, *, resume: bool = False):
+def setting(default, help: str, choices: tuple[str, ...] | None = None, *, resume: bool = False):
     """A config field with its default, its help text and its choices, from which the
     `jaxformer` command derives its options; `resume` marks a run option that a resumed
     run must share with its checkpoint (RunConfig.resume_settings)."""
@@ -81,50 +81,50 @@ class TransformerConfig:
     parameters [N, ...] and runs it as one scan, so compile time does not grow with depth.
     `lm_head` chooses how training computes the output projection and loss (LM_HEADS)."""
 
-    vocab_size: int = option(
+    vocab_size: int = setting(
         dataclasses.MISSING, "vocabulary size V (in training: the tokenizer's)"
     )
-    num_encoder_layers: int = option(6, "encoder layers N")
-    num_decoder_layers: int = option(6, "decoder layers N (the layers of a decoder-only LM)")
-    d_model: int = option(512, "model dimension")
-    d_ff: int = option(2048, "feed-forward hidden dimension")
-    num_heads: int = option(8, "attention heads h")
-    num_kv_heads: int | None = option(None, "key/value heads (grouped-query); default h")
-    d_k: int | None = option(None, "key (and query) head dimension; default d_model / h")
-    d_v: int | None = option(None, "value head dimension; default d_model / h")
-    dropout_rate: float = option(0.1, "residual and embedding dropout P_drop")
-    attention_dropout_rate: float = option(0.0, "dropout on the attention weights")
-    label_smoothing: float = option(0.1, "label smoothing eps_ls of the training loss")
-    max_len: int = option(512, "longest sequence (rows of the position table)")
-    position_embedding: str = option(
+    num_encoder_layers: int = setting(6, "encoder layers N")
+    num_decoder_layers: int = setting(6, "decoder layers N (the layers of a decoder-only LM)")
+    d_model: int = setting(512, "model dimension")
+    d_ff: int = setting(2048, "feed-forward hidden dimension")
+    num_heads: int = setting(8, "attention heads h")
+    num_kv_heads: int | None = setting(None, "key/value heads (grouped-query); default h")
+    d_k: int | None = setting(None, "key (and query) head dimension; default d_model / h")
+    d_v: int | None = setting(None, "value head dimension; default d_model / h")
+    dropout_rate: float = setting(0.1, "residual and embedding dropout P_drop")
+    attention_dropout_rate: float = setting(0.0, "dropout on the attention weights")
+    label_smoothing: float = setting(0.1, "label smoothing eps_ls of the training loss")
+    max_len: int = setting(512, "longest sequence (rows of the position table)")
+    position_embedding: str = setting(
         "sinusoidal", "sinusoidal, sinusoidal_halves, learned, rope, none, or a registered table"
     )
-    norm: str = option("layer", "layer (LayerNorm), rms (RMSNorm), or a registered norm")
-    norm_placement: str = option("post", "post-LN (the paper) or pre-LN", NORM_PLACEMENTS)
-    norm_eps: float = option(1e-6, "epsilon of the norms")
-    norm_bias: bool = option(True, "LayerNorm with a bias (beta)")
-    final_norm: bool | None = option(None, "a norm after each stack; default with pre-LN")
-    activation: str = option(
+    norm: str = setting("layer", "layer (LayerNorm), rms (RMSNorm), or a registered norm")
+    norm_placement: str = setting("post", "post-LN (the paper) or pre-LN", NORM_PLACEMENTS)
+    norm_eps: float = setting(1e-6, "epsilon of the norms")
+    norm_bias: bool = setting(True, "LayerNorm with a bias (beta)")
+    final_norm: bool | None = setting(None, "a norm after each stack; default with pre-LN")
+    activation: str = setting(
         "relu", "relu, gelu, gelu_tanh, silu, swiglu, or a registered activation"
     )
-    share_embeddings: bool = option(
+    share_embeddings: bool = setting(
         True, "one matrix embeds source and target and makes the logits"
     )
-    embed_scale: bool = option(True, "token embeddings times sqrt(d_model) (section 3.4)")
-    embed_norm: bool = option(False, "a norm over embeddings + positions (BART)")
-    logits_bias: bool = option(False, "a learned bias on the output logits (Marian, BART)")
-    attention_bias: bool = option(False, "biases on the attention projections")
-    ffn_bias: bool = option(True, "biases on the feed-forward layers")
-    dtype: str = option("float32", "compute dtype (parameters stay float32)", tuple(DTYPES))
-    param_dtype: str = option("float32", "parameter dtype", tuple(DTYPES))
-    attention_impl: str = option(
+    embed_scale: bool = setting(True, "token embeddings times sqrt(d_model) (section 3.4)")
+    embed_norm: bool = setting(False, "a norm over embeddings + positions (BART)")
+    logits_bias: bool = setting(False, "a learned bias on the output logits (Marian, BART)")
+    attention_bias: bool = setting(False, "biases on the attention projections")
+    ffn_bias: bool = setting(True, "biases on the feed-forward layers")
+    dtype: str = setting("float32", "compute dtype (parameters stay float32)", tuple(DTYPES))
+    param_dtype: str = setting("float32", "parameter dtype", tuple(DTYPES))
+    attention_impl: str = setting(
         "auto", "attention kernel: auto (tokamax, cudnn, chunked or xla by device), or registered"
     )
-    remat: str = option("none", "recompute layers in the backward pass", REMAT)
-    lm_head: str = option(
+    remat: str = setting("none", "recompute layers in the backward pass", REMAT)
+    lm_head: str = setting(
         "auto", "training's output head + loss: auto (chunked if B*T*V is large)", LM_HEADS
     )
-    scan_layers: bool = option(False, "stacked layers in one scan (faster compile)")
+    scan_layers: bool = setting(False, "stacked layers in one scan (faster compile)")
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "max_len"):

@@ -23,6 +23,7 @@ from flax import nnx
 
 from jaxformer.checks import (
     BadValue,
+    as_given,
     check_instance,
     check_int,
     check_int_array,
@@ -507,7 +508,7 @@ def _check_model(model, src, src_valid) -> None:
     c = model.config
     if c.position_table and src.shape[1] > c.max_len:
         raise BadValue(
-            f"{name} has length {src.shape[1]} > the model's max_len={c.max_len}; "
+            f"{name} has length {src.shape[1]} > the model's {as_given('max_len', c.max_len)}; "
             "shorten the input or use a model with a longer position table"
         )
     if isinstance(model, DecoderLM):
@@ -526,8 +527,8 @@ def _check_common(model, src, src_valid, max_new_tokens) -> int:
     capacity = _capacity(model, src)
     if max_new_tokens > capacity:
         raise BadValue(
-            f"max_new_tokens={max_new_tokens} does not fit the model's max_len="
-            f"{model.config.max_len} position table (at most {capacity} here)"
+            f"{as_given('max_new_tokens', max_new_tokens)} does not fit the model's "
+            f"{as_given('max_len', model.config.max_len)} position table (at most {capacity} here)"
         )
     return max_new_tokens
 

@@ -1,8 +1,10 @@
 """Packages that extend jaxformer without the library importing them: each names a module
 under the entry point group "jaxformer.plugins" (or in $JAXFORMER_PLUGINS, comma-separated,
 for a checkout used without installing). Importing a plugin registers what it adds (a
-dataset family: `jaxformer.data.registry`); a plugin that defines `add_commands(sub)` and
-`run(args)` adds commands to the `jaxformer` command."""
+dataset family: `jaxformer.data.registry`). A plugin adds commands to the `jaxformer`
+command with `COMMANDS` (name -> one-line help), `add_commands(sub)` (their parsers, built
+only when one of them runs) and `run(args)`: import it cheaply, since every `jaxformer`
+command imports it."""
 
 from __future__ import annotations
 

@@ -77,7 +77,5 @@ def _names_only(name: str):
 # A dataset family of the tests' own, so the library's config tests need no corpus.
 registry.register(
     "tests",
-    registry.Family(
-        about="the tests' toy-*", owns=lambda n: n.startswith("toy-"), check=len, load=_names_only
-    ),
+    registry.Family(about="the tests' toy-*", prefix="toy-", check=len, load=_names_only),
 )

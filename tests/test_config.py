@@ -7,7 +7,6 @@ from jaxformer import RunConfig, TransformerConfig
 from jaxformer.checks import BadValue
 from jaxformer.config import TABLE3_ROWS
 from jaxformer.train.config import (
-    ADDED_RUN_OPTIONS,
     DataOptions,
     EvalOptions,
     OptimOptions,
@@ -92,11 +91,12 @@ def test_config_checks_itself(fields, error, match):
         TransformerConfig(**fields)
 
 
-# The run of config.json before the options were grouped (RunConfig().to_dict() on main):
-# its flat keys and values, which the sweep's config hash reads too.
+# Every run option at its default by its flat name, as config.json's run section holds it
+# and the sweep's config hash reads it: a new option is added here.
 FLAT_DEFAULT_RUN = json.loads("""{
     "task": "dates", "data_tsv": null, "data_text": null, "dataset": null, "tokenizer": "byte",
     "init_from": null, "bpe_vocab_size": null, "seq_len": 128, "pad_multiple": 16,
+    "shared_lengths": false, "batch_tokens": null,
     "steps": 1500, "batch_size": 64, "accum_steps": 1, "schedule": "cosine", "lr": null,
     "warmup_steps": null, "optimizer": "adam", "weight_decay": 0.0, "clip_norm": 1.0,
     "eval_every": 250, "log_every": 10, "checkpoint_every": 500, "keep_checkpoints": 3,
@@ -106,22 +106,20 @@ FLAT_DEFAULT_RUN = json.loads("""{
 }""")
 # The settings a checkpoint's meta recorded before (then a hand-written list).
 RESUME_KEYS = """task data_tsv data_text dataset tokenizer init_from bpe_vocab_size seq_len
-    batch_size accum_steps schedule lr warmup_steps optimizer weight_decay clip_norm seed
-    cosine_total_steps""".split()
+    shared_lengths batch_tokens batch_size accum_steps schedule lr warmup_steps optimizer
+    weight_decay clip_norm seed cosine_total_steps""".split()
 
 
 def test_run_options_are_grouped_and_keep_their_flat_names():
     run = RunConfig.from_options()
-    added = {"shared_lengths": False, "batch_tokens": None}  # options added since, at defaults
-    assert tuple(added) == ADDED_RUN_OPTIONS
-    assert run.to_dict() == FLAT_DEFAULT_RUN | added
-    assert sorted(RunConfig.options()) == sorted(FLAT_DEFAULT_RUN | added)
+    assert run.to_dict() == FLAT_DEFAULT_RUN
+    assert sorted(RunConfig.options()) == sorted(FLAT_DEFAULT_RUN)
     assert RunConfig.from_options(**run.to_dict()) == run
     run = RunConfig.from_options(steps=7, eval_every=3, seq_len=64, seed=-2, mesh="data=1")
     assert (run.optim.steps, run.eval.eval_every, run.data.seq_len) == (7, 3, 64)
     assert (run.runtime.seed, run.runtime.mesh) == (-2, "data=1")
     changed = dict(steps=7, eval_every=3, seq_len=64, seed=-2, mesh="data=1")
-    assert run.to_dict() == FLAT_DEFAULT_RUN | added | changed
+    assert run.to_dict() == FLAT_DEFAULT_RUN | changed
     assert RunConfig.options()["clip_norm"] == "optim"
     assert RunConfig.from_options(clip_norm=None).optim.clip_norm is None  # none = no clipping
 
@@ -171,7 +169,7 @@ def test_each_group_checks_its_own_options_and_run_config_the_rest():
         RuntimeOptions(out="x", mesh="data=1", pmap=True)
     with pytest.raises(BadValue, match="empty or reversed range"):
         RuntimeOptions(out="x", profile="5:5")
-    with pytest.raises(BadValue, match="profile '2:50' goes past steps=20"):
+    with pytest.raises(BadValue, match="profile='2:50' goes past steps=20"):
         RunConfig.from_options(steps=20, profile="2:50")
     with pytest.raises(BadValue, match="average_checkpoints=4 needs keep_checkpoints >= 4"):
         RunConfig(
@@ -184,7 +182,10 @@ def test_each_group_checks_its_own_options_and_run_config_the_rest():
 @pytest.mark.parametrize(
     "given, match",
     [
-        (dict(task="copy"), "batch_tokens batches translation pairs: give data_tsv or a SRC-TGT"),
+        (
+            dict(task="copy"),
+            "batch_tokens batches translation pairs: give data_tsv or a translation dataset",
+        ),
         (dict(data_text="x.txt"), "batch_tokens batches translation pairs"),
         (dict(data_tsv="x.tsv", accum_steps=2), "batch_tokens=500 makes batches of varying rows"),
         (dict(data_tsv="x.tsv", pmap=True), "accum_steps, a mesh and pmap cannot split"),
@@ -204,10 +205,10 @@ def test_resume_settings_are_the_options_marked_resume():
         "cosine_total_steps": 300
     }
     assert RunConfig.from_options(schedule="paper").resume_settings()["cosine_total_steps"] is None
-    shared = RunConfig.from_options(shared_lengths=True).resume_settings()  # an added option:
-    assert shared["shared_lengths"] is True  # recorded once set, so a resume must match it
+    shared = RunConfig.from_options(shared_lengths=True).resume_settings()
+    assert shared["shared_lengths"] is True  # a resume must match it
     tokens = RunConfig.from_options(data_tsv="x.tsv", batch_tokens=500).resume_settings()
-    assert tokens["batch_tokens"] == 500 and "batch_tokens" not in settings
+    assert tokens["batch_tokens"] == 500 and settings["batch_tokens"] is None
 
 
 RUN_FILE = """

@@ -18,7 +18,7 @@ import jaxformer as jf
 from jaxformer import decode
 from jaxformer.cli import main
 from jaxformer.data import tasks
-from jaxformer.train import loop, run_folder
+from jaxformer.train import checkpoints, loop
 from tests import hf_tokenizers as hf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def special_ids(tokenizer):
 def library(run_dir, lines, method, **kw):
     """What the library decodes for each line alone (a batch of one; sources padded to a
     multiple of 16 tokens, prompts not padded) with the tokenizer's ids, as text."""
-    model, tokenizer = run_folder.restore_model(run_dir)
+    model, tokenizer = checkpoints.restore_model(run_dir)
     seq2seq = isinstance(model, jf.Transformer)
     out = []
     for line in lines:

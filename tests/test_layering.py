@@ -1,7 +1,7 @@
 """Imports flow one way through the library, and from the lab to the library, never back;
 read from the source with `ast`:
 
-    checks, plugins <- data, functional <- config <- nn <- models
+    checks, plugins, signals <- files, data, functional <- config <- nn <- models
            <- decode, capture, parallel, interop <- train <- cli
     jaxformer_lab:  markdown, cores, stops, parts <- results, bible, records, ray_cluster
            <- sweep, aot, train_ray <- bench (ray-sweep times the sweep)
@@ -25,6 +25,8 @@ RANKS = {
     "jaxformer": {
         "checks": 0,
         "plugins": 0,
+        "signals": 0,
+        "files": 1,
         "data": 1,
         "functional": 1,
         "config": 2,

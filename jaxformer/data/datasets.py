@@ -4,9 +4,9 @@ continues with exactly the batches it would have seen.
 
     TaskData   a synthetic task (jaxformer.data.tasks), sequence to sequence
     PairData   translation pairs, with length bucketing; TsvData: from a file of
-               `source<TAB>target` lines (the lab's Bibles: from two versions)
+               `source<TAB>target` lines
     DocumentData  documents for language modelling, packed into rows of fixed length;
-               TextData: from a text file (the lab's Bibles: a version's chapters)
+               TextData: from a text file
 
 Each implements `TrainingData`.
 """
@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from jaxformer.checks import BadValue, InputError, MissingFile, check_int, option
+from jaxformer.checks import BadValue, InputError, MissingFile, as_given, check_int
 from jaxformer.data import tasks as tasks_lib
 from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
@@ -560,7 +560,8 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int | None) -> None:
     """The tokenizer's ids must fit a model with `vocab_size` (when given)."""
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise BadValue(
-            f"the tokenizer has {tokenizer.vocab_size} ids but vocab_size={vocab_size}: its "
+            f"the tokenizer has {tokenizer.vocab_size} ids but "
+            f"{as_given('vocab_size', vocab_size)}: its "
             "ids would fall outside the model's embedding table"
         )
 
@@ -569,7 +570,7 @@ def _batches_per_epoch(rows: int, batch_size: int, what: str) -> int:
     if rows < batch_size:
         raise BadValue(
             f"batch size {batch_size} is larger than the {rows} {what}; "
-            f"give a smaller {option('batch_size')}"
+            f"give a smaller {as_given('batch_size')}"
         )
     return rows // batch_size
 

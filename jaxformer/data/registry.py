@@ -1,6 +1,7 @@
 """Named datasets a run gives as `dataset` (`--dataset`): families of corpora, each owning
-the names of one shape ("wyc-web", "web-lm" are the lab's Bibles). A family registers
-here, from its plugin (`jaxformer.plugins`); the library ships none and imports none.
+the names it lists, or every name that starts with its prefix. A family registers here,
+from its plugin (`jaxformer.plugins`); the library ships none and imports none. A name
+resolves exactly: two families that would own one name are an error at registration.
 
 A corpus is what `load` returns: `training_texts()` (what a BPE tokenizer may learn from),
 `data(tokenizer, **options)` (a `TrainingData`) and `description()` (one line for the log)."""
@@ -8,6 +9,7 @@ A corpus is what `load` returns: `training_texts()` (what a BPE tokenizer may le
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable
 from typing import Any
 
@@ -17,31 +19,54 @@ from jaxformer.checks import BadType, BadValue
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    about: str  # its names, for errors and --help: "SRC-TGT or VER-lm Bible datasets"
-    owns: Callable[[str], bool]  # whether a name has this family's shape
+    about: str  # its names, for errors and --help
     check: Callable[[str], None]  # raise an InputError unless the name can be loaded here
     load: Callable[[str], Any]  # the corpus
+    names: frozenset[str] = frozenset()  # the names it owns, exactly
+    prefix: str | None = None  # or: every name that starts with this
+
+    def owns(self, name: str) -> bool:
+        return name in self.names or (self.prefix is not None and name.startswith(self.prefix))
 
 
 DATASETS: dict[str, Family] = {}
 
 
 def register(name: str, family: Family) -> None:
+    """Add `family` under `name`; a name or prefix another family owns is an error."""
+    if bool(family.names) == (family.prefix is not None):
+        raise BadValue(f"dataset family {name!r}: give its names or its prefix, one of them")
+    for other_name, other in DATASETS.items():
+        taken = sorted(n for n in family.names if other.owns(n))
+        taken += sorted(n for n in other.names if family.owns(n))
+        prefixes = [p for p in (family.prefix, other.prefix) if p is not None]
+        if len(prefixes) == 2 and (
+            prefixes[0].startswith(prefixes[1]) or prefixes[1].startswith(prefixes[0])
+        ):
+            taken.append(f"{prefixes[0]}*")
+        if taken and other_name != name:
+            raise BadValue(
+                f"dataset family {name!r} would own {taken[0]!r}, which family "
+                f"{other_name!r} owns: choose other names"
+            )
     DATASETS[name] = family
 
 
 def family_of(dataset: str) -> Family:
     """The family that owns a dataset name (plugins loaded first); an error lists them."""
     if not isinstance(dataset, str):
-        raise BadType(f"dataset must be a string such as 'wyc-web', got {dataset!r}")
+        raise BadType(f"dataset must be a string, a registered dataset's name, got {dataset!r}")
     plugins.load()
     for family in DATASETS.values():
         if family.owns(dataset):
             return family
     known = "; ".join(f.about for f in DATASETS.values()) or "none is installed"
+    names = [name for family in DATASETS.values() for name in family.names]
+    close = difflib.get_close_matches(dataset, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
     raise BadValue(
-        f"dataset {dataset!r} is no registered dataset's name ({known}); a package adds "
-        f"datasets through the {plugins.GROUP!r} entry point, as jaxformer-lab adds the Bibles"
+        f"dataset {dataset!r} is no registered dataset's name; {hint}({known}; a package "
+        f"adds datasets through the {plugins.GROUP!r} entry point)"
     )
 
 

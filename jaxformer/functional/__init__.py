@@ -38,6 +38,7 @@ from jaxformer.functional.layers import (
     rms_norm,
     tied_logits,
 )
+from jaxformer.functional.losses import LossSums, chunked_cross_entropy, cross_entropy
 from jaxformer.functional.masks import (
     AttentionMask,
     causal_mask,

@@ -12,7 +12,7 @@ import time
 
 import jax
 
-from jaxformer.checks import BadValue, Unreachable
+from jaxformer.checks import BadValue, Unreachable, as_given
 
 
 def initialize(
@@ -29,27 +29,31 @@ def initialize(
     `timeout_s` for the coordinator's port (else ConnectionError), then all wait up to
     `timeout_s` for every process to join."""
     if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or timeout_s < 1:
-        raise BadValue(f"timeout_s must be a positive int (seconds), got {timeout_s!r}")
+        raise BadValue(
+            f"{as_given('timeout_s')} must be a positive int (seconds), got {timeout_s!r}"
+        )
     if coordinator == "auto":
         if num_processes is not None or process_id is not None:
             raise BadValue(
-                "coordinator 'auto' reads the process count and id from the cluster; "
-                "do not also give num_processes or process_id"
+                f"{as_given('coordinator', 'auto')} reads the process count and id from the "
+                f"cluster; do not also give {as_given('num_processes')} or {as_given('process_id')}"
             )
         kwargs = {}
     else:
         _check_address(coordinator)
         for name, value in (("num_processes", num_processes), ("process_id", process_id)):
             if value is None:
-                raise BadValue(f"a coordinator HOST:PORT needs {name} too (or use 'auto')")
+                raise BadValue(
+                    f"a coordinator HOST:PORT needs {as_given(name)} too (or use 'auto')"
+                )
             if not isinstance(value, int) or isinstance(value, bool):
-                raise BadValue(f"{name} must be an int with a coordinator, got {value!r}")
+                raise BadValue(f"{as_given(name)} must be an int with a coordinator, got {value!r}")
         if num_processes < 1:
-            raise BadValue(f"num_processes must be >= 1, got {num_processes}")
+            raise BadValue(f"{as_given('num_processes')} must be >= 1, got {num_processes}")
         if not 0 <= process_id < num_processes:
             raise BadValue(
-                f"process_id must be in [0, {num_processes - 1}] for num_processes="
-                f"{num_processes}, got {process_id}"
+                f"{as_given('process_id')} must be in [0, {num_processes - 1}] for "
+                f"{as_given('num_processes', num_processes)}, got {process_id}"
             )
         kwargs = dict(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
@@ -107,6 +111,8 @@ def _wait_for_port(coordinator: str, process_id: int, num_processes: int, timeou
 def _check_address(coordinator) -> None:
     host, sep, port = str(coordinator).rpartition(":")
     if not (isinstance(coordinator, str) and sep and host and port.isdigit()):
-        raise BadValue(f"coordinator must be HOST:PORT (or 'auto'), got {coordinator!r}")
+        raise BadValue(
+            f"{as_given('coordinator')} must be HOST:PORT (or 'auto'), got {coordinator!r}"
+        )
     if not 0 < int(port) < 65536:
         raise BadValue(f"coordinator port must be in [1, 65535], got {port}")

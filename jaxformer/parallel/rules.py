@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxformer.checks import BadValue
+from jaxformer.checks import BadValue, as_given
 from jaxformer.nn.parameters import LOGICAL_AXES
 
 Rules = Mapping[str, str | tuple[str, ...] | None]
@@ -109,8 +109,9 @@ def _check_divisible(where: str, shape, spec: PartitionSpec, mesh: Mesh, logical
             raise BadValue(
                 f"parameter {where} of shape {tuple(shape)}: dimension {dim}{name} of size "
                 f"{shape[dim]} is not divisible by mesh axis {target} of size {size}; "
-                "choose sizes that divide (e.g. num_heads and num_kv_heads by tensor, "
-                "d_model by fsdp) or change the mesh"
+                f"choose sizes that divide (e.g. {as_given('num_heads')} and "
+                f"{as_given('num_kv_heads')} by tensor, {as_given('d_model')} by fsdp) or "
+                f"change the {as_given('mesh')}"
             )
 
 

@@ -1,33 +1,9 @@
-"""Training with optax: losses, schedules, optimizers, the train and eval steps, the
+"""Training with optax: schedules, optimizers, the train and eval steps, the
 run's set-up (`set_up`) and the loop that runs them (`train`; k seeds of a run in one
 process, vmapped or in turn: `train_seeds`), with periodic work as hooks (`Hook`); a trained run's
 model and tokenizer back (`restore_model`)."""
 
 import importlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jaxformer.train.loop import Hook, StepContext, TrainingDiverged, train
-    from jaxformer.train.losses import (
-        LossSums,
-        chunked_cross_entropy,
-        cross_entropy,
-        lm_head_choice,
-    )
-    from jaxformer.train.optim import make_optimizer, make_schedule, paper_schedule
-    from jaxformer.train.run_folder import restore_model
-    from jaxformer.train.seed_group import seed_runs, train_seeds
-    from jaxformer.train.setup import Setup, set_up
-    from jaxformer.train.signals import Terminated
-    from jaxformer.train.steps import (
-        TrainState,
-        create_train_state,
-        make_eval_step,
-        make_train_step,
-        model_logits,
-        model_loss_sums,
-        state_layout,
-    )
 
 # Each name imported at first use: `jaxformer.train.steps` alone imports no data, run
 # folder or interop code.
@@ -36,19 +12,16 @@ _LAZY = {
     "StepContext": "jaxformer.train.loop",
     "TrainingDiverged": "jaxformer.train.loop",
     "train": "jaxformer.train.loop",
-    "LossSums": "jaxformer.train.losses",
-    "chunked_cross_entropy": "jaxformer.train.losses",
-    "cross_entropy": "jaxformer.train.losses",
-    "lm_head_choice": "jaxformer.train.losses",
+    "lm_head_choice": "jaxformer.train.steps",
     "make_optimizer": "jaxformer.train.optim",
     "make_schedule": "jaxformer.train.optim",
     "paper_schedule": "jaxformer.train.optim",
-    "restore_model": "jaxformer.train.run_folder",
-    "seed_runs": "jaxformer.train.seed_group",
-    "train_seeds": "jaxformer.train.seed_group",
+    "restore_model": "jaxformer.train.checkpoints",
+    "seed_runs": "jaxformer.train.seeds",
+    "train_seeds": "jaxformer.train.seeds",
     "Setup": "jaxformer.train.setup",
     "set_up": "jaxformer.train.setup",
-    "Terminated": "jaxformer.train.signals",
+    "Terminated": "jaxformer.signals",
     "TrainState": "jaxformer.train.steps",
     "create_train_state": "jaxformer.train.steps",
     "make_eval_step": "jaxformer.train.steps",

@@ -15,14 +15,15 @@ from typing import Any
 from jaxformer.checks import (
     BadValue,
     InputError,
+    as_given,
     check_bool,
     check_choice,
     check_divisible,
     check_int,
     check_number,
+    named_as_fields,
 )
-from jaxformer.checks import option as as_given
-from jaxformer.config import PRESETS, TransformerConfig, load_config_file, option
+from jaxformer.config import PRESETS, TransformerConfig, load_config_file, setting
 from jaxformer.data import registry as datasets
 from jaxformer.data.tasks import TASKS
 from jaxformer.data.tokenizers import ByteTokenizer
@@ -38,51 +39,50 @@ class DataOptions:
     """What a run trains on: one source (a task, a data file or a dataset), its tokenizer,
     and how its examples are cut and padded."""
 
-    task: str | None = option(
+    task: str | None = setting(
         None, "a synthetic task; default dates, unless a data file is given", TASKS, resume=True
     )
-    data_tsv: str | None = option(
+    data_tsv: str | None = setting(
         None, "a file of source<TAB>target lines (translation)", resume=True
     )
-    data_text: str | None = option(
+    data_text: str | None = setting(
         None, "plain text for a decoder-only language model", resume=True
     )
-    dataset: str | None = option(
+    dataset: str | None = setting(
         None,
-        "a registered dataset (jaxformer.data.registry), e.g. the lab's Bibles: SRC-TGT "
-        "translation between two versions (wyc-web), SRC+EXTRA-TGT with other versions' "
-        "training books as extra training pairs (wyc+kjv-web), or VER-lm, an LM (web-lm)",
+        "a dataset a plugin registers by name (jaxformer.data.registry); `jaxformer "
+        "train --dataset x` lists the installed ones",
         resume=True,
     )
-    tokenizer: str = option(
+    tokenizer: str = setting(
         dataclasses.MISSING,
-        "bytes, or BPE trained on the data file or the dataset's training books "
+        "bytes, or BPE trained on the data file or the dataset's training texts "
         "(default: bpe with --dataset, else byte)",
         TOKENIZERS,
         resume=True,
     )
-    init_from: str | None = option(
+    init_from: str | None = setting(
         None,
         "fine-tune a trained model, its architecture, weights and tokenizer: a jaxformer "
         "run folder (its averaged or latest checkpoint) or a Hugging Face model folder",
         resume=True,
     )
-    bpe_vocab_size: int | None = option(
+    bpe_vocab_size: int | None = setting(
         None, "BPE vocabulary; default sized from the data", resume=True
     )
-    seq_len: int = option(128, "tokens per row of packed text (language modelling)", resume=True)
-    pad_multiple: int = option(
+    seq_len: int = setting(128, "tokens per row of packed text (language modelling)", resume=True)
+    pad_multiple: int = setting(
         16,
         "translation batches are padded to a multiple of this many tokens: larger means "
-        "fewer shapes to compile (wyc-web, batch 64: 10 at 16, 6 at 32, 3 at 64) and more padding",
+        "fewer shapes to compile and more padding",
     )
-    shared_lengths: bool = option(
+    shared_lengths: bool = setting(
         False,
         "translation: every seed's batches come in the same order of lengths (each holds "
         "that seed's own pairs), so seeds in one vmapped step (--vmap-seeds on) pad little",
         resume=True,
     )
-    batch_tokens: int | None = option(
+    batch_tokens: int | None = setting(
         None,
         "translation: batches of up to this many tokens a side (rows x the padded longer "
         "side, as the paper's ~25,000) in place of batch_size pairs; one process, one device",
@@ -102,7 +102,8 @@ class DataOptions:
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "bpe" and self.task:
             raise BadValue(
-                "the BPE tokenizer is trained on data; use it with data_tsv, data_text or dataset"
+                f"the BPE tokenizer is trained on data; use it with {as_given('data_tsv')}, "
+                f"{as_given('data_text')} or {as_given('dataset')}"
             )
         if self.bpe_vocab_size is not None:
             check_int("bpe_vocab_size", self.bpe_vocab_size, minimum=300)
@@ -110,9 +111,10 @@ class DataOptions:
         check_int("pad_multiple", self.pad_multiple)
         if self.batch_tokens is not None:
             check_int("batch_tokens", self.batch_tokens)
-            if not (self.data_tsv or (self.dataset and not self.dataset.endswith("-lm"))):
+            if self.task or self.data_text:
                 raise BadValue(
-                    "batch_tokens batches translation pairs: give data_tsv or a SRC-TGT dataset"
+                    f"{as_given('batch_tokens')} batches translation pairs: give "
+                    f"{as_given('data_tsv')} or a translation {as_given('dataset')}"
                 )
 
     @classmethod
@@ -129,10 +131,14 @@ class DataOptions:
             bpe = given.get("dataset") is not None and init_from is None
             given["tokenizer"] = "bpe" if bpe else "byte"
         elif init_from is not None and given["tokenizer"] != "byte":  # "byte": as resolved
-            raise BadValue("a model given by init_from brings its tokenizer; leave tokenizer unset")
+            raise BadValue(
+                f"a model given by {as_given('init_from')} brings its tokenizer; leave "
+                f"{as_given('tokenizer')} unset"
+            )
         if init_from is not None and given.get("bpe_vocab_size") is not None:
             raise BadValue(
-                "a model given by init_from brings its tokenizer; leave bpe_vocab_size unset"
+                f"a model given by {as_given('init_from')} brings its tokenizer; leave "
+                f"{as_given('bpe_vocab_size')} unset"
             )
         return cls(**given)
 
@@ -147,23 +153,23 @@ class OptimOptions:
     """How the model is optimised: steps and batches, the learning-rate schedule and the
     optimizer."""
 
-    steps: int = option(1500, "optimizer steps")
-    batch_size: int = option(64, "examples (rows) per step", resume=True)
-    accum_steps: int = option(1, "micro-batches per step (gradient accumulation)", resume=True)
-    schedule: str = option(
+    steps: int = setting(1500, "optimizer steps")
+    batch_size: int = setting(64, "examples (rows) per step", resume=True)
+    accum_steps: int = setting(1, "micro-batches per step (gradient accumulation)", resume=True)
+    schedule: str = setting(
         "cosine", "learning-rate schedule; paper: eq. (3)", SCHEDULES, resume=True
     )
-    lr: float | None = option(
+    lr: float | None = setting(
         None, "peak lr, default 3e-3 (paper schedule: a multiplier, default 1)", resume=True
     )
-    warmup_steps: int | None = option(
+    warmup_steps: int | None = setting(
         None, "default: 10% of steps (cosine), 4000 (paper)", resume=True
     )
-    optimizer: str = option(
+    optimizer: str = setting(
         "adam", "Adam(0.9, 0.98, 1e-9) as the paper, or AdamW", OPTIMIZERS, resume=True
     )
-    weight_decay: float = option(0.0, "decoupled weight decay (adamw)", resume=True)
-    clip_norm: float | None = option(
+    weight_decay: float = setting(0.0, "decoupled weight decay (adamw)", resume=True)
+    clip_norm: float | None = setting(
         1.0, "global gradient-norm clipping; none to turn off", resume=True
     )
 
@@ -200,22 +206,22 @@ class OptimOptions:
 class EvalOptions:
     """How the held-out data is evaluated, during the run and at its end."""
 
-    eval_every: int = option(250, "steps between held-out evaluations")
-    eval_examples: int = option(
+    eval_every: int = setting(250, "steps between held-out evaluations")
+    eval_examples: int = setting(
         1000,
-        "held-out examples (a Bible's dev books: a sample stratified by book, the same for every seed)",
+        "held-out examples (of a dataset's dev split: a sample, the same for every seed)",
     )
-    eval_sample: int = option(
+    eval_sample: int = setting(
         200, "of those, decoded greedily at each in-run evaluation; the final model decodes all"
     )
-    final_test: bool = option(
-        False, "also score the final model on the test set (a Bible's test books): opt-in"
+    final_test: bool = setting(
+        False, "also score the final model on the dataset's test split: opt-in"
     )
-    eval_beam: int | None = option(
+    eval_beam: int | None = setting(
         None, "beam of held-out decoding, 1 = greedy; default 4 (the paper) for BLEU data, else 1"
     )
-    eval_alpha: float = option(0.6, "length penalty of that beam search (the paper: 0.6)")
-    average_checkpoints: int = option(
+    eval_alpha: float = setting(0.6, "length penalty of that beam search (the paper: 0.6)")
+    average_checkpoints: int = setting(
         1, "at the end, also evaluate the mean parameters of the last K checkpoints; 1 = off"
     )
 
@@ -233,20 +239,22 @@ class RuntimeOptions:
     """One run of an experiment: its seed (what a sweep varies between the runs of one
     variant), its folder and what it records there, and the devices it runs on."""
 
-    seed: int = option(0, "initialisation, dropout and data order", resume=True)
-    out: str = option(dataclasses.MISSING, "run folder; default runs/<task or data file name>")
-    log_every: int = option(10, "steps between logged metrics")
-    checkpoint_every: int = option(500, "steps between checkpoints")
-    keep_checkpoints: int = option(3, "checkpoints kept")
-    profile: str | None = option(
+    seed: int = setting(0, "initialisation, dropout and data order", resume=True)
+    out: str = setting(dataclasses.MISSING, "run folder; default runs/<task or data file name>")
+    log_every: int = setting(10, "steps between logged metrics")
+    checkpoint_every: int = setting(500, "steps between checkpoints")
+    keep_checkpoints: int = setting(3, "checkpoints kept")
+    profile: str | None = setting(
         None, "START:STOP: a jax.profiler trace of steps START+1..STOP in <out>/profile"
     )
-    mesh: str | None = option(None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)")
-    pmap: bool = option(False, "data parallel with jax.pmap over this process's devices")
-    log_internals: int | None = option(
+    mesh: str | None = setting(
+        None, "device mesh, e.g. data=2,fsdp=2,tensor=2 (one size may be -1)"
+    )
+    pmap: bool = setting(False, "data parallel with jax.pmap over this process's devices")
+    log_internals: int | None = setting(
         None, "every N steps log gradient/parameter/update norms, attention entropy, activation RMS"
     )
-    tensorboard: bool = option(
+    tensorboard: bool = setting(
         False, "also write the metrics as TensorBoard event files in <out>/tensorboard"
     )
 
@@ -258,7 +266,7 @@ class RuntimeOptions:
             check_int("log_internals", self.log_internals)
         check_bool("pmap", self.pmap)
         if self.mesh is not None and self.pmap:
-            raise BadValue("give a mesh or pmap, not both")
+            raise BadValue(f"give a {as_given('mesh')} or {as_given('pmap')}, not both")
         _ = self.profile_steps  # checks the format
 
     @property
@@ -269,10 +277,13 @@ class RuntimeOptions:
             return None
         start, _, stop = str(self.profile).partition(":")
         if not (start.strip().isdigit() and stop.strip().isdigit()):
-            raise BadValue(f"profile must be START:STOP (steps, e.g. 10:12), got {self.profile!r}")
+            raise BadValue(
+                f"{as_given('profile')} must be START:STOP (steps, e.g. 10:12), got {self.profile!r}"
+            )
         if not int(start) < int(stop):
             raise BadValue(
-                f"profile {self.profile!r} is an empty or reversed range: give START < STOP"
+                f"{as_given('profile', self.profile)} is an empty or reversed range: give "
+                "START < STOP"
             )
         return int(start), int(stop)
 
@@ -294,25 +305,28 @@ class RunConfig:
         k, kept = self.eval.average_checkpoints, self.runtime.keep_checkpoints
         if k > kept:
             raise BadValue(
-                f"average_checkpoints={k} needs keep_checkpoints >= {k}, got keep_checkpoints={kept}"
+                f"{as_given('average_checkpoints', k)} needs {as_given('keep_checkpoints')} "
+                f">= {k}, got {as_given('keep_checkpoints', kept)}"
             )
         steps, every = self.optim.steps, self.runtime.checkpoint_every
         saved = math.ceil(steps / every)  # every checkpoint_every, and the last
         if k > saved:
             raise BadValue(
-                f"average_checkpoints={k} but steps={steps} with checkpoint_every={every} "
-                f"saves {saved} checkpoint(s)"
+                f"{as_given('average_checkpoints', k)} but {as_given('steps', steps)} with "
+                f"{as_given('checkpoint_every', every)} saves {saved} checkpoint(s)"
             )
         tokens = self.data.batch_tokens
         if tokens and (self.optim.accum_steps > 1 or self.runtime.mesh or self.runtime.pmap):
             raise BadValue(
-                f"batch_tokens={tokens} makes batches of varying rows, which accum_steps, a "
-                "mesh and pmap cannot split: use batch_size with them"
+                f"{as_given('batch_tokens', tokens)} makes batches of varying rows, which "
+                f"{as_given('accum_steps')}, a {as_given('mesh')} and {as_given('pmap')} cannot "
+                f"split: use {as_given('batch_size')} with them"
             )
         profile = self.runtime.profile_steps
         if profile and profile[1] > steps:
             raise BadValue(
-                f"profile {self.runtime.profile!r} goes past steps={steps}: give STOP <= steps"
+                f"{as_given('profile', self.runtime.profile)} goes past "
+                f"{as_given('steps', steps)}: give STOP <= {steps}"
             )
 
     @classmethod
@@ -361,7 +375,6 @@ class RunConfig:
             for f in dataclasses.fields(kind)
             if f.metadata["resume"]
         }
-        settings = without_added_defaults(settings)
         cosine = self.optim.schedule == "cosine"
         settings["cosine_total_steps"] = self.optim.steps if cosine else None
         return settings
@@ -370,24 +383,6 @@ class RunConfig:
         """Every option by its flat name: {"task": "dates", ..., "steps": 1500, ...}."""
         groups = [dataclasses.asdict(getattr(self, g)) for g in self.groups()]
         return {name: value for group in groups for name, value in group.items()}
-
-
-# Run options added after runs recorded their settings (a checkpoint's meta, a sweep's
-# config hash): recorded only when set away from their default, so earlier runs still match.
-ADDED_RUN_OPTIONS = ("shared_lengths", "batch_tokens")
-
-
-def without_added_defaults(fields: dict[str, Any]) -> dict[str, Any]:
-    """`fields` (flat run options) less the ADDED_RUN_OPTIONS at their defaults."""
-    added = with_added_defaults({})
-    return {k: v for k, v in fields.items() if k not in added or v != added[k]}
-
-
-def with_added_defaults(fields: dict[str, Any]) -> dict[str, Any]:
-    """`fields` (flat run options, as an earlier run recorded them) with the defaults of
-    the ADDED_RUN_OPTIONS it lacks."""
-    defaults = {f.name: f.default for f in dataclasses.fields(DataOptions)}
-    return {name: defaults[name] for name in ADDED_RUN_OPTIONS} | fields
 
 
 RUN_SECTIONS = ("model", "run")  # a run file's
@@ -405,7 +400,7 @@ def load_run(
     A run file (YAML or JSON; or its mapping) has two sections, each optional:
 
         model: {preset: paper_base, dropout_rate: 0.3}  # a preset (default tiny), its fields
-        run: {dataset: wyc-web, steps: 2000}             # RunConfig options, by flat name
+        run: {data_tsv: pairs.tsv, steps: 2000}          # RunConfig options, by flat name
 
     the shape of a run folder's config.json. A file of TransformerConfig fields alone is read
     as its `model` section. An unknown key is an error naming the valid ones.
@@ -414,12 +409,16 @@ def load_run(
     sections = _run_sections(load_config_file(str(file)) if where else dict(file or {}), where)
     fields = sections["model"] | (model or {})
     preset = fields.pop("preset", "tiny")
+    given = [*(model or {}), *(run or {})]
+    from_file = {*sections["model"], *sections["run"]} - set(given)
     try:
-        check_choice("preset", preset, PRESETS)
-        config = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(**fields)
-        options = RunConfig.from_options(**(sections["run"] | (run or {})))
+        with named_as_fields(from_file):
+            check_choice("preset", preset, PRESETS)
+            config = getattr(TransformerConfig, preset)(ByteTokenizer.vocab_size).replace(**fields)
+            options = RunConfig.from_options(**(sections["run"] | (run or {})))
     except InputError as e:
-        if any(re.search(rf"\b{name}\b", str(e)) for name in [*(model or {}), *(run or {})]):
+        named = (re.escape(as_given(name)) for name in given)
+        if any(re.search(rf"(?<![\w-]){name}(?![\w-])", str(e)) for name in named):
             raise  # a value given over the file's: the error is not the file's
         raise type(e)(f"{where}{e}") from None
     return config, options

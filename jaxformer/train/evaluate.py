@@ -14,7 +14,7 @@ import dataclasses
 import importlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from flax import nnx
@@ -22,15 +22,12 @@ from flax import nnx
 from jaxformer import decode
 from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.data import TrainingData
+from jaxformer.functional.losses import LossSums
 from jaxformer.parallel import host_copy
 from jaxformer.train import report
 from jaxformer.train.config import RunConfig
-from jaxformer.train.losses import LossSums
 from jaxformer.train.run_folder import RunFolder
-
-if TYPE_CHECKING:  # annotations only: set_up and the loop import this module
-    from jaxformer.train.loop import StepContext
-    from jaxformer.train.setup import Setup
+from jaxformer.train.setup import Setup
 
 Pairs = list[tuple[str, str]]
 
@@ -94,47 +91,53 @@ class FinalModel(NamedTuple):
 
 class Evaluation:
     """A run's evaluation as two hooks, `in_run` and `final` (the last step's), with the
-    seconds spent on the dev pairs (`seconds`, from `earlier` on: a resumed run's kept
-    evaluations) and on the test pairs (`test_seconds`); `final` leaves its `FinalModel`
-    in `result`."""
+    seconds spent on the dev pairs (`seconds`: a resumed run starts from its kept
+    evaluations') and on the test pairs (`test_seconds`); `final` leaves its `FinalModel`
+    in `result`. Made before the run folder: an unknown metric or a missing library is
+    bad input then."""
 
-    def __init__(self, setup: Setup, *, earlier: float = 0.0):
+    def __init__(self, setup: Setup):
+        check_metrics(setup.data.metrics)
         self.setup, self.settings = setup, EvalSettings.of(setup.run, setup.data)
-        self.seconds, self.test_seconds = earlier, 0.0
+        self.seconds, self.test_seconds = 0.0, 0.0
         self.result: FinalModel | None = None
         self.prepared: dict[tuple, list[str]] = {}  # see `prepare`
 
-    def due(self, hook_action) -> tuple[int, list[str]] | None:
-        """(beam, sources) of the dev decode that hook `action` (in_run or final) makes
-        with the step's parameters first; None for another hook."""
-        pairs = self.setup.data.dev_pairs
-        if hook_action == self.in_run:
-            return 1, [source for source, _ in pairs[: self.settings.sample]]
-        if hook_action == self.final:
-            return self.settings.beam, [source for source, _ in pairs]
-        return None
+    def decodes_due(self, step: int) -> list[tuple[int, list[str]]]:
+        """(beam, sources) of each dev decode that the evaluations due after `step` make
+        with that step's parameters (none when the data names no metrics)."""
+        run, pairs = self.setup.run, self.setup.data.dev_pairs
+        if not self.settings.metrics:
+            return []
+        if step == run.optim.steps:
+            return [(self.settings.beam, [source for source, _ in pairs])]
+        if step % run.eval.eval_every == 0:
+            return [(1, [source for source, _ in pairs[: self.settings.sample]])]
+        return []
 
-    def prepare(self, params, beam: int, sources: list[str], predictions: list[str]) -> None:
-        """Predictions of `sources` with `beam` by these very `params`, made elsewhere (a
-        seed group decodes its seeds in one program): the next such decode takes them."""
-        self.prepared[(id(params), beam, tuple(sources))] = predictions
+    def prepare(self, step: int, beam: int, sources: list[str], predictions: list[str]) -> None:
+        """Predictions of `sources` with `beam` by the parameters of `step`, made elsewhere
+        (a seed group decodes its seeds in one program): that step's decode takes them."""
+        self.prepared = {key: made for key, made in self.prepared.items() if key[0] == step}
+        self.prepared[(step, beam, tuple(sources))] = predictions
 
-    def in_run(self, context: StepContext) -> None:
-        """The in-run evaluation: logged (with the evaluations' seconds so far, for a
-        resume) and shown."""
+    def in_run(self, step: int, params, folder: RunFolder, say: Callable[[str], None]) -> None:
+        """The in-run evaluation of `params`, the laid-out parameters of `step`: logged
+        (with the evaluations' seconds so far, for a resume) and shown."""
         pairs = self.setup.data.dev_pairs[: self.settings.sample]
-        sampled, _ = self._dev(context.state.params, pairs, beam=1)
+        sampled, _ = self._dev(params, pairs, beam=1, step=step)
         seconds = round(self.seconds, 2)
-        context.folder.log({"step": context.step, **sampled, "eval_seconds": seconds})
-        context.say(report.eval_line(context.step, sampled))
+        folder.log({"step": step, **sampled, "eval_seconds": seconds})
+        say(report.eval_line(step, sampled))
 
-    def final(self, context: StepContext) -> None:
-        """The final evaluation, each part logged and shown, its predictions written to
-        predictions.tsv (the dev pairs') and test_predictions.tsv (with final_test)."""
-        params, fields, predictions = self._final_dev(context)
-        tests = self._test(context, params) if self.settings.test else {}
+    def final(self, step: int, state, folder: RunFolder, say: Callable[[str], None]) -> None:
+        """The final evaluation of the laid-out TrainState `state` of `step`, each part
+        logged and shown, its predictions written to predictions.tsv (the dev pairs') and
+        test_predictions.tsv (with final_test)."""
+        params, fields, predictions = self._final_dev(step, state, folder, say)
+        tests = self._test(step, params, folder) if self.settings.test else {}
         dev_pairs = self.setup.data.dev_pairs
-        _write_predictions(context.folder, "predictions.tsv", dev_pairs, predictions)
+        _write_predictions(folder, "predictions.tsv", dev_pairs, predictions)
         one = host_copy(self.setup.placement.one_copy(params))
         self.result = FinalModel(one, fields, tests, (dev_pairs, predictions))
 
@@ -147,28 +150,31 @@ class Evaluation:
         spent = self.seconds + self.test_seconds
         return clocks | {"train_seconds": round(wall_seconds - spent, 2)}
 
-    def _final_dev(self, context: StepContext) -> tuple[Any, dict[str, Any], list[str]]:
+    def _final_dev(self, step, state, folder, say) -> tuple[Any, dict[str, Any], list[str]]:
         """The last step's parameters on every dev pair, then the mean of the last
         checkpoints (average > 1): the final model's laid-out parameters, its summary
         fields and its predictions."""
-        params, pairs, beam = context.state.params, self.setup.data.dev_pairs, self.settings.beam
-        last, predictions = self._dev(params, pairs, beam)
-        _log(context, last)
+        params, pairs, beam = state.params, self.setup.data.dev_pairs, self.settings.beam
+        last, predictions = self._dev(params, pairs, beam, step=step)
+        _log(folder, say, step, last)
         averaged = steps = None
         if self.settings.average > 1:
-            mean, steps = context.folder.average_checkpoints(context.state, self.settings.average)
+            mean, steps = folder.average_checkpoints(state, self.settings.average)
             params = self.setup.placement.put(mean, like=self.setup.layout.params)
             averaged, predictions = self._dev(params, pairs, beam)
-            _log(context, averaged, averaged_steps=steps)
+            _log(folder, say, step, averaged, averaged_steps=steps)
         fields = _headline(averaged or last, self.settings.metrics) | {"eval_beam": beam}
         fields |= dict(final_eval=last, averaged_eval=averaged, averaged_steps=steps)
         return params, fields, predictions
 
-    def _dev(self, params, pairs: Pairs, beam: int) -> tuple[dict[str, Any], list[str]]:
+    def _dev(
+        self, params, pairs: Pairs, beam: int, step: int | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
         """The held-out metrics of laid-out `params` (their predictions of `pairs` with
-        `beam`) and those predictions."""
+        `beam`; those `prepare`d for `step`, when they are that step's) and those
+        predictions."""
         started, setup = time.perf_counter(), self.setup
-        predict = self._predictor(params, beam)
+        predict = self._predictor(params, beam, step)
         batch_size = self.settings.batch_size
         metrics, predictions = evaluate(
             setup.eval_step, params, setup.data, predict, batch_size, pairs
@@ -176,7 +182,7 @@ class Evaluation:
         self.seconds += time.perf_counter() - started
         return metrics | {"eval_pairs": len(pairs), "eval_beam": beam}, predictions
 
-    def _test(self, context: StepContext, params) -> dict[str, Any]:
+    def _test(self, step: int, params, folder: RunFolder) -> dict[str, Any]:
         """The final model (laid-out `params`) on the test pairs, logged; its summary
         fields (final_test, test_*, test_pairs)."""
         started, pairs = time.perf_counter(), self.setup.data.test_pairs
@@ -184,16 +190,19 @@ class Evaluation:
         scores, predictions = score(predictor, pairs, self.settings.metrics)
         self.test_seconds += time.perf_counter() - started
         tests = {f"test_{k}": v for k, v in scores.items()} | {"test_pairs": len(pairs)}
-        context.folder.log({"step": context.step, **tests})
-        _write_predictions(context.folder, "test_predictions.tsv", pairs, predictions)
+        folder.log({"step": step, **tests})
+        _write_predictions(folder, "test_predictions.tsv", pairs, predictions)
         return {"final_test": True, **tests}
 
-    def _predictor(self, params, beam: int) -> Callable[[list[str]], list[str]]:
-        """Translations of sources by laid-out `params` (greedy for beam 1)."""
+    def _predictor(
+        self, params, beam: int, step: int | None = None
+    ) -> Callable[[list[str]], list[str]]:
+        """Translations of sources by laid-out `params` (greedy for beam 1): those prepared
+        for `step` (the parameters of that step), else decoded here."""
         setup = self.setup
 
         def predictions(sources):
-            ready = self.prepared.pop((id(params), beam, tuple(sources)), None)
+            ready = self.prepared.pop((step, beam, tuple(sources)), None)
             if ready is not None:
                 return ready
             model = nnx.merge(setup.graphdef, setup.placement.one_copy(params))
@@ -213,13 +222,11 @@ def _headline(scores: dict[str, Any], metrics: tuple[str, ...]) -> dict[str, Any
     }
 
 
-def _log(
-    context: StepContext, scores: dict[str, Any], averaged_steps: list[int] | None = None
-) -> None:
+def _log(folder, say, step: int, scores: dict[str, Any], averaged_steps=None) -> None:
     """Log and show a final evaluation (of the mean of `averaged_steps`' checkpoints)."""
     averaged = {} if averaged_steps is None else {"averaged_steps": averaged_steps}
-    context.folder.log({"step": context.step, **averaged, **scores})
-    context.say(report.eval_line(context.step, scores, averaged_steps=averaged_steps))
+    folder.log({"step": step, **averaged, **scores})
+    say(report.eval_line(step, scores, averaged_steps=averaged_steps))
 
 
 def _write_predictions(folder: RunFolder, name: str, pairs: Pairs, predictions: list[str]) -> None:

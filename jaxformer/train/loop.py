@@ -1,6 +1,6 @@
-"""The training loop: set up (`setup.set_up`), start or resume in the run folder, then for
-each step batch -> compiled step -> the hooks due after it, then the summary and the
-report (`report`).
+"""The training loop under every run, one or a group of k seeds (`seeds.train_seeds`): set
+up, start or resume each run's folder, then for each step batches -> compiled step ->
+the hooks due after it, then each run's summary and report.
 
 Hooks: a `Hook` runs its action every N steps, given a `StepContext` (the step, its state
 and metrics, the run folder, the set-up), in this order: the in-run evaluation, the
@@ -21,25 +21,35 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
 
-from jaxformer.checks import BadType, InputError, check_bool, check_instance, check_int
+from jaxformer.checks import (
+    BadType,
+    BadValue,
+    InputError,
+    as_given,
+    check_bool,
+    check_instance,
+    check_int,
+)
 from jaxformer.config import TransformerConfig
+from jaxformer.files import code_version
+from jaxformer.models import Transformer
 from jaxformer.parallel import is_main_process
-from jaxformer.train import report
-from jaxformer.train.config import RunConfig
-from jaxformer.train.evaluate import Evaluation
-from jaxformer.train.run_folder import RunFolder
-from jaxformer.train.setup import Setup, set_up
-from jaxformer.train.signals import (
+from jaxformer.signals import (
     Terminated,
     repeats_dropped,
     signals_held,
     stop_signals_raise,
 )
+from jaxformer.train import report
+from jaxformer.train.config import RunConfig
+from jaxformer.train.evaluate import Evaluation
+from jaxformer.train.run_folder import RunFolder
+from jaxformer.train.setup import Setup, set_up
 from jaxformer.train.steps import TrainState
 
 
@@ -117,11 +127,55 @@ class HookRunner:
         self.running = None
 
 
-def check_hooks(hooks) -> None:
-    """A list or tuple of Hooks."""
-    check_instance("hooks", hooks, (list, tuple))
-    for i, hook in enumerate(hooks):
-        check_instance(f"hooks[{i}]", hook, Hook)
+class Run(NamedTuple):
+    """One run's side of the loop: its set-up, folder, evaluation, meter, hooks and the
+    progress it shows (a group shows its first run's)."""
+
+    setup: Setup
+    folder: RunFolder
+    evaluation: Evaluation
+    meter: Meter
+    hooks: HookRunner
+    shown: report.Progress
+
+    def context(self, step: int, state: TrainState, record: dict | None) -> StepContext:
+        return StepContext(step, state, record or {}, self.folder, self.setup, self.shown.write)
+
+    def log(self, step: int, metrics: dict) -> dict[str, float]:
+        """Log step `step`'s metrics (on the host): the internals always, the step's record
+        when its log is due (every log_every steps and the last); returns the record.
+        Raises TrainingDiverged on a non-finite loss, before anything is logged."""
+        record, internals = self.meter.read(step, metrics, self.folder)
+        if internals is not None:
+            self.folder.log(report.internals_record(step, internals))
+        if step % self.setup.run.runtime.log_every == 0 or step == self.setup.run.optim.steps:
+            self.folder.log(record)
+            self.shown.show(record)
+            self.meter.restart_window()
+        return record
+
+
+class RunSteps:
+    """One run's state and its compiled steps (the internals variant on the steps it logs):
+    the loop's steps object. A group's (`seeds.SeedSteps`) steps k runs the same way:
+    `step` (the metrics, on the device), `rows` (each run's, on the host), `states`, and
+    `before_hooks` (work the runs' hooks share: a group's decodes)."""
+
+    def __init__(self, setups: list[Setup], states: list[TrainState]):
+        (self.setup,), (self.state,) = setups, states
+
+    def step(self, done: int, batches: list) -> Any:
+        self.state, metrics = self.setup.step_for(done)(self.state, batches[0])
+        return metrics
+
+    def rows(self, metrics) -> list[dict]:
+        return [jax.device_get(metrics)]
+
+    def states(self) -> list[TrainState]:
+        return [self.state]
+
+    def before_hooks(self, runs: list[Run], step: int) -> None:
+        pass
 
 
 def train(
@@ -139,46 +193,78 @@ def train(
     `progress` only warnings and stops are printed (stderr). Raises TrainingDiverged on a
     non-finite loss (the last good checkpoint stays); re-raises KeyboardInterrupt,
     Terminated and a hook's error after saving the last completed step."""
+    set_up_one = lambda: [set_up(model_config, run)]  # noqa: E731
+    return train_runs(set_up_one, RunSteps, resume=resume, progress=progress, hooks=hooks)[0]
+
+
+def train_runs(
+    set_up_runs: Callable[[], list[Setup]],
+    make_steps: Callable[[list[Setup], list[TrainState]], RunSteps],
+    *,
+    resume: bool,
+    progress: bool,
+    hooks: Sequence[Hook],
+) -> list[dict[str, Any]]:
+    """Train the runs that `set_up_runs()` sets up (everything that can fail before a
+    folder exists), stepped together by `make_steps(setups, states)`; their summaries.
+    Resumed, every run must be at the same step. Stops and errors as `train`."""
     with stop_signals_raise():
-        return _train(model_config, run, resume, progress, hooks)
+        return _train(set_up_runs, make_steps, resume, progress, hooks)
 
 
-def _train(model_config, run, resume, progress, hooks) -> dict[str, Any]:
+def _train(set_up_runs, make_steps, resume, progress, hooks) -> list[dict[str, Any]]:
     started = time.perf_counter()
-    check_hooks(hooks)
-    folders, meter = [], None
-    stepped = lambda: meter is not None and meter.step > meter.first  # noqa: E731
-    with undone_on_bad_start(folders, stepped, stepping=lambda: meter is not None):
-        setup = set_up(model_config, run)  # everything that can fail before the folder exists
-        folder = RunFolder(
-            run.runtime.out,
-            placement=setup.placement,
-            meta=setup.meta,
-            keep_checkpoints=run.runtime.keep_checkpoints,
-            verbose=progress,
-        )
-        folders.append(folder)
-        state, first = _start(setup, folder, resume=resume)
-        evaluation = Evaluation(setup, earlier=folder.resumed_seconds["eval_seconds"])
-        shown = report.Progress(progress and folder.is_main, first, run.optim.steps)
-        meter = _Meter(first, started, folder.resumed_seconds["wall_seconds"])
-        _run_steps(setup, folder, meter, shown, state, _hooks(run, evaluation, hooks))
-    final = evaluation.result
-    summary = meter.summary() | final.fields | report.description(setup) | final.tests
-    summary |= evaluation.clocks(summary["wall_seconds"])
-    report.finish(setup, folder, summary, final.params, final.dev)
-    return summary
+    check_instance("hooks", hooks, (list, tuple))
+    for i, hook in enumerate(hooks):
+        check_instance(f"hooks[{i}]", hook, Hook)
+    runs, folders, steps = [], [], None
+    stepped = lambda: any(r.meter.step > r.meter.first for r in runs)  # noqa: E731
+    with _undone_on_bad_start(folders, stepped, stepping=lambda: steps is not None):
+        setups = set_up_runs()
+        evaluations = [Evaluation(setup) for setup in setups]  # bad metrics before a folder
+        states = []
+        for setup, evaluation in zip(setups, evaluations, strict=True):
+            verbose = progress and not runs
+            folders.append(_open(setup, verbose))
+            state = _start(setup, folders[-1], evaluation, resume=resume)
+            runs.append(_run(setup, folders[-1], evaluation, state, started, verbose, hooks))
+            states.append(state)
+            if runs[-1].meter.first != runs[0].meter.first:
+                lead, this = runs[0], runs[-1]
+                raise BadValue(
+                    f"resumed seeds must be at one step: {lead.folder.path} is at "
+                    f"{lead.meter.first}, {this.folder.path} at {this.meter.first}; "
+                    "resume them separately"
+                )
+        steps = make_steps(setups, states)
+        _run_steps(runs, steps)
+    summaries = [_finish(run) for run in runs]  # the first run's report is shown
+    if progress and runs[0].folder.is_main:
+        for run in runs[1:]:
+            print(f"seed {run.setup.run.runtime.seed}: results in {run.folder.path}/")
+    return summaries
+
+
+def _open(setup: Setup, verbose: bool) -> RunFolder:
+    run = setup.run
+    return RunFolder(
+        run.runtime.out,
+        placement=setup.placement,
+        meta=setup.meta,
+        keep_checkpoints=run.runtime.keep_checkpoints,
+        verbose=verbose,
+    )
 
 
 @contextlib.contextmanager
-def undone_on_bad_start(
+def _undone_on_bad_start(
     folders: list[RunFolder], stepped: Callable[[], bool], stepping: Callable[[], bool]
 ):
-    """On bad input (an InputError) before the run's first step (while not `stepped()`),
-    or a stop (Ctrl-C, SIGTERM, SIGHUP) before its steps begin (while not `stepping()`;
-    the steps save and say so themselves), undo the opening of `folders` (what they made
-    goes, what was there stays): a run that never started leaves no folder. A stop says
-    so in one line."""
+    """On bad input (an InputError) before the first step (while not `stepped()`), or a
+    stop (Ctrl-C, SIGTERM, SIGHUP) before the steps begin (while not `stepping()`; the
+    steps save and say so themselves), undo the opening of `folders` (what they made goes,
+    what was there stays): a run that never started leaves no folder. A stop says so in
+    one line."""
     try:
         yield
     except InputError:
@@ -200,98 +286,132 @@ def _undo(folders: list[RunFolder]) -> None:
         folder.undo()
 
 
-def _start(setup: Setup, folder: RunFolder, *, resume: bool) -> tuple[TrainState, int]:
-    """The laid-out state to start from (fresh or restored) and its step; writes the
-    tokenizer and config.json, and opens TensorBoard (with run.runtime.tensorboard)."""
-    placement, config = setup.placement, setup.config
+def _start(setup: Setup, folder: RunFolder, evaluation: Evaluation, *, resume: bool) -> TrainState:
+    """The laid-out state to start from (fresh or restored); writes the tokenizer and
+    config.json, opens TensorBoard (with run.runtime.tensorboard) and says what the run
+    is. A resumed run's evaluation counts its kept evaluations' seconds."""
+    placement, config, run = setup.placement, setup.config, setup.run
     state = placement.put(setup.state, like=setup.layout)
     if folder.start(resume=resume):
         state = placement.put(folder.restore(state), like=setup.layout)
+    evaluation.seconds = folder.resumed_seconds["eval_seconds"]
     if folder.is_main:
         setup.tokenizer.save(folder.path)
-    folder.write_json("config.json", {"model": config.to_dict(), "run": setup.run.to_dict()})
+    folder.write_json("config.json", {"model": config.to_dict(), "run": run.to_dict()})
     step = int(placement.one_copy(state.step))
-    report.starting(setup, folder, step)
-    if setup.run.runtime.tensorboard:
+    asked, vocab = setup.requested_vocab, config.vocab_size
+    note = "" if asked == vocab else f"; the model config said {asked}"
+    folder.say(f"code: {code_version()}")
+    if setup.data.description:
+        folder.say(setup.data.description)
+    folder.say(
+        f"training on {placement.description}, vocabulary of {vocab} ids (the tokenizer's{note})"
+    )
+    if step >= run.optim.steps:
+        folder.say(
+            f"the run was already complete ({step} of {run.optim.steps} steps done): "
+            "nothing left to train; evaluating its final model again"
+        )
+    if run.runtime.tensorboard:
         folder.open_tensorboard(step)
-    return state, step
+    return state
 
 
-def _hooks(run: RunConfig, evaluation: Evaluation, hooks: Sequence[Hook]) -> HookRunner:
-    """The built-in hooks and the caller's, in the order the module docstring gives."""
+def _run(setup, folder, evaluation, state, started, verbose, hooks) -> Run:
+    """A started run's side of the loop, its clock from `started`."""
+    run, first = setup.run, int(setup.placement.one_copy(state.step))
     in_order = [
-        Hook(run.eval.eval_every, evaluation.in_run, "in-run evaluation"),
+        Hook(run.eval.eval_every, _in_run(evaluation), "in-run evaluation"),
         Hook(run.runtime.checkpoint_every, _checkpoint, "checkpoint", at_end=True),
         *hooks,
-        Hook(run.optim.steps, evaluation.final, "final evaluation", at_end=True),
+        Hook(run.optim.steps, _final(evaluation), "final evaluation", at_end=True),
     ]
-    return HookRunner(in_order, run.optim.steps)
+    meter = Meter(first, started, folder.resumed_seconds["wall_seconds"])
+    shown = report.Progress(verbose and folder.is_main, first, run.optim.steps)
+    return Run(setup, folder, evaluation, meter, HookRunner(in_order, run.optim.steps), shown)
 
 
 def _checkpoint(context: StepContext) -> None:
     context.folder.save(context.state)
 
 
-def _run_steps(
-    setup: Setup,
-    folder: RunFolder,
-    meter: _Meter,
-    shown: report.Progress,
-    state: TrainState,
-    hooks: HookRunner,
-) -> None:
-    """Run the steps after `meter.step` up to run.optim.steps, each followed by the hooks
-    due then (a run resumed complete runs only the at_end ones); a stop or a hook's error
-    saves the last step done (unless its loss is NaN) before it is raised again."""
-    run, profiler = setup.run, _Profiler(setup.run.runtime.profile_steps, folder)
+def _in_run(evaluation: Evaluation) -> Callable[[StepContext], None]:
+    return lambda c: evaluation.in_run(c.step, c.state.params, c.folder, c.say)
+
+
+def _final(evaluation: Evaluation) -> Callable[[StepContext], None]:
+    return lambda c: evaluation.final(c.step, c.state, c.folder, c.say)
+
+
+def _run_steps(runs: list[Run], steps: RunSteps) -> None:
+    """The steps after the runs' first up to their last, each followed by the hooks due
+    then (a run resumed complete runs only the at_end ones). Each step's metrics are
+    brought to the host while the next runs. A stop or a hook's error saves every run's
+    last step done (unless its loss is NaN) before it is raised again."""
+    lead = runs[0]
+    first, last = lead.meter.first, lead.setup.run.optim.steps
+    batch_size, held, running = lead.setup.run.optim.batch_size, [], None
+    profiler = _Profiler(lead.setup.run.runtime.profile_steps, lead.folder)
     try:
-        for step in range(meter.step, run.optim.steps):
+        for step in range(first, last):
             profiler.before(step)
-            step_fn = setup.step_for(step + 1)
+            batches = [run.setup.data.train_batch(step, batch_size) for run in runs]
             with signals_held():  # a stop after the step finds its metrics held
-                state, metrics = step_fn(state, setup.data.train_batch(step, run.optim.batch_size))
-                meter.hold(step + 1, metrics)
-            profiler.after(step + 1, state)
-            _read_metrics(meter, folder, shown, run, keep=1)  # step done - 1's, as done runs
-            if due := hooks.due(step + 1):  # a NaN stops the run before a hook sees its state
-                record = _read_metrics(meter, folder, shown, run)
-                hooks.run(due, StepContext(step + 1, state, record, folder, setup, shown.write))
-                meter.restart_window()  # tokens/s leaves out the hooks' time
-            shown.advance()
-        if meter.first >= run.optim.steps:  # resumed complete: the at_end hooks, no record
-            context = StepContext(meter.step, state, {}, folder, setup, shown.write)
-            hooks.run(hooks.due(run.optim.steps), context)
-    except KeyboardInterrupt as e:  # Ctrl-C, and Terminated
+                held.append((step + 1, steps.step(step + 1, batches)))
+            profiler.after(step + 1, held[-1][1])
+            _read(runs, held, steps, keep=1)  # the step before's, as this one runs
+            if lead.hooks.due(step + 1):  # the runs' hooks are due together
+                records = _read(runs, held, steps)  # a NaN stops the run before any hook
+                steps.before_hooks(runs, step + 1)
+                for running, state, record in zip(runs, steps.states(), records, strict=True):
+                    running.hooks.run(
+                        running.hooks.due(step + 1), running.context(step + 1, state, record)
+                    )
+                    running.meter.restart_window()  # tokens/s leaves out the hooks' time
+                running = None
+            lead.shown.advance()
+        if first >= last:  # resumed complete: the at_end hooks, no record
+            for running, state in zip(runs, steps.states(), strict=True):
+                running.hooks.run(running.hooks.due(last), running.context(first, state, None))
+    except KeyboardInterrupt as stop:  # Ctrl-C, and Terminated
         with repeats_dropped():
-            _save_before_stopping(folder, meter, shown, state, run, _stop(e, hooks.running))
+            _save_all(runs, held, steps, [_stop(stop, run.hooks.running) for run in runs])
         raise
     except Exception:
-        if hooks.running is None:
+        if running is None:
             raise
-        why = f"hook {hooks.running.name!r} raised"
-        _save_before_stopping(folder, meter, shown, state, run, why)
+        why = f"hook {running.hooks.running.name!r} raised"
+        _save_all(runs, held, steps, [why] * len(runs))
         raise
     finally:
-        shown.close()
+        for run in runs:
+            run.shown.close()
         profiler.close()
 
 
-def _save_before_stopping(
-    folder: RunFolder,
-    meter: _Meter,
-    shown: report.Progress,
-    state: TrainState,
-    run: RunConfig,
-    why: str,
-) -> None:
-    """Save the last step done unless saved, or unless its loss is NaN (TrainingDiverged),
-    and say so in one line on stderr (with or without progress)."""
-    _read_metrics(meter, folder, shown, run)  # no checkpoint of a diverged state
-    shown.close()
-    step = folder.save(state)
-    if folder.is_main:
-        where, resume = folder.checkpoints.directory, report.continue_command()
-        print(f"{why}: saved step {step} in {where}; continue with {resume}", file=sys.stderr)
+def _read(runs: list[Run], held: list, steps: RunSteps, keep: int = 0) -> list[dict | None]:
+    """Bring the held steps' metrics but the newest `keep` to the host (one transfer a
+    step) and log each run's (a NaN loss stops the run); each run's last record read."""
+    records = [None] * len(runs)
+    while len(held) > keep:
+        with signals_held():  # a step read is a step logged in every folder
+            done, metrics = held[0]
+            for i, (run, row) in enumerate(zip(runs, steps.rows(metrics), strict=True)):
+                records[i] = run.log(done, row)
+            del held[0]
+    return records
+
+
+def _save_all(runs: list[Run], held: list, steps: RunSteps, whys: list[str]) -> None:
+    """Every run's last step saved (unless its loss is NaN: no checkpoint of a diverged
+    state), each saying why in one line on stderr (with or without progress)."""
+    _read(runs, held, steps)
+    for run, state, why in zip(runs, steps.states(), whys, strict=True):
+        run.shown.close()
+        step = run.folder.save(state)
+        if run.folder.is_main:
+            where, resume = run.folder.checkpoints.directory, report.continue_command()
+            print(f"{why}: saved step {step} in {where}; continue with {resume}", file=sys.stderr)
 
 
 def _stop(error: KeyboardInterrupt, hook: Hook | None) -> str:
@@ -301,15 +421,35 @@ def _stop(error: KeyboardInterrupt, hook: Hook | None) -> str:
     return stop if hook is None else f"{stop} during the {hook.name}"
 
 
-class _Meter:
-    """Counts steps and target tokens, times them, and stops the run on a NaN loss. Wall
-    time adds `earlier`, the seconds earlier processes of a resumed run took to reach its
-    checkpoint; tokens/s is this process's.
+def _finish(run: Run) -> dict[str, Any]:
+    """The run's summary; the folder closed, then on process 0 the plots (the final
+    model's cross-attention on the first dev pair), summary.json (last: it marks a
+    finished run) and the console report (the first dev pairs' predictions, the totals)."""
+    setup, folder, final = run.setup, run.folder, run.evaluation.result
+    summary = run.meter.summary() | final.fields | setup.description() | final.tests
+    summary |= run.evaluation.clocks(summary["wall_seconds"])
+    folder.close()
+    if not folder.is_main:
+        return summary
+    report.loss_curves(folder.metrics_path, folder.path / "loss.png")
+    if setup.run.runtime.log_internals is not None:
+        report.internals(folder.metrics_path, folder.path / "internals.png")
+    pairs, predictions = final.dev
+    model = nnx.merge(setup.graphdef, final.params)
+    if isinstance(model, Transformer) and pairs:
+        report.cross_attention(model, setup.tokenizer, pairs[0], folder.path / "attention.png")
+    folder.write_json("summary.json", summary)
+    if folder.verbose:
+        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]
+        report.print_summary(summary, examples, folder.path)
+    return summary
 
-    Metrics are read one step late, so the host never waits for the step it has just
-    dispatched: `hold` keeps them on the device; `read` (after the next step's dispatch, or
-    before its step's hooks) brings the oldest to the host and lets go of them only once
-    read without a NaN, even if an interrupt cuts the read short."""
+
+class Meter:
+    """Counts a run's steps and target tokens, times them, and stops the run on a NaN
+    loss. Wall time adds `earlier`, the seconds earlier processes of a resumed run took to
+    reach its checkpoint; tokens/s is this process's. Metrics are read one step late, so
+    the host never waits for the step it has just dispatched."""
 
     def __init__(self, first: int, started: float, earlier: float = 0.0):
         self.first = self.step = first
@@ -317,25 +457,15 @@ class _Meter:
         self.tokens = self.window_tokens = 0
         self.start = self.window_start = time.perf_counter()
         self.started, self.to_first_step = started, None
-        self.held: list[tuple[int, dict]] = []  # (step, metrics on the device), oldest first
 
-    def hold(self, step: int, metrics) -> None:
-        """Keep step `step`'s metrics (device arrays) until `read`."""
-        self.held.append((step, metrics))
-
-    def read(self, folder: RunFolder) -> tuple[int, dict[str, float], Any]:
-        """(step, log record with tokens/s since the window began, internals or None) of the
-        oldest held metrics, which it then lets go. Raises TrainingDiverged on a NaN loss."""
-        step, metrics = self.held[0]
+    def read(self, step: int, metrics: dict, folder: RunFolder) -> tuple[dict[str, float], Any]:
+        """(log record with tokens/s since the window began, internals or None) of step
+        `step`'s `metrics` (on the host). Raises TrainingDiverged on a NaN loss."""
         metrics = dict(metrics)
         internals = metrics.pop("internals", None)
         loss = float(metrics["loss"])
         if not math.isfinite(loss):
-            raise TrainingDiverged(
-                f"the training loss became {loss} at step {step}; the last good checkpoint "
-                f"(step {folder.checkpoints.latest_step()}) is intact in {folder.checkpoints.directory}"
-            )
-        del self.held[0]
+            raise TrainingDiverged(_diverged(loss, step, folder))
         self.step = step
         n = int(metrics["tokens"])
         self.tokens, self.window_tokens = self.tokens + n, self.window_tokens + n
@@ -345,7 +475,7 @@ class _Meter:
         record = {"step": step, **{k: float(v) for k, v in metrics.items() if k != "tokens"}}
         record["tokens_per_second"] = self.window_tokens / max(now - self.window_start, 1e-9)
         record["wall_seconds"] = round(self.earlier + now - self.start, 2)
-        return step, record, internals
+        return record, internals
 
     def restart_window(self) -> None:
         """Start a new tokens/s window (after a log record, and after hooks ran)."""
@@ -365,6 +495,19 @@ class _Meter:
         }
 
 
+def _diverged(loss: float, step: int, folder: RunFolder) -> str:
+    """What a run whose loss became `loss` at `step` says: where its last good checkpoint
+    is, or that it saved none, and what would help."""
+    where, saved = folder.checkpoints.directory, folder.checkpoints.latest_step()
+    if saved is None:
+        return (
+            f"the training loss became {loss} at step {step}, before the first checkpoint: "
+            f"no checkpoint was saved; try a lower {as_given('lr')} or more "
+            f"{as_given('warmup_steps')}"
+        )
+    return f"the training loss became {loss} at step {step}; the last good checkpoint (step {saved}) is intact in {where}"
+
+
 class _Profiler:
     """A jax.profiler trace of the steps after START up to STOP, in <out>/profile (open it
     with Perfetto or TensorBoard's profile plugin; see docs/performance.md, "Profiles")."""
@@ -380,9 +523,10 @@ class _Profiler:
             jax.profiler.start_trace(path, create_perfetto_trace=True, profiler_options=options)
             self.on = True
 
-    def after(self, done: int, state) -> None:
+    def after(self, done: int, outputs) -> None:
+        """After step `done` was dispatched (its `outputs`, on the device)."""
         if self.on and done == self.steps[1]:
-            jax.block_until_ready(state)
+            jax.block_until_ready(outputs)
             self.close()
             self.folder.say(
                 f"profile of steps {self.steps[0] + 1}-{done}: {self.folder.path / 'profile'}"
@@ -392,22 +536,3 @@ class _Profiler:
         if self.on:
             jax.profiler.stop_trace()
             self.on = False
-
-
-def _read_metrics(
-    meter: _Meter, folder: RunFolder, shown: report.Progress, run: RunConfig, keep: int = 0
-) -> dict[str, float] | None:
-    """Read the meter's held metrics but the newest `keep` (stopping the run on a NaN loss)
-    and log them: the internals always, a step's record when its log is due (every
-    log_every steps and the last). Returns the last record read (None if none was)."""
-    record = None
-    while len(meter.held) > keep:
-        with signals_held():  # a record read is a record logged: a stop waits for the write
-            done, record, internals = meter.read(folder)
-            if internals is not None:
-                folder.log(report.internals_record(done, internals))
-            if done % run.runtime.log_every == 0 or done == run.optim.steps:
-                folder.log(record)
-                shown.show(record)
-                meter.restart_window()
-    return record

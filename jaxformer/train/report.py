@@ -1,34 +1,22 @@
 """What a run shows a person: progress while it trains, a line per evaluation, at the end
-(`finish`) the plots (loss.png, attention.png, and internals.png with --log-internals),
-summary.json and a table of held-out examples with the totals; and the predictions files
-(predictions.tsv, test_predictions.tsv). matplotlib is imported only when a plot is drawn.
-
-The summary's provenance is here too: the command as typed, the device, the versions of
-the packages that made it and the code's commit; the lab's results records use them."""
+a table of held-out examples with the totals; the predictions files (predictions.tsv,
+test_predictions.tsv) and the plots (loss.png, attention.png, and internals.png with
+--log-internals). matplotlib is imported only when a plot is drawn."""
 
 from __future__ import annotations
 
-import functools
-import os
 import pathlib
-import platform
 import re
 import shlex
-import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import jax
 import numpy as np
 from flax import nnx
 
-from jaxformer.checks import option
+from jaxformer.checks import MissingPackage, as_given
 from jaxformer.data.datasets import encode_pairs
-from jaxformer.models import Transformer
-from jaxformer.train.run_folder import RunFolder, read_metrics, write_whole
-
-if TYPE_CHECKING:  # annotations only: set_up imports evaluate, which imports this
-    from jaxformer.train.setup import Setup
+from jaxformer.files import command_line, read_metrics, write_whole
 
 
 class Progress:
@@ -73,69 +61,6 @@ class Progress:
             self.bar.close()
 
 
-def starting(setup: Setup, folder: RunFolder, step: int) -> None:
-    """What a run says as it starts at `step`: the code, what the data kept and dropped,
-    the devices and the vocabulary, and whether it was already complete."""
-    asked, vocab = setup.requested_vocab, setup.config.vocab_size
-    note = "" if asked == vocab else f"; the model config said {asked}"
-    folder.say(f"code: {code_version()}")
-    if setup.data.description:
-        folder.say(setup.data.description)
-    ids = f"vocabulary of {vocab} ids (the tokenizer's{note})"
-    folder.say(f"training on {setup.placement.description}, {ids}")
-    if step >= setup.run.optim.steps:
-        folder.say(
-            f"the run was already complete ({step} of {setup.run.optim.steps} steps done): "
-            "nothing left to train; evaluating its final model again"
-        )
-
-
-def description(setup: Setup) -> dict[str, Any]:
-    """summary.json's fields that describe the run: model, layout, configs, data counts,
-    and the machine (a CPU's processor), code and package versions that finished it
-    (train.log names the code of each start, so a run resumed after a change says so)."""
-    counts = {"data_counts": dict(setup.data.counts)} if setup.data.counts else {}
-    return {
-        "params": setup.param_count,
-        "device": str(jax.devices()[0].device_kind),
-        "machine": describe_device(),
-        "code": code_version(),
-        "versions": versions(),
-        "layout": setup.placement.description,
-        "model_kind": setup.data.model_kind,
-        "model_config": setup.config.to_dict(),
-        "run": setup.run.to_dict(),
-        **counts,
-    }
-
-
-def finish(
-    setup: Setup,
-    folder: RunFolder,
-    summary: dict[str, Any],
-    params,
-    dev: tuple[list[tuple[str, str]], list[str]],
-) -> None:
-    """Close the folder; then, on process 0, the plots (the cross-attention of the final
-    model's `params`, one host copy, on the first of the `dev` pairs), summary.json (last:
-    it marks a finished run) and the console report (the first dev pairs' predictions and
-    the totals)."""
-    folder.close()
-    if not folder.is_main:
-        return
-    loss_curves(folder.metrics_path, folder.path / "loss.png")
-    if setup.run.runtime.log_internals is not None:
-        internals(folder.metrics_path, folder.path / "internals.png")
-    pairs, predictions = dev
-    model = nnx.merge(setup.graphdef, params)
-    if isinstance(model, Transformer) and pairs:
-        cross_attention(model, setup.tokenizer, pairs[0], folder.path / "attention.png")
-    folder.write_json("summary.json", summary)
-    if folder.verbose:
-        examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]
-        print_summary(summary, examples, folder.path)
-
-
 def eval_line(step: int, m: dict[str, float], averaged_steps: list[int] | None = None) -> str:
     """One evaluation's results; `averaged_steps`: of the mean of those checkpoints."""
     what = f"step {step}" if averaged_steps is None else _averaged(averaged_steps)
@@ -172,7 +97,7 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
 def continue_command() -> str:
     """How a stopped run continues: on the command line, this command with --resume (the
     exact command to type); in Python, the argument resume=True."""
-    resume = option("resume", True)
+    resume = as_given("resume", True)
     if not resume.startswith("--"):
         return resume
     command = command_line()
@@ -406,71 +331,12 @@ def _save(fig, out_png: pathlib.Path) -> None:
     _pyplot().close(fig)
 
 
-# Where a result comes from (a run's summary, the lab's records).
-VERSIONED = ("jax", "jaxlib", "flax", "optax", "torch", "tokamax", "transformers", "sacrebleu")
-
-
-def command_line() -> str:
-    """This process's command as a user would type it: `jaxformer ...` for the command,
-    `python -m MODULE ...` or `python SCRIPT ...` otherwise."""
-    script = pathlib.Path(sys.argv[0])
-    if script.name in ("jaxformer", "__main__.py") and "jaxformer" in str(script):
-        head = ["jaxformer"]
-    elif sys.argv[0] == "-m" or not sys.argv[0]:
-        head = ["python"]
-    else:
-        head = ["python", os.path.relpath(script) if script.is_absolute() else str(script)]
-    return shlex.join(head + sys.argv[1:])
-
-
-def describe_device() -> str:
-    """The first device JAX sees: its kind, or for a CPU the processor and its cores."""
-    device = jax.devices()[0]
-    if device.platform != "cpu":
-        return f"{device.device_kind} ({jax.device_count()} device(s))"
-    return f"{_processor()}, {os.cpu_count()} cores ({platform.machine()})"
-
-
-def _processor() -> str:
+def tensorboard_writer():
+    """tensorboardX's SummaryWriter, or an error saying how to install it."""
     try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "a CPU"
-
-
-def versions() -> dict[str, str]:
-    """Python's version and those of the packages in VERSIONED this process has imported."""
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for name in VERSIONED:
-        if name in sys.modules:
-            out[name] = metadata.version(name)
-    return out
-
-
-@functools.cache
-def code_version() -> str:
-    """ "jaxformer at commit SHA" (with "and uncommitted changes" when the tree differs), or
-    the package's version outside a jaxformer checkout (installed, even into a folder that
-    another git repository holds). Read once, at the first call (a run's start): a commit
-    made while the process runs is not the code it runs."""
-    here = pathlib.Path(__file__).resolve().parents[1]
-    try:
-        if pathlib.Path(_git(here, "rev-parse", "--show-toplevel")).resolve() == here.parent:
-            sha = _git(here, "rev-parse", "--short", "HEAD")
-            dirty = _git(here, "status", "--porcelain", "--untracked-files=no")
-            return f"jaxformer at commit {sha}" + (" and uncommitted changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    from importlib import metadata
-
-    return f"jaxformer {metadata.version('jaxformer')}"
-
-
-def _git(cwd: pathlib.Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        raise MissingPackage(
+            "tensorboard=True writes event files with tensorboardX: pip install 'jaxformer[tensorboard]'"
+        ) from None
+    return SummaryWriter

@@ -8,9 +8,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
 from flax import nnx
 
-from jaxformer.checks import BadValue
+from jaxformer.checks import BadValue, as_given
 from jaxformer.config import TransformerConfig
 from jaxformer.data import (
     BPETokenizer,
@@ -23,12 +24,13 @@ from jaxformer.data import (
 from jaxformer.data import registry as datasets
 from jaxformer.data.datasets import read_text_lines
 from jaxformer.data.tokenizers import Tokenizer
+from jaxformer.files import code_version, describe_device, versions
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, make_placement
+from jaxformer.train.checkpoints import restore_model
 from jaxformer.train.config import RunConfig
-from jaxformer.train.evaluate import check_metrics
 from jaxformer.train.optim import make_optimizer, make_schedule
-from jaxformer.train.run_folder import restore_model, tensorboard_writer
+from jaxformer.train.report import tensorboard_writer
 from jaxformer.train.steps import (
     TrainState,
     create_train_state,
@@ -77,6 +79,24 @@ class Setup:
             return self.internals_step
         return self.train_step
 
+    def description(self) -> dict[str, Any]:
+        """summary.json's fields that describe the run: model, layout, configs, data counts,
+        and the machine (a CPU's processor), code and package versions that finished it
+        (train.log names the code of each start, so a run resumed after a change says so)."""
+        counts = {"data_counts": dict(self.data.counts)} if self.data.counts else {}
+        return {
+            "params": self.param_count,
+            "device": str(jax.devices()[0].device_kind),
+            "machine": describe_device(),
+            "code": code_version(),
+            "versions": versions(),
+            "layout": self.placement.description,
+            "model_kind": self.data.model_kind,
+            "model_config": self.config.to_dict(),
+            "run": self.run.to_dict(),
+            **counts,
+        }
+
     @property
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this run."""
@@ -104,12 +124,16 @@ def set_up(
     else:
         model, tokenizer, data = _pretrained(run)
         config = model_config = model.config
-    check_metrics(data.metrics)
+    if run.data.batch_tokens and data.model_kind != "Transformer":
+        raise BadValue(
+            f"{as_given('batch_tokens')} batches translation pairs; {run.data.dataset} is a "
+            "language-model dataset"
+        )
     if run.eval.final_test and not data.test_pairs:
         raise BadValue(
-            "final_test scores the final model on a separate test set (a Bible dataset's "
-            f"test books); {type(data).__name__} has none: its held-out pairs are the "
-            "ones evaluated"
+            f"{as_given('final_test')} scores the final model on a separate test split (a "
+            f"dataset's); {type(data).__name__} has none: its held-out pairs are the ones "
+            "evaluated"
         )
     if run.runtime.tensorboard:
         tensorboard_writer()  # installed, before the folder exists
@@ -164,7 +188,7 @@ def build_data(
 
 
 def _pair_options(run: RunConfig) -> dict:
-    """What a translation dataset (a Bible pair or a TSV file) takes from the run."""
+    """What a translation dataset (a registered one or a TSV file) takes from the run."""
     return dict(
         max_len=run.data.seq_len,
         seed=run.runtime.seed,
@@ -190,14 +214,16 @@ def _pretrained(run: RunConfig) -> tuple[nnx.Module, Tokenizer, TrainingData]:
     kind = type(model).__name__
     if kind != data.model_kind:
         needs = {
-            "DecoderLM": "text (data_text, or a dataset VER-lm)",
-            "Transformer": "pairs (a task, data_tsv, or a dataset SRC-TGT)",
+            "DecoderLM": f"text ({as_given('data_text')}, or a text {as_given('dataset')})",
+            "Transformer": f"pairs (a {as_given('task')}, {as_given('data_tsv')}, or a "
+            f"translation {as_given('dataset')})",
         }
         raise BadValue(f"{run.data.init_from} holds a {kind}, which trains on {needs[kind]}")
     if model.config.max_len < data.max_len:
         raise BadValue(
             f"the data needs sequences of {data.max_len} tokens but {run.data.init_from} takes "
-            f"{model.config.max_len} (its max_len; a Hugging Face max_position_embeddings)"
+            f"{model.config.max_len} (its {as_given('max_len')}; a Hugging Face "
+            "max_position_embeddings)"
         )
     return model, tokenizer, data
 
@@ -210,10 +236,12 @@ def _fit_config(
     if config.max_len < data.max_len:
         if cut:
             raise BadValue(
-                f"seq_len={data.max_len} is more than the model's max_len={config.max_len}"
+                f"{as_given('seq_len', data.max_len)} is more than the model's "
+                f"{as_given('max_len', config.max_len)}"
             )
         raise BadValue(
-            f"the data needs sequences of {data.max_len} tokens but max_len={config.max_len}"
+            f"the data needs sequences of {data.max_len} tokens but "
+            f"{as_given('max_len', config.max_len)}"
         )
     return config.replace(vocab_size=tokenizer.vocab_size)
 

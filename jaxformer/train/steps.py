@@ -20,22 +20,31 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxformer.checks import BadType, BadValue, check_instance, check_int, check_number
+from jaxformer.checks import (
+    BadType,
+    BadValue,
+    as_given,
+    check_choice,
+    check_instance,
+    check_int,
+    check_number,
+)
+from jaxformer.config import LM_HEADS
 from jaxformer.functional import sites
 from jaxformer.functional.layers import tied_logits
+from jaxformer.functional.losses import LossSums, chunked_cross_entropy, cross_entropy
 from jaxformer.models import DecoderLM, Transformer
 from jaxformer.nn.parameters import plain
 from jaxformer.nn.sharding import constrain_batch
 from jaxformer.parallel import per_replica_key, sum_over_replicas
 from jaxformer.train.internals import activation_sums, dynamics, site_patterns
-from jaxformer.train.losses import (
-    LossSums,
-    chunked_cross_entropy,
-    cross_entropy,
-    lm_head_choice,
-)
 
 Batch = dict[str, jax.Array]
+# "auto" takes the chunked head from this many logits B*T*V up (256 MiB in float32) on a
+# device that does not report its memory (a CPU), and from an eighth of the device's memory
+# in float32 logits on one that does: the chunked head recomputes the [B*T, E] x [E, V]
+# product in its backward pass, so it is slower where the dense logits fit.
+AUTO_CHUNKED_LOGITS = 2**26
 
 
 @struct.dataclass
@@ -260,7 +269,25 @@ def _loss_sums_and_activations(graphdef, params, batch, rng, label_smoothing):
 def _split_leading(k: int) -> Callable[[Any], Any]:
     def split(x):
         if x.shape[0] % k:
-            raise BadValue(f"batch size {x.shape[0]} is not divisible by accum_steps={k}")
+            raise BadValue(
+                f"batch size {x.shape[0]} is not divisible by {as_given('accum_steps', k)}"
+            )
         return x.reshape(k, x.shape[0] // k, *x.shape[1:])
 
     return split
+
+
+def lm_head_choice(lm_head: str, tokens: int, vocab_size: int) -> str:
+    """The head a step uses, "dense" or "chunked": the one `lm_head` names, or what "auto"
+    picks for `tokens` (B * T) rows of `vocab_size` logits."""
+    check_choice("lm_head", lm_head, LM_HEADS)
+    if lm_head != "auto":
+        return lm_head
+    return "chunked" if tokens * vocab_size >= auto_chunked_logits() else "dense"
+
+
+def auto_chunked_logits(device: jax.Device | None = None) -> int:
+    """From how many logits B*T*V "auto" picks the chunked head on `device` (default: this
+    process's first local one): AUTO_CHUNKED_LOGITS, or a 32nd of the memory it reports."""
+    stats = (device or jax.local_devices()[0]).memory_stats() or {}
+    return max(AUTO_CHUNKED_LOGITS, stats.get("bytes_limit", 0) // 32)

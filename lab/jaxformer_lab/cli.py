@@ -22,17 +22,6 @@ import sys
 from jaxformer.checks import BadValue, MissingFile, check_int
 from jaxformer.cli import VMAP_SEEDS, vmap_seeds_option
 
-COMMANDS = (
-    "sweep",
-    "sweep-report",
-    "train-ray",
-    "sweep-calibrate",
-    "bench",
-    "docs",
-    "gpu-report",
-    "compile-check",
-)
-
 
 def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
     """Add the lab's commands to the `jaxformer` subparsers; each parser by name."""
@@ -48,7 +37,7 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
 
 
 def run(args) -> int:
-    """Run one of COMMANDS; its exit code."""
+    """Run one of the lab's commands (`jaxformer_lab.plugin.COMMANDS`); its exit code."""
     if args.command == "gpu-report":
         return _gpu_report(args)
     return {
@@ -71,7 +60,6 @@ def _compile_check_parser(sub) -> argparse.ArgumentParser:
 
     c = sub.add_parser(
         "compile-check",
-        help="compile the real programs for a TPU topology with no TPU present",
         description=aot.__doc__.split("\n\n")[0].replace("\n", " ")
         + " With libtpu (pip install 'jaxformer[tpu]') they are compiled for the named "
         "topology; without it, lowered only.",
@@ -95,7 +83,6 @@ def _compile_check_parser(sub) -> argparse.ArgumentParser:
 def _docs_parser(sub) -> argparse.ArgumentParser:
     d = sub.add_parser(
         "docs",
-        help="render the docs' results sections from their files",
         description="Rewrite each results section of the docs pages from the committed file "
         "it names (jaxformer_lab.results): a page shows results/NAME.json between "
         "<!-- results:NAME:start --> and <!-- results:NAME:end --> (NAME may name a "
@@ -111,7 +98,6 @@ def _gpu_report_parser(sub) -> argparse.ArgumentParser:
 
     g = sub.add_parser(
         "gpu-report",
-        help="the GPU tables, in resumable parts that fit a loan of GPU time",
         description=gpu_report.__doc__.split("\n\n")[0],
     )
     gpu_report.add_options(g)
@@ -121,7 +107,6 @@ def _gpu_report_parser(sub) -> argparse.ArgumentParser:
 def _sweep_parser(sub) -> argparse.ArgumentParser:
     w = sub.add_parser(
         "sweep",
-        help="train variants x seeds and compare them",
         description="Run every (variant, seed) of a sweep spec as a `jaxformer train` run in "
         "its own folder (finished runs are kept, others resume), then write results.md, "
         "results.json and curves.png: mean and 95% CI over seeds, and against the baseline, "
@@ -191,7 +176,6 @@ def _train_ray_parser(sub) -> argparse.ArgumentParser:
     r = sub.add_parser(
         "train-ray",
         prog="jaxformer train ray",
-        help="train one run over several hosts of a Ray cluster",
         description="Train one run as --hosts processes on a Ray cluster, one task a host "
         "(jaxformer_lab.train_ray): each runs `jaxformer train` with the options after -- "
         "(--out DIR among them, on storage every node sees) and its own --coordinator, "
@@ -215,7 +199,6 @@ def _bench_parser(sub) -> tuple[argparse.ArgumentParser, dict[str, argparse.Argu
 
     b = sub.add_parser(
         "bench",
-        help="benchmarks, each writing a results record",
         description="Benchmarks (jaxformer_lab.bench): each times through jaxformer_lab.bench.stats "
         "and writes a record (jaxformer_lab.results) to --out, default results/NAME.json, with "
         "the command that reproduces it. `jaxformer bench NAME --help` lists its options.",
@@ -392,7 +375,7 @@ def _bench(args) -> int:
 
 
 def _sweep(args) -> int:
-    from jaxformer.train.signals import Terminated
+    from jaxformer.signals import Terminated
     from jaxformer_lab import results, sweep
 
     if args.jobs is not None and args.jobs < 1:
@@ -477,8 +460,8 @@ def _train_ray(args) -> int:
 
 
 def _train_on_ray(args, ray, group, needs: dict, out: pathlib.Path) -> int:
-    from jaxformer.train.report import command_line
-    from jaxformer.train.signals import (
+    from jaxformer.files import command_line
+    from jaxformer.signals import (
         Terminated,
         repeats_dropped,
         signals_held,

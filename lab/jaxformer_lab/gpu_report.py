@@ -33,8 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 import yaml
 
 from jaxformer.checks import BadValue, MissingFile
-from jaxformer.train.run_folder import write_whole
-from jaxformer.train.signals import stop_signals_raise
+from jaxformer.files import write_whole
+from jaxformer.signals import stop_signals_raise
 from jaxformer_lab import results, stops
 from jaxformer_lab.bench import plan
 from jaxformer_lab.markdown import table

@@ -25,8 +25,7 @@ import re
 from typing import Any
 
 from jaxformer.checks import BadValue, MissingFile
-from jaxformer.train.report import code_version, command_line, describe_device, versions
-from jaxformer.train.run_folder import write_whole
+from jaxformer.files import code_version, command_line, describe_device, versions, write_whole
 from jaxformer_lab.markdown import table
 
 # A section shows a record whole ("results"), or its tables without a report's body

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from jaxformer.train.signals import Terminated, repeats_dropped, stop_signals_raise
+from jaxformer.signals import Terminated, repeats_dropped, stop_signals_raise
 
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 

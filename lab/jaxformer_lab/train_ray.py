@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from jaxformer.checks import BadValue
-from jaxformer.train.signals import signals_held
+from jaxformer.signals import signals_held
 from jaxformer_lab import ray_cluster
 
 LOG = "train.process{}.log"  # each process's output, in the run folder

@@ -13,7 +13,7 @@ import jaxformer as jf
 from jaxformer import functional as F
 from jaxformer.cli import main
 from jaxformer.functional.registry import import_variants
-from jaxformer.train import run_folder
+from jaxformer.train import checkpoints
 
 VARIANTS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "variants"
 
@@ -131,11 +131,11 @@ def test_a_variant_trains_saves_restores_and_needs_its_registration(tmp_path, ca
         ]
     )
     assert code == 0
-    model, _ = run_folder.restore_model(out)
+    model, _ = checkpoints.restore_model(out)
     assert model.config.activation == "squared_relu"
     unregister("squared_relu")
     with pytest.raises(ValueError, match="activation must be one of .*got 'squared_relu'"):
-        run_folder.restore_model(out)
+        checkpoints.restore_model(out)
     capsys.readouterr()
     assert main(["generate", "--checkpoint", str(out), "--input", "abc"]) == 2
     assert "got 'squared_relu'" in capsys.readouterr().err

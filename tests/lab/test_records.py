@@ -9,7 +9,7 @@ import pytest
 
 from jaxformer.checks import BadValue, MissingFile
 from jaxformer.cli import main
-from jaxformer.train.run_folder import read_json, read_metrics
+from jaxformer.files import read_json, read_metrics
 from jaxformer_lab import records
 from jaxformer_lab.results import Record
 from tests.lab.sweep.test_report import report

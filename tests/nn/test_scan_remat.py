@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxformer as jf
 from jaxformer import data, parallel, train
-from jaxformer.train import run_folder
+from jaxformer.train import checkpoints
 
 TOK = data.ByteTokenizer()
 SEQ2SEQ = [data.TaskData("copy", TOK, seed=0, dev_size=10).train_batch(i, 8) for i in range(2)]
@@ -136,11 +136,11 @@ def test_scanned_model_on_a_mesh_and_in_a_checkpoint(tmp_path):
         losses.append(float(m["loss"]))
     np.testing.assert_allclose(losses, plain_losses(), rtol=1e-5)
     meta = {"model_kind": "Transformer", "model_config": cfg.to_dict(), "run": {}}
-    ckpt = run_folder.Checkpointer(tmp_path)
+    ckpt = checkpoints.Checkpointer(tmp_path)
     ckpt.save(state, meta)
     ckpt.close()
     TOK.save(tmp_path)
-    model, _ = run_folder.restore_model(tmp_path)
+    model, _ = checkpoints.restore_model(tmp_path)
     saved = state.params["decoder"]["layers"]["self_attn"]["wq"]
     np.testing.assert_array_equal(model.decoder.layers.self_attn.wq[...], jax.device_get(saved))
 

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxformer as jf
 from jaxformer import data, parallel, train
-from jaxformer.train import run_folder
+from jaxformer.train import checkpoints
 
 TOK = data.ByteTokenizer()
 BATCHES = [data.TaskData("copy", TOK, seed=0, dev_size=10).train_batch(i, 16) for i in range(5)]
@@ -217,17 +217,17 @@ def test_sharded_checkpoint_restores_onto_another_mesh_and_one_device(tmp_path):
     layout = train.state_layout(graphdef, state)
     saved = parallel.make_placement("data=2,fsdp=2,tensor=2").put(state, like=layout)
     meta = {"model_kind": "Transformer", "model_config": small().to_dict(), "run": {}}
-    ckpt = run_folder.Checkpointer(tmp_path)
+    ckpt = checkpoints.Checkpointer(tmp_path)
     ckpt.save(saved, meta)
     target = parallel.make_placement("data=1,fsdp=8").put(state, like=layout)
-    restored, _ = ckpt.restore(run_folder.abstract_train_state(target), meta)
+    restored, _ = ckpt.restore(checkpoints.abstract_train_state(target), meta)
     ckpt.close()
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
         np.testing.assert_array_equal(a, b)
     wq = restored.params["encoder"]["layers"][0]["self_attn"]["wq"]
     assert wq.sharding.spec == P("fsdp", "tensor", None) and wq.sharding.mesh.shape["fsdp"] == 8
     TOK.save(tmp_path)
-    model, _ = run_folder.restore_model(tmp_path)
+    model, _ = checkpoints.restore_model(tmp_path)
     table = model.src_inputs.embed.table[...]
     assert len(table.sharding.device_set) == 1
     np.testing.assert_array_equal(table, state.params["src_inputs"]["embed"]["table"][...])

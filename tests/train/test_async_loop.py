@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxformer as jf
-from jaxformer.train import loop, run_folder, setup
+from jaxformer.train import checkpoints, loop, setup
 
 SMALL = dict(
     num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=64
@@ -47,8 +47,8 @@ def test_losses_and_parameters_equal_a_loop_that_reads_every_step(tmp_path):
         state, metrics = job.train_step(state, job.data.train_batch(step, run.optim.batch_size))
         blocking[step + 1] = float(metrics["loss"])  # waits for the step, as the loop did
     assert _logged_losses(tmp_path) == blocking
-    saved, _ = run_folder.Checkpointer(tmp_path).restore(
-        run_folder.abstract_train_state(state), job.meta
+    saved, _ = checkpoints.Checkpointer(tmp_path).restore(
+        checkpoints.abstract_train_state(state), job.meta
     )
     assert int(saved.step) == run.optim.steps
     for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(state), strict=True):
@@ -57,7 +57,7 @@ def test_losses_and_parameters_equal_a_loop_that_reads_every_step(tmp_path):
 
 def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched(tmp_path, monkeypatch):
     events = []
-    step_for, read = setup.Setup.step_for, loop._Meter.read
+    step_for, read = setup.Setup.step_for, loop.Meter.read
 
     def logged_step_for(self, done):
         fn = step_for(self, done)
@@ -68,12 +68,12 @@ def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched(tmp_path, mo
 
         return dispatch
 
-    def logged_read(self, folder):
-        events.append(f"read {self.held[0][0]}")
-        return read(self, folder)
+    def logged_read(self, step, metrics, folder):
+        events.append(f"read {step}")
+        return read(self, step, metrics, folder)
 
     monkeypatch.setattr(setup.Setup, "step_for", logged_step_for)
-    monkeypatch.setattr(loop._Meter, "read", logged_read)
+    monkeypatch.setattr(loop.Meter, "read", logged_read)
     loop.train(*_configs(tmp_path, steps=4, checkpoint_every=3), progress=False)
     assert events == [
         "dispatch 1",
@@ -106,7 +106,7 @@ def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp
         loop.TrainingDiverged, match=rf"became nan at step {bad_step}; the last good checkpoint"
     ):
         loop.train(*_configs(tmp_path, steps=8, checkpoint_every=2), progress=False)
-    assert run_folder.Checkpointer(tmp_path).latest_step() == 4
+    assert checkpoints.Checkpointer(tmp_path).latest_step() == 4
     assert sorted(_logged_losses(tmp_path)) == list(range(1, bad_step))
 
 
@@ -114,7 +114,7 @@ def test_a_nan_loss_on_a_checkpoint_step_stops_the_run_before_the_checkpoint(tmp
 def test_ctrl_c_saves_no_checkpoint_of_a_diverged_step(tmp_path, monkeypatch):
     """An interrupt right after step 3 (NaN) is dispatched: its held metrics are read before
     the interrupted run's checkpoint, so there is none."""
-    real, hold = setup.make_train_step, loop._Meter.hold
+    real, read = setup.make_train_step, loop._read
 
     def poisoned(*args, **kwargs):
         step = real(*args, **kwargs)
@@ -125,13 +125,13 @@ def test_ctrl_c_saves_no_checkpoint_of_a_diverged_step(tmp_path, monkeypatch):
 
         return wrapped
 
-    def hold_then_interrupt(self, step, metrics):
-        hold(self, step, metrics)
-        if step == 3:
+    def interrupt_once_step_3_is_held(runs, held, steps, keep=0):
+        if keep == 1 and held[-1][0] == 3:
             raise KeyboardInterrupt
+        return read(runs, held, steps, keep)
 
     monkeypatch.setattr(setup, "make_train_step", poisoned)
-    monkeypatch.setattr(loop._Meter, "hold", hold_then_interrupt)
+    monkeypatch.setattr(loop, "_read", interrupt_once_step_3_is_held)
     with pytest.raises(loop.TrainingDiverged, match="became nan at step 3"):
         loop.train(*_configs(tmp_path, steps=8), progress=False)
-    assert run_folder.Checkpointer(tmp_path).latest_step() is None
+    assert checkpoints.Checkpointer(tmp_path).latest_step() is None

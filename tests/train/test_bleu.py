@@ -16,7 +16,7 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer import data, decode
 from jaxformer.data.datasets import encode_pairs
-from jaxformer.train import loop, run_folder, setup
+from jaxformer.train import checkpoints, loop, setup
 from jaxformer.train.evaluate import METRICS
 
 REFERENCES = [
@@ -155,7 +155,7 @@ def test_the_final_model_alone_is_scored_on_the_test_pairs(tsv_run, monkeypatch)
 
 def test_averaged_parameters_are_the_mean_of_the_last_checkpoints(tsv_run):
     out, _ = tsv_run
-    model, _ = run_folder.restore_model(out)  # run folders with averaged/ give the average
+    model, _ = checkpoints.restore_model(out)  # run folders with averaged/ give the average
     averaged = nnx.state(model)
     target = ocp.args.Composite(params=ocp.args.StandardRestore(averaged))
     with ocp.CheckpointManager(out / "checkpoints") as manager:
@@ -174,7 +174,7 @@ def test_beam_evaluation_is_beam_search_on_the_padded_batch(tsv_run):
     """decode.generate("beam") gives decode.beam_search's best hypotheses of the same
     batch, with one compilation for a full batch and a filled-up one."""
     out, summary = tsv_run
-    model, tok = run_folder.restore_model(out)
+    model, tok = checkpoints.restore_model(out)
     tsv = data.TsvData(summary["run"]["data_tsv"], tok, max_len=16, dev_size=10)
     sources = [s for s, _ in tsv.dev_pairs]  # 10: a batch of 8 and one of 2 padded to 8
     compiled = decode._beam_jit._cache_size()

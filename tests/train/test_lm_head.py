@@ -8,14 +8,10 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer import data
+from jaxformer.functional import chunked_cross_entropy, cross_entropy
 from jaxformer.functional.layers import tied_logits
-from jaxformer.train import (
-    chunked_cross_entropy,
-    cross_entropy,
-    lm_head_choice,
-    model_loss_sums,
-)
-from jaxformer.train.losses import AUTO_CHUNKED_LOGITS, auto_chunked_logits
+from jaxformer.train import lm_head_choice, model_loss_sums
+from jaxformer.train.steps import AUTO_CHUNKED_LOGITS, auto_chunked_logits
 
 TOK = data.ByteTokenizer()
 

@@ -20,8 +20,8 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.train import evaluate, loop, run_folder, setup
-from jaxformer.train.report import code_version, describe_device
+from jaxformer.files import code_version, describe_device
+from jaxformer.train import checkpoints, evaluate, loop, run_folder, setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
@@ -166,12 +166,12 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeypatch):
         loop.TrainingDiverged, match=r"became nan at step 7; the last good checkpoint \(step 5\)"
     ):
         loop.train(small_config(), run_config(tmp_path, checkpoint_every=5), progress=False)
-    assert run_folder.Checkpointer(tmp_path).latest_step() == 5
+    assert checkpoints.Checkpointer(tmp_path).latest_step() == 5
 
 
 def test_restore_model_for_inference(tmp_path, capsys):
     loop.train(small_config(vocab_size=320), run_config(tmp_path, steps=2))
-    model, tokenizer = run_folder.restore_model(tmp_path)
+    model, tokenizer = checkpoints.restore_model(tmp_path)
     assert isinstance(model, jf.Transformer) and tokenizer.vocab_size == 259
     assert model.config.vocab_size == 259  # the tokenizer's, and the run says so:
     assert (
@@ -179,10 +179,10 @@ def test_restore_model_for_inference(tmp_path, capsys):
         in capsys.readouterr().out
     )
     with pytest.raises(FileNotFoundError, match="no such run folder"):
-        run_folder.restore_model(tmp_path / "nope")
+        checkpoints.restore_model(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither a `jaxformer train --out` folder"):
-        run_folder.restore_model(tmp_path / "empty")
+        checkpoints.restore_model(tmp_path / "empty")
 
 
 def test_a_run_fine_tunes_another_runs_model_on_its_own_data(tmp_path):
@@ -197,7 +197,7 @@ def test_a_run_fine_tunes_another_runs_model_on_its_own_data(tmp_path):
     first = tmp_path / "pretrained"
     pre = run_config(first, data_tsv=str(tmp_path / "pre.tsv"), tokenizer="bpe", **data)
     loop.train(small_config(), pre, progress=False)
-    pretrained, _ = run_folder.restore_model(first)
+    pretrained, _ = checkpoints.restore_model(first)
     run = run_config(
         tmp_path / "tuned", data_tsv=str(tmp_path / "tuned.tsv"), init_from=str(first), **data
     )
@@ -308,7 +308,7 @@ def test_a_stop_saves_and_exits_with_its_code(tmp_path, name):
     why = "interrupted" if name == "SIGINT" else f"terminated by {name}"
     assert len(said) == 1 and said[0].startswith(f"{why}: saved step"), run.err()
     assert said[0].endswith(f" --out {out} --resume")  # the command as run, to paste
-    step = run_folder.Checkpointer(out).latest_step()
+    step = checkpoints.Checkpointer(out).latest_step()
     assert step is not None and step >= 3
     assert run.survivors() == []
 
@@ -344,7 +344,7 @@ def test_a_hang_up_during_a_step_lets_it_finish_saves_it_and_raises_terminated(
     with pytest.raises(loop.Terminated) as stopped:
         loop.train(small_config(), run_config(tmp_path, steps=6), progress=False)
     assert stopped.value.signum == signal.SIGHUP and isinstance(stopped.value, KeyboardInterrupt)
-    assert run_folder.Checkpointer(tmp_path).latest_step() == 3
+    assert checkpoints.Checkpointer(tmp_path).latest_step() == 3
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
     out, err = capsys.readouterr()
     where = tmp_path.resolve() / "checkpoints"
@@ -379,7 +379,7 @@ def test_a_stop_repeated_while_the_step_is_saved_is_dropped(tmp_path, capsys, mo
     monkeypatch.setattr(run_folder.RunFolder, "save", save)
     with pytest.raises(loop.Terminated) as stopped:
         loop.train(small_config(), run_config(tmp_path, steps=6), progress=False)
-    assert run_folder.Checkpointer(tmp_path).latest_step() == 3
+    assert checkpoints.Checkpointer(tmp_path).latest_step() == 3
     assert len(sent) == 2 and stopped.value.signum == signal.SIGHUP
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
     where = tmp_path.resolve() / "checkpoints"
@@ -412,7 +412,7 @@ def test_a_stop_before_the_first_step_leaves_no_folder_and_says_so(tmp_path, cap
 def test_a_stop_dropped_in_a_garbage_collector_callback_is_sent_again():
     """A stop whose handler runs inside a gc callback (JAX has one) raises there, where
     Python prints and drops the exception: it is sent again, and stops the job."""
-    from jaxformer.train.signals import stop_signals_raise
+    from jaxformer.signals import stop_signals_raise
 
     def callback(phase, info):
         gc.callbacks.remove(callback)
@@ -432,14 +432,14 @@ def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
 ):
     real = evaluate.Evaluation.final
 
-    def hang_up_first(self, context):
+    def hang_up_first(self, *args):
         os.kill(os.getpid(), signal.SIGHUP)
-        return real(self, context)
+        return real(self, *args)
 
     monkeypatch.setattr(evaluate.Evaluation, "final", hang_up_first)
     with pytest.raises(loop.Terminated):
         loop.train(small_config(), run_config(tmp_path, steps=4), progress=False)
-    assert run_folder.Checkpointer(tmp_path).latest_step() == 4
+    assert checkpoints.Checkpointer(tmp_path).latest_step() == 4
     assert not (tmp_path / "summary.json").exists()
     where = tmp_path.resolve() / "checkpoints"
     assert capsys.readouterr().err == (

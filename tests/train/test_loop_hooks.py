@@ -11,7 +11,7 @@ import pytest
 
 import jaxformer as jf
 from jaxformer.checks import BadType, BadValue
-from jaxformer.train import Hook, loop, run_folder, set_up
+from jaxformer.train import Hook, checkpoints, loop, set_up
 
 SMALL = dict(
     num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=64
@@ -76,8 +76,8 @@ def test_hooks_run_at_their_steps_with_the_state_of_that_step(tmp_path):
     assert losses[6] == logged[6] and losses[10] == logged[10]
     # The state a hook saw at the last step is the state the run saved there.
     setup = set_up(model_config, run)
-    abstract = run_folder.abstract_train_state(setup.state)
-    saved, _ = run_folder.Checkpointer(tmp_path).restore(abstract, setup.meta)
+    abstract = checkpoints.abstract_train_state(setup.state)
+    saved, _ = checkpoints.Checkpointer(tmp_path).restore(abstract, setup.meta)
     for a, b in zip(jax.tree.leaves(saved.params), jax.tree.leaves(params[10]), strict=True):
         np.testing.assert_array_equal(a, b)
     unchanged = jax.tree.leaves(jax.tree.map(np.array_equal, params[3], params[10]))

@@ -8,7 +8,8 @@ import pytest
 
 import jaxformer as jf
 from jaxformer.cli import main
-from jaxformer.train import cross_entropy, make_optimizer, make_schedule, paper_schedule
+from jaxformer.functional import cross_entropy
+from jaxformer.train import make_optimizer, make_schedule, paper_schedule
 
 
 def _np_smoothed_ce(logits, targets, weights, eps):

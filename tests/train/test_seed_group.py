@@ -1,4 +1,4 @@
-"""k seeds of one run in one process (jaxformer.train.seed_group), vmapped or stepped in
+"""k seeds of one run in one process (jaxformer.train.seeds), vmapped or stepped in
 turn: each seed's folder holds what its separate run's holds, with the same figures to
 float rounding."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxformer import cli
-from jaxformer.train import evaluate, loop, run_folder, seed_group
-from jaxformer.train.seed_group import seed_runs, train_seeds
+from jaxformer.train import checkpoints, evaluate, loop, seeds
+from jaxformer.train.seeds import seed_runs, train_seeds
 from tests.train.test_loop import losses, run_config, small_config
 
 SEEDS = (0, 1)
@@ -49,7 +49,7 @@ def test_seeds_together_leave_the_folders_and_figures_of_separate_runs(
             small_config(dropout_rate=0.1), run_config(alone, seed=seed), progress=False
         )
         assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in alone.iterdir())
-        assert run_folder.Checkpointer(mine).latest_step() == 20
+        assert checkpoints.Checkpointer(mine).latest_step() == 20
         got, want = losses(mine), losses(alone)
         assert list(got) == list(want)
         rtol = RTOL if vmapped else 0
@@ -146,7 +146,7 @@ def test_token_batch_seeds_stepped_in_turn_train_as_separate_runs(tmp_path):
 @pytest.mark.parametrize("flag, vmapped", [("auto", None), ("on", True), ("off", False)])
 def test_the_command_hands_vmap_seeds_to_train_seeds(tmp_path, monkeypatch, flag, vmapped):
     got = {}
-    monkeypatch.setattr(seed_group, "train_seeds", lambda *a, **k: got.update(k))
+    monkeypatch.setattr(seeds, "train_seeds", lambda *a, **k: got.update(k))
     argv = ["train", "--out", str(tmp_path), "--seeds", "0", "1", "--vmap-seeds", flag]
     assert cli.main([*argv, "--no-progress"]) == 0
     assert got["vmapped"] is vmapped

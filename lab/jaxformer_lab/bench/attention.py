@@ -23,7 +23,7 @@ import time
 
 from jaxformer.checks import check_int, check_number
 from jaxformer_lab.bench import shared, stats
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 B, H, D = 1, 8, 64
@@ -33,10 +33,12 @@ REFUSED = (NotImplementedError, ValueError, TypeError, ImportError)  # a kernel 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionOptions(Options):
-    quick: bool = option(False, "lengths 256 to 2048 run, 16384 compiled only (a CPU in minutes)")
-    max_gib: float | None = option(None, "run only programs with fewer temporaries (CPU 4, GPU 24)")
-    lengths: tuple[int, ...] = option((), "these sequence lengths only")
-    rounds: int | None = option(None, "timed rounds (default: GPU 10; CPU 5, 2 above T=2048)")
+    quick: bool = setting(False, "lengths 256 to 2048 run, 16384 compiled only (a CPU in minutes)")
+    max_gib: float | None = setting(
+        None, "run only programs with fewer temporaries (CPU 4, GPU 24)"
+    )
+    lengths: tuple[int, ...] = setting((), "these sequence lengths only")
+    rounds: int | None = setting(None, "timed rounds (default: GPU 10; CPU 5, 2 above T=2048)")
 
     def __post_init__(self):
         super().__post_init__()

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from jaxformer.checks import BadValue
 from jaxformer.train.config import RunConfig
 from jaxformer.train.setup import build_data
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 
 @dataclass(frozen=True)
 class BatchShapesOptions(Options):
-    dataset: str = option("wyc-web", "the translation dataset (a Bible pair SRC-TGT)")
-    batch_size: int = option(64, "rows per batch")
-    steps: int = option(2000, "training batches counted, from the first")
-    pad_multiples: tuple[int, ...] = option((32, 64, 128), "the pad multiples compared")
+    dataset: str = setting("wyc-web", "the translation dataset (a Bible pair SRC-TGT)")
+    batch_size: int = setting(64, "rows per batch")
+    steps: int = setting(2000, "training batches counted, from the first")
+    pad_multiples: tuple[int, ...] = setting((32, 64, 128), "the pad multiples compared")
 
     def __post_init__(self):
         super().__post_init__()

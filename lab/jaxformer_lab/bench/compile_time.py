@@ -26,7 +26,7 @@ import tempfile
 
 from jaxformer.checks import check_int
 from jaxformer_lab.bench import shared, stats
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, beside, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, beside, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 REMATS = ("none", "dots", "full")
@@ -36,17 +36,17 @@ JOB = ["--task", "dates", "--steps", "2", "--eval-every", "2", "--eval-examples"
 
 @dataclasses.dataclass(frozen=True)
 class CompileTimeOptions(Options):
-    quick: bool = option(False, "depths 1 and 2, one try, one cache run")
-    parts: tuple[str, ...] = option(
+    quick: bool = setting(False, "depths 1 and 2, one try, one cache run")
+    parts: tuple[str, ...] = setting(
         ("depth", "cache"), "the parts to run", choices=("depth", "cache")
     )
-    layers: tuple[int, ...] = option((), "depths N (default 2 6 12 24; quick 1 2)")
-    models: tuple[str, ...] = option(MODELS, "the models of the depth part", choices=MODELS)
-    repeats: int = option(5, "timed steps per variant")
-    tries: int | None = option(
+    layers: tuple[int, ...] = setting((), "depths N (default 2 6 12 24; quick 1 2)")
+    models: tuple[str, ...] = setting(MODELS, "the models of the depth part", choices=MODELS)
+    repeats: int = setting(5, "timed steps per variant")
+    tries: int | None = setting(
         None, "compilations of each step, the fastest counts (default 2; quick 1)"
     )
-    cache_runs: int | None = option(
+    cache_runs: int | None = setting(
         None, "cold, warm and off processes, the best counts (default 2; quick 1)"
     )
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from jaxformer.checks import BadValue
 from jaxformer.train.evaluate import bleu, chrf
 from jaxformer_lab import bible
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 # The pair datasets with held-out pairs (kjv-bbe has none: its bbe chapters are garbled).
@@ -22,7 +22,7 @@ DATASETS = ("wyc-web", "asv-web")
 
 @dataclass(frozen=True)
 class CopyBaselineOptions(Options):
-    datasets: tuple[str, ...] = option(DATASETS, "the translation datasets scored")
+    datasets: tuple[str, ...] = setting(DATASETS, "the translation datasets scored")
 
     def __post_init__(self):
         super().__post_init__()

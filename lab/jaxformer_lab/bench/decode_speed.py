@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxformer.checks import BadValue
 from jaxformer_lab.bench import stats
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 BATCH, SRC_LEN, BEAM, VOCAB = 4, 16, 4, 259  # VOCAB: the byte tokenizer's
@@ -30,8 +30,8 @@ BATCH, SRC_LEN, BEAM, VOCAB = 4, 16, 4, 259  # VOCAB: the byte tokenizer's
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions(Options):
-    quick: bool = option(False, "output lengths 16 and 32 (default 64 and 256)")
-    rounds: int = option(6, "interleaved rounds per case, >= 6")
+    quick: bool = setting(False, "output lengths 16 and 32 (default 64 and 256)")
+    rounds: int = setting(6, "interleaved rounds per case, >= 6")
 
     def __post_init__(self):
         super().__post_init__()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from jaxformer.checks import BadValue
 from jaxformer_lab.bench import load
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 MAKE_SAYS = re.compile(r"make(\[\d+\])?: ")  # make's own lines, not the failing command's
@@ -35,8 +35,10 @@ STEPS = {
 
 @dataclass(frozen=True)
 class FirstHourOptions(Options):
-    pip_cache: str = option("cold", "pip's cache: an empty one, or yours", choices=("cold", "warm"))
-    parts: tuple[str, ...] = option(("train", "test"), "the commands to time, in order")
+    pip_cache: str = setting(
+        "cold", "pip's cache: an empty one, or yours", choices=("cold", "warm")
+    )
+    parts: tuple[str, ...] = setting(("train", "test"), "the commands to time, in order")
 
     def __post_init__(self):
         super().__post_init__()

@@ -22,14 +22,14 @@ from jaxformer.config import TransformerConfig
 from jaxformer.train import report, set_up
 from jaxformer.train.config import RunConfig
 from jaxformer_lab.bench import stats
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, setting
 from jaxformer_lab.results import Record, Table, capture
 
 
 @dataclass(frozen=True)
 class InternalsOptions(Options):
-    every: int = option(100, "N of --log-internals N: steps per block")
-    rounds: int = option(6, "timed rounds, each a block of each kind (>= 6)")
+    every: int = setting(100, "N of --log-internals N: steps per block")
+    rounds: int = setting(6, "timed rounds, each a block of each kind (>= 6)")
 
     def __post_init__(self):
         super().__post_init__()

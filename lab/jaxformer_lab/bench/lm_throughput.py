@@ -20,15 +20,15 @@ import time
 
 from jaxformer.checks import check_int
 from jaxformer_lab.bench import shared
-from jaxformer_lab.bench.registry import BENCHMARKS, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 
 @dataclasses.dataclass(frozen=True)
 class LMThroughputOptions(shared.LMOptions):
-    steps: int = option(20, "timed steps")
-    xla_flags: str | None = option(None, "XLA_FLAGS for this run (before JAX starts)")
-    memory_only: bool = option(False, "compile and report memory, run no step")
+    steps: int = setting(20, "timed steps")
+    xla_flags: str | None = setting(None, "XLA_FLAGS for this run (before JAX starts)")
+    memory_only: bool = setting(False, "compile and report memory, run no step")
 
     def __post_init__(self):
         super().__post_init__()

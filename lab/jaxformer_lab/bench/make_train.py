@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from jaxformer.train.run_folder import read_json, read_metrics
+from jaxformer.files import read_json, read_metrics
 from jaxformer_lab.bench import load
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, say
 from jaxformer_lab.results import Record, Table, capture

@@ -22,7 +22,7 @@ from flax import nnx
 from jaxformer.checks import BadValue
 from jaxformer.config import TABLE3_ROWS, TransformerConfig, load_config_file
 from jaxformer.models import Transformer, count_params
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, setting
 from jaxformer_lab.results import Record, Table, capture
 
 SPEC = pathlib.Path(__file__).resolve().parents[3] / "configs/sweeps/table3.yaml"
@@ -30,8 +30,8 @@ SPEC = pathlib.Path(__file__).resolve().parents[3] / "configs/sweeps/table3.yaml
 
 @dataclass(frozen=True)
 class PaperParamsOptions(Options):
-    vocab: int = option(41000, "the shared source/target vocabulary assumed")
-    rows: tuple[str, ...] = option((), "the rows counted (default: every row)")
+    vocab: int = setting(41000, "the shared source/target vocabulary assumed")
+    rows: tuple[str, ...] = setting((), "the rows counted (default: every row)")
 
     def __post_init__(self):
         super().__post_init__()

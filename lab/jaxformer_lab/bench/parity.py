@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxformer_lab.bench import parity_cases as cases
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 PARTS = ("torch", "hf")
@@ -27,8 +27,10 @@ PARTS = ("torch", "hf")
 
 @dataclasses.dataclass(frozen=True)
 class ParityOptions(Options):
-    quick: bool = option(False, "each module kind once, one model of each kind (a CPU in a minute)")
-    parts: tuple[str, ...] = option(PARTS, "torch modules, Hugging Face models", choices=PARTS)
+    quick: bool = setting(
+        False, "each module kind once, one model of each kind (a CPU in a minute)"
+    )
+    parts: tuple[str, ...] = setting(PARTS, "torch modules, Hugging Face models", choices=PARTS)
 
 
 @BENCHMARKS.register("parity", ParityOptions)

@@ -25,7 +25,7 @@ import sys
 
 from jaxformer.checks import BadValue, check_int, check_number
 from jaxformer_lab.bench import rounds, shared, stats
-from jaxformer_lab.bench.registry import BENCHMARKS, beside, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, beside, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 PROGRAMS = ("jaxformer", "jax", "torch")
@@ -37,10 +37,10 @@ TORCH_MODES += ("max-autotune-no-cudagraphs",)
 
 @dataclasses.dataclass(frozen=True)
 class PeersOptions(shared.LMOptions):
-    rounds: int | None = option(None, "timed rounds, >= 6 (default 30; quick 8)")
-    steps: int | None = option(None, "steps per program per round (default 5; quick 2)")
-    torch_mode: str = option("auto", "torch.compile's mode", choices=TORCH_MODES)
-    ready_timeout: float = option(150.0, "seconds for a program to start and compile")
+    rounds: int | None = setting(None, "timed rounds, >= 6 (default 30; quick 8)")
+    steps: int | None = setting(None, "steps per program per round (default 5; quick 2)")
+    torch_mode: str = setting("auto", "torch.compile's mode", choices=TORCH_MODES)
+    ready_timeout: float = setting(150.0, "seconds for a program to start and compile")
 
     def __post_init__(self):
         super().__post_init__()

@@ -26,7 +26,7 @@ import tempfile
 
 from jaxformer.checks import BadValue, MissingFile, check_int
 from jaxformer_lab.bench import hlo_profile, shared
-from jaxformer_lab.bench.registry import BENCHMARKS, beside, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, beside, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 KINDS = {  # first match wins, on the lower-cased operation name (ynn: XLA CPU's YNNPACK dots)
@@ -39,11 +39,11 @@ KINDS = {  # first match wins, on the lower-cased operation name (ynn: XLA CPU's
 
 @dataclasses.dataclass(frozen=True)
 class ProfileOptions(shared.LMOptions):
-    model: str = option("dates", "make train's job, or GPT-2's step", choices=("dates", "gpt2"))
-    steps: int = option(12, "dates: steps of each run, the last traced")
-    repeats: int = option(1, "dates: fresh runs")
-    trace: str = option("", "gpt2: read this trace (Perfetto JSON, gzipped), with --hlo")
-    hlo: str = option("", "gpt2: the traced step's optimized HLO text, with --trace")
+    model: str = setting("dates", "make train's job, or GPT-2's step", choices=("dates", "gpt2"))
+    steps: int = setting(12, "dates: steps of each run, the last traced")
+    repeats: int = setting(1, "dates: fresh runs")
+    trace: str = setting("", "gpt2: read this trace (Perfetto JSON, gzipped), with --hlo")
+    hlo: str = setting("", "gpt2: the traced step's optimized HLO text, with --trace")
 
     def __post_init__(self):
         super().__post_init__()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from jaxformer.checks import BadValue
 from jaxformer_lab.bench import stats
 from jaxformer_lab.bench.host import cpu_name
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 JOBS = 2  # runs at once, in both arms
@@ -29,8 +29,8 @@ MODEL = dict(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder
 
 @dataclass(frozen=True)
 class RaySweepOptions(Options):
-    rounds: int = option(6, "timed rounds (>= 6, for a 95% interval), one sweep per arm each")
-    steps: int = option(20, "training steps of each run")
+    rounds: int = setting(6, "timed rounds (>= 6, for a 95% interval), one sweep per arm each")
+    steps: int = setting(20, "training steps of each run")
 
     def __post_init__(self):
         super().__post_init__()

@@ -3,7 +3,7 @@ options and a function `run(options) -> Record`, registered where it is defined:
 
     @dataclass(frozen=True)
     class DecodeOptions(Options):
-        quick: bool = option(False, "output lengths 16 and 64 (a CPU in seconds)")
+        quick: bool = setting(False, "output lengths 16 and 64 (a CPU in seconds)")
 
     @BENCHMARKS.register("decode", DecodeOptions)
     def run(options: DecodeOptions) -> Record:
@@ -30,7 +30,7 @@ from jaxformer.checks import BadType, BadValue, check_instance
 from jaxformer_lab.results import Record, check_out
 
 
-def option(default, help: str, **extra) -> Any:
+def setting(default, help: str, **extra) -> Any:
     """A field of an options dataclass: its default and one line of help; `choices=(...)`
     limits a string's values."""
     return dataclasses.field(default=default, metadata={"help": help, **extra})
@@ -42,7 +42,7 @@ class Options:
     folder (FOLDER: its record is FOLDER/record.json) says so."""
 
     FOLDER: ClassVar[bool] = False
-    out: str = option(
+    out: str = setting(
         "", "the record, a .json path (default: results/NAME.json); other files go next to it"
     )
 

@@ -33,7 +33,7 @@ from jaxformer.train.config import load_run
 from jaxformer.train.evaluate import EvalSettings, translate
 from jaxformer_lab import results
 from jaxformer_lab.bench import stats
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, command, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, command, say, setting
 
 TASKS = {"dates": dict(task="dates"), "wyc-web": dict(dataset="wyc-web")}
 TRAIN = [sys.executable, "-m", "jaxformer", "train", "--no-progress", "--eval-examples", "32"]
@@ -42,23 +42,23 @@ SPEEDUPS = {"vmapped": "speedup", "mapped": "mapped_speedup"}  # each over k ste
 
 @dataclass(frozen=True)
 class SeedsOptions(Options):
-    tasks: tuple[str, ...] = option(
+    tasks: tuple[str, ...] = setting(
         ("dates", "wyc-web"), "the runs' tasks (wyc-web needs the data extra)", choices=tuple(TASKS)
     )
-    seeds: tuple[int, ...] = option((1, 3, 8), "the values of k, seeds in one step")
-    rounds: int = option(8, "timed rounds (>= 6)")
-    steps: int = option(5, "steps per program per round")
-    processes: int = option(
+    seeds: tuple[int, ...] = setting((1, 3, 8), "the values of k, seeds in one step")
+    rounds: int = setting(8, "timed rounds (>= 6)")
+    steps: int = setting(5, "steps per program per round")
+    processes: int = setting(
         0,
         "also time whole runs of --steps steps, this many rounds (>= 6; 0: not): one "
         "`train --seeds` process (the seeds stepped in turn) against k `train` processes",
     )
-    shared_lengths: bool = option(
+    shared_lengths: bool = setting(
         False,
         "the runs' translation batches in one order of lengths for every seed (the run "
         "option shared_lengths), so that the stacked batches pad little",
     )
-    decode: int = option(
+    decode: int = setting(
         0,
         "also time decoding the first N dev sources with the final evaluation's settings, "
         "for k > 1: the k seeds in one vmapped program against one after another (0: not)",

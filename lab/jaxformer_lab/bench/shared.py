@@ -21,7 +21,7 @@ from jaxformer.checks import MissingFile, check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.train.config import load_run
 from jaxformer_lab.bench import stats
-from jaxformer_lab.bench.registry import Options, option
+from jaxformer_lab.bench.registry import Options, setting
 
 # Dense bfloat16 peak TFLOP/s by device kind (vendor data sheets; SXM parts), matched by
 # the first key contained in jax's device_kind.
@@ -54,18 +54,18 @@ def flops_per_token(n_params: int, layers: int, context: int, d_model: int) -> f
 class LMOptions(Options):
     """The GPT-2 model and batch of the language-model benchmarks."""
 
-    model_file: str = option(
+    model_file: str = setting(
         GPT2_SMALL,
         "the model's run file (its model section), relative to the working directory",
     )
-    quick: bool = option(False, "GPT-2's shape at the tiny preset's size (a CPU in seconds)")
-    batch: int | None = option(None, "sequences per step (default 16; quick 8)")
-    layers: int | None = option(None, "decoder layers (default 12; quick 2)")
-    context: int | None = option(None, "tokens per sequence (default 1024; quick 128)")
-    remat: str = option("none", "rematerialisation", choices=("none", "dots", "full"))
-    scan: bool = option(False, "scan over layers")
-    attention: str = option("auto", "attention_impl (a name in functional.ATTENTION)")
-    lm_head: str = option("auto", "the LM head", choices=("auto", "dense", "chunked"))
+    quick: bool = setting(False, "GPT-2's shape at the tiny preset's size (a CPU in seconds)")
+    batch: int | None = setting(None, "sequences per step (default 16; quick 8)")
+    layers: int | None = setting(None, "decoder layers (default 12; quick 2)")
+    context: int | None = setting(None, "tokens per sequence (default 1024; quick 128)")
+    remat: str = setting("none", "rematerialisation", choices=("none", "dots", "full"))
+    scan: bool = setting(False, "scan over layers")
+    attention: str = setting("auto", "attention_impl (a name in functional.ATTENTION)")
+    lm_head: str = setting("auto", "the LM head", choices=("auto", "dense", "chunked"))
 
     def __post_init__(self):
         super().__post_init__()
@@ -139,7 +139,7 @@ def resolved(options: LMOptions) -> dict:
     import jax.numpy as jnp
 
     from jaxformer.functional.attention import choose_implementation
-    from jaxformer.train.losses import lm_head_choice
+    from jaxformer.train.steps import lm_head_choice
 
     s = options.sizes()
     B, T, H = s["batch"], s["context"], s["heads"]

@@ -31,7 +31,7 @@ from jaxformer.train.setup import build_data
 from jaxformer_lab import bible
 from jaxformer_lab.bench import stats
 from jaxformer_lab.bench.host import cpu_name
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 BATCH = 64
@@ -47,8 +47,8 @@ CANDIDATES = {  # name: changes to the default tiny model (float32, dropout 0.1)
 
 @dataclass(frozen=True)
 class LeversOptions(Options):
-    rounds: int = option(6, "rotating timing rounds (>= 6)")
-    batches: int = option(4, "batch shapes timed, from the shortest to the longest")
+    rounds: int = setting(6, "rotating timing rounds (>= 6)")
+    batches: int = setting(4, "batch shapes timed, from the shortest to the longest")
 
     def __post_init__(self):
         super().__post_init__()

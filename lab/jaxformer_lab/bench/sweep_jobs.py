@@ -30,16 +30,16 @@ from jaxformer.checks import BadValue, MissingFile
 from jaxformer_lab import cores as cores_lib
 from jaxformer_lab.bench import rounds, stats
 from jaxformer_lab.bench.host import cpu_name
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, beside, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, beside, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 
 @dataclass(frozen=True)
 class JobsOptions(Options):
-    config: str = option("", "the runs' run file (default: jaxformer train's defaults)")
-    jobs: tuple[int, ...] = option((2,), "the values of N, runs at once (each >= 2)")
-    rounds: int = option(6, "timed rounds (>= 6)")
-    steps: int = option(10, "steps of every run per round")
+    config: str = setting("", "the runs' run file (default: jaxformer train's defaults)")
+    jobs: tuple[int, ...] = setting((2,), "the values of N, runs at once (each >= 2)")
+    rounds: int = setting(6, "timed rounds (>= 6)")
+    steps: int = setting(10, "steps of every run per round")
 
     def __post_init__(self):
         super().__post_init__()

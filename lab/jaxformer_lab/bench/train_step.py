@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxformer.checks import BadValue, check_int
 from jaxformer_lab.bench import host, shared, stats
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, say, setting
 from jaxformer_lab.results import Record, Table, capture
 
 VOCAB, LENGTH = 1000, 64  # LENGTH: source and target tokens
@@ -39,11 +39,11 @@ TITLES = {
 
 @dataclasses.dataclass(frozen=True)
 class TrainStepOptions(Options):
-    quick: bool = option(False, "fewer rounds and loss steps (a CPU in about a minute)")
-    rounds: int | None = option(None, "interleaved rounds, >= 6 (default 10; quick 6)")
-    steps_per_round: int = option(3, "steps of each program per round")
-    batch: int = option(32, "sequences per step")
-    loss_steps: int | None = option(
+    quick: bool = setting(False, "fewer rounds and loss steps (a CPU in about a minute)")
+    rounds: int | None = setting(None, "interleaved rounds, >= 6 (default 10; quick 6)")
+    steps_per_round: int = setting(3, "steps of each program per round")
+    batch: int = setting(32, "sequences per step")
+    loss_steps: int | None = setting(
         None, "steps of the bfloat16 loss check (default 300; quick 100)"
     )
 

@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass
 
 from jaxformer.checks import BadValue, check_int, check_number
-from jaxformer.train.run_folder import write_whole
-from jaxformer.train.signals import Terminated, stop_signals_raise
+from jaxformer.files import write_whole
+from jaxformer.signals import Terminated, stop_signals_raise
 from jaxformer_lab.bench import load, plan, report
 from jaxformer_lab.bench.plan import TORCH_PAIRS
-from jaxformer_lab.bench.registry import BENCHMARKS, Options, Stopped, command, option, say
+from jaxformer_lab.bench.registry import BENCHMARKS, Options, Stopped, command, say, setting
 from jaxformer_lab.parts import Clock, alarm_at_deadline, run_parts
 from jaxformer_lab.results import Record, Table, capture
 
@@ -41,33 +41,33 @@ class LabOptions(Options):
     """The lab's options; each field is a command-line option (--field-name)."""
 
     FOLDER = True
-    out: str = option(
+    out: str = setting(
         "results/xla_vs_eager", "the report's folder (and record.json); parts there are kept"
     )
-    quick: bool = option(False, "the quick plan: a small model and sweep (see --target)")
-    rounds: int | None = option(None, "interleaved timing rounds, >= 6 (default: the plan's)")
-    repeats: int | None = option(None, "fresh processes per first call (default: the plan's)")
-    dtype: str = option("float32", "compute dtype", choices=("float32", "bfloat16"))
-    no_torch: bool = option(False, "leave out torch's modes")
-    no_scale: bool = option(False, "leave out the scale sweep")
-    target: str = option(
+    quick: bool = setting(False, "the quick plan: a small model and sweep (see --target)")
+    rounds: int | None = setting(None, "interleaved timing rounds, >= 6 (default: the plan's)")
+    repeats: int | None = setting(None, "fresh processes per first call (default: the plan's)")
+    dtype: str = setting("float32", "compute dtype", choices=("float32", "bfloat16"))
+    no_torch: bool = setting(False, "leave out torch's modes")
+    no_scale: bool = setting(False, "leave out the scale sweep")
+    target: str = setting(
         "auto", "the plan's sizes: this device's, or cpu's or gpu's", choices=("auto", "cpu", "gpu")
     )
-    parts: tuple[str, ...] = option((), "measure only these parts of the plan")
-    time_limit: float | None = option(
+    parts: tuple[str, ...] = setting((), "measure only these parts of the plan")
+    time_limit: float | None = setting(
         None,
         "seconds this call may take: at the first part whose budget no longer fits, it and "
         "the rest are left for the next call; a part still running at the limit is stopped "
         "(what is done is written)",
     )
-    max_load: float = option(
+    max_load: float = setting(
         0.25,
         "cores other processes may keep busy before the run refuses (or, with "
         "--allow-load, marks the figures measured meanwhile)",
     )
-    allow_load: bool = option(False, "run on a busy machine, marking every figure so measured")
-    dry_run: bool = option(False, "the plan at tiny sizes: checks every part runs (no verdicts)")
-    note: str = option("", "a line the report carries (the conditions)")
+    allow_load: bool = setting(False, "run on a busy machine, marking every figure so measured")
+    dry_run: bool = setting(False, "the plan at tiny sizes: checks every part runs (no verdicts)")
+    note: str = setting("", "a line the report carries (the conditions)")
 
     def __post_init__(self):
         """Refuse options no run can honour, naming the option."""

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from jaxformer.checks import BadValue
-from jaxformer.train.signals import signals_held
+from jaxformer.signals import signals_held
 from jaxformer_lab import ray_cluster
 from jaxformer_lab.ray_cluster import check_storage
 

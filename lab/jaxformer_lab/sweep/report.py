@@ -21,7 +21,7 @@ import pathlib
 import numpy as np
 
 from jaxformer.checks import BadValue, MissingFile
-from jaxformer.train.run_folder import read_json, read_metrics, write_whole
+from jaxformer.files import read_json, read_metrics, write_whole
 from jaxformer_lab import results as results_lib
 from jaxformer_lab.markdown import table as markdown_table
 from jaxformer_lab.sweep import paper, stats

@@ -25,9 +25,10 @@ import sys
 import time
 
 from jaxformer.checks import BadValue
-from jaxformer.train.run_folder import CHECKPOINTS, Checkpointer, read_json, write_whole
-from jaxformer.train.seed_group import UNVMAPPED
-from jaxformer.train.signals import repeats_dropped, signals_held, stop_signals_raise
+from jaxformer.files import read_json, write_whole
+from jaxformer.signals import repeats_dropped, signals_held, stop_signals_raise
+from jaxformer.train.checkpoints import CHECKPOINTS, Checkpointer
+from jaxformer.train.seeds import UNVMAPPED
 from jaxformer_lab.cores import on_cores, shares
 from jaxformer_lab.sweep import report
 from jaxformer_lab.sweep.spec import HASH_FILE, Spec, status

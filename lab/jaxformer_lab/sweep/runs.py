@@ -19,8 +19,8 @@ import dataclasses
 import pathlib
 
 from jaxformer.checks import BadValue, MissingFile
-from jaxformer.train.config import load_run, with_added_defaults
-from jaxformer.train.run_folder import read_json, read_metrics
+from jaxformer.files import read_json, read_metrics
+from jaxformer.train.config import RunConfig, load_run
 from jaxformer_lab import results
 from jaxformer_lab.sweep import report, stats
 
@@ -63,7 +63,8 @@ def load(folder: pathlib.Path) -> dict:
     if not all(isinstance(config.get(key), dict) for key in ("model", "run")):
         raise BadValue(f"{folder / 'config.json'}: expected a run's model and run configs")
     records = read_metrics(folder / "metrics.jsonl")
-    flat = config["model"] | with_added_defaults(config["run"])  # an earlier run's too
+    defaults = RunConfig.from_options().to_dict()  # for options a run predates
+    flat = config["model"] | defaults | config["run"]
     return {"folder": folder, "summary": summary, "config": flat, "records": records}
 
 

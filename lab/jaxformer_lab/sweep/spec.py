@@ -28,8 +28,8 @@ import yaml
 from jaxformer.checks import BadValue, InputError
 from jaxformer.cli import import_variants
 from jaxformer.config import TransformerConfig, load_config_file
-from jaxformer.train.config import RunConfig, load_run, without_added_defaults
-from jaxformer.train.run_folder import read_json
+from jaxformer.files import read_json
+from jaxformer.train.config import RunConfig, load_run
 from jaxformer_lab.sweep.paper import Paper
 
 SPEC_KEYS = (
@@ -41,6 +41,7 @@ RUN_FIELDS = tuple(RunConfig.options())
 SWEEP_OWNS = ("seed", "out")  # set by the sweep for each run
 SWEEP_WIDE = ("final_test",)  # set in base only: every variant scores the same sets
 HASH_FILE = "config_hash.json"
+HASH_VERSION = 2  # raised when what a run's configuration holds changes (new options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,14 +151,15 @@ class Spec:
         return self.stages[name] if name in self.stages else self.variants[name]
 
     def config_hash(self, variant: str, seed: int) -> str:
-        """A hash of the run's resolved model and run configuration (its folder aside; an
-        option added since hashes were first recorded only when set away from its default:
-        `config.ADDED_RUN_OPTIONS`) and of the variant files it registers."""
+        """A hash of the run's resolved model and run configuration (its folder aside), of
+        the variant files it registers and of HASH_VERSION: a folder of an earlier version,
+        made before options were added, is refused as changed (`--rerun-changed`)."""
         model, run = self.configs(variant, seed)
         resolved = {
             "model": model.to_dict(),
-            "run": without_added_defaults(run.to_dict() | {"out": None}),
+            "run": run.to_dict() | {"out": None},
             "variant_files": list(self.variant_files),
+            "hash_version": HASH_VERSION,
         }
         stage = self.stage_of(variant)
         if stage is not None:  # the stage's configuration, not its folder: a moved sweep keeps it

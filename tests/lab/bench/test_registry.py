@@ -39,7 +39,7 @@ NAMES = (
 
 def parse(words: list[str]):
     """The options `jaxformer bench NAME ...` gives."""
-    parser, _ = cli._parser((plugin,))
+    parser, _ = cli._parser((plugin,), "bench")
     args = parser.parse_args(["bench", *words])
     return registry.options_from(args, BENCHMARKS[args.subcommand].options)
 
@@ -136,7 +136,7 @@ def test_a_registry_refuses_options_it_cannot_turn_into_a_command():
 
     @dataclasses.dataclass(frozen=True)
     class OnByDefault(registry.Options):
-        fast: bool = registry.option(True, "no way to turn it off")
+        fast: bool = registry.setting(True, "no way to turn it off")
 
     benchmarks = registry.Registry()
     with pytest.raises(TypeError, match="frozen Options dataclass"):

@@ -56,7 +56,7 @@ def test_whole_runs_need_rounds_for_an_interval(capsys):
 def test_the_runs_timed_whole_are_the_runs_measured_in_process(shared):
     options = seeds_vmapped.SeedsOptions(shared_lengths=shared)
     flags = seeds_vmapped.train_flags("wyc-web", options)
-    parser, _ = cli._parser()
+    parser, _ = cli._parser((), "train")
     args = parser.parse_args(["train", *flags])
     assert args.dataset == "wyc-web" and getattr(args, "shared_lengths", False) is shared
     assert seeds_vmapped._run_fields("wyc-web", options).get("shared_lengths", False) is shared

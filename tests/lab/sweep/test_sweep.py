@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from jaxformer.cli import main
-from jaxformer.train import run_folder
+from jaxformer.train import checkpoints
 from jaxformer.train.config import load_run
 from jaxformer_lab import cores as cores_lib
 from jaxformer_lab import records, sweep
@@ -512,9 +512,9 @@ def test_a_damaged_file_of_a_run_is_an_error_naming_it(tmp_path, damaged, text, 
         sweep.report.summarize(spec)
 
 
-def test_the_config_hash_reads_the_flat_run_options(tmp_path):
-    """The hash of a run's configuration is over its flat options, as before they were
-    grouped: a sweep folder of an unchanged configuration is still recognised."""
+def test_the_config_hash_reads_the_flat_run_options_and_its_version(tmp_path):
+    """The hash of a run's configuration is over its flat options and the hash's version:
+    every option counts, set or at its default."""
     spec = sweep.Spec.load(write_spec(tmp_path))
     model, _ = spec.configs("sq", 1)
     run = FLAT_DEFAULT_RUN | {k: v for k, v in BASE.items() if k in FLAT_DEFAULT_RUN}
@@ -522,26 +522,28 @@ def test_the_config_hash_reads_the_flat_run_options(tmp_path):
         "model": model.to_dict(),
         "run": run | {"seed": 1, "out": None},
         "variant_files": [str(VARIANT)],
+        "hash_version": 2,
     }
     text = json.dumps(resolved, sort_keys=True, default=str)
     assert spec.config_hash("sq", 1) == hashlib.sha256(text.encode()).hexdigest()[:16]
     shared = sweep.Spec.load(write_spec(tmp_path, base=BASE | {"shared_lengths": True}))
-    assert shared.config_hash("sq", 1) != spec.config_hash("sq", 1)  # an added option, set
+    assert shared.config_hash("sq", 1) != spec.config_hash("sq", 1)
 
 
-def test_the_committed_sweep_runs_keep_their_config_hashes():
-    """Seeds 0-2 in the committed records were launched by an earlier runner (a model.json and
-    the run options as flags), later seeds by today's; the spec still resolves each to the
-    hash its folder recorded, so `jaxformer sweep` keeps them as finished runs instead of
-    refusing or rerunning them."""
+def test_the_committed_sweep_runs_are_an_earlier_hash_version_refused_in_one_line(tmp_path):
+    """The committed records were made before the hash had a version: a sweep over them
+    refuses them as changed, naming --rerun-changed, and runs nothing; their report still
+    reads them."""
     spec = sweep.Spec.load(ROOT / "configs/sweeps/wyc_web_speedrun.yaml")
     out = records.tree(ROOT / "records/sweeps/wyc-web-speedrun")  # its archive
     spec = dataclasses.replace(spec, out=out)
     runs = [(v, s) for v in spec.variants for s in spec.seeds]
     recorded = {run: spec.recorded_hash(*run) for run in runs}
-    assert len(set(recorded.values()) - {None}) == len(runs) >= 15  # seeds 0-2 at least
-    assert recorded == {run: spec.config_hash(*run) for run in runs}
+    assert len(set(recorded.values()) - {None}) == len(runs) >= 15
+    assert not any(recorded[run] == spec.config_hash(*run) for run in runs)
     assert {sweep.status(spec.folder(*run)) for run in runs} == {"done"}
+    with pytest.raises(ValueError, match=r"made by another configuration .*--rerun-changed"):
+        sweep.run(spec, say=lambda line: None)
 
 
 def test_each_run_is_an_ordinary_train_command_of_its_resolved_run_file(tmp_path):
@@ -950,7 +952,7 @@ def test_a_stop_reaches_the_sweeps_run_which_saves_and_resumes(tmp_path, name, g
         f"(above); continue with jaxformer sweep {path}"
     )
     assert f"{why}: saved step" in (run / "train.log").read_text()
-    saved = run_folder.Checkpointer(run).latest_step()
+    saved = checkpoints.Checkpointer(run).latest_step()
     again = Started(["sweep", str(path)], env={"XLA_FLAGS": ""})
     _wait_for(lambda: f"resumed from step {saved}" in (run / "train.log").read_text())
     assert again.stop(signal.SIGTERM, timeout=60)[0] == 143 and again.survivors() == []

@@ -6,7 +6,7 @@ With the smoothed target q = (1 - eps) * one_hot(y) + eps / V and p = softmax(lo
 
 computed in float32 without materialising q. NLL, perplexity and accuracy are reported
 unsmoothed. `chunked_cross_entropy` computes the same sums from the hidden states without
-the [B, T, V] logits; `lm_head_choice` picks one (the config's `lm_head`)."""
+the [B, T, V] logits; (the step picks one by the config's `lm_head`)."""
 
 from __future__ import annotations
 
@@ -19,21 +19,13 @@ import jax.numpy as jnp
 
 from jaxformer.checks import (
     BadValue,
-    check_choice,
     check_float_array,
     check_int,
     check_int_array,
     check_number,
     check_rank,
 )
-from jaxformer.config import LM_HEADS
 from jaxformer.functional.matmul import einsum_f32
-
-# "auto" takes the chunked head from this many logits B*T*V up (256 MiB in float32) on a
-# device that does not report its memory (a CPU), and from an eighth of the device's memory
-# in float32 logits on one that does: the chunked head recomputes the [B*T, E] x [E, V]
-# product in its backward pass, so it is slower where the dense logits fit.
-AUTO_CHUNKED_LOGITS = 2**26
 
 
 class LossSums(NamedTuple):
@@ -131,22 +123,6 @@ def _token_losses_bwd(eps, residuals, cotangents):
 
 
 _token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
-
-
-def lm_head_choice(lm_head: str, tokens: int, vocab_size: int) -> str:
-    """The head a step uses, "dense" or "chunked": the one `lm_head` names, or what "auto"
-    picks for `tokens` (B * T) rows of `vocab_size` logits."""
-    check_choice("lm_head", lm_head, LM_HEADS)
-    if lm_head != "auto":
-        return lm_head
-    return "chunked" if tokens * vocab_size >= auto_chunked_logits() else "dense"
-
-
-def auto_chunked_logits(device: jax.Device | None = None) -> int:
-    """From how many logits B*T*V "auto" picks the chunked head on `device` (default: this
-    process's first local one): AUTO_CHUNKED_LOGITS, or a 32nd of the memory it reports."""
-    stats = (device or jax.local_devices()[0]).memory_stats() or {}
-    return max(AUTO_CHUNKED_LOGITS, stats.get("bytes_limit", 0) // 32)
 
 
 def chunked_cross_entropy(
