@@ -113,6 +113,7 @@ RESUME_KEYS = """task data_tsv data_text dataset tokenizer init_from bpe_vocab_s
 def test_run_options_are_grouped_and_keep_their_flat_names():
     run = RunConfig.from_options()
     added = {"shared_lengths": False, "batch_tokens": None}  # options added since, at defaults
+    added |= {"muon_lr_scale": None, "adam_lr_scale": None}
     assert tuple(added) == ADDED_RUN_OPTIONS
     assert run.to_dict() == FLAT_DEFAULT_RUN | added
     assert sorted(RunConfig.options()) == sorted(FLAT_DEFAULT_RUN | added)

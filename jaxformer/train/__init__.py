@@ -1,7 +1,7 @@
-"""Training with optax: losses, schedules, optimizers, the train and eval steps, the
-run's set-up (`set_up`) and the loop that runs them (`train`; k seeds of a run in one
-process, vmapped or in turn: `train_seeds`), with periodic work as hooks (`Hook`); a trained run's
-model and tokenizer back (`restore_model`)."""
+"""Training with optax: losses, schedules, optimizers (a registry, OPTIMIZERS), the train
+and eval steps, the run's set-up (`set_up`) and the loop that runs them (`train`; k seeds
+of a run in one process, vmapped or in turn: `train_seeds`), with periodic work as hooks
+(`Hook`); a trained run's model and tokenizer back (`restore_model`)."""
 
 import importlib
 from typing import TYPE_CHECKING
@@ -14,7 +14,13 @@ if TYPE_CHECKING:
         cross_entropy,
         lm_head_choice,
     )
-    from jaxformer.train.optim import make_optimizer, make_schedule, paper_schedule
+    from jaxformer.train.optim import (
+        OPTIMIZERS,
+        eval_params,
+        make_optimizer,
+        make_schedule,
+        paper_schedule,
+    )
     from jaxformer.train.run_folder import restore_model
     from jaxformer.train.seed_group import seed_runs, train_seeds
     from jaxformer.train.setup import Setup, set_up
@@ -40,6 +46,8 @@ _LAZY = {
     "chunked_cross_entropy": "jaxformer.train.losses",
     "cross_entropy": "jaxformer.train.losses",
     "lm_head_choice": "jaxformer.train.losses",
+    "OPTIMIZERS": "jaxformer.train.optim",
+    "eval_params": "jaxformer.train.optim",
     "make_optimizer": "jaxformer.train.optim",
     "make_schedule": "jaxformer.train.optim",
     "paper_schedule": "jaxformer.train.optim",

@@ -26,6 +26,7 @@ from jaxformer.parallel import host_copy
 from jaxformer.train import report
 from jaxformer.train.config import RunConfig
 from jaxformer.train.losses import LossSums
+from jaxformer.train.optim import eval_params
 from jaxformer.train.run_folder import RunFolder
 
 if TYPE_CHECKING:  # annotations only: set_up and the loop import this module
@@ -123,7 +124,7 @@ class Evaluation:
         """The in-run evaluation: logged (with the evaluations' seconds so far, for a
         resume) and shown."""
         pairs = self.setup.data.dev_pairs[: self.settings.sample]
-        sampled, _ = self._dev(context.state.params, pairs, beam=1)
+        sampled, _ = self._dev(eval_params(context.state), pairs, beam=1)
         seconds = round(self.seconds, 2)
         context.folder.log({"step": context.step, **sampled, "eval_seconds": seconds})
         context.say(report.eval_line(context.step, sampled))
@@ -151,7 +152,8 @@ class Evaluation:
         """The last step's parameters on every dev pair, then the mean of the last
         checkpoints (average > 1): the final model's laid-out parameters, its summary
         fields and its predictions."""
-        params, pairs, beam = context.state.params, self.setup.data.dev_pairs, self.settings.beam
+        params = eval_params(context.state)  # what the optimizer evaluates (optim.eval_params)
+        pairs, beam = self.setup.data.dev_pairs, self.settings.beam
         last, predictions = self._dev(params, pairs, beam)
         _log(context, last)
         averaged = steps = None

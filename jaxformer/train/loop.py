@@ -32,6 +32,7 @@ from jaxformer.parallel import is_main_process
 from jaxformer.train import report
 from jaxformer.train.config import RunConfig
 from jaxformer.train.evaluate import Evaluation
+from jaxformer.train.optim import eval_params
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup, set_up
 from jaxformer.train.signals import (
@@ -67,8 +68,10 @@ class StepContext:
     say: Callable[[str], None]
 
     def model(self) -> nnx.Module:
-        """The model with the state's parameters (one copy of them, on the device)."""
-        return nnx.merge(self.setup.graphdef, self.setup.placement.one_copy(self.state.params))
+        """The model with the state's parameters to evaluate (`optim.eval_params`: one copy
+        of them, on the device)."""
+        params = eval_params(self.state)
+        return nnx.merge(self.setup.graphdef, self.setup.placement.one_copy(params))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,7 @@ from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
 from jaxformer.models import MODEL_KINDS
 from jaxformer.parallel import Placement, is_main_process
+from jaxformer.train.optim import eval_params
 from jaxformer.train.steps import TrainState
 
 # Clocks that metrics.jsonl records carry as running totals (a resume continues them):
@@ -129,11 +130,14 @@ class RunFolder:
 
     def save(self, state: TrainState) -> int:
         """Checkpoint the laid-out `state` (one copy of it, with the run's meta) unless its
-        step is saved already; returns its step."""
+        step is saved already, and a schedule-free state's average in <path>/averaged;
+        returns its step."""
         one = self.placement.one_copy(state)
         step = int(one.step)
         if step > (self.checkpoints.latest_step() or 0):
             self.checkpoints.save(one, self.meta)
+            if (params := eval_params(one)) is not one.params:  # schedule-free: its average
+                save_averaged(self.path, params)  # what restore_model reads
         return step
 
     def average_checkpoints(self, state: TrainState, count: int) -> tuple[Any, list[int]]:
@@ -503,7 +507,7 @@ def save_averaged(run_dir: str | pathlib.Path, params) -> None:
 
 def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     """The trained model and tokenizer of a run folder (its averaged parameters if the
-    run averaged checkpoints, else the latest checkpoint's), or those of a Hugging Face
+    run averaged checkpoints or trained schedule-free, else the latest checkpoint's), or those of a Hugging Face
     model folder (see `interop.hf.load`). The parameters go to this process's first
     device, whatever mesh the run trained on; `decode.generate(model, tokenizer, texts)`
     decodes with them. A missing folder is a FileNotFoundError, a damaged checkpoint or
