@@ -197,7 +197,7 @@ class OptimOptions:
         ):
             raise BadValue(
                 f"{self.optimizer} averages its iterates in place of a decaying schedule: give "
-                f"schedule warmup_constant (or constant), got {self.schedule}"
+                f"schedule=warmup_constant (or constant), got {self.schedule}"
             )
 
     @property

@@ -123,8 +123,8 @@ def check_optimizer(name, options=()) -> None:
     takes = {n: OPTIMIZERS[n].options.get("takes", ()) for n in OPTIMIZERS.names}
     for option in options:
         if option not in takes[name]:
-            users = " and ".join(n for n in takes if option in takes[n]) or "no"
-            raise BadValue(f"{option} is an option of {users} optimizer, not of {name}")
+            users = " and ".join(n for n in takes if option in takes[n])
+            raise BadValue(f"{option} is not an option of {name}" + (users and f" ({users}'s)"))
 
 
 def eval_params(state):

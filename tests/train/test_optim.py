@@ -306,17 +306,15 @@ def test_bad_optimizer_input_is_one_clear_line(tmp_path, capsys):
         run(optimizer="mouns")
     with pytest.raises(ValueError, match=r"got 'sgd' .*OPTIMIZERS.register\('sgd', fn\)"):
         run(optimizer="sgd")
-    with pytest.raises(
-        ValueError, match="muon_lr_scale is an option of muon optimizer, not of adamw"
-    ):
+    with pytest.raises(ValueError, match=r"muon_lr_scale is not an option of adamw \(muon's\)"):
         run(optimizer="adamw", muon_lr_scale=5.0)
     with pytest.raises(ValueError, match="adam_lr_scale must be > 0, got -1.0"):
         run(optimizer="muon", adam_lr_scale=-1.0)
-    with pytest.raises(ValueError, match="give schedule warmup_constant .*got cosine"):
+    with pytest.raises(ValueError, match="give schedule=warmup_constant .*got cosine"):
         run(optimizer="schedule_free_adamw")
     with pytest.raises(ValueError, match="schedule_free_adamw evaluates its own average"):
         run(optimizer="schedule_free_adamw", schedule="constant", average_checkpoints=2, steps=1000)
-    with pytest.raises(ValueError, match="ns_steps is an option of muon optimizer, not of adam"):
+    with pytest.raises(ValueError, match=r"ns_steps is not an option of adam \(muon's\)"):
         train.make_optimizer(optax.constant_schedule(1.0), ns_steps=3)
     with pytest.raises(ValueError, match="weight_decay needs the 'adamw' optimizer"):
         train.make_optimizer(optax.constant_schedule(1.0), weight_decay=0.1)
