@@ -507,7 +507,7 @@ def save_averaged(run_dir: str | pathlib.Path, params) -> None:
 
 def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     """The trained model and tokenizer of a run folder (its averaged parameters if the
-    run averaged checkpoints or trained schedule-free, else the latest checkpoint's), or those of a Hugging Face
+    run averaged checkpoints, else the latest checkpoint's), or those of a Hugging Face
     model folder (see `interop.hf.load`). The parameters go to this process's first
     device, whatever mesh the run trained on; `decode.generate(model, tokenizer, texts)`
     decodes with them. A missing folder is a FileNotFoundError, a damaged checkpoint or
