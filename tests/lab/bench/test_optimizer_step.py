@@ -35,5 +35,5 @@ def test_each_optimizer_is_timed_against_adamw_with_an_interval(tmp_path):
 def test_bad_options_are_refused_naming_them():
     with pytest.raises(ValueError, match="--rounds must be >= 6"):
         optimizer_step.OptimizerStepOptions(rounds=3)
-    with pytest.raises(ValueError, match="--batches must be > 0, got 0"):
+    with pytest.raises(ValueError, match="--batches must be >= 1, got 0"):
         optimizer_step.OptimizerStepOptions(batches=(8, 0))
