@@ -98,7 +98,8 @@ FLAT_DEFAULT_RUN = json.loads("""{
     "init_from": null, "bpe_vocab_size": null, "seq_len": 128, "pad_multiple": 16,
     "shared_lengths": false, "batch_tokens": null,
     "steps": 1500, "batch_size": 64, "accum_steps": 1, "schedule": "cosine", "lr": null,
-    "warmup_steps": null, "optimizer": "adam", "weight_decay": 0.0, "clip_norm": 1.0,
+    "warmup_steps": null, "optimizer": "adam", "weight_decay": 0.0, "muon_lr_scale": null,
+    "adam_lr_scale": null, "clip_norm": 1.0,
     "eval_every": 250, "log_every": 10, "checkpoint_every": 500, "keep_checkpoints": 3,
     "eval_examples": 1000, "eval_sample": 200, "final_test": false, "eval_beam": null,
     "eval_alpha": 0.6, "average_checkpoints": 1, "seed": 0, "out": "runs/dates",
@@ -107,7 +108,7 @@ FLAT_DEFAULT_RUN = json.loads("""{
 # The settings a checkpoint's meta recorded before (then a hand-written list).
 RESUME_KEYS = """task data_tsv data_text dataset tokenizer init_from bpe_vocab_size seq_len
     shared_lengths batch_tokens batch_size accum_steps schedule lr warmup_steps optimizer
-    weight_decay clip_norm seed cosine_total_steps""".split()
+    weight_decay muon_lr_scale adam_lr_scale clip_norm seed cosine_total_steps""".split()
 
 
 def test_run_options_are_grouped_and_keep_their_flat_names():

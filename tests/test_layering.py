@@ -34,6 +34,7 @@ RANKS = {
         "models": 4,
         "decode": 5,
         "capture": 5,
+        "plots": 5,
         "parallel": 5,
         "interop": 5,
         "train": 6,

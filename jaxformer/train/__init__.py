@@ -1,7 +1,7 @@
-"""Training with optax: schedules, optimizers, the train and eval steps, the
-run's set-up (`set_up`) and the loop that runs them (`train`; k seeds of a run in one
-process, vmapped or in turn: `train_seeds`), with periodic work as hooks (`Hook`); a trained run's
-model and tokenizer back (`restore_model`)."""
+"""Training with optax: schedules, optimizers (a registry, OPTIMIZERS), the train and eval
+steps, the run's set-up (`set_up`) and the loop that runs them (`train`; k seeds of a run
+in one process, vmapped or in turn: `train_seeds`), with periodic work as hooks (`Hook`);
+a trained run's model and tokenizer back (`restore_model`)."""
 
 import importlib
 
@@ -13,6 +13,8 @@ _LAZY = {
     "TrainingDiverged": "jaxformer.train.loop",
     "train": "jaxformer.train.loop",
     "lm_head_choice": "jaxformer.train.steps",
+    "OPTIMIZERS": "jaxformer.train.optim",
+    "eval_params": "jaxformer.train.optim",
     "make_optimizer": "jaxformer.train.optim",
     "make_schedule": "jaxformer.train.optim",
     "paper_schedule": "jaxformer.train.optim",

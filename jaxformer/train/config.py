@@ -27,9 +27,8 @@ from jaxformer.config import PRESETS, TransformerConfig, load_config_file, setti
 from jaxformer.data import registry as datasets
 from jaxformer.data.tasks import TASKS
 from jaxformer.data.tokenizers import ByteTokenizer
+from jaxformer.train.optim import OPTIMIZERS, SCHEDULES, UNDECAYED, check_optimizer
 
-SCHEDULES = ("paper", "cosine", "constant")
-OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("byte", "bpe")
 SOURCES = ("task", "data_tsv", "data_text", "dataset")  # a run's data: exactly one of them
 
@@ -166,9 +165,22 @@ class OptimOptions:
         None, "default: 10% of steps (cosine), 4000 (paper)", resume=True
     )
     optimizer: str = setting(
-        "adam", "Adam(0.9, 0.98, 1e-9) as the paper, or AdamW", OPTIMIZERS, resume=True
+        "adam",
+        "adam (Adam(0.9, 0.98, 1e-9) as the paper), adamw, muon, schedule_free_adamw, or "
+        "a registered optimizer (jaxformer.train.OPTIMIZERS)",
+        resume=True,
     )
-    weight_decay: float = setting(0.0, "decoupled weight decay (adamw)", resume=True)
+    weight_decay: float = setting(
+        0.0, "decoupled weight decay, times the lr (adamw, muon, schedule-free)", resume=True
+    )
+    muon_lr_scale: float | None = setting(
+        None, "muon: the layers' matrices' lr over the schedule's (default 10)", resume=True
+    )
+    adam_lr_scale: float | None = setting(
+        None,
+        "muon: the other parameters' (AdamW's) lr over the schedule's (default 1)",
+        resume=True,
+    )
     clip_norm: float | None = setting(
         1.0, "global gradient-norm clipping; none to turn off", resume=True
     )
@@ -180,11 +192,25 @@ class OptimOptions:
         check_choice("schedule", self.schedule, SCHEDULES)
         if self.warmup_steps is not None:
             check_int("warmup_steps", self.warmup_steps, minimum=0)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        for name in ("lr", "clip_norm"):
+        check_optimizer(self.optimizer, self.optimizer_options)
+        for name in ("lr", "clip_norm", *self.optimizer_options):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), "(0, inf)")
         check_number("weight_decay", self.weight_decay, "[0, inf)")
+        if (
+            OPTIMIZERS[self.optimizer].options.get("schedule_free")
+            and self.schedule not in UNDECAYED
+        ):
+            raise BadValue(
+                f"{self.optimizer} averages its iterates in place of a decaying schedule: give "
+                f"schedule=warmup_constant (or constant), got {self.schedule}"
+            )
+
+    @property
+    def optimizer_options(self) -> dict[str, Any]:
+        """The optimizer's own options that are given (muon_lr_scale, adam_lr_scale)."""
+        names = ("muon_lr_scale", "adam_lr_scale")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @property
     def peak_lr(self) -> float | None:
@@ -314,6 +340,12 @@ class RunConfig:
             raise BadValue(
                 f"{as_given('average_checkpoints', k)} but {as_given('steps', steps)} with "
                 f"{as_given('checkpoint_every', every)} saves {saved} checkpoint(s)"
+            )
+        if k > 1 and OPTIMIZERS[self.optim.optimizer].options.get("schedule_free"):
+            raise BadValue(
+                f"{as_given('average_checkpoints', k)} averages the trained parameters, and "
+                f"{self.optim.optimizer} evaluates its own average: leave "
+                f"{as_given('average_checkpoints')} at 1"
             )
         tokens = self.data.batch_tokens
         if tokens and (self.optim.accum_steps > 1 or self.runtime.mesh or self.runtime.pmap):

@@ -26,6 +26,7 @@ from jaxformer.functional.losses import LossSums
 from jaxformer.parallel import host_copy
 from jaxformer.train import report
 from jaxformer.train.config import RunConfig
+from jaxformer.train.optim import eval_params
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup
 
@@ -154,7 +155,8 @@ class Evaluation:
         """The last step's parameters on every dev pair, then the mean of the last
         checkpoints (average > 1): the final model's laid-out parameters, its summary
         fields and its predictions."""
-        params, pairs, beam = state.params, self.setup.data.dev_pairs, self.settings.beam
+        params = eval_params(state)  # what the optimizer evaluates (optim.eval_params)
+        pairs, beam = self.setup.data.dev_pairs, self.settings.beam
         last, predictions = self._dev(params, pairs, beam, step=step)
         _log(folder, say, step, last)
         averaged = steps = None

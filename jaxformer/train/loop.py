@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import jax
 from flax import nnx
 
+from jaxformer import plots
 from jaxformer.checks import (
     BadType,
     BadValue,
@@ -48,6 +49,7 @@ from jaxformer.signals import (
 from jaxformer.train import report
 from jaxformer.train.config import RunConfig
 from jaxformer.train.evaluate import Evaluation
+from jaxformer.train.optim import eval_params
 from jaxformer.train.run_folder import RunFolder
 from jaxformer.train.setup import Setup, set_up
 from jaxformer.train.steps import TrainState
@@ -77,8 +79,10 @@ class StepContext:
     say: Callable[[str], None]
 
     def model(self) -> nnx.Module:
-        """The model with the state's parameters (one copy of them, on the device)."""
-        return nnx.merge(self.setup.graphdef, self.setup.placement.one_copy(self.state.params))
+        """The model with the state's parameters to evaluate (`optim.eval_params`: one copy
+        of them, on the device)."""
+        params = eval_params(self.state)
+        return nnx.merge(self.setup.graphdef, self.setup.placement.one_copy(params))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,7 +340,7 @@ def _checkpoint(context: StepContext) -> None:
 
 
 def _in_run(evaluation: Evaluation) -> Callable[[StepContext], None]:
-    return lambda c: evaluation.in_run(c.step, c.state.params, c.folder, c.say)
+    return lambda c: evaluation.in_run(c.step, eval_params(c.state), c.folder, c.say)
 
 
 def _final(evaluation: Evaluation) -> Callable[[StepContext], None]:
@@ -431,13 +435,13 @@ def _finish(run: Run) -> dict[str, Any]:
     folder.close()
     if not folder.is_main:
         return summary
-    report.loss_curves(folder.metrics_path, folder.path / "loss.png")
+    plots.loss_curves(folder.metrics_path, folder.path / "loss.png")
     if setup.run.runtime.log_internals is not None:
-        report.internals(folder.metrics_path, folder.path / "internals.png")
+        plots.internals(folder.metrics_path, folder.path / "internals.png")
     pairs, predictions = final.dev
     model = nnx.merge(setup.graphdef, final.params)
     if isinstance(model, Transformer) and pairs:
-        report.cross_attention(model, setup.tokenizer, pairs[0], folder.path / "attention.png")
+        plots.cross_attention(model, setup.tokenizer, pairs[0], folder.path / "attention.png")
     folder.write_json("summary.json", summary)
     if folder.verbose:
         examples = [(s, p, t) for p, (s, t) in zip(predictions[:8], pairs[:8], strict=False)]

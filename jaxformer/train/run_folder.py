@@ -31,6 +31,7 @@ from jaxformer.train.checkpoints import (
     check_compatible,
     save_averaged,
 )
+from jaxformer.train.optim import eval_params
 from jaxformer.train.report import tensorboard_writer
 from jaxformer.train.steps import TrainState
 
@@ -117,11 +118,14 @@ class RunFolder:
 
     def save(self, state: TrainState) -> int:
         """Checkpoint the laid-out `state` (one copy of it, with the run's meta) unless its
-        step is saved already; returns its step."""
+        step is saved already, and a schedule-free state's average in <path>/averaged;
+        returns its step."""
         one = self.placement.one_copy(state)
         step = int(one.step)
         if step > (self.checkpoints.latest_step() or 0):
             self.checkpoints.save(one, self.meta)
+            if (params := eval_params(one)) is not one.params:  # schedule-free: its average
+                save_averaged(self.path, params)  # what restore_model reads
         return step
 
     def average_checkpoints(self, state: TrainState, count: int) -> tuple[Any, list[int]]:

@@ -29,6 +29,7 @@ from jaxformer.checks import BadValue, as_given
 from jaxformer.config import TransformerConfig
 from jaxformer.train import loop
 from jaxformer.train.config import RunConfig
+from jaxformer.train.optim import eval_params
 from jaxformer.train.setup import Setup, set_up
 
 UNVMAPPED = ("mesh", "pmap", "profile", "log_internals")  # options seeds cannot share a step with
@@ -155,7 +156,10 @@ class SeedSteps:
         each seed's Evaluation; their seconds count in every seed's evaluation time."""
         if self.lead.data.model_kind != "Transformer":  # a language model decodes nothing
             return
-        params = self.state.params if self.vmapped else stack([s.params for s in self.state])
+        if self.vmapped:  # what each seed's evaluation decodes with
+            params = eval_params(self.state)
+        else:
+            params = stack([eval_params(state) for state in self.state])
         wanted = [run.evaluation.decodes_due(step) for run in runs]
         settings = runs[0].evaluation.settings
         for due in zip(*wanted, strict=True):  # one decode kind at a time, every seed's

@@ -270,6 +270,7 @@ def _steps(model: nnx.Module, config: TransformerConfig, run: RunConfig) -> _Ste
         name=run.optim.optimizer,
         weight_decay=run.optim.weight_decay,
         clip_norm=run.optim.clip_norm,
+        **run.optim.optimizer_options,
     )
     graphdef, state = create_train_state(model, optimizer, run.runtime.seed)
     smoothing = config.label_smoothing

@@ -77,20 +77,32 @@ def create_train_state(
 
 def state_layout(graphdef: nnx.GraphDef, state: TrainState) -> TrainState:
     """The shapes of `state` with each parameter, and each optimizer-state entry shaped
-    like the parameters (Adam's moments), as an `nnx.Variable` that carries the
-    parameter's logical axes: what a placement reads to lay `state` out
-    (`placement.put(state, like=layout)`, `placement.compile(step, layout)`)."""
+    like the parameters (Adam's moments; Muon's, masked to its part of them), as an
+    `nnx.Variable` that carries the parameter's logical axes: what a placement reads to
+    lay `state` out (`placement.put(state, like=layout)`, `placement.compile(step, layout)`)."""
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state)
     _, variables = nnx.split(nnx.merge(graphdef, abstract.params))
     structure = jax.tree.structure(abstract.params)
+    each = jax.tree.leaves(variables, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+    def entries(tree) -> list | None:  # per parameter: its entry or a MaskedNode; else None
+        try:
+            found = structure.flatten_up_to(tree)
+        except (TypeError, ValueError):
+            return None
+        kinds = (jax.ShapeDtypeStruct, optax.MaskedNode)
+        return found if all(isinstance(x, kinds) for x in found) else None
 
     def as_variables(tree):
-        if jax.tree.structure(tree) != structure:
+        if (found := entries(tree)) is None:
             return tree
-        return jax.tree.unflatten(jax.tree.structure(variables), jax.tree.leaves(tree))
+        return structure.unflatten(
+            x if isinstance(x, optax.MaskedNode) else jax.tree.unflatten(jax.tree.structure(v), [x])
+            for v, x in zip(each, found, strict=True)
+        )
 
     opt_state = jax.tree.map(
-        as_variables, abstract.opt_state, is_leaf=lambda t: jax.tree.structure(t) == structure
+        as_variables, abstract.opt_state, is_leaf=lambda t: entries(t) is not None
     )
     return abstract.replace(params=variables, opt_state=opt_state)
 

@@ -33,18 +33,18 @@ def small(**overrides):
     return jf.TransformerConfig.tiny(TOK.vocab_size, **(fields | overrides))
 
 
-def setup(config):
+def setup(config, optimizer="adam"):
     schedule = optax.constant_schedule(3e-3)
-    optimizer = train.make_optimizer(schedule)
+    optimizer = train.make_optimizer(schedule, name=optimizer)
     graphdef, state = train.create_train_state(
         jf.Transformer(config, rngs=nnx.Rngs(0)), optimizer, seed=0
     )
     return graphdef, state, optimizer, schedule
 
 
-def placed_losses(config, placement, accum_steps=1):
+def placed_losses(config, placement, accum_steps=1, optimizer="adam"):
     """5 steps of the train step compiled by `placement`: (losses, final state)."""
-    graphdef, state, optimizer, schedule = setup(config)
+    graphdef, state, optimizer, schedule = setup(config, optimizer)
     step = train.make_train_step(
         graphdef, optimizer, schedule, label_smoothing=0.1, accum_steps=accum_steps
     )
@@ -59,8 +59,8 @@ def placed_losses(config, placement, accum_steps=1):
 
 
 @functools.cache
-def single_device_losses(config, accum_steps=1) -> list[float]:
-    graphdef, state, optimizer, schedule = setup(config)
+def single_device_losses(config, accum_steps=1, optimizer="adam") -> list[float]:
+    graphdef, state, optimizer, schedule = setup(config, optimizer)
     step = jax.jit(
         train.make_train_step(
             graphdef, optimizer, schedule, label_smoothing=0.1, accum_steps=accum_steps
@@ -155,6 +155,27 @@ def test_sharded_steps_match_one_device(shape, accum):
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
     check_layout(state, mesh)
     assert int(state.step) == 5
+
+
+@pytest.mark.devices(8)
+@pytest.mark.parametrize(
+    "shape",
+    [dict(data=2, fsdp=4), pytest.param(dict(data=2, tensor=4), marks=pytest.mark.slow)],
+    ids=["fsdp2x4", "tensor2x4"],
+)
+def test_muon_sharded_steps_match_one_device(shape):
+    """Muon's Newton-Schulz on matrices split over the fsdp or tensor axis: the one-device
+    losses, with its momentum laid out as its parameters (AdamW's moments as theirs)."""
+    config = small(dropout_rate=0.1)
+    expected = single_device_losses(config, 1, "muon")
+    mesh = parallel.make_mesh(**shape)
+    losses, state = placed_losses(config, parallel.make_placement(mesh), 1, "muon")
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    groups = state.opt_state.inner_states
+    momenta = (groups["muon"].inner_state[0].mu, groups["adam"].inner_state[0].mu)
+    for path, x in jax.tree_util.tree_leaves_with_path(momenta):
+        assert x.sharding.spec == EXPECTED_SPECS[path[-1].key], jax.tree_util.keystr(path)
+    assert len(jax.tree.leaves(momenta[0])) == 16  # 4 + 4 + 4 attention, 2 + 2 feed-forward
 
 
 @pytest.mark.devices(8)

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
-from jaxformer import train
+from jaxformer import plots, train
 from jaxformer.parallel import make_placement
 from jaxformer.train import report
 from jaxformer.train.run_folder import RunFolder
@@ -122,8 +122,8 @@ def test_loss_png_labels_say_which_metrics_are_teacher_forced_and_which_decoded(
     lines = "".join(json.dumps(r) + "\n" for r in [*train, in_run, final])
     (tmp_path / "metrics.jsonl").write_text(lines)
     figures = []
-    monkeypatch.setattr(report, "_save", lambda fig, out: figures.append(fig))
-    report.loss_curves(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
+    monkeypatch.setattr(plots, "_save", lambda fig, out: figures.append(fig))
+    plots.loss_curves(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
     loss, accuracy = figures[0].axes[:2]
     labels = [line.get_label() for line in loss.get_lines() + accuracy.get_lines()]
     forced = "(teacher-forced, all 1,000 held-out pairs)"

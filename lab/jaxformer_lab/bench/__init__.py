@@ -25,6 +25,7 @@ from jaxformer_lab.bench import (  # noqa: F401
     internals_overhead,
     lm_throughput,
     make_train,
+    optimizer_step,
     paper_params,
     parity,
     peers,

@@ -25,6 +25,7 @@ NAMES = (
     "internals-overhead",
     "lm-throughput",
     "make-train",
+    "optimizer-step",
     "paper-params",
     "parity",
     "profile",
@@ -73,6 +74,7 @@ def test_every_benchmark_is_registered_with_frozen_typed_options():
         ["seeds-vmapped", "--tasks", "dates", "--seeds", "1", "8", "--shared-lengths"],
         ["internals-overhead", "--every", "25", "--rounds", "8"],
         ["speedrun-levers", "--rounds", "7", "--batches", "3"],
+        ["optimizer-step", "--batches", "8", "64", "--cheap-ns-steps", "4"],
     ],
 )
 def test_the_recorded_command_gives_back_the_options(words):
