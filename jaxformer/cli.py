@@ -6,6 +6,7 @@
     jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
     jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
+    jaxformer prepare book.txt --out data/book     # token shards for train --data-shards
 
 Plugins (`jaxformer.plugins`) add commands. Exit codes: 2 for bad input (a
 `checks.InputError`, one line; JAXFORMER_TRACEBACK=1 for the traceback), 1 for a diverged
@@ -48,6 +49,8 @@ def _parser(
 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The `jaxformer` parser, and each command's parser by name (a plugin's too: "bench
     NAME", "sweep-report")."""
+    from jaxformer.data import prepare
+
     parser = _Parser(prog="jaxformer", description="Train and use Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
     t, g = _train_parser(sub), _generate_parser(sub)
@@ -65,7 +68,7 @@ def _parser(
             action="store_true",
             help="do not keep compiled programs in $XDG_CACHE_HOME/jaxformer/jax (~/.cache)",
         )
-    commands = {"train": t, "generate": g}
+    commands = {"train": t, "generate": g, "prepare": prepare.add_parser(sub)}
     for plugin in extensions:
         commands |= plugin.add_commands(sub)
     shown = [name for name in sub.choices if _joined(name, commands) is None]
@@ -423,6 +426,12 @@ def main(argv: list[str] | None = None, extensions: tuple | None = None) -> int:
 
 def _main(argv: list[str], extensions: tuple | None) -> int:
     _tune_glibc_malloc()
+    if argv[:1] == ["prepare"]:  # preparing needs no plugin, and no model or training code
+        from jaxformer.data import prepare
+
+        args = prepare.add_parser(_Parser(prog="jaxformer").add_subparsers()).parse_args(argv[1:])
+        with command_line():
+            return _command(args, (), "jaxformer prepare")
     if extensions is None:
         from jaxformer import plugins
 
@@ -457,6 +466,10 @@ def _one_line_warning(command: str, show):
 def _command(args, extensions: tuple, where: str) -> int:
     """Run the parsed command; bad input is one line and exit code 2."""
     try:
+        if args.command == "prepare":
+            from jaxformer.data import prepare
+
+            return prepare.run(args)
         if args.command not in ("train", "generate"):
             return next(p.run(args) for p in extensions if args.command in p.COMMANDS)
         _use_compilation_cache(not args.no_compile_cache)

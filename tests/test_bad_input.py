@@ -486,7 +486,7 @@ CLI = [
     ("model flag", ["--d-model", "10", "--num-heads", "4"], "--d-model=10 is not divisible by --num-heads=4"),
     ("bpe with a task", ["--tokenizer", "bpe"], "the BPE tokenizer is trained on data"),
     ("bad dataset name", ["--dataset", "web"], "dataset 'web' is no registered dataset's name \\(the tests' toy-\\*"),
-    ("dataset and a file", ["--dataset", "wyc-web", "--data-tsv", "pairs.tsv"], "give one of --task, --data-tsv, --data-text or --dataset, not several"),
+    ("dataset and a file", ["--dataset", "wyc-web", "--data-tsv", "pairs.tsv"], "give one of --task, --data-tsv, --data-text, --dataset or --data-shards, not several"),
     ("out is a file", ["--out", "pairs.tsv"], "pairs.tsv exists and is not a folder"),
     ("averaging more than kept", ["--average-checkpoints", "5"], "--average-checkpoints=5 needs --keep-checkpoints >= 5, got --keep-checkpoints=3"),
     ("averaging more than saved", ["--average-checkpoints", "3", "--steps", "20", "--checkpoint-every", "10"], r"--average-checkpoints=3 but --steps=20 with --checkpoint-every=10 saves 2 checkpoint\(s\)"),

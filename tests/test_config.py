@@ -113,6 +113,7 @@ RESUME_KEYS = """task data_tsv data_text dataset tokenizer init_from bpe_vocab_s
 def test_run_options_are_grouped_and_keep_their_flat_names():
     run = RunConfig.from_options()
     added = {"shared_lengths": False, "batch_tokens": None}  # options added since, at defaults
+    added |= {"data_shards": None, "val_shards": None, "eot_id": None, "pack": True}
     assert tuple(added) == ADDED_RUN_OPTIONS
     assert run.to_dict() == FLAT_DEFAULT_RUN | added
     assert sorted(RunConfig.options()) == sorted(FLAT_DEFAULT_RUN | added)
@@ -158,7 +159,7 @@ def test_defaults_that_depend_on_other_options():
         runtime=RuntimeOptions(out="runs/sort"),
     )
     assert direct == RunConfig.from_options(task="sort", steps=60)
-    with pytest.raises(BadValue, match="give one of task, data_tsv, data_text or dataset, got"):
+    with pytest.raises(BadValue, match="give one of task, data_tsv, data_text, dataset or data_shards, got"):
         DataOptions(tokenizer="byte")
     with pytest.raises(TypeError, match="tokenizer"):
         DataOptions(task="sort")

@@ -30,7 +30,7 @@ from jaxformer.data.tokenizers import ByteTokenizer
 SCHEDULES = ("paper", "cosine", "constant")
 OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("byte", "bpe")
-SOURCES = ("task", "data_tsv", "data_text", "dataset")  # a run's data: exactly one of them
+SOURCES = ("task", "data_tsv", "data_text", "dataset", "data_shards")  # exactly one per run
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,6 +53,19 @@ class DataOptions:
         "translation between two versions (wyc-web), SRC+EXTRA-TGT with other versions' "
         "training books as extra training pairs (wyc+kjv-web), or VER-lm, an LM (web-lm)",
         resume=True,
+    )
+    data_shards: str | None = option(
+        None,
+        "token shards (llm.c's .bin, `jaxformer prepare`'s) for a decoder-only LM, a glob "
+        "('DIR/train_*.bin'); the tokenizer: theirs (DIR/tokenizer.json), else vocab_size ids",
+        resume=True,
+    )
+    val_shards: str | None = option(None, "their held-out shards ('DIR/val_*.bin')", resume=True)
+    eot_id: int | None = option(
+        None, "shards' end-of-text id; default the tokenizer's EOS, else GPT-2's", resume=True
+    )
+    pack: bool = option(
+        True, "LM rows hold whole documents, best-fit; off: one a row, padded", resume=True
     )
     tokenizer: str = option(
         dataclasses.MISSING,
@@ -100,6 +113,14 @@ class DataOptions:
         if self.dataset is not None:
             datasets.check(self.dataset)
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
+        check_bool("pack", self.pack)
+        if self.eot_id is not None:
+            check_int("eot_id", self.eot_id, minimum=0)
+        shard_options = [n for n in ("val_shards", "eot_id") if getattr(self, n) is not None]
+        if shard_options and not self.data_shards:
+            raise BadValue(f"{', '.join(shard_options)} go with data_shards")
+        if self.data_shards and self.tokenizer == "bpe":
+            raise BadValue("token shards are tokenized: their tokenizer.json is the tokenizer")
         if self.tokenizer == "bpe" and self.task:
             raise BadValue(
                 "the BPE tokenizer is trained on data; use it with data_tsv, data_text or dataset"
@@ -138,7 +159,10 @@ class DataOptions:
 
     @property
     def name(self) -> str:
-        """The task, the dataset, or the data file's name (that of the default run folder)."""
+        """The task, the dataset, the data file's name or the shards' folder's (that of the
+        default run folder)."""
+        if self.data_shards:
+            return pathlib.Path(self.data_shards).parent.name or "shards"
         return self.task or self.dataset or pathlib.Path(self.data_tsv or self.data_text).stem
 
 
@@ -374,7 +398,14 @@ class RunConfig:
 
 # Run options added after runs recorded their settings (a checkpoint's meta, a sweep's
 # config hash): recorded only when set away from their default, so earlier runs still match.
-ADDED_RUN_OPTIONS = ("shared_lengths", "batch_tokens")
+ADDED_RUN_OPTIONS = (
+    "shared_lengths",
+    "batch_tokens",
+    "data_shards",
+    "val_shards",
+    "eot_id",
+    "pack",
+)
 
 
 def without_added_defaults(fields: dict[str, Any]) -> dict[str, Any]:

@@ -460,7 +460,7 @@ def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
         (["--data-tsv", "MALFORMED"], r"pairs.tsv:2: expected 'source<TAB>target'"),
         (
             ["--task", "copy", "--data-tsv", "x.tsv"],
-            "give one of --task, --data-tsv, --data-text or --dataset",
+            "give one of --task, --data-tsv, --data-text, --dataset or --data-shards",
         ),
         (["--accum-steps", "3"], "--batch-size=64 is not divisible by --accum-steps=3"),
     ],
