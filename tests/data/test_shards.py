@@ -292,3 +292,53 @@ def test_prepare_takes_a_hugging_face_tokenizer_json_and_its_end_of_text_id(tmp_
     tokenizer = load_tokenizer(tmp_path / "o")
     assert tokenizer.eos_id == eot and tokenizer.encode("abc") == [1, 2, 3]
     assert shards.read_shard(sorted((tmp_path / "o").glob("train_*"))[0])[0] == eot
+
+
+@pytest.mark.slow  # two processes and one, each compiling from scratch: about 90 s
+def test_two_processes_reading_their_own_rows_train_like_one_process(tmp_path):
+    """Each of two processes fills only the rows its devices hold (the others padding,
+    unread): the run's losses are those of one process with the same four devices."""
+    from tests.parallel.test_multihost import env, free_port, losses
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 120), ("val", 20)):
+        stream = np.concatenate(
+            [[299, *rng.integers(0, 299, int(k))] for k in rng.integers(2, 50, n)]
+        )
+        llmc_shard(tmp_path / f"{split}_000000.bin", stream)
+    argv = [
+        *("-m", "jaxformer", "train", "--data-shards", str(tmp_path / "train_*.bin")),
+        *("--val-shards", str(tmp_path / "val_*.bin"), "--config", config_file(tmp_path)),
+        *"--vocab-size 300 --eot-id 299 --seq-len 32 --steps 4 --batch-size 8 --log-every 1".split(),
+        *"--eval-every 4 --checkpoint-every 4 --eval-examples 8 --no-progress".split(),
+        *("--mesh", "data=2,fsdp=2"),
+    ]
+    coordinator = f"127.0.0.1:{free_port()}"
+    two = [
+        subprocess.Popen(
+            [sys.executable, *argv, "--out", str(tmp_path / "two"), "--coordinator", coordinator]
+            + ["--num-processes", "2", "--process-id", str(i), "--coordinator-timeout", "60"],
+            env=env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    one = subprocess.run(
+        [sys.executable, *argv, "--out", str(tmp_path / "one")],
+        env=env(4),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    outputs = []
+    for p in two:
+        try:
+            outputs.append(p.communicate(timeout=600)[0])
+        finally:
+            p.kill()
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert [p.returncode for p in two] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert len(losses(tmp_path / "one")) == 4
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
