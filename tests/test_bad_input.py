@@ -485,6 +485,8 @@ CLI = [
     ("pmap and mesh", ["--mesh", "data=1", "--pmap"], "give a mesh or pmap, not both"),
     ("model flag", ["--d-model", "10", "--num-heads", "4"], "--d-model=10 is not divisible by --num-heads=4"),
     ("bpe with a task", ["--tokenizer", "bpe"], "the BPE tokenizer is trained on data"),
+    ("no-pack with a task", ["--no-pack"], "--pack=False lays out LM rows: give --data-text, --data-shards or VER-lm"),
+    ("eot-id without shards", ["--eot-id", "3"], "--eot-id go with --data-shards"),
     ("bad dataset name", ["--dataset", "web"], "dataset 'web' is no registered dataset's name \\(the tests' toy-\\*"),
     ("dataset and a file", ["--dataset", "wyc-web", "--data-tsv", "pairs.tsv"], "give one of --task, --data-tsv, --data-text, --dataset or --data-shards, not several"),
     ("out is a file", ["--out", "pairs.tsv"], "pairs.tsv exists and is not a folder"),

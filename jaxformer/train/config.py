@@ -119,6 +119,9 @@ class DataOptions:
         shard_options = [n for n in ("val_shards", "eot_id") if getattr(self, n) is not None]
         if shard_options and not self.data_shards:
             raise BadValue(f"{', '.join(shard_options)} go with data_shards")
+        lm = self.data_text or self.data_shards or (self.dataset or "").endswith("-lm")
+        if not self.pack and not lm:
+            raise BadValue("pack=False lays out LM rows: give data_text, data_shards or VER-lm")
         if self.data_shards and self.tokenizer == "bpe":
             raise BadValue("token shards are tokenized: their tokenizer.json is the tokenizer")
         if self.tokenizer == "bpe" and self.task:

@@ -137,9 +137,18 @@ def shard_run(folder, **options):
     return RunConfig.from_options(**(given | options))
 
 
-def test_gpt2_shards_without_a_tokenizer_take_the_vocab_size_and_gpt2s_eot(gpt2_shards):
+def test_gpt2_shards_without_a_tokenizer_take_the_vocab_size_and_gpt2s_eot(gpt2_shards, tmp_path):
     tokenizer, data = build_data(shard_run(gpt2_shards), vocab_size=50257)
     assert isinstance(tokenizer, IdsTokenizer) and tokenizer.eos_id == GPT2_EOT
+    tokenizer.save(tmp_path)  # what a run saves for generate, which then refuses text
+    again = load_tokenizer(tmp_path)
+    assert (again.vocab_size, again.eos_id, again.decode([5, 7, GPT2_EOT, 9])) == (
+        50257,
+        GPT2_EOT,
+        "5 7",
+    )
+    with pytest.raises(ValueError, match="trained on token ids with no tokenizer"):
+        again.encode("text")
     batch = data.train_batch(0, 4)
     assert batch["tgt_in"].shape == (4, 32) and batch["tgt_in"].max() < 50257
     starts = batch["tgt_in"][batch["positions"] == 0]

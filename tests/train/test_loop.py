@@ -568,8 +568,8 @@ def test_a_finished_runs_summary_records_and_report(tmp_path, capsys, monkeypatc
     checkpoint averaging and a test set (attached to the task's data)."""
     build = setup.build_data
 
-    def with_test_pairs(run, tokenizer=None):
-        tokenizer, data = build(run, tokenizer)
+    def with_test_pairs(run, tokenizer=None, **kw):
+        tokenizer, data = build(run, tokenizer, **kw)
         data.test_pairs = data.dev_pairs[:3]
         return tokenizer, data
 
