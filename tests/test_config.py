@@ -159,7 +159,9 @@ def test_defaults_that_depend_on_other_options():
         runtime=RuntimeOptions(out="runs/sort"),
     )
     assert direct == RunConfig.from_options(task="sort", steps=60)
-    with pytest.raises(BadValue, match="give one of task, data_tsv, data_text, dataset or data_shards, got"):
+    with pytest.raises(
+        BadValue, match="give one of task, data_tsv, data_text, dataset or data_shards, got"
+    ):
         DataOptions(tokenizer="byte")
     with pytest.raises(TypeError, match="tokenizer"):
         DataOptions(task="sort")

@@ -210,7 +210,7 @@ def test_a_packed_batch_loses_what_its_documents_lose_one_by_one(jit):
     """The loss sums of packed rows equal those of each document alone in its own row:
     nothing leaks between documents, padding costs nothing, every target counted once."""
     config = TransformerConfig.tiny(50).replace(
-        num_decoder_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=16, label_smoothing=0.0
+        num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16, label_smoothing=0.0
     )
     model = DecoderLM(config, rngs=nnx.Rngs(0))
     docs = [np.array([5, 6, 7, 8, 9]), np.array([10, 11, 12]), np.array([13, 14, 15, 16, 17, 18])]
