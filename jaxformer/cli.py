@@ -6,6 +6,7 @@
     jaxformer train --mesh data=2,fsdp=2,tensor=2          # 8 devices, see "Scaling out"
     jaxformer train --init-from gpt2-folder/ --data-text notes.txt   # fine-tune Hugging Face
     jaxformer generate --checkpoint runs/dates --input "3 March 2001" [--beam 4]
+    jaxformer prepare book.txt --out data/book     # token shards for train --data-shards
 
 Plugins (`jaxformer.plugins`) add commands. Exit codes: 2 for bad input (a
 `checks.InputError`, one line; JAXFORMER_TRACEBACK=1 for the traceback), 1 for a diverged
@@ -44,7 +45,11 @@ class _Parser(argparse.ArgumentParser):
 
 # The library's own commands and their one-line help; a parser is built only for the
 # command that runs, as for a plugin's (`jaxformer.plugins`).
-COMMANDS = {"train": "train a model", "generate": "decode with a trained model"}
+COMMANDS = {
+    "train": "train a model",
+    "generate": "decode with a trained model",
+    "prepare": "text files into token shards",
+}
 
 
 def _parser(
@@ -76,6 +81,10 @@ def _parser(
 
 def _command_parser(sub, name: str, about: str) -> argparse.ArgumentParser:
     """The parser of the library's command `name`, with the options train and generate share."""
+    if name == "prepare":
+        from jaxformer.data import prepare
+
+        return prepare.add_parser(sub)
     command = {"train": _train_parser, "generate": _generate_parser}[name](sub, about)
     command.add_argument(
         "--variants",
@@ -480,6 +489,10 @@ def _one_line_warning(command: str, show):
 def _command(args, extensions: tuple, where: str) -> int:
     """Run the parsed command; bad input is one line and exit code 2."""
     try:
+        if args.command == "prepare":
+            from jaxformer.data import prepare
+
+            return prepare.run(args)
         if args.command not in ("train", "generate"):
             return next(p.run(args) for p in extensions if args.command in p.COMMANDS)
         _use_compilation_cache(not args.no_compile_cache)

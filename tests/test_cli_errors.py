@@ -83,7 +83,9 @@ def test_a_variants_file_that_raises_shows_its_own_error(tmp_path):
         (["--batch-size", "0"], ["--batch-size must be >= 1, got 0"]),
         (
             ["--data-tsv", "pairs.tsv"],
-            ["give one of --task, --data-tsv, --data-text or --dataset, not several"],
+            [
+                "give one of --task, --data-tsv, --data-text, --dataset or --data-shards, not several"
+            ],
         ),
     ],
 )

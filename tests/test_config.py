@@ -96,7 +96,8 @@ def test_config_checks_itself(fields, error, match):
 FLAT_DEFAULT_RUN = json.loads("""{
     "task": "dates", "data_tsv": null, "data_text": null, "dataset": null, "tokenizer": "byte",
     "init_from": null, "bpe_vocab_size": null, "seq_len": 128, "pad_multiple": 16,
-    "shared_lengths": false, "batch_tokens": null,
+    "shared_lengths": false, "batch_tokens": null, "data_shards": null, "val_shards": null,
+    "eot_id": null, "pack": true,
     "steps": 1500, "batch_size": 64, "accum_steps": 1, "schedule": "cosine", "lr": null,
     "warmup_steps": null, "optimizer": "adam", "weight_decay": 0.0, "muon_lr_scale": null,
     "adam_lr_scale": null, "clip_norm": 1.0,
@@ -106,9 +107,10 @@ FLAT_DEFAULT_RUN = json.loads("""{
     "profile": null, "mesh": null, "pmap": false, "log_internals": null, "tensorboard": false
 }""")
 # The settings a checkpoint's meta recorded before (then a hand-written list).
-RESUME_KEYS = """task data_tsv data_text dataset tokenizer init_from bpe_vocab_size seq_len
-    shared_lengths batch_tokens batch_size accum_steps schedule lr warmup_steps optimizer
-    weight_decay muon_lr_scale adam_lr_scale clip_norm seed cosine_total_steps""".split()
+RESUME_KEYS = """task data_tsv data_text dataset data_shards val_shards eot_id pack tokenizer
+    init_from bpe_vocab_size seq_len shared_lengths batch_tokens batch_size accum_steps
+    schedule lr warmup_steps optimizer weight_decay muon_lr_scale adam_lr_scale clip_norm seed
+    cosine_total_steps""".split()
 
 
 def test_run_options_are_grouped_and_keep_their_flat_names():
@@ -157,7 +159,9 @@ def test_defaults_that_depend_on_other_options():
         runtime=RuntimeOptions(out="runs/sort"),
     )
     assert direct == RunConfig.from_options(task="sort", steps=60)
-    with pytest.raises(BadValue, match="give one of task, data_tsv, data_text or dataset, got"):
+    with pytest.raises(
+        BadValue, match="give one of task, data_tsv, data_text, dataset or data_shards, got"
+    ):
         DataOptions(tokenizer="byte")
     with pytest.raises(TypeError, match="tokenizer"):
         DataOptions(task="sort")

@@ -1,4 +1,4 @@
-"""Tokenizers, synthetic tasks and file datasets."""
+"""Tokenizers, synthetic tasks, file datasets, token shards and packing."""
 
 from jaxformer.data.datasets import (
     DocumentData,
@@ -10,11 +10,14 @@ from jaxformer.data.datasets import (
     encode_pairs,
     pad_rows,
 )
+from jaxformer.data.packing import Packed
+from jaxformer.data.shards import ShardData, read_shard, write_shard
 from jaxformer.data.tasks import DATE_FORMATS, TASKS, get_task
 from jaxformer.data.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
     HFTokenizer,
+    IdsTokenizer,
     check_tokens,
     load_tokenizer,
 )

@@ -5,8 +5,9 @@ continues with exactly the batches it would have seen.
     TaskData   a synthetic task (jaxformer.data.tasks), sequence to sequence
     PairData   translation pairs, with length bucketing; TsvData: from a file of
                `source<TAB>target` lines
-    DocumentData  documents for language modelling, packed into rows of fixed length;
-               TextData: from a text file
+    DocumentData  documents for language modelling in rows of fixed length (packed or
+               one a row); TextData: from a text file; ShardData (jaxformer.data.shards):
+               from token shards
 
 Each implements `TrainingData`.
 """
@@ -24,8 +25,9 @@ from typing import Protocol
 
 import numpy as np
 
-from jaxformer.checks import BadValue, InputError, MissingFile, as_given, check_int
+from jaxformer.checks import BadValue, InputError, MissingFile, as_given, check_bool, check_int
 from jaxformer.data import tasks as tasks_lib
+from jaxformer.data.packing import Packed
 from jaxformer.data.tokenizers import Tokenizer, check_tokens
 
 Batch = dict[str, np.ndarray]
@@ -79,6 +81,12 @@ class TrainingData(Protocol):
         other = copy.copy(self)
         other.seed = seed
         return other
+
+    def for_process(self, rows) -> TrainingData:
+        """This data for a process that holds only rows `rows` of each training batch (of
+        several processes): a data source may leave the others padding, unread, since the
+        placement transfers only a process's own rows. None or by default: all rows."""
+        return self
 
 
 def encode_pairs(
@@ -349,10 +357,11 @@ class TsvData(PairData):
 
 
 class DocumentData(TrainingData):
-    """Documents for a `DecoderLM`, each ending with EOS. The token stream is cut into rows
-    of seq_len + 1 tokens; rows carry segment ids (documents never attend to each other)
-    and per-document positions, and no loss is taken on a prediction that crosses a
-    document boundary. `train` and `test` are lists of documents (strings)."""
+    """Documents (strings) for a `DecoderLM`, each ending with EOS, in rows of seq_len + 1
+    tokens (`jaxformer.data.packing`): with `pack`, whole documents best-fit into rows, with
+    segment ids and positions per document; without, one per row, right-padded. A longer
+    document is split at row boundaries; no loss is taken on padding or across documents.
+    Each epoch visits the training rows in a seeded order."""
 
     model_kind = "DecoderLM"
     metrics = ()
@@ -365,59 +374,77 @@ class DocumentData(TrainingData):
         *,
         seq_len: int,
         seed: int = 0,
+        pack: bool = True,
     ):
         check_int("seq_len", seq_len)
+        check_bool("pack", pack)
+        rows = [self._packed(docs, tokenizer, seq_len + 1, pack) for docs in (train, test)]
+        self._lay_out(tokenizer, *rows, seq_len=seq_len, seed=seed)
+
+    @staticmethod
+    def _packed(docs: list[str], tokenizer: Tokenizer, row_len: int, pack: bool) -> Packed:
+        ids = [
+            _token_ids(tokenizer, doc, f"document {d}") + [tokenizer.eos_id]
+            for d, doc in enumerate(docs)
+        ]
+        lengths = np.array([len(i) for i in ids], np.int64)
+        tokens = np.concatenate([np.asarray(i, np.int32) for i in ids] or [np.zeros(0, np.int32)])
+        return Packed(tokens.__getitem__, np.cumsum(lengths) - lengths, lengths, row_len, pack=pack)
+
+    def _lay_out(
+        self,
+        tokenizer: Tokenizer,
+        train: Packed,
+        test: Packed,
+        *,
+        seq_len: int,
+        seed: int,
+        eval_rows: int | None = None,
+    ) -> None:
         self.tokenizer, self.seed, self.seq_len = tokenizer, seed, seq_len
         self.max_len = self.tgt_len = seq_len
-        self._train_rows = self._rows(train)
-        self._test_rows = self._rows(test)
+        self._train, self._test = train, test
+        self._eval_rows = test.rows if eval_rows is None else min(eval_rows, test.rows)
+        self._only: np.ndarray | None = None  # the batch rows this process fills (None: all)
+        self._order: tuple[int, int, np.ndarray] | None = None  # (seed, epoch, row order)
         self.dev_pairs: list[tuple[str, str]] = []  # no exact-match evaluation for an LM
         self.test_pairs: list[tuple[str, str]] = []
 
-    def _rows(self, docs: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        tokens, segments = [], []
-        for d, doc in enumerate(docs):
-            ids = _token_ids(self.tokenizer, doc, f"document {d}") + [self.tokenizer.eos_id]
-            tokens += ids
-            segments += [d + 1] * len(ids)
-        tokens, segments = np.array(tokens, np.int32), np.array(segments, np.int32)
-        L, pad_id = self.seq_len + 1, self.tokenizer.pad_id
-        starts = range(0, max(len(tokens) - 1, 1), self.seq_len)
-        rows = []
-        for s in starts:
-            tok, seg = tokens[s : s + L], segments[s : s + L]
-            pad = L - len(tok)  # filler in segment 0, on which no loss is taken
-            rows.append((np.pad(tok, (0, pad), constant_values=pad_id), np.pad(seg, (0, pad))))
-        return rows
+    def for_process(self, rows: np.ndarray | None) -> DocumentData:
+        other = copy.copy(self)
+        other._only = None if rows is None else np.asarray(rows, np.int64)
+        return other
 
     def batches_per_epoch(self, batch_size: int) -> int:
-        what = f"rows of {self.seq_len + 1} tokens in the training text"
-        return _batches_per_epoch(len(self._train_rows), batch_size, what)
+        what = f"training rows of {self.seq_len + 1} tokens"
+        return _batches_per_epoch(self._train.rows, batch_size, what)
 
     def train_batch(self, index: int, batch_size: int) -> Batch:
         check_int("batch_size", batch_size)
         epoch, j = divmod(index, self.batches_per_epoch(batch_size))
-        order = list(range(len(self._train_rows)))
-        random.Random(f"text:{self.seed}:{epoch}").shuffle(order)
-        return _lm_batch(
-            [self._train_rows[i] for i in order[j * batch_size : (j + 1) * batch_size]]
-        )
+        if self._order is None or self._order[:2] != (self.seed, epoch):
+            entropy = [abs(self.seed), int(self.seed < 0), epoch]
+            order = np.random.default_rng(np.random.SeedSequence(entropy)).permutation(
+                self._train.rows
+            )
+            self._order = (self.seed, epoch, order)
+        rows = self._order[2][j * batch_size : (j + 1) * batch_size]
+        if self._only is not None:  # rows other processes hold stay padding, never read
+            rows = np.where(np.isin(np.arange(batch_size), self._only), rows, -1)
+        return self._train.batch(rows, self.tokenizer.pad_id)
 
     def eval_batches(self, batch_size: int):
         check_int("batch_size", batch_size)
-        for i in range(0, len(self._test_rows), batch_size):
-            rows = self._test_rows[i : i + batch_size]
-            empty = (
-                np.full(self.seq_len + 1, self.tokenizer.pad_id, np.int32),
-                np.zeros(self.seq_len + 1, np.int32),
+        for i in range(0, self._eval_rows, batch_size):
+            rows = np.arange(i, i + batch_size)
+            yield self._test.batch(
+                np.where(rows < self._eval_rows, rows, -1), self.tokenizer.pad_id
             )
-            yield _lm_batch(rows + [empty] * (batch_size - len(rows)))
 
 
 class TextData(DocumentData):
-    """Plain text for a `DecoderLM`. Documents are separated by blank lines (paragraphs);
-    a text without blank lines has one document per line. One document in ten (by hash)
-    is held out."""
+    """Plain text for a `DecoderLM`: its documents (`text_documents`), one in ten held out
+    (`held_out`)."""
 
     def __init__(
         self,
@@ -427,26 +454,23 @@ class TextData(DocumentData):
         seq_len: int,
         seed: int = 0,
         vocab_size: int | None = None,
+        pack: bool = True,
     ):
         check_int("seq_len", seq_len)
         _check_vocab(tokenizer, vocab_size)
-        docs = _documents([line for _, line in read_text_lines(path)])
+        docs = text_documents([line for _, line in read_text_lines(path)])
         if len(docs) < 2:
             raise BadValue(
                 f"{path}: needs at least two documents (separated by blank lines, or one per "
                 "line in a text without blank lines), to hold one out"
             )
-        train = [d for d in docs if zlib.crc32(d.encode()) % 10]
-        test = [d for d in docs if not zlib.crc32(d.encode()) % 10]
-        if not test:
-            test.append(train.pop())
-        if not train:
-            train.append(test.pop())
-        super().__init__(train, test, tokenizer, seq_len=seq_len, seed=seed)
+        train, test = held_out(docs)
+        super().__init__(train, test, tokenizer, seq_len=seq_len, seed=seed, pack=pack)
 
 
-def _documents(lines: list[str]) -> list[str]:
-    """The blocks of non-blank lines, or every non-blank line when there is one block."""
+def text_documents(lines: list[str]) -> list[str]:
+    """The documents of a text's lines: its blocks of non-blank lines (paragraphs), or
+    every non-blank line when there is one block."""
     docs, current = [], []
     for line in [*lines, ""]:
         if line.strip():
@@ -457,24 +481,16 @@ def _documents(lines: list[str]) -> list[str]:
     return docs if len(docs) > 1 else [line for line in lines if line.strip()]
 
 
-def _lm_batch(rows: list[tuple[np.ndarray, np.ndarray]]) -> Batch:
-    tok = np.stack([r[0] for r in rows])
-    seg = np.stack([r[1] for r in rows])
-    seg_in, seg_out = seg[:, :-1], seg[:, 1:]
-    positions = np.zeros_like(seg_in)
-    for b in range(seg_in.shape[0]):  # position within each document piece of the row
-        start = 0
-        for t in range(1, seg_in.shape[1] + 1):
-            if t == seg_in.shape[1] or seg_in[b, t] != seg_in[b, t - 1]:
-                positions[b, start:t] = np.arange(t - start)
-                start = t
-    return {
-        "tgt_in": tok[:, :-1],
-        "tgt_out": tok[:, 1:],
-        "tgt_valid": (seg_in == seg_out) & (seg_out != 0),
-        "segment_ids": seg_in,
-        "positions": positions,
-    }
+def held_out(docs: list[str]) -> tuple[list[str], list[str]]:
+    """(train, held out) of at least two documents: one in ten held out, by a hash of its
+    text (so a document stays on its side whatever else the text holds); neither empty."""
+    train = [d for d in docs if zlib.crc32(d.encode()) % 10]
+    test = [d for d in docs if not zlib.crc32(d.encode()) % 10]
+    if not test:
+        test.append(train.pop())
+    if not train:
+        train.append(test.pop())
+    return train, test
 
 
 def pad_rows(rows: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

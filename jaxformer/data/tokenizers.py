@@ -1,6 +1,7 @@
 """Tokenizers: byte-level (default, nothing to download or train), BPE trained on the
 user's own text, and a Hugging Face `tokenizer.json` (a converted checkpoint's); the last
-two use the `tokenizers` package (`pip install jaxformer[bpe]`).
+two use the `tokenizers` package (`pip install jaxformer[bpe]`); `IdsTokenizer` stands in
+for none (token shards without a tokenizer: ids only).
 
 Every tokenizer names its special ids `pad_id` (filler; may equal eos_id), `bos_id` (the
 decoder's start) and `eos_id`; byte and BPE use 0, 1, 2. A tokenizer saves to and loads
@@ -117,6 +118,9 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of the ids up to the first EOS, without special tokens."""
         specials = (self.pad_id, self.bos_id)
@@ -168,18 +172,54 @@ class BPETokenizer(HFTokenizer):
         return cls(tok)
 
 
-Tokenizer = ByteTokenizer | BPETokenizer | HFTokenizer
+class IdsTokenizer:
+    """No tokenizer (token shards without one): vocab_size ids, eos_id ending (and padding,
+    starting) text; text is refused, ids decode as numbers."""
+
+    kind = "ids"
+
+    def __init__(self, vocab_size: int, eos_id: int):
+        check_int("vocab_size", vocab_size)
+        check_int("eos_id", eos_id, minimum=0)
+        if eos_id >= vocab_size:
+            raise BadValue(f"eos_id={eos_id} is outside the vocabulary [0, {vocab_size})")
+        self.vocab_size, self.pad_id, self.bos_id, self.eos_id = vocab_size, eos_id, eos_id, eos_id
+
+    def encode(self, text: str) -> list[int]:
+        raise BadValue("this model was trained on token ids with no tokenizer: it takes no text")
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return " ".join(map(str, _until_eos(ids, self)))
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        return [str(int(i)) for i in ids]
+
+    def save(self, folder: str | pathlib.Path) -> None:
+        saved = {"jaxformer_tokenizer": "ids", "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+        (pathlib.Path(folder) / FILENAME).write_text(json.dumps(saved))
 
 
-def load_tokenizer(folder: str | pathlib.Path) -> Tokenizer:
-    """The tokenizer saved in `folder` (a run's output folder)."""
-    path = pathlib.Path(folder) / FILENAME
+Tokenizer = ByteTokenizer | BPETokenizer | HFTokenizer | IdsTokenizer
+
+
+def load_tokenizer(folder: str | pathlib.Path, eos_id: int | None = None) -> Tokenizer:
+    """The tokenizer saved in `folder` (a run's output folder) or in a tokenizer.json file
+    named; with `eos_id`, a Hugging Face tokenizer.json whose end-of-text (also padding and
+    start) id that is."""
+    path = pathlib.Path(folder)
+    path = path if path.is_file() else path / FILENAME
     if not path.is_file():
         raise MissingFile(f"no tokenizer in {folder}: {path} does not exist")
+    if eos_id is not None:
+        return HFTokenizer.from_file(path, pad_id=eos_id, bos_id=eos_id, eos_id=eos_id)
     saved = _read_saved(path)
     kind = saved["jaxformer_tokenizer"]
-    if kind == "byte":
-        return ByteTokenizer()
+    if kind in ("byte", "ids"):
+        return (
+            ByteTokenizer()
+            if kind == "byte"
+            else IdsTokenizer(saved["vocab_size"], saved["eos_id"])
+        )
     tokenizer = _parse(json.dumps(saved["tokenizer"]), path)
     if kind == "bpe":
         return BPETokenizer(tokenizer)
@@ -187,6 +227,7 @@ def load_tokenizer(folder: str | pathlib.Path) -> Tokenizer:
 
 
 _SAVED_KEYS = {"byte": (), "bpe": ("tokenizer",), "hf": ("tokenizer", *_IDS)}
+_SAVED_KEYS["ids"] = ("vocab_size", "eos_id")
 
 
 def _read_saved(path: pathlib.Path) -> dict:

@@ -30,7 +30,7 @@ from jaxformer.data.tokenizers import ByteTokenizer
 from jaxformer.train.optim import OPTIMIZERS, SCHEDULES, UNDECAYED, check_optimizer
 
 TOKENIZERS = ("byte", "bpe")
-SOURCES = ("task", "data_tsv", "data_text", "dataset")  # a run's data: exactly one of them
+SOURCES = ("task", "data_tsv", "data_text", "dataset", "data_shards")  # exactly one per run
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,14 +44,24 @@ class DataOptions:
     data_tsv: str | None = setting(
         None, "a file of source<TAB>target lines (translation)", resume=True
     )
-    data_text: str | None = setting(
-        None, "plain text for a decoder-only language model", resume=True
-    )
+    data_text: str | None = setting(None, "plain text for a decoder-only LM", resume=True)
     dataset: str | None = setting(
         None,
-        "a dataset a plugin registers by name (jaxformer.data.registry); `jaxformer "
-        "train --dataset x` lists the installed ones",
+        "a dataset a plugin registers by name (jaxformer.data.registry)",
         resume=True,
+    )
+    data_shards: str | None = setting(
+        None,
+        "token shards (llm.c's .bin, `jaxformer prepare`'s) for a decoder-only LM, a glob "
+        "('DIR/train_*.bin'); the tokenizer: theirs (DIR/tokenizer.json), else vocab_size ids",
+        resume=True,
+    )
+    val_shards: str | None = setting(None, "their held-out shards ('DIR/val_*.bin')", resume=True)
+    eot_id: int | None = setting(
+        None, "shards' end-of-text id; default the tokenizer's EOS, else GPT-2's", resume=True
+    )
+    pack: bool = setting(
+        True, "LM rows hold whole documents, best-fit; off: one a row, padded", resume=True
     )
     tokenizer: str = setting(
         dataclasses.MISSING,
@@ -99,6 +109,23 @@ class DataOptions:
         if self.dataset is not None:
             datasets.check(self.dataset)
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
+        check_bool("pack", self.pack)
+        if self.eot_id is not None:
+            check_int("eot_id", self.eot_id, minimum=0)
+        shard_options = [n for n in ("val_shards", "eot_id") if getattr(self, n) is not None]
+        if shard_options and not self.data_shards:
+            named = " and ".join(as_given(n) for n in shard_options)
+            raise BadValue(f"{named} go with {as_given('data_shards')}")
+        if not self.pack and (self.task or self.data_tsv):
+            raise BadValue(
+                f"{as_given('pack', False)} lays out language-model rows: give "
+                f"{as_given('data_text')}, {as_given('data_shards')} or a text {as_given('dataset')}"
+            )
+        if self.data_shards and self.tokenizer == "bpe":
+            raise BadValue(
+                f"token shards are tokenized: their tokenizer.json is the tokenizer; leave "
+                f"{as_given('tokenizer')} unset"
+            )
         if self.tokenizer == "bpe" and self.task:
             raise BadValue(
                 f"the BPE tokenizer is trained on data; use it with {as_given('data_tsv')}, "
@@ -143,7 +170,10 @@ class DataOptions:
 
     @property
     def name(self) -> str:
-        """The task, the dataset, or the data file's name (that of the default run folder)."""
+        """The task, the dataset, the data file's name or the shards' folder's (that of the
+        default run folder)."""
+        if self.data_shards:
+            return pathlib.Path(self.data_shards).parent.name or "shards"
         return self.task or self.dataset or pathlib.Path(self.data_tsv or self.data_text).stem
 
 
@@ -203,7 +233,7 @@ class OptimOptions:
         ):
             raise BadValue(
                 f"{self.optimizer} averages its iterates in place of a decaying schedule: give "
-                f"schedule=warmup_constant (or constant), got {self.schedule}"
+                f"{as_given('schedule', 'warmup_constant')} (or constant), got {self.schedule}"
             )
 
     @property

@@ -228,18 +228,22 @@ def _train(set_up_runs, make_steps, resume, progress, hooks) -> list[dict[str, A
         evaluations = [Evaluation(setup) for setup in setups]  # bad metrics before a folder
         states = []
         for setup, evaluation in zip(setups, evaluations, strict=True):
-            verbose = progress and not runs
-            folders.append(_open(setup, verbose))
+            verbose, runtime = progress and not runs, setup.run.runtime
+            folders.append(
+                RunFolder(
+                    runtime.out,
+                    placement=setup.placement,
+                    meta=setup.meta,
+                    keep_checkpoints=runtime.keep_checkpoints,
+                    verbose=verbose,
+                )
+            )
             state = _start(setup, folders[-1], evaluation, resume=resume)
             runs.append(_run(setup, folders[-1], evaluation, state, started, verbose, hooks))
             states.append(state)
-            if runs[-1].meter.first != runs[0].meter.first:
-                lead, this = runs[0], runs[-1]
-                raise BadValue(
-                    f"resumed seeds must be at one step: {lead.folder.path} is at "
-                    f"{lead.meter.first}, {this.folder.path} at {this.meter.first}; "
-                    "resume them separately"
-                )
+            if (first := runs[-1].meter.first) != runs[0].meter.first:
+                at = f"{runs[0].folder.path} is at {runs[0].meter.first}, {folders[-1].path} at {first}"
+                raise BadValue(f"resumed seeds must be at one step: {at}; resume them separately")
         steps = make_steps(setups, states)
         _run_steps(runs, steps)
     summaries = [_finish(run) for run in runs]  # the first run's report is shown
@@ -247,17 +251,6 @@ def _train(set_up_runs, make_steps, resume, progress, hooks) -> list[dict[str, A
         for run in runs[1:]:
             print(f"seed {run.setup.run.runtime.seed}: results in {run.folder.path}/")
     return summaries
-
-
-def _open(setup: Setup, verbose: bool) -> RunFolder:
-    run = setup.run
-    return RunFolder(
-        run.runtime.out,
-        placement=setup.placement,
-        meta=setup.meta,
-        keep_checkpoints=run.runtime.keep_checkpoints,
-        verbose=verbose,
-    )
 
 
 @contextlib.contextmanager
@@ -272,22 +265,18 @@ def _undone_on_bad_start(
     try:
         yield
     except InputError:
-        if not stepped():
-            _undo(folders)
+        for folder in [] if stepped() else reversed(folders):
+            folder.undo()
         raise
     except KeyboardInterrupt as stop:
         if not stepping():
             with repeats_dropped():
-                _undo(folders)
+                for folder in reversed(folders):
+                    folder.undo()
                 if is_main_process():
                     why = f"{_stop(stop, None)} before the first step: nothing to save"
                     print(f"{why}; continue with {report.continue_command()}", file=sys.stderr)
         raise
-
-
-def _undo(folders: list[RunFolder]) -> None:
-    for folder in reversed(folders):
-        folder.undo()
 
 
 def _start(setup: Setup, folder: RunFolder, evaluation: Evaluation, *, resume: bool) -> TrainState:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from flax import nnx
 
 from jaxformer.checks import BadValue, as_given
@@ -23,10 +24,12 @@ from jaxformer.data import (
 )
 from jaxformer.data import registry as datasets
 from jaxformer.data.datasets import read_text_lines
+from jaxformer.data.shards import ShardData, shard_tokenizer
 from jaxformer.data.tokenizers import Tokenizer
 from jaxformer.files import code_version, describe_device, versions
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, make_placement
+from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.checkpoints import restore_model
 from jaxformer.train.config import RunConfig
 from jaxformer.train.optim import make_optimizer, make_schedule
@@ -118,12 +121,17 @@ def set_up(
     tokenizer and data to train on, already built for this run (another seed's,
     `reseeded`), instead of building them."""
     if run.data.init_from is None:
-        tokenizer, data = data or build_data(run)
+        tokenizer, data = data or build_data(run, vocab_size=model_config.vocab_size)
         config = _fit_config(model_config, tokenizer, data, run.data.task is None)
         model = MODEL_KINDS[data.model_kind](config, rngs=nnx.Rngs(run.runtime.seed))
     else:
         model, tokenizer, data = _pretrained(run)
         config = model_config = model.config
+    if not run.data.pack and data.model_kind != "DecoderLM":
+        raise BadValue(
+            f"{as_given('pack', False)} lays out language-model rows; {run.data.dataset} is "
+            "a translation dataset"
+        )
     if run.data.batch_tokens and data.model_kind != "Transformer":
         raise BadValue(
             f"{as_given('batch_tokens')} batches translation pairs; {run.data.dataset} is a "
@@ -144,6 +152,7 @@ def set_up(
         run.optim.batch_size // run.optim.accum_steps,
         f"batch_size / accum_steps = {run.optim.batch_size} / {run.optim.accum_steps} =",
     )
+    data = data.for_process(_own_rows(placement, run.optim.batch_size))
     return Setup(
         run=run,
         tokenizer=tokenizer,
@@ -163,14 +172,21 @@ def set_up(
 
 
 def build_data(
-    run: RunConfig, tokenizer: Tokenizer | None = None
+    run: RunConfig, tokenizer: Tokenizer | None = None, vocab_size: int | None = None
 ) -> tuple[Tokenizer, TrainingData]:
     """The tokenizer (`tokenizer`, else the one the run asks for) and the dataset of a run.
-    A BPE tokenizer learns from the data file, or from a dataset's training books only."""
+    A BPE tokenizer learns from the data file, or from a dataset's training books only;
+    token shards without a tokenizer.json beside them hold `vocab_size` ids (the model's)."""
+    lm = dict(seq_len=run.data.seq_len, seed=run.runtime.seed, pack=run.data.pack)
+    if run.data.data_shards:
+        shards, eot_id = run.data.data_shards, run.data.eot_id
+        tokenizer = tokenizer or shard_tokenizer(shards, vocab_size, eot_id)
+        options = lm | dict(eot_id=eot_id, dev_size=run.eval.eval_examples)
+        return tokenizer, ShardData(shards, run.data.val_shards, tokenizer, **options)
     if run.data.dataset:
         corpus = datasets.load(run.data.dataset)
         tokenizer = tokenizer or _tokenizer(run, corpus.training_texts)
-        return tokenizer, corpus.data(tokenizer, **_pair_options(run))
+        return tokenizer, corpus.data(tokenizer, **_pair_options(run), pack=run.data.pack)
 
     def lines():
         return [line for _, line in read_text_lines(run.data.data_tsv or run.data.data_text)]
@@ -182,9 +198,16 @@ def build_data(
         )
     if run.data.data_tsv:
         return tokenizer, TsvData(run.data.data_tsv, tokenizer, **_pair_options(run))
-    return tokenizer, TextData(
-        run.data.data_text, tokenizer, seq_len=run.data.seq_len, seed=run.runtime.seed
-    )
+    return tokenizer, TextData(run.data.data_text, tokenizer, **lm)
+
+
+def _own_rows(placement: Placement, rows: int) -> np.ndarray | None:
+    """The rows of a batch of `rows` that this process's devices hold; None (all) in a
+    single process or with pmap."""
+    if jax.process_count() == 1 or placement.mesh is None:
+        return None
+    held = batch_sharding(placement.mesh, placement.rules).addressable_devices_indices_map((rows,))
+    return np.unique(np.concatenate([np.arange(rows)[index] for index in held.values()]))
 
 
 def _pair_options(run: RunConfig) -> dict:

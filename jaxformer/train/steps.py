@@ -7,7 +7,8 @@ A batch is a dict of arrays. The decoder side is shared by both model kinds:
     tgt_valid [B, T] bool real target tokens (loss weights; False = padding); leave it out
                           when every token is real, and the step does no padding work
 `Transformer` batches add src [B, S] int and src_valid [B, S] bool (optional likewise);
-`DecoderLM` batches may add segment_ids and positions [B, T] int for packed rows."""
+`DecoderLM` batches may add segment_ids and positions [B, T] int for packed rows (their
+padding is segment 0; tgt_valid then weighs the loss only)."""
 
 from __future__ import annotations
 
@@ -146,9 +147,10 @@ def _teacher_forced(model: nnx.Module, batch: Batch, rng, *, hidden: bool) -> ja
         )
     if isinstance(model, DecoderLM):
         fn = model.hidden if hidden else model
+        packed = batch.get("segment_ids") is not None  # then tgt_valid is no padding prefix
         return fn(
             batch["tgt_in"],
-            batch.get("tgt_valid"),
+            None if packed else batch.get("tgt_valid"),
             positions=batch.get("positions"),
             segment_ids=batch.get("segment_ids"),
             **kw,

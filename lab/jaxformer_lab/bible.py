@@ -341,13 +341,15 @@ class BibleCorpus:
         pad_multiple: int = 16,
         shared_lengths: bool = False,
         batch_tokens: int | None = None,
+        pack: bool = True,
     ) -> BibleTranslation | BibleLM:
         """The dataset with `tokenizer`: pairs longer than max_len tokens (with EOS) are
         dropped and counted, batches padded to a multiple of pad_multiple tokens (the
         order of their lengths the same for every seed with shared_lengths, or batches of
-        batch_tokens tokens: see PairData); an LM packs rows of max_len tokens."""
+        batch_tokens tokens: see PairData); an LM's rows of max_len tokens are packed with
+        `pack`, else one chapter (piece) a row."""
         if self.lm:
-            return BibleLM(self, tokenizer, seq_len=max_len, seed=seed)
+            return BibleLM(self, tokenizer, seq_len=max_len, seed=seed, pack=pack)
         return BibleTranslation(
             self,
             tokenizer,
@@ -518,13 +520,20 @@ class BibleLM(DocumentData):
     """A Bible's chapters for a `DecoderLM` (see `load`): trains on the training books,
     evaluates perplexity on the dev books."""
 
-    def __init__(self, corpus: BibleCorpus, tokenizer: Tokenizer, *, seq_len: int, seed: int = 0):
+    def __init__(
+        self,
+        corpus: BibleCorpus,
+        tokenizer: Tokenizer,
+        *,
+        seq_len: int,
+        seed: int = 0,
+        pack: bool = True,
+    ):
         self.counts = dict(corpus.counts)
         self.description = corpus.description()
         require_dev(corpus.name, len(corpus.splits["dev"]), self.counts)
-        super().__init__(
-            corpus.splits["train"], corpus.splits["dev"], tokenizer, seq_len=seq_len, seed=seed
-        )
+        train, dev = corpus.splits["train"], corpus.splits["dev"]
+        super().__init__(train, dev, tokenizer, seq_len=seq_len, seed=seed, pack=pack)
 
 
 def require_dev(name: str, kept: int, counts: dict[str, int]) -> None:

@@ -237,11 +237,8 @@ def test_bpe_tokenizer_trains_saves_and_loads(tmp_path):
 
 
 def test_text_without_blank_lines_has_one_document_per_line(tmp_path):
-    def documents(text_data):  # segment ids count the documents of each split from 1
-        return sum(
-            max(int(seg.max()) for _, seg in rows)
-            for rows in (text_data._train_rows, text_data._test_rows)
-        )
+    def documents(text_data):  # the documents of both splits
+        return text_data._train.documents + text_data._test.documents
 
     lines = [f"sentence number {i} about the weather" for i in range(40)]
     path = tmp_path / "lines.txt"

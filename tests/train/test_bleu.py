@@ -118,8 +118,8 @@ def test_the_final_model_alone_is_scored_on_the_test_pairs(tsv_run, monkeypatch)
     final = [("the cat", "cat the"), ("a big red dog", "dog red big a"), ("ran", "ran")]
     build = setup.build_data
 
-    def with_final_test(run, tokenizer=None):
-        tok, d = build(run, tokenizer)
+    def with_final_test(run, tokenizer=None, **kw):
+        tok, d = build(run, tokenizer, **kw)
         d.test_pairs = final
         return tok, d
 

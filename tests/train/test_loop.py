@@ -460,7 +460,7 @@ def test_a_stop_during_the_final_evaluation_says_the_last_step_is_saved(
         (["--data-tsv", "MALFORMED"], r"pairs.tsv:2: expected 'source<TAB>target'"),
         (
             ["--task", "copy", "--data-tsv", "x.tsv"],
-            "give one of --task, --data-tsv, --data-text or --dataset",
+            "give one of --task, --data-tsv, --data-text, --dataset or --data-shards",
         ),
         (["--accum-steps", "3"], "--batch-size=64 is not divisible by --accum-steps=3"),
     ],
@@ -568,8 +568,8 @@ def test_a_finished_runs_summary_records_and_report(tmp_path, capsys, monkeypatc
     checkpoint averaging and a test set (attached to the task's data)."""
     build = setup.build_data
 
-    def with_test_pairs(run, tokenizer=None):
-        tokenizer, data = build(run, tokenizer)
+    def with_test_pairs(run, tokenizer=None, **kw):
+        tokenizer, data = build(run, tokenizer, **kw)
         data.test_pairs = data.dev_pairs[:3]
         return tokenizer, data
 

@@ -310,7 +310,7 @@ def test_bad_optimizer_input_is_one_clear_line(tmp_path, capsys):
         run(optimizer="adamw", muon_lr_scale=5.0)
     with pytest.raises(ValueError, match="adam_lr_scale must be > 0, got -1.0"):
         run(optimizer="muon", adam_lr_scale=-1.0)
-    with pytest.raises(ValueError, match="give schedule=warmup_constant .*got cosine"):
+    with pytest.raises(ValueError, match="give schedule='warmup_constant' .*got cosine"):
         run(optimizer="schedule_free_adamw")
     with pytest.raises(ValueError, match="schedule_free_adamw evaluates its own average"):
         run(optimizer="schedule_free_adamw", schedule="constant", average_checkpoints=2, steps=1000)

@@ -32,6 +32,7 @@ from jaxformer_lab.bench import (  # noqa: F401
     profile_step,
     ray_sweep,
     seeds_vmapped,
+    shard_loader,
     speedrun_levers,
     sweep_jobs,
     train_step,

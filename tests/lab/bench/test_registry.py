@@ -31,6 +31,7 @@ NAMES = (
     "profile",
     "ray-sweep",
     "seeds-vmapped",
+    "shard-loader",
     "speedrun-levers",
     "sweep-jobs",
     "train-step",
