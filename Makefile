@@ -1,33 +1,37 @@
 # The two commands a new user needs: `make train` and `make test`.
 # Both create .venv on first use and reinstall only when pyproject.toml changes.
-# Two JAX lines are tested: PYTHON=python3.11 (jax 0.10) and PYTHON=python3.12 (jax 0.12),
-# each in its own environment: python3 builds .venv, another Python .venv-<version>.
+# The default line is the newest Python >= 3.12 found on PATH or in pyenv's versions: the
+# JAX that libtpu and the newest tokamax need. PYTHON= picks another, in .venv-<version>:
+# PYTHON=python3.11 is the second JAX line (jax 0.10), the one with CPU torch wheels.
 
-PYTHON     ?= python3
+PYENV_ROOT ?= $(or $(shell pyenv root 2>/dev/null),$(HOME)/.pyenv)
+CANDIDATES := $(foreach m,19 18 17 16 15 14 13 12,$(wildcard \
+	$(PYENV_ROOT)/versions/3.$(m).*/bin/python3.$(m) $(addsuffix /python3.$(m),$(subst :, ,$(PATH)))))
+NEWEST     := $(shell for p in $(CANDIDATES); do "$$p" -c '' 2>/dev/null && echo "$$p" && break; done)
+PYTHON     ?= $(or $(NEWEST),python3)
 PY_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
-VENV       ?= $(if $(filter python3,$(PYTHON)),.venv,.venv-$(PY_VERSION))
+VENV       ?= $(if $(filter $(or $(NEWEST),python3),$(PYTHON)),.venv,.venv-$(PY_VERSION))
 PY         := $(VENV)/bin/python
 RUN        := $(VENV)/.installed-run
 DEV        := $(VENV)/.installed-dev
+OLD_LINE   := $(if $(NEWEST),,$(info make: no Python >= 3.12 found (PATH, pyenv): $(PYTHON) $(PY_VERSION) gets an older JAX, no libtpu (TPU compiles) and tokamax 0.0.12))
 
 .PHONY: train test test-library test-core test-all test-gpu gpu-report lint docs bench bench-xla clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
-# the kernels extra, and the docs extra (mkdocs, pinned) for `make docs`. On Python 3.11
-# they add torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU
-# wheel on disk, while another version or an open range would pull gigabytes of CUDA
-# packages) and transformers and safetensors pinned for the Hugging Face parity tests;
-# other Pythons have no CPU torch wheel on disk, so their parity tests are skipped. The
-# tpu extra (libtpu: TPU programs compiled with no TPU) goes into the Python 3.12 line.
-# The lab (lab/, jaxformer-lab) installs beside the library unless LAB is empty:
-# `make test-library` checks the library's suite without it. On Python 3.11 the lab adds
-# ray (pinned, as its extra), whose tests start a local cluster on 127.0.0.1.
+# the kernels extra, the docs extra (mkdocs, pinned) for `make docs`, and the lab (lab/,
+# jaxformer-lab, with its data extra and ray, pinned) unless LAB is empty: `make
+# test-library` checks the library's suite without it. Python 3.11 adds torch pinned to
+# exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk, while another
+# version or an open range would pull gigabytes of CUDA packages) and transformers and
+# safetensors for the Hugging Face parity tests; newer Pythons have no CPU torch wheel on
+# disk, so their parity tests are skipped, and add the tpu extra (libtpu: TPU programs
+# compiled with no TPU).
 LAB        ?= lab
 DEV_311    := '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
 DEV_OTHER  := '.[dev,docs,tpu]'
-LAB_311    := ray==2.60.0
 DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER)) \
-	$(if $(LAB),-e '$(LAB)[data]' $(if $(filter 3.11,$(PY_VERSION)),$(LAB_311)))
+	$(if $(LAB),-e '$(LAB)[data]' ray==2.60.0)
 
 $(RUN): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxformer needs Python >= 3.11, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
@@ -47,7 +51,7 @@ test: $(DEV)
 	$(PY) -m pytest -q -m "not slow" -n 2
 
 # The library's suite alone, in an environment without the lab (what a fork of the library
-# keeps): CI runs it on the second JAX line.
+# keeps): CI runs it on the second JAX line (PYTHON=python3.11), torch and HF parity included.
 test-library:
 	$(MAKE) VENV=$(VENV)-library LAB= test-library-here
 test-library-here: $(DEV)
@@ -59,8 +63,8 @@ test-all: $(DEV)
 
 # The tests of what changes between JAX releases: the math, the modules, the attention
 # kernels (TPU in Pallas interpret mode, GPU lowered for an abstract GPU), the models,
-# decoding, the train steps and their structure, parallelism, and TPU compiles. CI runs
-# them on the second JAX line, `make test` (all of them) on the first.
+# decoding, the train steps and their structure, parallelism, and TPU compiles: a quick
+# check of another JAX (`make PYTHON=... test-core`); `make test` runs them all.
 CORE_TESTS := tests/functional tests/nn tests/test_models.py tests/test_decode.py \
 	tests/train/test_steps.py tests/train/test_step_structure.py tests/train/test_lm_head.py \
 	tests/parallel tests/test_layering.py tests/lab/test_aot.py
