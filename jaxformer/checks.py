@@ -89,12 +89,17 @@ def is_int(x) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
 
-def check_int(name: str, value, minimum: int | None = 1) -> None:
-    """An int (not a bool) >= minimum (no bound with minimum=None)."""
+INT32_MAX = 2**31 - 1  # steps, sizes and counts live in int32 arrays under jit
+
+
+def check_int(name: str, value, minimum: int | None = 1, maximum: int = INT32_MAX) -> None:
+    """An int (not a bool) in [minimum, maximum] (no lower bound with minimum=None)."""
     if not is_int(value):
         raise BadType(f"{as_given(name)} must be an int, got {value!r}")
     if minimum is not None and value < minimum:
         raise BadValue(f"{as_given(name)} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise BadValue(f"{as_given(name)} must be <= {maximum:,}, got {value:,}")
 
 
 def check_number(name: str, value, interval: str) -> None:

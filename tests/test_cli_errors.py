@@ -2,7 +2,10 @@
 stderr (a few for a --variants file's own error) with exit code 2, names the flag to
 change, and leaves no run folder behind."""
 
+import pathlib
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +13,8 @@ import jax
 import pytest
 
 from tests.train.test_loop import cli_env, config_file
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _train(*argv):
@@ -153,3 +158,65 @@ def test_a_tokamax_kernel_on_a_cpu_is_one_line_and_leaves_no_folder(tmp_path, ca
     code, lines = _in_process(capsys, *argv, "--attention-impl", "tokamax_mosaic", "--out", out)
     _one_line(code, lines, "tokamax")
     assert not out.exists()
+
+
+# Found by a new user's fault trial: sizes past what a run can hold, a divergence before
+# the first checkpoint, a finished run whose checkpoints went, and a `next:` line that
+# left out the --variants the model needs.
+SIZES = [
+    pytest.param(["--steps", "100000000000000000000000"], "--steps must be <= 2,147,483,647", id="steps past int32"),
+    pytest.param(["--batch-size", "1099511627776"], "--batch-size must be <= 2,147,483,647", id="batch past int32"),
+    pytest.param(["--batch-size", "1073741824"], "GiB of activations, past this machine's", id="batch past memory"),
+    pytest.param(["--batch-size", "200000", "--steps", "2"], "--batch-size=200000 does not fit in memory", id="batch past XLA's memory", marks=pytest.mark.slow),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, words", SIZES)
+def test_sizes_a_run_cannot_hold_are_one_line_and_leave_no_folder(tmp_path, argv, words):
+    out = tmp_path / "run"
+    code, lines = _train("--task", "copy", *argv, "--out", out)
+    _one_line(code, lines, words)
+    assert not out.exists()
+
+
+def test_a_run_diverging_before_its_first_checkpoint_says_none_was_saved(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--task", "copy", "--config", config_file(tmp_path), "--lr", "1e30", "--steps", "40"]
+    code, lines = _train(*argv, "--out", out)
+    assert code == 1 and len(lines) == 1, lines
+    assert "before the first checkpoint: no checkpoint was saved" in lines[0], lines
+    assert "--lr" in lines[0] and "--warmup-steps" in lines[0] and "intact" not in lines[0]
+
+
+def test_a_finished_run_without_its_checkpoints_is_not_trained_over(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--task", "copy", "--config", config_file(tmp_path), "--steps", "2", "--out", out]
+    assert _train(*argv)[0] == 0
+    shutil.rmtree(out / "checkpoints")
+    summary = (out / "summary.json").read_text()
+    for resume in ([], ["--resume"]):
+        code, lines = _train(*argv, *resume)
+        _one_line(code, lines, "holds a finished run (summary.json) and no checkpoint", "--out")
+        assert (out / "summary.json").read_text() == summary
+
+
+@pytest.mark.slow  # two processes: a run, then its generate line
+def test_the_next_line_after_a_variants_run_runs_as_printed(tmp_path):
+    variants = ROOT / "experiments" / "variants" / "squared_relu.py"
+    out = tmp_path / "run"
+    argv = ["train", "--task", "copy", "--config", config_file(tmp_path), "--steps", "2"]
+    argv += ["--variants", variants, "--activation", "squared_relu", "--out", out]
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxformer", *map(str, argv)],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    (next_line,) = [line for line in done.stdout.splitlines() if line.startswith("next: ")]
+    assert f"--variants {variants}" in next_line
+    words = shlex.split(next_line.removeprefix("next: jaxformer "))
+    again = subprocess.run(
+        [sys.executable, "-m", "jaxformer", *words], env=cli_env(), capture_output=True, text=True
+    )
+    assert again.returncode == 0 and again.stdout.strip(), again.stderr

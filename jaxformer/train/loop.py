@@ -245,12 +245,29 @@ def _train(set_up_runs, make_steps, resume, progress, hooks) -> list[dict[str, A
                 at = f"{runs[0].folder.path} is at {runs[0].meter.first}, {folders[-1].path} at {first}"
                 raise BadValue(f"resumed seeds must be at one step: {at}; resume them separately")
         steps = make_steps(setups, states)
-        _run_steps(runs, steps)
+        with _out_of_memory_is_bad_input(setups[0].run):
+            _run_steps(runs, steps)
     summaries = [_finish(run) for run in runs]  # the first run's report is shown
     if progress and runs[0].folder.is_main:
         for run in runs[1:]:
             print(f"seed {run.setup.run.runtime.seed}: results in {run.folder.path}/")
     return summaries
+
+
+@contextlib.contextmanager
+def _out_of_memory_is_bad_input(run: RunConfig):
+    """A step that does not fit the device's memory (XLA's RESOURCE_EXHAUSTED, compiling or
+    running) is bad input: one line naming the batch, not XLA's traceback."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        why = str(error).strip().splitlines()[0]
+        raise BadValue(
+            f"{as_given('batch_size', run.optim.batch_size)} does not fit in memory ({why}); "
+            f"give a smaller {as_given('batch_size')}, or more {as_given('accum_steps')}"
+        ) from None
 
 
 @contextlib.contextmanager

@@ -86,7 +86,20 @@ def print_summary(summary: dict[str, Any], examples: list[tuple[str, str, str]],
     plots = " ".join(p.name for p in sorted(pathlib.Path(out).glob("*.png")))
     print(f"results in {out}/: summary.json metrics.jsonl {plots}")
     text = shlex.quote(examples[0][0]) if examples else "TEXT"
-    print(f"next: jaxformer generate --checkpoint {shlex.quote(str(out))} --input {text}")
+    variants = "".join(f" --variants {shlex.quote(v)}" for v in _variants_given())
+    print(f"next: jaxformer generate --checkpoint {shlex.quote(str(out))}{variants} --input {text}")
+
+
+def _variants_given() -> list[str]:
+    """The --variants files or modules of this command as typed: the model needs them to
+    load (its registered activations, norms, kernels)."""
+    words, given = sys.argv[1:], []
+    for i, word in enumerate(words):
+        if word == "--variants" and i + 1 < len(words):
+            given.append(words[i + 1])
+        elif word.startswith("--variants="):
+            given.append(word.removeprefix("--variants="))
+    return given
 
 
 def continue_command() -> str:

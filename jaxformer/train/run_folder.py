@@ -70,12 +70,18 @@ class RunFolder:
         self.resumed_seconds = dict.fromkeys(CLOCKS, 0.0)
 
     def start(self, *, resume: bool) -> bool:
-        """Whether to resume from the latest checkpoint. A fresh start empties the metrics;
-        checkpoints without `resume` are refused (the run would overwrite them), and so is a
-        resume whose config.json is damaged or whose checkpoint does not match the run's
-        meta. Averaged parameters of an earlier end are removed (the run's end writes them
-        again) only once the checkpoint is restored: a refused resume keeps them."""
+        """Whether to resume from the latest checkpoint. A fresh start empties the metrics.
+        Refused: checkpoints without `resume` (the run would overwrite them), a resume whose
+        config.json is damaged or whose checkpoint does not match the run's meta, and a
+        finished run's summary.json without its checkpoints. Averaged parameters of an
+        earlier end are removed (the run's end writes them again) only once the checkpoint
+        is restored: a refused resume keeps them."""
         latest = self.checkpoints.latest_step()
+        if latest is None and (self.path / "summary.json").exists():
+            raise BadValue(
+                f"{self.path} holds a finished run (summary.json) and no checkpoint to resume "
+                f"from: choose another {as_given('out')}, or remove that run to train anew"
+            )
         if latest is not None and not resume:
             raise BadValue(
                 f"{self.path} already holds checkpoints (latest step {latest}); pass "

@@ -5,6 +5,7 @@ compiles the steps. Everything here can fail before the run folder exists."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -127,22 +128,8 @@ def set_up(
     else:
         model, tokenizer, data = _pretrained(run)
         config = model_config = model.config
-    if not run.data.pack and data.model_kind != "DecoderLM":
-        raise BadValue(
-            f"{as_given('pack', False)} lays out language-model rows; {run.data.dataset} is "
-            "a translation dataset"
-        )
-    if run.data.batch_tokens and data.model_kind != "Transformer":
-        raise BadValue(
-            f"{as_given('batch_tokens')} batches translation pairs; {run.data.dataset} is a "
-            "language-model dataset"
-        )
-    if run.eval.final_test and not data.test_pairs:
-        raise BadValue(
-            f"{as_given('final_test')} scores the final model on a separate test split (a "
-            f"dataset's); {type(data).__name__} has none: its held-out pairs are the ones "
-            "evaluated"
-        )
+    _check_data(run, data)
+    _check_memory(config, run, data.max_len)
     if run.runtime.tensorboard:
         tensorboard_writer()  # installed, before the folder exists
     graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
@@ -169,6 +156,44 @@ def set_up(
         eval_step=placement.compile(eval_fn, layout.params),
         internals_step=internals_fn and placement.compile(internals_fn, layout, donate_state=True),
     )
+
+
+def _check_data(run: RunConfig, data: TrainingData) -> None:
+    """The options that need data of one kind: refused for the other."""
+    if not run.data.pack and data.model_kind != "DecoderLM":
+        raise BadValue(
+            f"{as_given('pack', False)} lays out language-model rows; {run.data.dataset} is "
+            "a translation dataset"
+        )
+    if run.data.batch_tokens and data.model_kind != "Transformer":
+        raise BadValue(
+            f"{as_given('batch_tokens')} batches translation pairs; {run.data.dataset} is a "
+            "language-model dataset"
+        )
+    if run.eval.final_test and not data.test_pairs:
+        raise BadValue(
+            f"{as_given('final_test')} scores the final model on a separate test split (a "
+            f"dataset's); {type(data).__name__} has none: its held-out pairs are the ones "
+            "evaluated"
+        )
+
+
+def _check_memory(config: TransformerConfig, run: RunConfig, length: int) -> None:
+    """Refuse a batch whose activations cannot fit: a lower bound, the residual stream a
+    step keeps for its backward pass (rows x length x layers x d_model, float32), against
+    the memory of this host, or of a device that reports it."""
+    rows = run.optim.batch_size // run.optim.accum_steps
+    layers = config.num_encoder_layers + config.num_decoder_layers
+    per_row = 4 * length * layers * config.d_model
+    stats = jax.local_devices()[0].memory_stats() or {}
+    memory = stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if rows * per_row > memory * jax.local_device_count():
+        fits = memory * jax.local_device_count() // per_row * run.optim.accum_steps
+        raise BadValue(
+            f"{as_given('batch_size', run.optim.batch_size)} needs more than "
+            f"{rows * per_row / 2**30:,.0f} GiB of activations, past this machine's "
+            f"{memory / 2**30:,.0f} GiB a device: give at most {fits:,} rows"
+        )
 
 
 def build_data(
