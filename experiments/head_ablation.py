@@ -33,11 +33,11 @@ from flax import nnx
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from jaxformer import capture  # noqa: E402
+from jaxformer.checkpoints import restore_model  # noqa: E402
 from jaxformer.data import TaskData, encode_pairs  # noqa: E402
 from jaxformer.files import read_json  # noqa: E402
 from jaxformer.functional import sites  # noqa: E402
 from jaxformer.functional.losses import cross_entropy  # noqa: E402
-from jaxformer.train.checkpoints import restore_model  # noqa: E402
 
 SUBLAYERS = (
     ("encoder", "self_attention"),

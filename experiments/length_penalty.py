@@ -35,8 +35,8 @@ import sacrebleu
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from jaxformer.checkpoints import restore_model  # noqa: E402
 from jaxformer.checks import BadValue, MissingFile, check_number  # noqa: E402
-from jaxformer.train.checkpoints import restore_model  # noqa: E402
 from jaxformer.train.config import RunConfig  # noqa: E402
 from jaxformer.train.evaluate import EvalSettings, translate  # noqa: E402
 from jaxformer.train.setup import build_data  # noqa: E402

@@ -303,9 +303,9 @@ def _train(args) -> int:
 
 def _generate(args) -> int:
     from jaxformer import decode
+    from jaxformer.checkpoints import restore_model
     from jaxformer.files import read_json
     from jaxformer.models import Transformer
-    from jaxformer.train.checkpoints import restore_model
     from jaxformer.train.config import DataOptions
 
     sampling = any(x is not None for x in (args.temperature, args.top_k, args.top_p))

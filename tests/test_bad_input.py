@@ -21,11 +21,10 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
-from jaxformer import data, decode, files, nn, train
+from jaxformer import checkpoints, data, decode, files, nn, train
 from jaxformer import functional as F
 from jaxformer.checks import InputError
 from jaxformer.cli import main
-from jaxformer.train import checkpoints
 from tests import hf_tokenizers as hf
 
 V = 11  # vocabulary of the tiny models

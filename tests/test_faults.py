@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jaxformer.train.checkpoints import Checkpointer
+from jaxformer.checkpoints import Checkpointer
 from tests.train.test_loop import KILLER, cli_env, config_file, losses
 
 STEPS = 120

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import jaxformer as jf
-from jaxformer import decode
+from jaxformer import checkpoints, decode
 from jaxformer.cli import main
 from jaxformer.data import tasks
-from jaxformer.train import checkpoints, loop
+from jaxformer.train import loop
 from tests import hf_tokenizers as hf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -17,12 +17,10 @@ from jaxformer.parallel.placement import (
     PmapPlacement,
     host_copy,
     make_placement,
-    put,
-    shard_batch,
-)
-from jaxformer.parallel.pmap import (
     per_replica_key,
+    put,
     replicate,
+    shard_batch,
     split_batch,
     sum_over_replicas,
     unreplicate,

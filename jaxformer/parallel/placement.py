@@ -8,11 +8,17 @@ the logical axes (`train.state_layout(graphdef, state)`), the state itself is pl
     step = placement.compile(train_step, layout, donate_state=True)
     state, metrics = step(state, batch)           # batch: the global batch, on the host
 
-`MeshPlacement` jits with NamedShardings over a mesh; `PmapPlacement` runs `jax.pmap`."""
+`MeshPlacement` jits with NamedShardings over a mesh; `PmapPlacement` runs `jax.pmap`
+(in maintenance mode upstream: new code should use a mesh, which also shards parameters),
+its state replicated on a leading device axis; a step marks per-replica sums with
+`sum_over_replicas` and takes a per-device dropout key from `per_replica_key`, both the
+identity outside a pmap placement's step."""
 
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +32,6 @@ from jaxformer.checks import BadValue
 from jaxformer.nn.parameters import plain
 from jaxformer.nn.sharding import activation_sharding
 from jaxformer.parallel.mesh import make_mesh, parse_mesh
-from jaxformer.parallel.pmap import AXIS, replica_axis, replicate, split_batch, unreplicate
 from jaxformer.parallel.rules import (
     DEFAULT_RULES,
     Rules,
@@ -232,3 +237,73 @@ def host_copy(tree: Any) -> Any:
         return tree
     gathered = multihost_utils.process_allgather(tree, tiled=True)
     return jax.tree.map(lambda x: jax.device_put(np.asarray(x), jax.local_devices()[0]), gathered)
+
+
+# --- pmap: replicas on a leading device axis -------------------------------------------
+
+AXIS = "devices"
+_REPLICA_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "replica_axis", default=None
+)
+
+
+@contextlib.contextmanager
+def replica_axis(name: str):
+    """Within the block (the trace of a pmapped step), replicas run along axis `name`."""
+    token = _REPLICA_AXIS.set(name)
+    try:
+        yield
+    finally:
+        _REPLICA_AXIS.reset(token)
+
+
+def sum_over_replicas(tree):
+    """The tree summed over the pmap replicas (unchanged outside a pmapped step)."""
+    axis = _REPLICA_AXIS.get()
+    return tree if axis is None else jax.lax.psum(tree, axis)
+
+
+def per_replica_key(key: jax.Array) -> jax.Array:
+    """`key` folded with the replica's index under pmap (unchanged outside)."""
+    axis = _REPLICA_AXIS.get()
+    return key if axis is None else jax.random.fold_in(key, jax.lax.axis_index(axis))
+
+
+def replicate(tree, devices=None):
+    """One copy of every leaf per device, stacked on a new leading axis [n, ...]."""
+    devices = jax.local_devices() if devices is None else list(devices)
+    sharding = NamedSharding(Mesh(np.array(devices), (AXIS,)), PartitionSpec(AXIS))
+    return jax.tree.map(
+        lambda x: jax.device_put(
+            np.broadcast_to(np.asarray(x), (len(devices), *np.shape(x))), sharding
+        ),
+        tree,
+    )
+
+
+def unreplicate(tree):
+    """The first device's copy of a replicated tree, as arrays on that device alone.
+
+    (Indexing x[0] would run a program over all the devices for every leaf and return
+    arrays still spread over them.)"""
+
+    def first(x):
+        if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1:
+            return x.addressable_shards[0].data[0]
+        return x[0]
+
+    return jax.tree.map(first, tree)
+
+
+def split_batch(batch: dict, num_devices: int | None = None) -> dict:
+    """[B, ...] -> [n, B / n, ...]: device i gets rows i * B/n ... (i + 1) * B/n - 1."""
+    n = jax.local_device_count() if num_devices is None else num_devices
+
+    def split(name, x):
+        if x.shape[0] % n:
+            raise BadValue(
+                f"batch[{name!r}] has {x.shape[0]} rows, not divisible by the {n} devices of pmap"
+            )
+        return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+
+    return {name: split(name, x) for name, x in batch.items()}

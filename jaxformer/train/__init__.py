@@ -7,31 +7,17 @@ import importlib
 
 # Each name imported at first use: `jaxformer.train.steps` alone imports no data, run
 # folder or interop code.
-_LAZY = {
-    "Hook": "jaxformer.train.loop",
-    "StepContext": "jaxformer.train.loop",
-    "TrainingDiverged": "jaxformer.train.loop",
-    "train": "jaxformer.train.loop",
-    "lm_head_choice": "jaxformer.train.steps",
-    "OPTIMIZERS": "jaxformer.train.optim",
-    "eval_params": "jaxformer.train.optim",
-    "make_optimizer": "jaxformer.train.optim",
-    "make_schedule": "jaxformer.train.optim",
-    "paper_schedule": "jaxformer.train.optim",
-    "restore_model": "jaxformer.train.checkpoints",
-    "seed_runs": "jaxformer.train.seeds",
-    "train_seeds": "jaxformer.train.seeds",
-    "Setup": "jaxformer.train.setup",
-    "set_up": "jaxformer.train.setup",
-    "Terminated": "jaxformer.signals",
-    "TrainState": "jaxformer.train.steps",
-    "create_train_state": "jaxformer.train.steps",
-    "make_eval_step": "jaxformer.train.steps",
-    "make_train_step": "jaxformer.train.steps",
-    "model_logits": "jaxformer.train.steps",
-    "model_loss_sums": "jaxformer.train.steps",
-    "state_layout": "jaxformer.train.steps",
+_MODULES = {
+    "jaxformer.train.loop": "Hook StepContext TrainingDiverged train",
+    "jaxformer.train.optim": "OPTIMIZERS eval_params make_optimizer make_schedule paper_schedule",
+    "jaxformer.train.seeds": "seed_runs train_seeds",
+    "jaxformer.train.setup": "Setup set_up",
+    "jaxformer.train.steps": "TrainState create_train_state lm_head_choice make_eval_step "
+    "make_train_step model_logits model_loss_sums state_layout",
+    "jaxformer.checkpoints": "restore_model",
+    "jaxformer.signals": "Terminated",
 }
+_LAZY = {name: module for module, names in _MODULES.items() for name in names.split()}
 __all__ = list(_LAZY)
 
 

@@ -1,5 +1,5 @@
 """A training run's folder: what it holds, who writes it, whether a run may start there
-(its checkpoints: `jaxformer.train.checkpoints`).
+(its checkpoints: `jaxformer.checkpoints`).
 
     config.json, tokenizer.json   the model and run configs; the tokenizer (for generate)
     metrics.jsonl    one JSON object per logged step and per evaluation
@@ -21,16 +21,16 @@ import pathlib
 import shutil
 from typing import Any
 
-from jaxformer.checks import BadValue, as_given
-from jaxformer.files import read_json, read_metrics, write_whole
-from jaxformer.parallel import Placement, is_main_process
-from jaxformer.train.checkpoints import (
+from jaxformer.checkpoints import (
     AVERAGED,
     Checkpointer,
     abstract_train_state,
     check_compatible,
     save_averaged,
 )
+from jaxformer.checks import BadValue, as_given
+from jaxformer.files import read_json, read_metrics, write_whole
+from jaxformer.parallel import Placement, is_main_process
 from jaxformer.train.optim import eval_params
 from jaxformer.train.report import tensorboard_writer
 from jaxformer.train.steps import TrainState

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxformer.checkpoints import restore_model
 from jaxformer.checks import BadValue, as_given
 from jaxformer.config import TransformerConfig
 from jaxformer.data import (
@@ -31,7 +32,6 @@ from jaxformer.files import code_version, describe_device, versions
 from jaxformer.models import MODEL_KINDS, count_params
 from jaxformer.parallel import Placement, make_placement
 from jaxformer.parallel.rules import batch_sharding
-from jaxformer.train.checkpoints import restore_model
 from jaxformer.train.config import RunConfig
 from jaxformer.train.optim import make_optimizer, make_schedule
 from jaxformer.train.report import tensorboard_writer

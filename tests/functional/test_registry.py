@@ -10,10 +10,10 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
+from jaxformer import checkpoints
 from jaxformer import functional as F
 from jaxformer.cli import main
 from jaxformer.functional.registry import import_variants
-from jaxformer.train import checkpoints
 
 VARIANTS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "variants"
 

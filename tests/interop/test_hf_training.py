@@ -11,8 +11,9 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
+from jaxformer import checkpoints
 from jaxformer.cli import main
-from jaxformer.train import checkpoints, loop
+from jaxformer.train import loop
 from tests import hf_tokenizers
 
 transformers = pytest.importorskip(

@@ -12,8 +12,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import jaxformer as jf
-from jaxformer import data, parallel, train
-from jaxformer.train import checkpoints
+from jaxformer import checkpoints, data, parallel, train
 
 TOK = data.ByteTokenizer()
 SEQ2SEQ = [data.TaskData("copy", TOK, seed=0, dev_size=10).train_batch(i, 8) for i in range(2)]

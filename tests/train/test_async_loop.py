@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import jaxformer as jf
-from jaxformer.train import checkpoints, loop, setup
+from jaxformer import checkpoints
+from jaxformer.train import loop, setup
 
 SMALL = dict(
     num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=64

@@ -14,9 +14,9 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
-from jaxformer import data, decode
+from jaxformer import checkpoints, data, decode
 from jaxformer.data.datasets import encode_pairs
-from jaxformer.train import checkpoints, loop, setup
+from jaxformer.train import loop, setup
 from jaxformer.train.evaluate import METRICS
 
 REFERENCES = [

@@ -19,9 +19,10 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
+from jaxformer import checkpoints
 from jaxformer.cli import main
 from jaxformer.files import code_version, describe_device
-from jaxformer.train import checkpoints, evaluate, loop, run_folder, setup
+from jaxformer.train import evaluate, loop, run_folder, setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(

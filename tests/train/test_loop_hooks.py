@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import jaxformer as jf
+from jaxformer import checkpoints
 from jaxformer.checks import BadType, BadValue
-from jaxformer.train import Hook, checkpoints, loop, set_up
+from jaxformer.train import Hook, loop, set_up
 
 SMALL = dict(
     num_encoder_layers=1, num_decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=64

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from jaxformer import cli
-from jaxformer.train import checkpoints, evaluate, loop, seeds
+from jaxformer import checkpoints, cli
+from jaxformer.train import evaluate, loop, seeds
 from jaxformer.train.seeds import seed_runs, train_seeds
 from tests.train.test_loop import losses, run_config, small_config
 

@@ -24,10 +24,10 @@ import subprocess
 import sys
 import time
 
+from jaxformer.checkpoints import CHECKPOINTS, Checkpointer
 from jaxformer.checks import BadValue
 from jaxformer.files import read_json, write_whole
 from jaxformer.signals import repeats_dropped, signals_held, stop_signals_raise
-from jaxformer.train.checkpoints import CHECKPOINTS, Checkpointer
 from jaxformer.train.seeds import UNVMAPPED
 from jaxformer_lab.cores import on_cores, shares
 from jaxformer_lab.sweep import report

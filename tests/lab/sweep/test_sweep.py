@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
+from jaxformer import checkpoints
 from jaxformer.cli import main
-from jaxformer.train import checkpoints
 from jaxformer.train.config import load_run
 from jaxformer_lab import cores as cores_lib
 from jaxformer_lab import records, sweep

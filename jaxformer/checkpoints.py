@@ -1,6 +1,7 @@
-"""A run's orbax checkpoints (`Checkpointer`: checkpoints/<step>/, and averaged/, the mean
-parameters of the last ones) and `restore_model`, a trained run's model back. A damaged
-checkpoint is one line naming its folder, never orbax's traceback."""
+"""A run's orbax checkpoints of its TrainState (`Checkpointer`: checkpoints/<step>/, and
+averaged/, the mean parameters of the last ones) and `restore_model`, a trained run's
+model back, for decoding as for training. A damaged checkpoint is one line naming its
+folder, never orbax's traceback."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from jaxformer.checks import BadValue, MissingFile, as_given, check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
 from jaxformer.models import MODEL_KINDS
-from jaxformer.train.steps import TrainState
 
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"  # the parameters averaged over the last checkpoints, if the run did
@@ -45,7 +45,7 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, state: TrainState, meta: dict[str, Any]) -> None:
+    def save(self, state: Any, meta: dict[str, Any]) -> None:
         """Write the checkpoint of `state.step` and wait until it is complete on disk."""
         step = int(state.step)
         params, train = _on_disk(state)
@@ -60,11 +60,10 @@ class Checkpointer:
         )
         self.manager.wait_until_finished()
 
-    def restore(
-        self, abstract: TrainState, expected_meta: dict[str, Any]
-    ) -> tuple[TrainState, dict]:
-        """The latest checkpoint, after checking it belongs to the same model and run
-        settings as `expected_meta` (a mismatch is an error naming the fields)."""
+    def restore(self, abstract: Any, expected_meta: dict[str, Any]) -> tuple[Any, dict]:
+        """The latest checkpoint as a TrainState shaped as `abstract` (one of
+        ShapeDtypeStructs), after checking it belongs to the same model and run settings as
+        `expected_meta` (a mismatch is an error naming the fields)."""
         step = self.latest_step()
         if step is None:
             raise MissingFile(f"no checkpoint to resume from in {self.directory}")
@@ -79,7 +78,7 @@ class Checkpointer:
             ),
         )
         t = _from_disk(restored.train)
-        state = TrainState(
+        state = abstract.replace(
             step=t["step"],
             params=_from_disk(restored.params),
             opt_state=t["opt_state"],
@@ -220,7 +219,7 @@ def _as_variables(params):
     return jax.tree.map(lambda x: {"value": x}, params)
 
 
-def _on_disk(state: TrainState) -> tuple[Any, dict]:
+def _on_disk(state: Any) -> tuple[Any, dict]:
     """(params, the rest) of a TrainState as a checkpoint holds them: the parameters and
     every optimizer-state entry shaped like them (Adam's moments) `_as_variables`."""
     structure = jax.tree.structure(state.params)
@@ -298,7 +297,7 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     return nnx.merge(graphdef, params), tokenizer
 
 
-def abstract_train_state(state: TrainState) -> TrainState:
+def abstract_train_state(state: Any) -> Any:
     """Shapes, dtypes and shardings of `state`, as the restore target: a state laid out
     over a mesh is restored with the same layout, each process reading only its pieces."""
     return jax.tree.map(
