@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 from typing import NamedTuple
 
 import jax
@@ -33,8 +32,9 @@ from jaxformer.functional import sites
 from jaxformer.functional.chunked_attention import chunked_attention
 from jaxformer.functional.kernels import (
     AUTO_RULES,
-    current_target,
+    attention_device,
     device_families,
+    device_problem,
     mosaic_problem,
     zero_rows_without_keys,
 )
@@ -48,7 +48,6 @@ from jaxformer.functional.splash import splash_problem
 # implementation would take more than this many bytes (the weights take as much again).
 AUTO_CHUNKED_BYTES = 1 << 30
 _log = logging.getLogger("jaxformer.attention")
-_logged: set[tuple] = set()  # what "auto" has logged: once per device, shapes and flags
 
 
 def scaled_dot_product_attention(
@@ -193,7 +192,7 @@ def choose_implementation(
     would exceed AUTO_CHUNKED_BYTES; else "xla". Logged (INFO) once per shape."""
     B, T, H, _ = q.shape
     S = k.shape[1]
-    families = device_families(*current_target())
+    families = device_families(*attention_device())
     refused = []
     for rule in AUTO_RULES:
         if rule.family not in families or (rule.max_keys is not None and S > rule.max_keys):
@@ -213,11 +212,14 @@ def choose_implementation(
         else:
             choice, reason = "xla", f"plain logits need {logits_mib:.1f} MiB"
     reason = "; ".join([reason, *refused])
-    key = (families[0], q.shape, k.shape, str(q.dtype), masked, padded, dense, dropout_rate > 0)
-    if key not in _logged:
-        _logged.add(key)
-        _log.info("attention q %s k %s %s: %s (%s)", q.shape, k.shape, q.dtype, choice, reason)
+    _log_once(f"attention on {families[0]}, q {q.shape} k {k.shape} {q.dtype}: {choice} ({reason})")
     return choice
+
+
+@functools.cache
+def _log_once(message: str) -> None:
+    """Log `message` (INFO) the first time it is asked for in this process."""
+    _log.info(message)
 
 
 def _problem(implementation, q, k, v, masked, padded, explicit, dense, dropout_rate):
@@ -225,11 +227,7 @@ def _problem(implementation, q, k, v, masked, padded, explicit, dense, dropout_r
     if implementation == "splash":
         return splash_problem(q, k, v, explicit=dense, dropout_rate=dropout_rate)
     if implementation == "cudnn":
-        deterministic = "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")
-        problem = _cudnn_problem(q, k, v, masked, dropout_rate)
-        if problem is None and deterministic:
-            problem = BadValue, "XLA_FLAGS asks for deterministic ops"
-        return problem
+        return _cudnn_problem(q, k, v, masked, dropout_rate)
     if implementation == "tokamax_mosaic":
         return mosaic_problem(q, k, v, padded=padded, explicit=explicit, dropout_rate=dropout_rate)
     return None
@@ -237,7 +235,7 @@ def _problem(implementation, q, k, v, masked, padded, explicit, dense, dropout_r
 
 def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, str] | None:
     """Why cuDNN's fused attention cannot take this call (error type, reason), or None."""
-    backend, device = current_target()
+    backend, device = attention_device()
     if backend != "gpu" or "nvidia" not in device.device_kind.lower():
         return BadValue, f"needs an NVIDIA GPU, the backend is {backend!r}"
     if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -253,7 +251,7 @@ def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, st
             BadValue,
             f"takes a mask with even lengths only; got T={q.shape[1]}, S={k.shape[1]}",
         )
-    return None
+    return device_problem("cudnn", device)
 
 
 @functools.partial(ATTENTION.register, "cudnn", raw_masks=True)

@@ -104,6 +104,14 @@ ATTENTION = Registry(
     "into mask",
 )
 
+DEVICE_CHECKS = Registry(
+    "device check",
+    "jaxformer.functional.DEVICE_CHECKS",
+    "fn(device) -> (error type, reason) or None: why the ATTENTION kernel of the same name "
+    "cannot run on `device` (a jax Device or a stand-in with platform and device_kind), "
+    "whatever its inputs; jaxformer.accelerators registers the built-in checks",
+)
+
 
 def import_variants(sources: list[str]) -> None:
     """Run each file (FILE.py) or import each module that registers variants: the

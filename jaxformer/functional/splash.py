@@ -19,7 +19,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.checks import BadType, BadValue
-from jaxformer.functional.kernels import current_target
+from jaxformer.functional.kernels import attention_device
 from jaxformer.functional.registry import ATTENTION
 
 # True: Pallas interpret mode; False: the compiled TPU kernel (what `jax.export` for a TPU
@@ -33,9 +33,9 @@ REAL, PAD_KEY, PAD_QUERY = 1, 0, 2
 
 
 def interpret() -> bool:
-    """Whether the kernel runs in Pallas interpret mode: `INTERPRET`, else when the target
-    (`kernels.target_device`, else this process's device) is a CPU."""
-    return current_target()[0] == "cpu" if INTERPRET is None else INTERPRET
+    """Whether the kernel runs in Pallas interpret mode: `INTERPRET`, else when the device
+    attention is traced for (`kernels.attention_device`) is a CPU."""
+    return attention_device()[0] == "cpu" if INTERPRET is None else INTERPRET
 
 
 def splash_problem(
@@ -51,7 +51,7 @@ def splash_problem(
         return BadValue, "takes no bias"
     if explicit:
         return BadValue, "takes no dense mask (causal=True, k_lengths, q_valid/k_valid only)"
-    if current_target()[0] == "gpu" and not interpret():
+    if attention_device()[0] == "gpu" and not interpret():
         return BadValue, "needs a TPU, or Pallas interpret mode (splash.INTERPRET = True)"
     dtypes = {jnp.dtype(x.dtype) for x in (q, k, v)}
     if len(dtypes) > 1 or q.dtype not in (jnp.float32, jnp.bfloat16):

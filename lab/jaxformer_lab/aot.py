@@ -29,9 +29,9 @@ import optax
 from flax import nnx
 
 from jaxformer import decode, train
+from jaxformer.accelerators import StandInDevice
 from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.config import TransformerConfig
-from jaxformer.functional.kernels import target_device
 from jaxformer.models import DecoderLM, Transformer
 from jaxformer.parallel import make_mesh
 from jaxformer.parallel.placement import MeshPlacement
@@ -249,7 +249,9 @@ def check(
         "beam": functools.partial(_decode_program, strategy=decode.beam_search),
     }[program]
     chip = CHIPS[target.generation]
-    with target_device(chips[0] if compiles else _TpuStandIn(target.generation)):
+    # "auto" chooses attention for the default device: a chip of the target
+    chip_device = chips[0] if compiles else StandInDevice("tpu", f"TPU {target.generation}")
+    with jax.default_device(chip_device):
         lowered, state = build(config, placement, batch, length, compiles)
         report = Report(
             target.name, model, program, layout, sizes, batch, length, compiles,
@@ -265,15 +267,6 @@ def check(
             if find_largest_batch and program == "train":
                 report.largest_batch = _largest_batch(report, config, placement, build, chip)
     return report
-
-
-class _TpuStandIn:
-    """What "auto" reads of a TPU chip when only lowering (no libtpu devices)."""
-
-    platform = "tpu"
-
-    def __init__(self, generation: str):
-        self.device_kind = f"TPU {generation}"
 
 
 def _train_program(config, placement, batch, length, compiles):

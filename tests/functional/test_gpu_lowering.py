@@ -10,8 +10,8 @@ import jax.extend.backend
 import jax.numpy as jnp
 import pytest
 
+from jaxformer.accelerators import gpu_target, kernel_failure, lower_for_gpu
 from jaxformer.functional import choose_implementation
-from jaxformer.functional.kernels import gpu_target, kernel_failure, lower_for_gpu, target_device
 
 tokamax = pytest.importorskip(
     "tokamax", reason="the kernels extra: pip install 'jaxformer[kernels]'"
@@ -93,7 +93,7 @@ def test_gpu_target_refuses_an_unknown_capability_and_restores_the_default_devic
 def test_auto_chooses_for_the_gpu_lowered_for_through_the_same_build_check():
     """On a CPU, "auto" told its target is an H100 picks tokamax's Mosaic kernel where
     that kernel lowers for an H100, and cuDNN where it does not."""
-    x = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
-    with gpu_target("9.0"), target_device(jax.extend.backend.get_default_device()):
+    x = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16)
+    with gpu_target("9.0"):
         choice = choose_implementation(x, x, x, masked=True, dropout_rate=0.0)
     assert choice == ("cudnn" if outgrown("mosaic") else "tokamax_mosaic")

@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import AxisType
 
 from jaxformer import functional as F
+from jaxformer.accelerators import StandInDevice
 from jaxformer.checks import BadType, BadValue
 from jaxformer.functional import splash
 
@@ -120,10 +121,10 @@ def test_refused_dtypes_lengths_and_devices(monkeypatch):
     assert splash.splash_problem(q16, k16, v16.astype(jnp.float32))[0] is BadType
     ok = _qkv(B=1, H=2, K=1, D=8)
     assert splash.splash_problem(*ok, padded=True) is None  # lengths are segment ids
-    monkeypatch.setattr(splash.jax, "default_backend", lambda: "gpu")
-    assert splash.splash_problem(*ok)[1].startswith("needs a TPU")
-    monkeypatch.setattr(splash, "INTERPRET", True)
-    assert splash.splash_problem(*ok) is None
+    with jax.default_device(StandInDevice("gpu", "NVIDIA H100 80GB HBM3", "9.0")):
+        assert splash.splash_problem(*ok)[1].startswith("needs a TPU")
+        monkeypatch.setattr(splash, "INTERPRET", True)
+        assert splash.splash_problem(*ok) is None
 
 
 def test_interpret_mode_follows_the_backend_unless_set(monkeypatch):
