@@ -26,6 +26,8 @@ from jaxformer.functional.masks import causal_mask, combine_masks, fold_masks
 from jaxformer.functional.registry import ATTENTION, DEVICE_CHECKS
 
 INSTALL_HINT = "pip install 'jaxformer[kernels]'"
+# Packed documents reach a kernel as segment ids or not at all (never as a dense mask).
+NO_SEGMENTS = "{}.dot_product_attention has no argument for packed documents"
 
 
 class AutoRule(NamedTuple):
@@ -103,14 +105,16 @@ def tokamax_or_none():
     return tokamax
 
 
-def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float):
+def mosaic_problem(q, k, v, *, padded, explicit, dropout_rate, segmented=False):
     """Why "tokamax_mosaic" cannot take this call on the default device: (error type,
     reason), or None. explicit: a dense mask, bias or validity vectors; padded: key
-    lengths."""
+    lengths; segmented: packed documents' segment ids."""
     if tokamax_or_none() is None:
         return MissingPackage, f"tokamax is not installed ({INSTALL_HINT})"
     if dropout_rate > 0.0:
         return BadValue, "has no attention dropout"
+    if segmented:
+        return BadValue, f"takes no segment ids: {NO_SEGMENTS.format('tokamax')}"
     backend, device = attention_device()
     families = device_families(backend, device)
     dtypes = {q.dtype, k.dtype, v.dtype}
@@ -141,26 +145,34 @@ def _tokamax_kernel(name: str):
 
 
 def _tokamax_attention(
-    name, q, k, v, *, mask, q_valid, k_valid, k_lengths, causal, bias, scale, dropout_rate
-):
+    name, q, k, v, *, mask, q_valid, k_valid, k_lengths, q_segments, k_segments, causal, bias,
+    scale, dropout_rate,
+):  # fmt: skip
     """tokamax.dot_product_attention(implementation=name): causality as is_causal, key
-    lengths as key_value_seq_lengths; rows with no key give 0."""
+    lengths as key_value_seq_lengths; rows with no key give 0. Packed documents: only the
+    XLA reference takes them, as the mask it materialises anyway."""
     tokamax = tokamax_or_none()
     if tokamax is None:
         raise MissingPackage(f"implementation='tokamax_{name}' needs tokamax: {INSTALL_HINT}")
+    segmented = q_segments is not None
     if name == "mosaic":
         explicit = any(x is not None for x in (mask, q_valid, k_valid, bias))
-        problem = mosaic_problem(
-            q, k, v, padded=k_lengths is not None, explicit=explicit, dropout_rate=dropout_rate
-        )
+        flags = dict(padded=k_lengths is not None, explicit=explicit, segmented=segmented)
+        problem = mosaic_problem(q, k, v, dropout_rate=dropout_rate, **flags)
         if problem is not None:
             error, reason = problem
             raise error(f"implementation='tokamax_mosaic' {reason}; use 'xla' or 'chunked'")
+    if segmented and name != "xla":
+        reason = NO_SEGMENTS.format("tokamax")
+        raise BadValue(
+            f"implementation='tokamax_{name}' takes no segment ids: {reason}; use 'xla' or 'chunked'"
+        )
     if dropout_rate > 0.0:
         raise BadValue(f"implementation='tokamax_{name}' has no attention dropout")
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
-    mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid)
-    with jax.numpy_rank_promotion("allow"):  # tokamax's own code broadcasts implicitly
+    segments = dict(q_segments=q_segments, k_segments=k_segments)
+    with jax.named_scope(f"tokamax_{name}"), jax.numpy_rank_promotion("allow"):  # as tokamax
+        mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid, **segments)
         out = tokamax.dot_product_attention(
             q,
             k,
@@ -172,7 +184,7 @@ def _tokamax_attention(
             key_value_seq_lengths=k_lengths,
             implementation=name,
         )
-    return zero_rows_without_keys(out, mask, causal, k_lengths)
+        return zero_rows_without_keys(out, mask, causal, k_lengths)
 
 
 for _name in ("mosaic", "triton", "xla"):

@@ -100,8 +100,8 @@ ATTENTION = Registry(
     "jaxformer.functional.ATTENTION",
     "fn(q [B,T,H,D], k [B,S,K,D], v [B,S,K,Dv], *, mask (bool, True = may attend, or None), "
     "bias, scale, dropout_rate, dropout_rng) -> [B,T,H,Dv]; with raw_masks=True it also gets "
-    "q_valid, k_valid, k_lengths ([B] int, right padding) and causal (a flag), not folded "
-    "into mask",
+    "q_valid, k_valid, k_lengths ([B] int, right padding), q_segments, k_segments ([B,T], "
+    "[B,S] int ids of packed documents, or None) and causal (a flag), not folded into mask",
 )
 
 DEVICE_CHECKS = Registry(

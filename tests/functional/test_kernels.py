@@ -266,6 +266,10 @@ def _step_jaxpr(kind, implementation):
             src=jnp.ones((2, S), jnp.int32),
             src_valid=jnp.arange(S)[None, :] < jnp.array([[S], [4]]),
         )
+    if kind == "decoder_lm_packed":  # two documents and padding per row, as segment ids
+        segment_ids = jnp.array([[1] * 5 + [2] * 7, [1] * 3 + [2] * 6 + [0] * 3], jnp.int32)
+        batch |= dict(segment_ids=segment_ids, positions=jnp.zeros((2, T), jnp.int32))
+        del batch["tgt_valid"]
     return jax.make_jaxpr(step)(state, batch)
 
 
@@ -301,20 +305,20 @@ def _sub_jaxprs(params):
                 yield item
 
 
-@pytest.mark.parametrize("kind", ["decoder_lm", "transformer"])
+@pytest.mark.parametrize("kind", ["decoder_lm", "decoder_lm_packed", "transformer"])
 def test_a_kernel_that_takes_flags_gets_no_dense_mask(kind):
     """With "chunked" (4 x 4 tiles) the whole train step, forward and backward, builds no
-    boolean [T, T], [T, S] or [S, S] array: the models pass causality as a flag and
-    padding as lengths, and the kernel applies them per tile."""
+    boolean [T, T], [T, S] or [S, S] array: the models pass causality as a flag, padding as
+    lengths and packed documents as segment ids, and the kernel applies them per tile."""
     assert _masks_built(_step_jaxpr(kind, "chunked_tiles4")) == []
 
 
-@pytest.mark.parametrize("kind", ["decoder_lm", "transformer"])
+@pytest.mark.parametrize("kind", ["decoder_lm", "decoder_lm_packed", "transformer"])
 def test_xla_and_tokamax_xla_form_the_mask_inside_themselves_only(kind, monkeypatch):
     """The plain implementations need the dense mask: "xla" forms it inside its own name
-    scope, tokamax's XLA reference inside tokamax's code; nothing outside them forms one.
-    Causality reaches tokamax as is_causal and the target padding as key lengths, with no
-    boolean mask."""
+    scope, tokamax's XLA reference inside tokamax's code (and packed documents' mask in its
+    kernel's scope); nothing outside them forms one. Causality reaches tokamax as is_causal
+    and the target padding as key lengths, with no boolean mask unless rows are packed."""
     calls = []
 
     def recorded(*args, **kw):
@@ -323,12 +327,14 @@ def test_xla_and_tokamax_xla_form_the_mask_inside_themselves_only(kind, monkeypa
 
     attend = tokamax.dot_product_attention
     monkeypatch.setattr(tokamax, "dot_product_attention", recorded)
-    markers = {"xla": ("xla_attention",), "tokamax_xla": ("tokamax:", "/tokamax/")}
+    markers = {"xla": ("xla_attention",), "tokamax_xla": ("tokamax", "/tokamax/")}
     for implementation, inside in markers.items():
         built = _masks_built(_step_jaxpr(kind, implementation))
         assert built, "the check must see the masks the implementation forms"
         outside = [(w, shape) for w, shape in built if not any(m in w for m in inside)]
         assert outside == [], implementation
     causal = [kw for kw in calls if kw["is_causal"]]
-    assert causal and all(kw["mask"] is None for kw in causal)
-    assert all(kw["key_value_seq_lengths"].shape == (2,) for kw in causal)
+    packed = kind == "decoder_lm_packed"  # its rows' padding is segment 0, not lengths
+    assert causal and all((kw["mask"] is None) != packed for kw in causal)
+    shapes = [getattr(kw["key_value_seq_lengths"], "shape", None) for kw in causal]
+    assert shapes == [None if packed else (2,)] * len(causal)

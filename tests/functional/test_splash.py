@@ -156,6 +156,24 @@ def test_forward_and_gradient_lower_to_the_tpu_kernel(monkeypatch):
         assert f"splash_mha_{kernel}" in texts[1]
 
 
+def test_packed_documents_reach_the_tpu_kernel_as_segment_ids(monkeypatch):
+    """Lowered for a TPU, packed rows run splash's segmented kernels, forward and backward,
+    and the program holds no boolean [T, S] array: the documents travel as ids."""
+    monkeypatch.setattr(splash, "INTERPRET", False)
+    q, k, v = _qkv(D=128, dtype=jnp.bfloat16)
+    seg = jnp.stack([jnp.repeat(jnp.arange(1, 5), 64), jnp.repeat(jnp.array([3, 0]), 128)])
+    kw = dict(causal=True, q_segments=seg, k_segments=seg, implementation="splash")
+
+    def grads(q, k, v):
+        total = lambda *a: F.scaled_dot_product_attention(*a, **kw).astype(jnp.float32).sum()  # noqa: E731
+        return jax.grad(total, (0, 1, 2))(q, k, v)
+
+    text = jax.export.export(jax.jit(grads), platforms=["tpu"])(q, k, v).mlir_module()
+    for kernel in ("fwd_segmented_residuals", "dq_segmented", "dkv_segmented"):
+        assert f"splash_mha_{kernel}" in text
+    assert "256x256xi1>" not in text
+
+
 @pytest.mark.devices(8)
 @pytest.mark.parametrize(
     "axis_type, B, K, specs",
