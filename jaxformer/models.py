@@ -270,7 +270,7 @@ class DecoderLM(nnx.Module):
         k_in, k_layers = _split2(rng)
         x = self.inputs(tokens, positions, k_in)
         lengths = F.padding_lengths(valid)  # packed documents travel as ids, not as a mask
-        mask = F.AttentionMask(True, lengths, q_segments=segment_ids, k_segments=segment_ids)
+        mask = F.AttentionMask(True, lengths, q_segments=segment_ids)  # keys: the same ids
         return self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions)).y
 
     def output_head(self) -> tuple[jax.Array, jax.Array | None]:

@@ -86,8 +86,9 @@ def scaled_dot_product_attention(
       scale: logit scale; default 1 / sqrt(D).
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
       q_valid, k_valid: bool [B, T] and [B, S], True = real token.
-      q_segments, k_segments: int [B, T] and [B, S], packed documents' ids (both or
-        neither): a query sees the keys of its own id only; id 0 (padding) sees nothing.
+      q_segments, k_segments: int [B, T] and [B, S], packed documents' ids (k_segments None:
+        q_segments', self-attention): a query sees the keys of its own id only; id 0
+        (padding) sees nothing.
       implementation: "auto" (`choose_implementation`) or a kernel in ATTENTION: "xla"
         ([B, H, T, S] float32 weights), "chunked" (online softmax, memory O(T + S)),
         "cudnn", "tokamax_*" (functional/kernels.py) or "splash" (TPU); same function.
@@ -196,9 +197,9 @@ def choose_implementation(
 ) -> str:
     """The implementation "auto" runs (masked: any masking; padded: key lengths; explicit:
     a mask, bias or validity vectors; dense: a mask or bias; segmented: packed documents'
-    segment ids): the first row of `AUTO_RULES`
-    for the target device whose kernel takes the call; else "chunked" when the plain logits
-    would exceed AUTO_CHUNKED_BYTES; else "xla". Logged (INFO) once per shape."""
+    segment ids): the first row of `AUTO_RULES` for the target device whose kernel takes
+    the call; else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES; else
+    "xla". Logged (INFO) with each refused row's reason, once per shape and reason."""
     B, T, H, _ = q.shape
     S = k.shape[1]
     families = device_families(*attention_device())

@@ -65,14 +65,16 @@ def check_lengths(name: str, lengths, B: int) -> None:
 
 
 def check_segments(q_segments, k_segments, B: int, T: int, S: int) -> None:
-    """Segment ids are both given or both None: integer arrays [B, T] and [B, S]."""
-    if (q_segments is None) != (k_segments is None):
-        raise BadValue("q_segments and k_segments go together: give both or neither")
+    """Segment ids are integer arrays q_segments [B, T] and k_segments [B, S]; k_segments
+    None with q_segments given means the same ids (self-attention: S = T)."""
+    if q_segments is None and k_segments is not None:
+        raise BadValue("k_segments needs q_segments (the queries' segment ids)")
     if q_segments is not None:
         check_int_array("q_segments", q_segments, "of segment ids")
-        check_int_array("k_segments", k_segments, "of segment ids")
         check_shape("q_segments", q_segments, (B, T), "[B, T]")
-        check_shape("k_segments", k_segments, (B, S), "[B, S]")
+        k_segments = q_segments if k_segments is None else k_segments
+        check_int_array("k_segments", k_segments, "of segment ids")
+        check_shape("k_segments", k_segments, (B, S), "[B, S] (q_segments' when not given)")
 
 
 def padding_lengths(valid: jax.Array | None) -> jax.Array | None:
@@ -93,8 +95,9 @@ class AttentionMask:
 
       causal: query t sees keys s <= t (a flag);
       k_lengths: [B] int, keys s >= k_lengths[b] are padding;
-      q_segments, k_segments: [B, T] and [B, S] int ids >= 0 of packed documents (both or
-        neither): a query attends to the keys of its own id; id 0 is padding, seeing nothing;
+      q_segments, k_segments: [B, T] and [B, S] int ids >= 0 of packed documents (k_segments
+        None: q_segments', self-attention): a query attends to the keys of its own id; id 0
+        is padding, seeing nothing;
       dense: boolean, broadcastable to [B, H, T, S], for what none of these express, or None."""
 
     causal: bool = False
@@ -124,6 +127,7 @@ def segment_ids(B: int, T: int, S: int, q_valid, k_valid, k_lengths, q_segments,
     real_q = jnp.ones((B, T), bool) if q_valid is None else q_valid
     q_doc, k_doc = REAL, REAL
     if q_segments is not None:
+        k_segments = q_segments if k_segments is None else k_segments
         q_doc, k_doc = q_segments, k_segments
         real_q, real_k = real_q & (q_segments != 0), real_k & (k_segments != 0)
     q_ids = jnp.where(real_q, q_doc, PAD_QUERY).astype(jnp.int32)
@@ -163,6 +167,7 @@ def fold_masks(
     (validity vectors [B, T] and [B, S], key lengths [B], segment ids [B, T] and [B, S],
     the causal flag): what an implementation that takes no structure forms inside itself."""
     if q_segments is not None:
+        k_segments = q_segments if k_segments is None else k_segments
         mask = combine_masks(mask, segment_mask(q_segments, k_segments))
     if q_valid is not None or k_valid is not None:
         k_valid = jnp.ones((B, S), bool) if k_valid is None else k_valid

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer.checks import BadType, BadValue
 from jaxformer.functional.kernels import attention_device
-from jaxformer.functional.masks import segment_ids
+from jaxformer.functional.masks import PAD_QUERY, segment_ids
 from jaxformer.functional.registry import ATTENTION
 
 # True: Pallas interpret mode; False: the compiled TPU kernel (what `jax.export` for a TPU
@@ -76,14 +76,27 @@ def splash_attention(
         raise error(f"implementation='splash' {reason}; use implementation='xla' or 'chunked'")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q = (q.astype(jnp.float32) * jnp.float32(scale)).astype(q.dtype)  # splash does not scale
+    run = functools.partial(_splash_local, causal=causal, interpret=interpret())
+    padding = (q_valid, k_valid, k_lengths)
+    if q_segments is not None and k_segments is None and all(x is None for x in padding):
+        return _on_mesh(run, q, *_packed_self_attention(k, v, q_segments))
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
     ids = segment_ids(B, T, S, q_valid, k_valid, k_lengths, q_segments, k_segments)
-    run = functools.partial(_splash_local, causal=causal, interpret=interpret())
     out = _on_mesh(run, q, k, v, ids)
     if ids is None:
         return out
     keep = _rows_with_keys(*ids, causal)[:, :, None, None]
     return jnp.where(keep, out, jnp.zeros_like(out))
+
+
+def _packed_self_attention(k, v, segments):
+    """(k, v, ids) for self-attention over packed rows, whose output needs no zeroing
+    after the kernel (a second [B, T, H, D] buffer kept for the backward): each document's
+    query sees at least itself, and padding queries see padding keys only, whose values are
+    zeroed here, so their output is exactly zero."""
+    pad = segments == 0
+    ids = jnp.where(pad, PAD_QUERY, segments).astype(jnp.int32)
+    return k, jnp.where(pad[:, :, None, None], jnp.zeros_like(v), v), (ids, ids)
 
 
 def _rows_with_keys(q_ids, kv_ids, causal: bool):

@@ -59,11 +59,11 @@ layouts = st.integers(1, 12).flatmap(
 
 
 @settings(max_examples=15, deadline=None)
-@given(seg=layouts, causal=st.booleans(), seed=st.integers(0, 2**16))
+@given(seg=layouts, causal=st.booleans(), shared=st.booleans(), seed=st.integers(0, 2**16))
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_each_document_attends_as_if_alone(implementation, seg, causal, seed):
-    """Any ids, interleaved or not, with padding (0) anywhere: equal to NumPy running each
-    document on its own, jitted."""
+def test_each_document_attends_as_if_alone(implementation, seg, causal, shared, seed):
+    """Any ids, interleaved or not, with padding (0) anywhere, the keys' ids given or left
+    to be the queries' (shared): equal to NumPy running each document on its own, jitted."""
     seg = np.array(seg, np.int32)
     q, k, v = _qkv(*seg.shape, seed=seed)
     attend = jax.jit(
@@ -71,7 +71,7 @@ def test_each_document_attends_as_if_alone(implementation, seg, causal, seed):
             F.scaled_dot_product_attention, implementation=implementation, causal=causal
         )
     )
-    out = attend(q, k, v, q_segments=seg, k_segments=seg)
+    out = attend(q, k, v, q_segments=seg, k_segments=None if shared else seg)
     np.testing.assert_allclose(out, _per_document(q, k, v, seg, causal), atol=1e-5, rtol=1e-5)
 
 
@@ -136,11 +136,18 @@ SPLASH_ROWS = np.stack(
 ).astype(np.int32)  # [2, 128]
 
 
-def test_splash_takes_segments_equal_to_each_document_alone_with_gradients():
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_ids", "own_key_ids"])
+def test_splash_takes_segments_equal_to_each_document_alone_with_gradients(shared, causal):
+    """Both of splash's paths: keys' ids left to be the queries' (padding queries then see
+    zeroed padding values, no zeroing after the kernel) and given (rows zeroed after)."""
     q, k, v = _qkv(2, 128, H=2, K=1, D=64, seed=3)
-    kw = dict(causal=True, q_segments=SPLASH_ROWS, k_segments=SPLASH_ROWS)
+    keys = None if shared else SPLASH_ROWS
+    kw = dict(causal=causal, q_segments=SPLASH_ROWS, k_segments=keys)
     out, grads = _grads("splash", q, k, v, **kw)
-    np.testing.assert_allclose(out, _per_document(q, k, v, SPLASH_ROWS, True), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        out, _per_document(q, k, v, SPLASH_ROWS, causal), atol=1e-5, rtol=1e-5
+    )
     _, want = _grads("xla", q, k, v, **kw)
     for a, b in zip(grads, want, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
@@ -302,7 +309,7 @@ def test_a_kernel_that_takes_no_segments_refuses_them_in_one_line(implementation
 def test_segment_ids_are_checked_at_the_boundary():
     q, k, v = _qkv(2, 20)
     cases = [
-        (dict(q_segments=PACKED), "q_segments and k_segments go together"),
+        (dict(k_segments=PACKED), "k_segments needs q_segments"),
         (dict(q_segments=PACKED, k_segments=PACKED[:, :5]), r"k_segments .*\[B, S\]"),
         (dict(q_segments=PACKED > 0, k_segments=PACKED), "q_segments must be an integer array"),
     ]
