@@ -3,7 +3,7 @@
 import importlib
 from typing import TYPE_CHECKING
 
-from jaxformer import accelerators, functional  # accelerators: functional.DEVICE_CHECKS
+from jaxformer import accelerators, functional  # accelerators fills functional.DEVICE_CHECKS
 from jaxformer.config import TransformerConfig
 from jaxformer.models import DecoderLM, Encoder, Transformer, count_params
 

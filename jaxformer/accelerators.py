@@ -129,5 +129,5 @@ def cudnn_allowed(device) -> tuple[type, str] | None:
     """cuDNN's fused attention has no deterministic backward: XLA refuses it when asked."""
     del device
     if "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", ""):
-        return BadValue, "is passed over: XLA_FLAGS asks for deterministic ops"
+        return BadValue, "has no deterministic backward, and XLA_FLAGS asks for deterministic ops"
     return None
