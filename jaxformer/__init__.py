@@ -2,9 +2,10 @@
 
 import importlib
 
+from jaxformer import accelerators  # noqa: F401  (fills DEVICE_CHECKS, which "auto" reads)
+
 __version__ = "0.1.0"
-# Each name imported at first use: `jaxformer --help` imports no JAX, and the model no
-# training or data code.
+# Each name imported at first use: the model imports no training or data code.
 _LAZY = {
     "TransformerConfig": "jaxformer.config",
     "DecoderLM": "jaxformer.models",

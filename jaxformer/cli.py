@@ -424,10 +424,12 @@ def _no_tpu_probe() -> None:
     import glob
     import importlib.util
 
+    import jax
+
     tpu_host = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
     if "JAX_PLATFORMS" in os.environ or tpu_host or importlib.util.find_spec("libtpu") is None:
         return
-    os.environ["JAX_PLATFORMS"] = "cuda,cpu"
+    jax.config.update("jax_platforms", "cuda,cpu")  # before JAX's backends start
 
 
 def _use_compilation_cache(enabled: bool) -> None:

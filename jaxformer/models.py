@@ -239,7 +239,8 @@ class DecoderLM(nnx.Module):
         rng: jax.Array | None = None,
     ) -> jax.Array:
         """tokens [B, T] -> next-token logits [B, T, V] (float32). Packed rows pass
-        `segment_ids` [B, T] (1, 2, ... per document, 0 = padding) and `positions` [B, T]
+        `segment_ids` [B, T] (1, 2, ... per document, 0 = padding; the attention kernel
+        takes them as ids, and `valid` is then not needed) and `positions` [B, T]
         restarting at 0 in each document."""
         kw = dict(positions=positions, segment_ids=segment_ids, deterministic=deterministic)
         y = self.hidden(tokens, valid, **kw, rng=rng)
@@ -268,11 +269,8 @@ class DecoderLM(nnx.Module):
         rng = dropout_rng(deterministic, rng)
         k_in, k_layers = _split2(rng)
         x = self.inputs(tokens, positions, k_in)
-        mask = F.AttentionMask(
-            causal=True,
-            k_lengths=F.padding_lengths(valid),
-            dense=None if segment_ids is None else F.segment_mask(segment_ids, segment_ids),
-        )
+        lengths = F.padding_lengths(valid)  # packed documents travel as ids, not as a mask
+        mask = F.AttentionMask(True, lengths, q_segments=segment_ids)  # keys: the same ids
         return self.decoder(x, mask, rng=k_layers, rope_positions=_rope(self.config, positions)).y
 
     def output_head(self) -> tuple[jax.Array, jax.Array | None]:

@@ -1,7 +1,7 @@
 """Imports flow one way through the library, and from the lab to the library, never back;
 read from the source with `ast`:
 
-    checks, plugins, signals <- files, data, functional <- config <- nn <- models
+    checks, plugins, signals <- files, data, functional <- config, accelerators <- nn <- models
            <- decode, capture, parallel, interop, plots <- checkpoints <- train <- cli
     jaxformer_lab:  markdown, cores, stops, parts <- results, bible, records, ray_cluster
            <- sweep, aot, train_ray <- bench (ray-sweep times the sweep)
@@ -10,9 +10,9 @@ read from the source with `ast`:
 
 A module may import its own room (`jaxformer.train.*` from `jaxformer.train.loop`) and any
 room below it, never one above or beside it; the lab may import the library, the library
-never the lab. `functional/` (and the checks) import no Flax, optax or orbax; `nn/` no optax
-or orbax. Nothing imports another package's private module (`_name`), nor the test or
-experiment code."""
+never the lab. `functional/` imports only itself and the checks (no Flax, optax or orbax);
+`nn/` no optax or orbax; no library module imports unittest.mock. Nothing imports another
+package's private module (`_name`), nor the test or experiment code."""
 
 import ast
 import pathlib
@@ -30,6 +30,7 @@ RANKS = {
         "data": 1,
         "functional": 1,
         "config": 2,
+        "accelerators": 2,
         "nn": 3,
         "models": 4,
         "decode": 5,
@@ -128,6 +129,49 @@ def violations(name: str, source: str) -> list[str]:
         if room(target) != room(name) and there >= here:
             problems.append(f"{name} imports {target}: {room(target)} is not below {room(name)}")
     return problems
+
+
+def outside_functional(name: str, source: str) -> list[str]:
+    """The library modules outside functional/ and the checks that module `name` imports."""
+    return [
+        t
+        for t in imported(source, name)
+        if t.split(".")[0] == "jaxformer"
+        and not t.startswith(("jaxformer.functional", "jaxformer.checks"))
+    ]
+
+
+def test_functional_imports_only_itself_and_the_checks():
+    assert outside_functional("jaxformer.functional.kernels", "from jaxformer import accelerators")
+    found = [
+        f"{name} imports {target}"
+        for name, path in MODULES.items()
+        if room(name) == "functional"
+        for target in outside_functional(name, path.read_text())
+    ]
+    assert found == []
+
+
+def uses_mock(source: str) -> bool:
+    """Whether `source` imports unittest.mock (`import unittest.mock`, `from unittest import
+    mock`, `from unittest.mock import patch`)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        if any(n == "unittest.mock" or n.startswith("unittest.mock.") for n in names):
+            return True
+    return False
+
+
+def test_the_library_patches_nothing_with_unittest_mock():
+    assert uses_mock("from unittest import mock") and uses_mock("import unittest.mock as m")
+    assert [
+        n for n, p in MODULES.items() if n.startswith("jaxformer.") and uses_mock(p.read_text())
+    ] == []
 
 
 def test_every_room_has_a_rank():

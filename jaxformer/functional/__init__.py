@@ -52,6 +52,7 @@ from jaxformer.functional.positions import apply_rope, sinusoidal_positions
 from jaxformer.functional.registry import (
     ACTIVATIONS,
     ATTENTION,
+    DEVICE_CHECKS,
     NORMS,
     POSITIONS,
     Registry,

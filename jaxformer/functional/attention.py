@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 from typing import NamedTuple
 
 import jax
@@ -33,12 +32,20 @@ from jaxformer.functional import sites
 from jaxformer.functional.chunked_attention import chunked_attention
 from jaxformer.functional.kernels import (
     AUTO_RULES,
-    current_target,
+    NO_SEGMENTS,
+    attention_device,
     device_families,
+    device_problem,
     mosaic_problem,
     zero_rows_without_keys,
 )
-from jaxformer.functional.masks import AttentionMask, check_lengths, fold_masks, split_heads
+from jaxformer.functional.masks import (
+    AttentionMask,
+    check_lengths,
+    check_segments,
+    fold_masks,
+    split_heads,
+)
 from jaxformer.functional.matmul import einsum_f32, einsum_to_f32
 from jaxformer.functional.positions import apply_rope
 from jaxformer.functional.registry import ATTENTION
@@ -48,7 +55,6 @@ from jaxformer.functional.splash import splash_problem
 # implementation would take more than this many bytes (the weights take as much again).
 AUTO_CHUNKED_BYTES = 1 << 30
 _log = logging.getLogger("jaxformer.attention")
-_logged: set[tuple] = set()  # what "auto" has logged: once per device, shapes and flags
 
 
 def scaled_dot_product_attention(
@@ -65,6 +71,8 @@ def scaled_dot_product_attention(
     dropout_rng: jax.Array | None = None,
     q_valid: jax.Array | None = None,
     k_valid: jax.Array | None = None,
+    q_segments: jax.Array | None = None,
+    k_segments: jax.Array | None = None,
     implementation: str = "auto",
 ) -> jax.Array:
     """softmax(q k^T * scale + bias, masked) v: [B, T, H, Dv] in q's dtype.
@@ -78,51 +86,50 @@ def scaled_dot_product_attention(
       scale: logit scale; default 1 / sqrt(D).
       dropout_rate: dropout on the attention weights (needs `dropout_rng` when > 0).
       q_valid, k_valid: bool [B, T] and [B, S], True = real token.
+      q_segments, k_segments: int [B, T] and [B, S], packed documents' ids (k_segments None:
+        q_segments', self-attention): a query sees the keys of its own id only; id 0
+        (padding) sees nothing.
       implementation: "auto" (`choose_implementation`) or a kernel in ATTENTION: "xla"
         ([B, H, T, S] float32 weights), "chunked" (online softmax, memory O(T + S)),
         "cudnn", "tokamax_*" (functional/kernels.py) or "splash" (TPU); same function.
 
     The softmax runs in float32; a query with no key to attend to gives zero output."""
     _check_attention(q, k, v, mask, bias, q_valid, k_valid, k_lengths)
+    check_segments(q_segments, k_segments, *_bts(q, k))
     check_number("dropout_rate", dropout_rate, "[0, 1)")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise BadValue("dropout_rate > 0 needs a dropout_rng")
     ATTENTION.check(implementation, also=("auto",))
     if implementation == "auto":
         explicit = any(x is not None for x in (mask, bias, q_valid, k_valid))
+        segmented = q_segments is not None
         implementation = choose_implementation(
             q,
             k,
             v,
-            masked=explicit or causal or k_lengths is not None,
+            masked=explicit or causal or k_lengths is not None or segmented,
             dropout_rate=dropout_rate,
             padded=k_lengths is not None,
             explicit=explicit,
             dense=mask is not None or bias is not None,
+            segmented=segmented,
         )
     kernel = ATTENTION[implementation]
     kw = dict(bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
     structure = dict(q_valid=q_valid, k_valid=k_valid, k_lengths=k_lengths, causal=causal)
+    structure |= dict(q_segments=q_segments, k_segments=k_segments)
     if kernel.options.get("raw_masks"):
         return kernel.fn(q, k, v, mask=mask, **structure, **kw)
     return kernel.fn(q, k, v, mask=fold_masks(*_bts(q, k), mask, **structure), **kw)
 
 
 @functools.partial(ATTENTION.register, "xla", raw_masks=True)
-def _plain_attention(
-    q, k, v, *, mask, q_valid=None, k_valid=None, k_lengths=None, causal=False, **kw
-):
+def _plain_attention(q, k, v, *, mask, bias, scale, dropout_rate, dropout_rng, **structure):
     """The logits and weights materialised: [B, H, T, S] float32; the mask is formed here,
-    from the flag and the lengths (name scope "xla_attention")."""
+    from the flag, lengths and segment ids (name scope "xla_attention")."""
+    kw = dict(bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
     with jax.named_scope("xla_attention"):
-        mask = fold_masks(
-            *_bts(q, k),
-            mask,
-            q_valid=q_valid,
-            k_valid=k_valid,
-            k_lengths=k_lengths,
-            causal=causal,
-        )
+        mask = fold_masks(*_bts(q, k), mask, **structure)
         weights_BKGTS = _weights(q, k, mask, kw["bias"], kw["scale"])
         return _weighted_values(weights_BKGTS, v, q.dtype, kw["dropout_rate"], kw["dropout_rng"])
 
@@ -186,21 +193,22 @@ def choose_implementation(
     padded: bool = False,
     explicit: bool = False,
     dense: bool = False,
+    segmented: bool = False,
 ) -> str:
     """The implementation "auto" runs (masked: any masking; padded: key lengths; explicit:
-    a mask, bias or validity vectors; dense: a mask or bias): the first row of `AUTO_RULES`
-    for the target device whose kernel takes the call; else "chunked" when the plain logits
-    would exceed AUTO_CHUNKED_BYTES; else "xla". Logged (INFO) once per shape."""
+    a mask, bias or validity vectors; dense: a mask or bias; segmented: packed documents'
+    segment ids): the first row of `AUTO_RULES` for the target device whose kernel takes
+    the call; else "chunked" when the plain logits would exceed AUTO_CHUNKED_BYTES; else
+    "xla". Logged (INFO) with each refused row's reason, once per shape and reason."""
     B, T, H, _ = q.shape
     S = k.shape[1]
-    families = device_families(*current_target())
+    families = device_families(*attention_device())
     refused = []
     for rule in AUTO_RULES:
         if rule.family not in families or (rule.max_keys is not None and S > rule.max_keys):
             continue
-        problem = _problem(
-            rule.implementation, q, k, v, masked, padded, explicit, dense, dropout_rate
-        )
+        flags = dict(padded=padded, explicit=explicit, dense=dense, segmented=segmented)
+        problem = _problem(rule.implementation, q, k, v, masked, dropout_rate, **flags)
         if problem is None:
             choice, reason = rule.implementation, f"{families[0]}: {rule.evidence}"
             break
@@ -213,31 +221,33 @@ def choose_implementation(
         else:
             choice, reason = "xla", f"plain logits need {logits_mib:.1f} MiB"
     reason = "; ".join([reason, *refused])
-    key = (families[0], q.shape, k.shape, str(q.dtype), masked, padded, dense, dropout_rate > 0)
-    if key not in _logged:
-        _logged.add(key)
-        _log.info("attention q %s k %s %s: %s (%s)", q.shape, k.shape, q.dtype, choice, reason)
+    _log_once(f"attention on {families[0]}, q {q.shape} k {k.shape} {q.dtype}: {choice} ({reason})")
     return choice
 
 
-def _problem(implementation, q, k, v, masked, padded, explicit, dense, dropout_rate):
+@functools.cache
+def _log_once(message: str) -> None:
+    """Log `message` (INFO) the first time it is asked for in this process."""
+    _log.info(message)
+
+
+def _problem(implementation, q, k, v, masked, dropout_rate, *, padded, explicit, dense, segmented):
     """Why `implementation` (a row of AUTO_RULES) cannot take this call, or None."""
     if implementation == "splash":
         return splash_problem(q, k, v, explicit=dense, dropout_rate=dropout_rate)
     if implementation == "cudnn":
-        deterministic = "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")
-        problem = _cudnn_problem(q, k, v, masked, dropout_rate)
-        if problem is None and deterministic:
-            problem = BadValue, "XLA_FLAGS asks for deterministic ops"
-        return problem
+        return _cudnn_problem(q, k, v, masked, dropout_rate, segmented)
     if implementation == "tokamax_mosaic":
-        return mosaic_problem(q, k, v, padded=padded, explicit=explicit, dropout_rate=dropout_rate)
+        flags = dict(padded=padded, explicit=explicit, segmented=segmented)
+        return mosaic_problem(q, k, v, dropout_rate=dropout_rate, **flags)
     return None
 
 
-def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, str] | None:
+def _cudnn_problem(q, k, v, masked, dropout_rate, segmented) -> tuple[type, str] | None:
     """Why cuDNN's fused attention cannot take this call (error type, reason), or None."""
-    backend, device = current_target()
+    if segmented:
+        return BadValue, f"takes no segment ids: {NO_SEGMENTS.format('jax.nn')}"
+    backend, device = attention_device()
     if backend != "gpu" or "nvidia" not in device.device_kind.lower():
         return BadValue, f"needs an NVIDIA GPU, the backend is {backend!r}"
     if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -253,20 +263,21 @@ def _cudnn_problem(q, k, v, masked: bool, dropout_rate: float) -> tuple[type, st
             BadValue,
             f"takes a mask with even lengths only; got T={q.shape[1]}, S={k.shape[1]}",
         )
-    return None
+    return device_problem("cudnn", device)
 
 
 @functools.partial(ATTENTION.register, "cudnn", raw_masks=True)
 def _cudnn_attention(
-    q, k, v, *, mask, q_valid, k_valid, k_lengths, causal, bias, scale, dropout_rate, dropout_rng
-):
+    q, k, v, *, mask, q_valid, k_valid, k_lengths, q_segments, k_segments, causal, bias, scale,
+    dropout_rate, dropout_rng,
+):  # fmt: skip
     """`jax.nn.dot_product_attention` with cuDNN's fused kernel: causality as is_causal and
     key lengths as key_value_seq_lengths inside it; rows with no key give 0."""
-    del dropout_rng  # no dropout: refused below
+    del dropout_rng, k_segments  # no dropout, no segments: refused below
     B, T, S = _bts(q, k)
     mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid)
     masked = mask is not None or bias is not None or causal or k_lengths is not None
-    problem = _cudnn_problem(q, k, v, masked, dropout_rate)
+    problem = _cudnn_problem(q, k, v, masked, dropout_rate, q_segments is not None)
     if problem is not None:
         error, reason = problem
         raise error(f"implementation='cudnn' {reason}; use implementation='xla' or 'chunked'")
@@ -382,7 +393,7 @@ def multi_head_attention(
       x_q: [B, T, E] queries' source; x_kv: [B, S, E] keys' and values' source.
       params: the projections; H query heads, K key/value heads.
       mask: boolean, broadcastable to [B, H, T, S] ([B, H, T, S_max] with a cache), or an
-        `AttentionMask` (the causal flag and key lengths as structure).
+        `AttentionMask` (the causal flag, key lengths and segment ids as structure).
       dropout_rate, rng: attention-weight dropout, applied only when rng is given.
       rope_positions: (q_positions [B, T], k_positions [B, S]) for rotary embeddings, or None.
       return_weights: also return the attention probabilities (runs "xla"; "auto" allows it).
@@ -421,6 +432,8 @@ def multi_head_attention(
             structure.dense,
             causal=structure.causal,
             k_lengths=structure.k_lengths,
+            q_segments=structure.q_segments,
+            k_segments=structure.k_segments,
             dropout_rate=dropout_rate,
             dropout_rng=rng,
             implementation=implementation,
@@ -439,6 +452,7 @@ def attention_with_weights(
     B, T, S = _bts(q, k)
     if structure.k_lengths is not None:
         check_lengths("mask.k_lengths", structure.k_lengths, B)
+    check_segments(structure.q_segments, structure.k_segments, B, T, S)
     dense = structure.as_array(T, S)
     _check_attention(q, k, v, dense, None, None, None, None)
     weights_BKGTS = _weights(q, k, dense, None, None)

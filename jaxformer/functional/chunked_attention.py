@@ -5,7 +5,7 @@ Computes softmax(q k^T * scale + bias, masked) v one [block_q, block_k] tile at 
 are carried across key blocks. The forward saves q, k, v, the output and the row
 log-sum-exp [B, K, G, T]; the backward (`jax.custom_vjp`) recomputes each tile from them.
 No [T, S] array is formed; masks and bias apply per tile (causal tiles above the diagonal
-are skipped). Dropout keep-masks are drawn per tile and redrawn in the backward, so they
+are skipped), padding and packed documents as ids compared per tile (`masks.segment_ids`). Dropout keep-masks are drawn per tile and redrawn in the backward, so they
 match "xla" in distribution only. A query with nothing to attend to gets zero output."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.checks import BadValue
-from jaxformer.functional.masks import split_heads
+from jaxformer.functional.masks import PAD_KEY, PAD_QUERY, segment_ids, split_heads
 
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
@@ -45,6 +45,8 @@ def chunked_attention(
     q_valid: jax.Array | None = None,
     k_valid: jax.Array | None = None,
     k_lengths: jax.Array | None = None,
+    q_segments: jax.Array | None = None,
+    k_segments: jax.Array | None = None,
     causal: bool = False,
     scale: float | None = None,
     dropout_rate: float = 0.0,
@@ -63,13 +65,11 @@ def chunked_attention(
         raise BadValue(f"block_q and block_k must be >= 1, got {block_q} and {block_k}")
     B, T, H, D = q.shape
     S, K, Dv = k.shape[1], k.shape[2], v.shape[3]
-    if k_lengths is not None:  # a vector [B, S], applied per tile like k_valid
-        by_length = jnp.arange(S)[None, :] < k_lengths[:, None]
-        k_valid = by_length if k_valid is None else k_valid & by_length
+    ids = segment_ids(B, T, S, q_valid, k_valid, k_lengths, q_segments, k_segments)
     bq, bk = min(block_q, T), min(block_k, S)
     Tp, Sp = _round_up(T, bq), _round_up(S, bk)
-    if Sp != S and k_valid is None:
-        k_valid = jnp.ones((B, S), bool)
+    if Sp != S and ids is None:  # keys padded to whole tiles: ids keep them out
+        ids = segment_ids(B, T, S, None, jnp.ones((B, S), bool), None, None, None)
     scale = float(1.0 / math.sqrt(D) if scale is None else scale)
     tiles = _Tiles(causal, scale, float(dropout_rate), block_q=bq, block_k=bk)
     q5 = _pad_axis(q, 1, Tp).reshape(B, Tp, K, H // K, D)
@@ -82,20 +82,20 @@ def chunked_attention(
         _pad_axis(v, 1, Sp),
         mask5,
         bias5,
-        None if q_valid is None else _pad_axis(q_valid, 1, Tp),
-        None if k_valid is None else _pad_axis(k_valid, 1, Sp),
+        None if ids is None else _pad_axis(ids[0], 1, Tp, PAD_QUERY),
+        None if ids is None else _pad_axis(ids[1], 1, Sp, PAD_KEY),
         dropout_rng if dropout_rate > 0.0 else None,
     )
     return out[:, :T].reshape(B, T, H, Dv)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(tiles, q, k, v, mask, bias, q_valid, k_valid, rng):
+def _attend(tiles, q, k, v, mask, bias, q_ids, k_ids, rng):
     """q [B, Tp, K, G, D], k [B, Sp, K, D], v [B, Sp, K, Dv] -> [B, Tp, K, G, Dv]."""
-    return _forward(tiles, q, k, v, mask, bias, q_valid, k_valid, rng)[0]
+    return _forward(tiles, q, k, v, mask, bias, q_ids, k_ids, rng)[0]
 
 
-def _forward(tiles, q, k, v, mask, bias, q_valid, k_valid, rng):
+def _forward(tiles, q, k, v, mask, bias, q_ids, k_ids, rng):
     """The output [B, Tp, K, G, Dv] and the row log-sum-exp L [B, K, G, Tp] (float32)."""
     B, Tp, K, G, _ = q.shape
     Dv = v.shape[-1]
@@ -109,7 +109,7 @@ def _forward(tiles, q, k, v, mask, bias, q_valid, k_valid, rng):
             acc, m, l = carry
             k_j = jax.lax.dynamic_slice_in_dim(k, j * bk, bk, axis=1)
             v_j = jax.lax.dynamic_slice_in_dim(v, j * bk, bk, axis=1)
-            s = _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid)
+            s = _logits(tiles, q_i, k_j, i, j, mask, bias, q_ids, k_ids)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # all masked so far
             p = jnp.exp(s - m_safe[..., None])  # masked logits are -inf: p = 0
@@ -135,14 +135,14 @@ def _forward(tiles, q, k, v, mask, bias, q_valid, k_valid, rng):
     return out, lse
 
 
-def _attend_fwd(tiles, q, k, v, mask, bias, q_valid, k_valid, rng):
-    out, lse = _forward(tiles, q, k, v, mask, bias, q_valid, k_valid, rng)
-    return out, (q, k, v, mask, bias, q_valid, k_valid, rng, out, lse)
+def _attend_fwd(tiles, q, k, v, mask, bias, q_ids, k_ids, rng):
+    out, lse = _forward(tiles, q, k, v, mask, bias, q_ids, k_ids, rng)
+    return out, (q, k, v, mask, bias, q_ids, k_ids, rng, out, lse)
 
 
 def _attend_bwd(tiles, residuals, d_out):
     """Per key block j: dV_j, dK_j summed over query blocks; dQ (and dbias) accumulated."""
-    q, k, v, mask, bias, q_valid, k_valid, rng, out, lse = residuals
+    q, k, v, mask, bias, q_ids, k_ids, rng, out, lse = residuals
     bq, bk = tiles.block_q, tiles.block_k
     n_q, n_k = q.shape[1] // bq, k.shape[1] // bk
     # delta = rowsum(dP * P) = rowsum(dO * O), [B, K, G, Tp].
@@ -159,7 +159,7 @@ def _attend_bwd(tiles, residuals, d_out):
             do_i = jax.lax.dynamic_slice_in_dim(d_out, i * bq, bq, axis=1)
             lse_i = jax.lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=3)
             delta_i = jax.lax.dynamic_slice_in_dim(delta, i * bq, bq, axis=3)
-            s = _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid)
+            s = _logits(tiles, q_i, k_j, i, j, mask, bias, q_ids, k_ids)
             p = jnp.exp(s - lse_i[..., None])  # the softmax weights of this tile
             p_dropped = _drop(tiles, p, rng, i, j)
             dv_j = dv_j + _einsum_f32("bkgqs,bqkgd->bskd", p_dropped.astype(do_i.dtype), do_i)
@@ -189,13 +189,13 @@ def _attend_bwd(tiles, residuals, d_out):
     dk = jnp.moveaxis(dk, 0, 1).reshape(k.shape)  # [n_k, B, bk, K, D] -> [B, Sp, K, D]
     dv = jnp.moveaxis(dv, 0, 1).reshape(v.shape)
     grads = dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
-    return *grads, None, dbias, None, None, None  # mask, valid vectors and rng: none
+    return *grads, None, dbias, None, None, None  # mask, ids and rng: none
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-def _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid):
+def _logits(tiles, q_i, k_j, i, j, mask, bias, q_ids, k_ids):
     """Scaled logits (+ bias) of tile (i, j), [B, K, G, bq, bk] float32; -inf where masked."""
     bq, bk = tiles.block_q, tiles.block_k
     s = _einsum_f32("bqkgd,bskd->bkgqs", q_i, k_j)
@@ -207,9 +207,12 @@ def _logits(tiles, q_i, k_j, i, j, mask, bias, q_valid, k_valid):
         q_pos = i * bq + jnp.arange(bq)
         k_pos = j * bk + jnp.arange(bk)
         keep.append((k_pos[None, :] <= q_pos[:, None])[None, None, None])  # [1, 1, 1, q, s]
-    q_valid = None if q_valid is None else q_valid[:, None, None, :, None]
-    k_valid = None if k_valid is None else k_valid[:, None, None, None, :]
-    keep += [_tile(m, i * bq, bq, j * bk, bk) for m in (q_valid, k_valid, mask) if m is not None]
+    if q_ids is not None:  # ids of the tile's queries [B, 1, 1, bq, 1] and keys [B, 1, 1, 1, bk]
+        q_id = jax.lax.dynamic_slice_in_dim(q_ids, i * bq, bq, axis=1)[:, None, None, :, None]
+        k_id = jax.lax.dynamic_slice_in_dim(k_ids, j * bk, bk, axis=1)[:, None, None, None, :]
+        keep.append(q_id == k_id)
+    if mask is not None:
+        keep.append(_tile(mask, i * bq, bq, j * bk, bk))
     if not keep:
         return s
     return jnp.where(functools.reduce(jnp.logical_and, keep), s, -jnp.inf)
@@ -258,13 +261,13 @@ def _pad_ts(x: jax.Array, Tp: int, Sp: int) -> jax.Array:
     return x
 
 
-def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
-    """Zero- (False-) pad x along `axis` to `size`."""
+def _pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    """Pad x along `axis` to `size` with `value` (zero, False)."""
     if x.shape[axis] == size:
         return x
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, widths)
+    return jnp.pad(x, widths, constant_values=value)
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -7,20 +7,15 @@ with no key give zeros), no attention dropout:
                     v5+ (bfloat16/float32, causal flag only)
   "tokamax_triton"  Triton flash kernel (NVIDIA GPUs)
   "tokamax_xla"     tokamax's XLA reference (any device; what the tests run on a CPU)
-tokamax is imported at first trace. `target_device` tells "auto" which device it chooses
-for; `gpu_target` lowers these kernels for a GPU this host lacks."""
+tokamax is imported at first trace. "auto" chooses for JAX's default device
+(`attention_device`) and asks `DEVICE_CHECKS` whether a kernel builds there
+(`jaxformer.accelerators` fills it, and lowers for a GPU this host lacks)."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
-import functools
 import importlib
-import importlib.metadata
 import re
 from typing import NamedTuple
-from unittest import mock
 
 import jax
 import jax.extend.backend
@@ -28,9 +23,11 @@ import jax.numpy as jnp
 
 from jaxformer.checks import BadType, BadValue, MissingPackage
 from jaxformer.functional.masks import causal_mask, combine_masks, fold_masks
-from jaxformer.functional.registry import ATTENTION
+from jaxformer.functional.registry import ATTENTION, DEVICE_CHECKS
 
 INSTALL_HINT = "pip install 'jaxformer[kernels]'"
+# Packed documents reach a kernel as segment ids or not at all (never as a dense mask).
+NO_SEGMENTS = "{}.dot_product_attention has no argument for packed documents"
 
 
 class AutoRule(NamedTuple):
@@ -66,26 +63,11 @@ AUTO_RULES: tuple[AutoRule, ...] = (
 )
 
 
-_TARGET: contextvars.ContextVar = contextvars.ContextVar("attention_target", default=None)
-
-
-@contextlib.contextmanager
-def target_device(device):
-    """Within the block, "auto" and the kernels' checks choose for `device` (a jax Device,
-    e.g. a chip of a TPU topology compiled for with no TPU present) instead of this
-    process's first device."""
-    token = _TARGET.set(device)
-    try:
-        yield
-    finally:
-        _TARGET.reset(token)
-
-
-def current_target():
-    """(backend, device) that attention is traced for: `target_device`'s, or the default."""
-    device = _TARGET.get()
-    if device is None:
-        return jax.default_backend(), jax.devices()[0]
+def attention_device() -> tuple[str, object]:
+    """(backend, device) that "auto" and the kernels' checks choose for: JAX's default
+    device (`jax.default_device` sets it; a stand-in there is a device compiled for, not
+    present), the backend "gpu" for CUDA and ROCm."""
+    device = jax.extend.backend.get_default_device()
     return ("gpu" if device.platform in ("cuda", "rocm") else device.platform), device
 
 
@@ -98,6 +80,14 @@ def device_families(backend: str, device) -> tuple[str, ...]:
         major = None if capability is None else int(float(capability))
         return (f"gpu_sm{major}0", "gpu") if major in (9, 10) else ("gpu",)
     return (backend,)
+
+
+def device_problem(implementation: str, device) -> tuple[type, str] | None:
+    """Why `implementation` cannot run on `device` whatever its inputs (the check
+    `DEVICE_CHECKS` holds for it: a kernel that does not build there), or None."""
+    if implementation not in DEVICE_CHECKS.names:
+        return None
+    return DEVICE_CHECKS[implementation].fn(device)
 
 
 def tokamax_or_none():
@@ -115,15 +105,17 @@ def tokamax_or_none():
     return tokamax
 
 
-def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float):
+def mosaic_problem(q, k, v, *, padded, explicit, dropout_rate, segmented=False):
     """Why "tokamax_mosaic" cannot take this call on the default device: (error type,
     reason), or None. explicit: a dense mask, bias or validity vectors; padded: key
-    lengths."""
+    lengths; segmented: packed documents' segment ids."""
     if tokamax_or_none() is None:
         return MissingPackage, f"tokamax is not installed ({INSTALL_HINT})"
     if dropout_rate > 0.0:
         return BadValue, "has no attention dropout"
-    backend, device = current_target()
+    if segmented:
+        return BadValue, f"takes no segment ids: {NO_SEGMENTS.format('tokamax')}"
+    backend, device = attention_device()
     families = device_families(backend, device)
     dtypes = {q.dtype, k.dtype, v.dtype}
     if families[0] == "tpu":
@@ -134,115 +126,12 @@ def mosaic_problem(q, k, v, *, padded: bool, explicit: bool, dropout_rate: float
             return BadType, f"on a TPU takes bfloat16 or float32 q, k, v; got {dtypes}"
         if padded or explicit:
             return BadValue, "on a TPU takes the causal flag only: no key lengths, masks, bias"
-        return _fails_here("mosaic")
+        return device_problem("tokamax_mosaic", device)
     if families[0] in ("gpu_sm90", "gpu_sm100"):
         if len(dtypes) > 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
             return BadType, f"takes bfloat16 or float16 q, k, v (all one dtype); got {dtypes}"
-        return _fails_here("mosaic")
+        return device_problem("tokamax_mosaic", device)
     return BadValue, f"needs a Hopper or Blackwell GPU or a TPU, found {families[0]!r}"
-
-
-def _fails_here(name: str):
-    """(RuntimeError, reason) when tokamax's `name` kernel does not build for the target,
-    else None. A GPU target on a host without one is checked by lowering for it."""
-    backend, device = current_target()
-    capability = None
-    if backend == "gpu" and jax.default_backend() != "gpu":
-        capability = str(device.compute_capability)
-    failure = kernel_failure(name, capability)
-    if failure is None:
-        return None
-    versions = f"tokamax {importlib.metadata.version('tokamax')} with jax {jax.__version__}"
-    return RuntimeError, f"fails to build with {versions} on this device ({failure})"
-
-
-@functools.cache
-def kernel_failure(name: str, capability: str | None = None) -> str | None:
-    """Why tokamax's `name` kernel fails to build, or None (once per process): its forward
-    and backward on one small bfloat16 causal call ([1, 128, 2, 64]), compiled on the
-    default device, or lowered for the NVIDIA GPU of `capability` ("9.0": Hopper) on any
-    host. A tokamax release can lag JAX's; "auto" then runs the next row of its table."""
-    tokamax = tokamax_or_none()
-    if tokamax is None:
-        return f"ImportError: tokamax is not installed ({INSTALL_HINT})"
-    x = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16)
-
-    def total(q, k, v):
-        with jax.numpy_rank_promotion("allow"):  # tokamax's own code broadcasts implicitly
-            out = tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=name)
-        return out.astype(jnp.float32).sum()
-
-    program = jax.grad(total, argnums=(0, 1, 2))
-    try:
-        if capability is None:
-            jax.jit(program).lower(x, x, x).compile()
-        else:
-            lower_for_gpu(program, x, x, x, capability=capability)
-    except Exception as error:  # any failure to build means: do not run it here
-        message = str(error).strip() or repr(error)
-        return f"{type(error).__name__}: {message.splitlines()[0][:200]}"
-    return None
-
-
-# --- lowering for a GPU this host does not have -----------------------------------------
-
-# compute capability -> (device kind, streaming multiprocessors) of the GPU lowered for
-GPUS = {
-    "8.0": ("NVIDIA A100-SXM4-80GB", 108),
-    "9.0": ("NVIDIA H100 80GB HBM3", 132),
-    "10.0": ("NVIDIA B200", 148),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class StandInGpu:
-    """What tokamax and Mosaic GPU read from the default device, for a GPU not present."""
-
-    device_kind: str
-    compute_capability: str
-    core_count: int
-    platform: str = "gpu"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AbstractGpu(jax.sharding.AbstractDevice):
-    """The abstract mesh's device, with the capability that JAX before 0.11 reads from it
-    (not from the default device) for Mosaic GPU; without it that JAX lowers for sm90."""
-
-    compute_capability: str = "9.0"
-
-
-@contextlib.contextmanager
-def gpu_target(capability: str = "9.0"):
-    """Within: tokamax's GPU kernels trace and lower for the NVIDIA GPU of compute
-    `capability` (a key of GPUS), whatever this host's devices are. tokamax and Mosaic GPU
-    read what they build for from `jax.extend.backend.get_default_device()`, JAX's Triton
-    lowering from the abstract mesh's device: both answer with that GPU, and tokamax's
-    `cross_compile` skips its hardware checks. The stand-in device is process-wide while
-    entered: lower in one thread at a time."""
-    if capability not in GPUS:
-        raise BadValue(f"capability must be one of {sorted(GPUS)}, got {capability!r}")
-    tokamax = tokamax_or_none()
-    if tokamax is None:
-        raise MissingPackage(f"lowering tokamax's GPU kernels needs tokamax: {INSTALL_HINT}")
-    kind, cores = GPUS[capability]
-    device = StandInGpu(kind, capability, cores)
-    abstract = AbstractGpu(kind, cores, "cuda", compute_capability=capability)
-    mesh = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=abstract)
-    with (
-        tokamax.config.cross_compile(True),
-        mock.patch.object(jax.extend.backend, "get_default_device", lambda: device),
-        jax.sharding.use_abstract_mesh(mesh),
-        jax.numpy_rank_promotion("allow"),  # tokamax's kernels broadcast implicitly
-    ):
-        yield
-
-
-def lower_for_gpu(fn, *args, capability: str = "9.0") -> str:
-    """The StableHLO text of `jax.jit(fn)` on `args` (arrays or jax.ShapeDtypeStruct)
-    lowered for CUDA on the NVIDIA GPU of compute `capability`, on any host."""
-    with gpu_target(capability):
-        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def _tokamax_kernel(name: str):
@@ -256,26 +145,34 @@ def _tokamax_kernel(name: str):
 
 
 def _tokamax_attention(
-    name, q, k, v, *, mask, q_valid, k_valid, k_lengths, causal, bias, scale, dropout_rate
-):
+    name, q, k, v, *, mask, q_valid, k_valid, k_lengths, q_segments, k_segments, causal, bias,
+    scale, dropout_rate,
+):  # fmt: skip
     """tokamax.dot_product_attention(implementation=name): causality as is_causal, key
-    lengths as key_value_seq_lengths; rows with no key give 0."""
+    lengths as key_value_seq_lengths; rows with no key give 0. Packed documents: only the
+    XLA reference takes them, as the mask it materialises anyway."""
     tokamax = tokamax_or_none()
     if tokamax is None:
         raise MissingPackage(f"implementation='tokamax_{name}' needs tokamax: {INSTALL_HINT}")
+    segmented = q_segments is not None
     if name == "mosaic":
         explicit = any(x is not None for x in (mask, q_valid, k_valid, bias))
-        problem = mosaic_problem(
-            q, k, v, padded=k_lengths is not None, explicit=explicit, dropout_rate=dropout_rate
-        )
+        flags = dict(padded=k_lengths is not None, explicit=explicit, segmented=segmented)
+        problem = mosaic_problem(q, k, v, dropout_rate=dropout_rate, **flags)
         if problem is not None:
             error, reason = problem
             raise error(f"implementation='tokamax_mosaic' {reason}; use 'xla' or 'chunked'")
+    if segmented and name != "xla":
+        reason = NO_SEGMENTS.format("tokamax")
+        raise BadValue(
+            f"implementation='tokamax_{name}' takes no segment ids: {reason}; use 'xla' or 'chunked'"
+        )
     if dropout_rate > 0.0:
         raise BadValue(f"implementation='tokamax_{name}' has no attention dropout")
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
-    mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid)
-    with jax.numpy_rank_promotion("allow"):  # tokamax's own code broadcasts implicitly
+    segments = dict(q_segments=q_segments, k_segments=k_segments)
+    with jax.named_scope(f"tokamax_{name}"), jax.numpy_rank_promotion("allow"):  # as tokamax
+        mask = fold_masks(B, T, S, mask, q_valid=q_valid, k_valid=k_valid, **segments)
         out = tokamax.dot_product_attention(
             q,
             k,
@@ -287,7 +184,7 @@ def _tokamax_attention(
             key_value_seq_lengths=k_lengths,
             implementation=name,
         )
-    return zero_rows_without_keys(out, mask, causal, k_lengths)
+        return zero_rows_without_keys(out, mask, causal, k_lengths)
 
 
 for _name in ("mosaic", "triton", "xla"):

@@ -18,6 +18,10 @@ from jaxformer.checks import (
     check_shape,
 )
 
+# segment_ids' ids: real tokens keep their document's id (REAL without documents; a
+# document's id is >= 0); padded keys and queries get ids that match nothing.
+REAL, PAD_KEY, PAD_QUERY = 1, -1, -2
+
 
 def causal_mask(T: int, S: int | None = None, offset: int | jax.Array = 0) -> jax.Array:
     """[T, S] mask where query t (at absolute position t + offset) sees keys s <= t + offset;
@@ -60,6 +64,19 @@ def check_lengths(name: str, lengths, B: int) -> None:
     check_shape(name, lengths, (B,), "[B]")
 
 
+def check_segments(q_segments, k_segments, B: int, T: int, S: int) -> None:
+    """Segment ids are integer arrays q_segments [B, T] and k_segments [B, S]; k_segments
+    None with q_segments given means the same ids (self-attention: S = T)."""
+    if q_segments is None and k_segments is not None:
+        raise BadValue("k_segments needs q_segments (the queries' segment ids)")
+    if q_segments is not None:
+        check_int_array("q_segments", q_segments, "of segment ids")
+        check_shape("q_segments", q_segments, (B, T), "[B, T]")
+        k_segments = q_segments if k_segments is None else k_segments
+        check_int_array("k_segments", k_segments, "of segment ids")
+        check_shape("k_segments", k_segments, (B, S), "[B, S] (q_segments' when not given)")
+
+
 def padding_lengths(valid: jax.Array | None) -> jax.Array | None:
     """The lengths [B] int32 of right-padded rows, valid [B, S] (a prefix of each row is
     True); None for None."""
@@ -67,7 +84,9 @@ def padding_lengths(valid: jax.Array | None) -> jax.Array | None:
 
 
 @functools.partial(
-    jax.tree_util.register_dataclass, data_fields=["k_lengths", "dense"], meta_fields=["causal"]
+    jax.tree_util.register_dataclass,
+    data_fields=["k_lengths", "q_segments", "k_segments", "dense"],
+    meta_fields=["causal"],
 )
 @dataclasses.dataclass(frozen=True)
 class AttentionMask:
@@ -76,16 +95,43 @@ class AttentionMask:
 
       causal: query t sees keys s <= t (a flag);
       k_lengths: [B] int, keys s >= k_lengths[b] are padding;
-      dense: boolean, broadcastable to [B, H, T, S], for what neither expresses, or None."""
+      q_segments, k_segments: [B, T] and [B, S] int ids >= 0 of packed documents (k_segments
+        None: q_segments', self-attention): a query attends to the keys of its own id; id 0
+        is padding, seeing nothing;
+      dense: boolean, broadcastable to [B, H, T, S], for what none of these express, or None."""
 
     causal: bool = False
     k_lengths: jax.Array | None = None
+    q_segments: jax.Array | None = None
+    k_segments: jax.Array | None = None
     dense: jax.Array | None = None
 
     def as_array(self, T: int, S: int) -> jax.Array | None:
         """The same mask as one boolean array broadcastable to [B, H, T, S] (None: none)."""
-        lengths = None if self.k_lengths is None else length_mask(self.k_lengths, S)
-        return combine_masks(self.dense, lengths, causal_mask(T, S) if self.causal else None)
+        B = 1 if self.q_segments is None else self.q_segments.shape[0]
+        structure = dict(q_segments=self.q_segments, k_segments=self.k_segments)
+        return fold_masks(
+            B, T, S, self.dense, k_lengths=self.k_lengths, causal=self.causal, **structure
+        )
+
+
+def segment_ids(B: int, T: int, S: int, q_valid, k_valid, k_lengths, q_segments, k_segments):
+    """Padding and packed documents (segment ids [B, T], [B, S], 0 = padding) as one pair
+    of ids, (q_ids [B, T], kv_ids [B, S]) int32, or None when there is neither: query t may
+    see key s iff q_ids[t] == kv_ids[s] (what splash takes, and "chunked" per tile)."""
+    if all(x is None for x in (q_valid, k_valid, k_lengths, q_segments)):
+        return None
+    real_k = jnp.ones((B, S), bool) if k_valid is None else k_valid
+    if k_lengths is not None:
+        real_k = real_k & (jnp.arange(S)[None, :] < k_lengths[:, None])
+    real_q = jnp.ones((B, T), bool) if q_valid is None else q_valid
+    q_doc, k_doc = REAL, REAL
+    if q_segments is not None:
+        k_segments = q_segments if k_segments is None else k_segments
+        q_doc, k_doc = q_segments, k_segments
+        real_q, real_k = real_q & (q_segments != 0), real_k & (k_segments != 0)
+    q_ids = jnp.where(real_q, q_doc, PAD_QUERY).astype(jnp.int32)
+    return q_ids, jnp.where(real_k, k_doc, PAD_KEY).astype(jnp.int32)
 
 
 def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
@@ -113,11 +159,16 @@ def fold_masks(
     q_valid: jax.Array | None = None,
     k_valid: jax.Array | None = None,
     k_lengths: jax.Array | None = None,
+    q_segments: jax.Array | None = None,
+    k_segments: jax.Array | None = None,
     causal: bool = False,
 ) -> jax.Array | None:
     """One boolean mask, broadcastable to [B, H, T, S], from a mask and the structure
-    (validity vectors [B, T] and [B, S], key lengths [B], the causal flag): what an
-    implementation that takes no flags or lengths forms inside itself."""
+    (validity vectors [B, T] and [B, S], key lengths [B], segment ids [B, T] and [B, S],
+    the causal flag): what an implementation that takes no structure forms inside itself."""
+    if q_segments is not None:
+        k_segments = q_segments if k_segments is None else k_segments
+        mask = combine_masks(mask, segment_mask(q_segments, k_segments))
     if q_valid is not None or k_valid is not None:
         k_valid = jnp.ones((B, S), bool) if k_valid is None else k_valid
         mask = combine_masks(mask, padding_mask(q_valid, k_valid))

@@ -100,8 +100,16 @@ ATTENTION = Registry(
     "jaxformer.functional.ATTENTION",
     "fn(q [B,T,H,D], k [B,S,K,D], v [B,S,K,Dv], *, mask (bool, True = may attend, or None), "
     "bias, scale, dropout_rate, dropout_rng) -> [B,T,H,Dv]; with raw_masks=True it also gets "
-    "q_valid, k_valid, k_lengths ([B] int, right padding) and causal (a flag), not folded "
-    "into mask",
+    "q_valid, k_valid, k_lengths ([B] int, right padding), q_segments, k_segments ([B,T], "
+    "[B,S] int ids of packed documents, or None) and causal (a flag), not folded into mask",
+)
+
+DEVICE_CHECKS = Registry(
+    "device check",
+    "jaxformer.functional.DEVICE_CHECKS",
+    "fn(device) -> (error type, reason) or None: why the ATTENTION kernel of the same name "
+    "cannot run on `device` (a jax Device or a stand-in with platform and device_kind), "
+    "whatever its inputs; jaxformer.accelerators registers the built-in checks",
 )
 
 

@@ -2,8 +2,8 @@
 splash_attention), registered in ATTENTION as "splash".
 
 It computes `scaled_dot_product_attention`'s function from the structure alone (causality
-as CausalMask, key lengths and validity as SegmentIds): no dense mask, bias or dropout,
-float32 or bfloat16, T and S multiples of 128 (`splash_problem` says why not).
+as CausalMask; key lengths, validity and packed documents as SegmentIds): no dense mask,
+bias or dropout, float32 or bfloat16, T and S multiples of 128 (`splash_problem` says why).
 
 On a CPU it runs in Pallas interpret mode (`INTERPRET` overrides). Under a mesh it runs
 inside `jax.shard_map`: batch rows over `data` and `fsdp`, heads over `tensor`."""
@@ -19,7 +19,8 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.checks import BadType, BadValue
-from jaxformer.functional.kernels import current_target
+from jaxformer.functional.kernels import attention_device
+from jaxformer.functional.masks import PAD_QUERY, segment_ids
 from jaxformer.functional.registry import ATTENTION
 
 # True: Pallas interpret mode; False: the compiled TPU kernel (what `jax.export` for a TPU
@@ -28,14 +29,12 @@ INTERPRET: bool | None = None
 TILE = 128  # T and S must be multiples of this (splash's key tiles and backward query tiles)
 BLOCKS = (512, 256, 128)  # block sizes tried, largest first
 BATCH_AXES, HEAD_AXIS = ("data", "fsdp"), "tensor"  # the mesh axes of jaxformer.parallel
-# Segment ids: real queries and keys share one id; padded keys and queries match nothing.
-REAL, PAD_KEY, PAD_QUERY = 1, 0, 2
 
 
 def interpret() -> bool:
-    """Whether the kernel runs in Pallas interpret mode: `INTERPRET`, else when the target
-    (`kernels.target_device`, else this process's device) is a CPU."""
-    return current_target()[0] == "cpu" if INTERPRET is None else INTERPRET
+    """Whether the kernel runs in Pallas interpret mode: `INTERPRET`, else when the device
+    attention is traced for (`kernels.attention_device`) is a CPU."""
+    return attention_device()[0] == "cpu" if INTERPRET is None else INTERPRET
 
 
 def splash_problem(
@@ -51,7 +50,7 @@ def splash_problem(
         return BadValue, "takes no bias"
     if explicit:
         return BadValue, "takes no dense mask (causal=True, k_lengths, q_valid/k_valid only)"
-    if current_target()[0] == "gpu" and not interpret():
+    if attention_device()[0] == "gpu" and not interpret():
         return BadValue, "needs a TPU, or Pallas interpret mode (splash.INTERPRET = True)"
     dtypes = {jnp.dtype(x.dtype) for x in (q, k, v)}
     if len(dtypes) > 1 or q.dtype not in (jnp.float32, jnp.bfloat16):
@@ -65,8 +64,9 @@ def splash_problem(
 
 @functools.partial(ATTENTION.register, "splash", raw_masks=True)
 def splash_attention(
-    q, k, v, *, mask, q_valid, k_valid, k_lengths, causal, bias, scale, dropout_rate, dropout_rng
-):
+    q, k, v, *, mask, q_valid, k_valid, k_lengths, q_segments, k_segments, causal, bias, scale,
+    dropout_rate, dropout_rng,
+):  # fmt: skip
     """softmax(q k^T * scale) v by splash attention: [B, T, H, Dv] in q's dtype."""
     del dropout_rng  # no dropout: refused
     explicit, has_bias = mask is not None, bias is not None
@@ -76,8 +76,12 @@ def splash_attention(
         raise error(f"implementation='splash' {reason}; use implementation='xla' or 'chunked'")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q = (q.astype(jnp.float32) * jnp.float32(scale)).astype(q.dtype)  # splash does not scale
-    ids = segment_ids(q.shape[0], q.shape[1], k.shape[1], q_valid, k_valid, k_lengths)
     run = functools.partial(_splash_local, causal=causal, interpret=interpret())
+    padding = (q_valid, k_valid, k_lengths)
+    if q_segments is not None and k_segments is None and all(x is None for x in padding):
+        return _on_mesh(run, q, *_packed_self_attention(k, v, q_segments))
+    B, T, S = q.shape[0], q.shape[1], k.shape[1]
+    ids = segment_ids(B, T, S, q_valid, k_valid, k_lengths, q_segments, k_segments)
     out = _on_mesh(run, q, k, v, ids)
     if ids is None:
         return out
@@ -85,25 +89,27 @@ def splash_attention(
     return jnp.where(keep, out, jnp.zeros_like(out))
 
 
-def segment_ids(B: int, T: int, S: int, q_valid, k_valid, k_lengths):
-    """Padding as splash's segment ids, (q_ids [B, T], kv_ids [B, S]) int32, or None."""
-    if q_valid is None and k_valid is None and k_lengths is None:
-        return None
-    real_k = jnp.ones((B, S), bool) if k_valid is None else k_valid
-    if k_lengths is not None:
-        real_k = real_k & (jnp.arange(S)[None, :] < k_lengths[:, None])
-    real_q = jnp.ones((B, T), bool) if q_valid is None else q_valid
-    q_ids = jnp.where(real_q, REAL, PAD_QUERY).astype(jnp.int32)
-    return q_ids, jnp.where(real_k, REAL, PAD_KEY).astype(jnp.int32)
+def _packed_self_attention(k, v, segments):
+    """(k, v, ids) for self-attention over packed rows, whose output needs no zeroing
+    after the kernel (a second [B, T, H, D] buffer kept for the backward): each document's
+    query sees at least itself, and padding queries see padding keys only, whose values are
+    zeroed here, so their output is exactly zero."""
+    pad = segments == 0
+    ids = jnp.where(pad, PAD_QUERY, segments).astype(jnp.int32)
+    return k, jnp.where(pad[:, :, None, None], jnp.zeros_like(v), v), (ids, ids)
 
 
 def _rows_with_keys(q_ids, kv_ids, causal: bool):
-    """[B, T] bool: query t has a key to attend to (a real key s, s <= t when causal)."""
-    real_k = kv_ids == REAL
-    S = real_k.shape[1]
-    first = jnp.where(jnp.any(real_k, axis=1), jnp.argmax(real_k, axis=1), S)  # [B]
+    """[B, T] bool: query t has a key to attend to (a key s of its id, s <= t when causal):
+    each id's first key found in the keys' ids sorted (stable), with no [T, S] array."""
+    S = kv_ids.shape[1]
+    order = jnp.argsort(kv_ids, axis=1, stable=True)  # [B, S]
+    sorted_ids = jnp.take_along_axis(kv_ids, order, axis=1)
+    at = jnp.minimum(jax.vmap(jnp.searchsorted)(sorted_ids, q_ids), S - 1)  # [B, T]
+    found = jnp.take_along_axis(sorted_ids, at, axis=1) == q_ids
+    first = jnp.take_along_axis(order, at, axis=1)  # the first key of the query's id
     bound = jnp.arange(q_ids.shape[1])[None, :] if causal else S - 1
-    return (q_ids == REAL) & (first[:, None] <= bound)
+    return found & (first <= bound)
 
 
 def _on_mesh(run, q, k, v, ids):

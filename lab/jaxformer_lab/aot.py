@@ -8,6 +8,8 @@ lowered for a TPU only, so only the state's bytes are known. Per chip it reports
 parameters, optimizer state, temporaries, whether the program fits in HBM and the largest
 batch found to fit, XLA's FLOPs, a roofline lower bound on the step time from the
 generation's published peaks (a bound, not a measurement) and the attention it runs.
+With `packed`, a decoder's train and evaluation steps take packed rows (segment ids and
+positions per document), as `--pack` trains.
 
     jaxformer compile-check --target tpu:v5e:2x4 --model gpt2_small --layout fsdp
 """
@@ -29,9 +31,9 @@ import optax
 from flax import nnx
 
 from jaxformer import decode, train
+from jaxformer.accelerators import StandInDevice
 from jaxformer.checks import BadValue, MissingPackage
 from jaxformer.config import TransformerConfig
-from jaxformer.functional.kernels import target_device
 from jaxformer.models import DecoderLM, Transformer
 from jaxformer.parallel import make_mesh
 from jaxformer.parallel.placement import MeshPlacement
@@ -216,6 +218,7 @@ class Report:
     bytes_accessed: float | None = None
     roofline_seconds: float | None = None
     attention: str = ""
+    packed: bool = False  # rows of packed documents (segment ids and positions)
 
 
 def check(
@@ -228,6 +231,7 @@ def check(
     length: int | None = None,
     lowered_only: bool = False,
     find_largest_batch: bool = True,
+    packed: bool = False,
 ) -> Report:
     """Compile (or lower) `model`'s `program` for `target` in `layout`: the Report."""
     if program not in PROGRAMS:
@@ -235,6 +239,10 @@ def check(
     if model not in MODEL_NAMES:
         raise BadValue(f"--model {model!r}: expected one of {MODEL_NAMES}")
     config, batch_per_chip, default_length = models()[model]
+    if packed and (config.num_encoder_layers or program not in ("train", "eval")):
+        raise BadValue(
+            f"--pack: packed rows are a decoder's train and eval steps, not {model} {program}"
+        )
     chips, compiles = target_chips(target, lowered_only=lowered_only)
     sizes = mesh_sizes(layout, len(chips), config)
     placement = MeshPlacement(make_mesh(**sizes, devices=chips), DEFAULT_RULES)
@@ -243,18 +251,20 @@ def check(
     placement.check_rows(batch, "--batch")
     config = config.replace(max_len=max(config.max_len, length))
     build = {
-        "train": _train_program,
-        "eval": _eval_program,
+        "train": functools.partial(_train_program, packed=packed),
+        "eval": functools.partial(_eval_program, packed=packed),
         "decode": functools.partial(_decode_program, strategy=decode.greedy),
         "beam": functools.partial(_decode_program, strategy=decode.beam_search),
     }[program]
     chip = CHIPS[target.generation]
-    with target_device(chips[0] if compiles else _TpuStandIn(target.generation)):
+    # "auto" chooses attention for the default device: a chip of the target
+    chip_device = chips[0] if compiles else StandInDevice("tpu", f"TPU {target.generation}")
+    with jax.default_device(chip_device):
         lowered, state = build(config, placement, batch, length, compiles)
         report = Report(
             target.name, model, program, layout, sizes, batch, length, compiles,
             _bytes_per_chip(state.params), _bytes_per_chip(state.opt_state),
-            hbm_bytes=chip.hbm_bytes, attention=_attention_kernel(lowered),
+            hbm_bytes=chip.hbm_bytes, attention=_attention_kernel(lowered), packed=packed,
         )  # fmt: skip
         if compiles:
             compiled = _compiled(lowered)
@@ -267,43 +277,37 @@ def check(
     return report
 
 
-class _TpuStandIn:
-    """What "auto" reads of a TPU chip when only lowering (no libtpu devices)."""
-
-    platform = "tpu"
-
-    def __init__(self, generation: str):
-        self.device_kind = f"TPU {generation}"
-
-
-def _train_program(config, placement, batch, length, compiles):
+def _train_program(config, placement, batch, length, compiles, *, packed=False):
     """(the train step at global `batch` lowered, its abstract state)."""
     schedule = optax.constant_schedule(1e-4)
     optimizer = train.make_optimizer(schedule, name="adamw")
     graphdef, state, layout = _abstract_state(config, placement, optimizer)
     step = train.make_train_step(graphdef, optimizer, schedule, label_smoothing=0.0)
     platform = None if compiles else "tpu"
-    tokens = _token_batch(config, batch, length)
+    tokens = _token_batch(config, batch, length, packed)
     lowered = placement.lower(step, layout, state, tokens, donate_state=True, platform=platform)
     return lowered, state
 
 
-def _eval_program(config, placement, batch, length, compiles):
+def _eval_program(config, placement, batch, length, compiles, *, packed=False):
     """(the evaluation step's loss sums at global `batch` lowered, its abstract state:
     parameters only)."""
     graphdef, state, layout = _abstract_state(config, placement)
     evaluate = train.make_eval_step(graphdef, label_smoothing=0.0)
     platform = None if compiles else "tpu"
-    tokens = _token_batch(config, batch, length)
+    tokens = _token_batch(config, batch, length, packed)
     lowered = placement.lower(evaluate, layout.params, state.params, tokens, platform=platform)
     return lowered, state.replace(opt_state=())
 
 
-def _token_batch(config, batch: int, length: int) -> dict:
+def _token_batch(config, batch: int, length: int, packed: bool = False) -> dict:
     """A step's batch of `batch` rows of `length` tokens, as ShapeDtypeStructs: the target
-    side, and a source of the same shape for an encoder-decoder."""
+    side, and a source of the same shape for an encoder-decoder; packed rows add their
+    documents' segment ids and positions."""
     tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
     arrays = {"tgt_in": tokens, "tgt_out": tokens}
+    if packed:
+        arrays |= {"segment_ids": tokens, "positions": tokens}
     return arrays | {"src": tokens} if config.num_encoder_layers else arrays
 
 
@@ -431,7 +435,7 @@ def results_table(reports: list[Report]) -> Table:
     for r in reports:
         fits = "—" if r.fits is None else ("yes" if r.fits else "**no**")
         rows.append([
-            r.model, r.program, r.layout, _mesh_text(r.mesh), f"{r.batch} x {r.length}",
+            r.model, f"{r.program}, packed" if r.packed else r.program, r.layout, _mesh_text(r.mesh), f"{r.batch} x {r.length}",
             _gib(r.params_bytes), _gib(r.optimizer_bytes), _gib(r.temp_bytes),
             f"{_gib(r.total_bytes)} / {_gib(r.hbm_bytes)}", fits,
             "—" if r.largest_batch is None else r.largest_batch,

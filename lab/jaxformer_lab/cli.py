@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import pathlib
 import signal
 import sys
@@ -73,6 +74,9 @@ def _compile_check_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--batch", type=int, help="global batch (default: the model's per chip x chips)")
     c.add_argument("--length", type=int, help="tokens per row (default: the model's)")
     c.add_argument("--lowered-only", action="store_true", help="lower, do not compile")
+    c.add_argument("--pack", action="store_true",
+                   help="also compile a decoder's train and eval steps on packed rows (segment "
+                   "ids and positions per document), beside the unpacked ones")  # fmt: skip
     c.add_argument("--no-largest-batch", action="store_true",
                    help="skip the search for the largest batch that fits (2-4 more compiles)")  # fmt: skip
     c.add_argument("--out", type=pathlib.Path, metavar="FILE.json",
@@ -295,6 +299,8 @@ def _compile_check(args) -> int:
     for name in models:
         if name not in aot.MODEL_NAMES:
             raise BadValue(f"--model {name!r}: expected one of {', '.join(aot.MODEL_NAMES)}")
+        if args.pack and aot.models()[name].config.num_encoder_layers:
+            raise BadValue(f"--pack: packed rows are for decoder-only models, not {name}")
     if args.out is not None and not args.out.parent.is_dir():
         raise MissingFile(f"--out {args.out}: no folder {args.out.parent}")
     if args.out is not None:
@@ -307,8 +313,12 @@ def _compile_check(args) -> int:
     reports = []
     for model in models:
         for program in programs:
-            for layout in layouts if program in ("train", "eval") else ("fsdp",):
-                _progress(f"compiling {model} {program} ({layout}) for {target.name}")
+            steps = program in ("train", "eval")
+            packings = (False, True) if args.pack and steps else (False,)
+            for layout, packed in itertools.product(layouts if steps else ("fsdp",), packings):
+                _progress(
+                    f"compiling {model} {program}{', packed' * packed} ({layout}) for {target.name}"
+                )
                 reports.append(
                     aot.check(
                         model,
@@ -319,6 +329,7 @@ def _compile_check(args) -> int:
                         length=args.length,
                         lowered_only=args.lowered_only,
                         find_largest_batch=not args.no_largest_batch,
+                        packed=packed,
                     )  # fmt: skip
                 )
     table = aot.results_table(reports)

@@ -10,6 +10,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer import functional as F
+from jaxformer.accelerators import StandInDevice
 from jaxformer.functional.chunked_attention import chunked_attention
 from jaxformer.functional.matmul import einsum_f32
 from tests import reference as ref
@@ -425,26 +426,22 @@ def test_auto_computes_what_the_implementation_it_picks_computes(monkeypatch):
 
 
 def test_auto_picks_cudnn_only_where_cudnn_takes_the_call(monkeypatch):
-    """The cuDNN branch through its support check, on any machine: a pretend H100."""
-
-    class Device:
-        device_kind = "NVIDIA H100 80GB HBM3"
-
-    monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(attention_module.jax, "devices", lambda: [Device()])
+    """The cuDNN branch through its support check, on any machine: a pretend NVIDIA GPU
+    (no compute capability: not a family tokamax's Mosaic kernel comes first on)."""
     monkeypatch.setenv("XLA_FLAGS", "")
     bf16 = jnp.bfloat16
-    assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16) == "cudnn"
-    assert _choose((4, 256, 12, 64), (4, 256, 4, 64), bf16) == "cudnn"  # grouped-query
-    assert _choose((4, 256, 12, 64), (4, 256, 12, 64)) == "xla"  # float32
-    assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16, dropout_rate=0.1) == "xla"
-    assert _choose((4, 256, 12, 20), (4, 256, 12, 20), bf16) == "xla"  # head dim 20
-    assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16, Dv=32) == "xla"  # D != Dv
-    assert _choose((4, 255, 12, 64), (4, 255, 12, 64), bf16) == "xla"  # odd T, masked
-    assert _choose((4, 255, 12, 64), (4, 255, 12, 64), bf16, masked=False) == "cudnn"
-    assert _choose((1, 16384, 8, 64), (1, 16384, 8, 64)) == "chunked"  # float32, long
-    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")  # XLA fails cuDNN then
-    assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16) == "xla"
+    with jax.default_device(StandInDevice("gpu", "NVIDIA A100-SXM4-80GB")):
+        assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16) == "cudnn"
+        assert _choose((4, 256, 12, 64), (4, 256, 4, 64), bf16) == "cudnn"  # grouped-query
+        assert _choose((4, 256, 12, 64), (4, 256, 12, 64)) == "xla"  # float32
+        assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16, dropout_rate=0.1) == "xla"
+        assert _choose((4, 256, 12, 20), (4, 256, 12, 20), bf16) == "xla"  # head dim 20
+        assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16, Dv=32) == "xla"  # D != Dv
+        assert _choose((4, 255, 12, 64), (4, 255, 12, 64), bf16) == "xla"  # odd T, masked
+        assert _choose((4, 255, 12, 64), (4, 255, 12, 64), bf16, masked=False) == "cudnn"
+        assert _choose((1, 16384, 8, 64), (1, 16384, 8, 64)) == "chunked"  # float32, long
+        monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")  # XLA fails cuDNN
+        assert _choose((4, 256, 12, 64), (4, 256, 12, 64), bf16) == "xla"
 
 
 def test_auto_logs_its_choice_once_per_shape(caplog):

@@ -2,6 +2,7 @@
 H100 on this CPU: the module holds each kernel's custom call. Where the installed tokamax
 is older than the installed JAX allows, the same check must report the failure instead."""
 
+import functools
 import importlib.metadata
 import re
 
@@ -10,8 +11,9 @@ import jax.extend.backend
 import jax.numpy as jnp
 import pytest
 
+from jaxformer import functional as F
+from jaxformer.accelerators import gpu_target, kernel_failure, lower_for_gpu
 from jaxformer.functional import choose_implementation
-from jaxformer.functional.kernels import gpu_target, kernel_failure, lower_for_gpu, target_device
 
 tokamax = pytest.importorskip(
     "tokamax", reason="the kernels extra: pip install 'jaxformer[kernels]'"
@@ -93,7 +95,29 @@ def test_gpu_target_refuses_an_unknown_capability_and_restores_the_default_devic
 def test_auto_chooses_for_the_gpu_lowered_for_through_the_same_build_check():
     """On a CPU, "auto" told its target is an H100 picks tokamax's Mosaic kernel where
     that kernel lowers for an H100, and cuDNN where it does not."""
-    x = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
-    with gpu_target("9.0"), target_device(jax.extend.backend.get_default_device()):
+    x = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16)
+    with gpu_target("9.0"):
         choice = choose_implementation(x, x, x, masked=True, dropout_rate=0.0)
     assert choice == ("cudnn" if outgrown("mosaic") else "tokamax_mosaic")
+
+
+def test_packed_rows_lowered_for_an_h100_run_xla_code_and_say_why(caplog):
+    """Neither tokamax's nor cuDNN's attention takes segment ids: lowered for an abstract
+    H100, a causal bfloat16 call runs Mosaic's kernel and the same call on packed rows runs
+    XLA's code, with the reasons logged (never a silent fallback)."""
+    caplog.set_level("INFO", logger="jaxformer.attention")
+    x = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+
+    def attend(q, k, v, ids, packed):
+        segments = dict(q_segments=ids, k_segments=ids) if packed else {}
+        return F.scaled_dot_product_attention(q, k, v, causal=True, **segments)
+
+    packed = lower_for_gpu(functools.partial(attend, packed=True), x, x, x, ids)
+    assert "mosaic_gpu" not in packed and "cudnn" not in packed
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "no tokamax_mosaic: takes no segment ids" in said
+    assert "no cudnn: takes no segment ids" in said
+    if not outgrown("mosaic"):
+        plain = lower_for_gpu(functools.partial(attend, packed=False), x, x, x, ids)
+        assert f"custom_call @{CUSTOM_CALLS['mosaic']}(" in plain

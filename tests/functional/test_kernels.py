@@ -11,8 +11,8 @@ import optax
 import pytest
 from flax import nnx
 
+from jaxformer import accelerators, train
 from jaxformer import functional as F
-from jaxformer import train
 from jaxformer.config import TransformerConfig
 from jaxformer.functional import attention as attention_module
 from jaxformer.functional import kernels
@@ -80,25 +80,21 @@ def test_without_tokamax_a_forced_name_says_how_to_install_and_auto_falls_back(m
     q, k, v = _qkv(T=10, S=10)
     with pytest.raises(ImportError, match=r"pip install 'jaxformer\[kernels\]'"):
         F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_xla")
-    _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0")
     caplog.set_level("INFO", logger="jaxformer.attention")
     spec = [jax.ShapeDtypeStruct((3, 130, 4, 8), jnp.bfloat16)] * 3
-    assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "cudnn"
+    with _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0"):
+        assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "cudnn"
     assert any("tokamax is not installed" in r.getMessage() for r in caplog.records)
 
 
 # --- "auto" on pretend devices ----------------------------------------------------------
 
 
-def _pretend(monkeypatch, backend, kind, capability=None):
-    """Pretend the default device is `kind`, and that tokamax's kernels build on it."""
-    device = types.SimpleNamespace(platform=backend, device_kind=kind)
-    if capability is not None:
-        device.compute_capability = capability
-    monkeypatch.setattr(attention_module.jax, "default_backend", lambda: backend)
-    monkeypatch.setattr(attention_module.jax, "devices", lambda *a: [device])
-    monkeypatch.setattr(kernels, "kernel_failure", lambda name, capability=None: None)
+def _pretend(monkeypatch, platform, kind, capability=None):
+    """Within: the default device is a stand-in `kind` on which tokamax's kernels build."""
+    monkeypatch.setattr(accelerators, "kernel_failure", lambda name, capability=None: None)
     monkeypatch.setenv("XLA_FLAGS", "")
+    return jax.default_device(accelerators.StandInDevice(platform, kind, capability))
 
 
 def _choose(dtype, *, D=64, T=256, padded=False, explicit=False, dense=False, dropout_rate=0.0):
@@ -125,52 +121,52 @@ def test_device_families_read_the_compute_capability():
 def test_auto_on_a_tpu_runs_splash_for_flags_lengths_and_validity(monkeypatch):
     """Splash takes causality as its mask object and padding (lengths or validity
     vectors) as segment ids; what it cannot take runs XLA's code."""
-    _pretend(monkeypatch, "tpu", "TPU v5 lite")
-    assert _choose(jnp.bfloat16) == "splash"
-    assert _choose(jnp.float32) == "splash"
-    assert _choose(jnp.bfloat16, padded=True, explicit=True) == "splash"
-    assert _choose(jnp.bfloat16, explicit=True, dense=True) == "xla"  # a mask or bias
-    assert _choose(jnp.bfloat16, dropout_rate=0.1) == "xla"
-    assert _choose(jnp.bfloat16, T=200) == "xla"  # not a multiple of splash's tile
-    _pretend(monkeypatch, "tpu", "TPU v4")
-    assert _choose(jnp.bfloat16) == "splash"
+    with _pretend(monkeypatch, "tpu", "TPU v5 lite"):
+        assert _choose(jnp.bfloat16) == "splash"
+        assert _choose(jnp.float32) == "splash"
+        assert _choose(jnp.bfloat16, padded=True, explicit=True) == "splash"
+        assert _choose(jnp.bfloat16, explicit=True, dense=True) == "xla"  # a mask or bias
+        assert _choose(jnp.bfloat16, dropout_rate=0.1) == "xla"
+        assert _choose(jnp.bfloat16, T=200) == "xla"  # not a multiple of splash's tile
+    with _pretend(monkeypatch, "tpu", "TPU v4"):
+        assert _choose(jnp.bfloat16) == "splash"
 
 
 def test_auto_on_hopper_runs_mosaic_then_cudnn(monkeypatch):
-    _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0")
-    assert _choose(jnp.bfloat16) == "tokamax_mosaic"
-    assert _choose(jnp.bfloat16, padded=True, explicit=True) == "tokamax_mosaic"
-    assert _choose(jnp.bfloat16, dropout_rate=0.1) == "xla"  # neither takes dropout
-    assert _choose(jnp.float32) == "xla"  # neither takes float32 at default precision
-    monkeypatch.setattr(kernels, "tokamax_or_none", lambda: None)
-    assert _choose(jnp.bfloat16) == "cudnn"
-    _pretend(monkeypatch, "gpu", "NVIDIA A100-SXM4-80GB", "8.0")
-    assert _choose(jnp.bfloat16) == "cudnn"
+    with _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0"):
+        assert _choose(jnp.bfloat16) == "tokamax_mosaic"
+        assert _choose(jnp.bfloat16, padded=True, explicit=True) == "tokamax_mosaic"
+        assert _choose(jnp.bfloat16, dropout_rate=0.1) == "xla"  # neither takes dropout
+        assert _choose(jnp.float32) == "xla"  # neither takes float32 at default precision
+        monkeypatch.setattr(kernels, "tokamax_or_none", lambda: None)
+        assert _choose(jnp.bfloat16) == "cudnn"
+    with _pretend(monkeypatch, "gpu", "NVIDIA A100-SXM4-80GB", "8.0"):
+        assert _choose(jnp.bfloat16) == "cudnn"
 
 
 def test_auto_follows_the_table(monkeypatch):
     """The table is data: a row the GPU report adds (cuDNN first up to 1,024 keys) wins."""
-    _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0")
     rule = F.AutoRule("gpu_sm90", "cudnn", 1024, "a pretend measurement")
     monkeypatch.setattr(attention_module, "AUTO_RULES", (rule, *F.AUTO_RULES))
-    assert _choose(jnp.bfloat16) == "cudnn"  # 256 keys
     spec = [jax.ShapeDtypeStruct((1, 2048, 8, 64), jnp.bfloat16)] * 3
-    assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "tokamax_mosaic"
+    with _pretend(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", "9.0"):
+        assert _choose(jnp.bfloat16) == "cudnn"  # 256 keys
+        assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "tokamax_mosaic"
 
 
 def test_auto_skips_a_kernel_that_does_not_build_here(monkeypatch, caplog):
     """tokamax 0.0.12's Mosaic GPU kernel fails to trace under jax 0.11.2 (H200, 2026-11-26):
     "auto" runs cuDNN there, and says why; a forced call is one clear error."""
-    _pretend(monkeypatch, "gpu", "NVIDIA H200", "9.0")
     failure = "TypeError: Mesh.__init__() got an unexpected keyword argument 'out_shape'"
-    monkeypatch.setattr(kernels, "kernel_failure", lambda name, capability=None: failure)
     caplog.set_level("INFO", logger="jaxformer.attention")
     spec = [jax.ShapeDtypeStruct((2, 96, 4, 64), jnp.bfloat16)] * 3
-    assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "cudnn"
-    assert any("fails to build with tokamax" in r.getMessage() for r in caplog.records)
     q, k, v = (jnp.zeros((1, 8, 2, 64), jnp.bfloat16),) * 3
-    with pytest.raises(RuntimeError, match=r"tokamax_mosaic' fails to build .*'out_shape'"):
-        F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_mosaic")
+    with _pretend(monkeypatch, "gpu", "NVIDIA H200", "9.0"):
+        monkeypatch.setattr(accelerators, "kernel_failure", lambda name, capability=None: failure)
+        assert F.choose_implementation(*spec, masked=True, dropout_rate=0.0) == "cudnn"
+        with pytest.raises(RuntimeError, match=r"tokamax_mosaic' fails to build .*'out_shape'"):
+            F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_mosaic")
+    assert any("fails to build with tokamax" in r.getMessage() for r in caplog.records)
 
 
 # A tokamax kernel that is not for this platform: tokamax refuses it (NotImplementedError)
@@ -181,10 +177,11 @@ NOT_FOR_THIS_PLATFORM = {"cpu": "mosaic", "gpu": "mosaic_tpu", "tpu": "triton"}
 def test_the_build_check_traces_compiles_and_reports_a_failure(monkeypatch):
     """kernel_failure builds the kernel's forward and backward once per name, also when
     asked while another function is being traced, and names a failure in one line."""
-    kernels.kernel_failure.cache_clear()
-    jax.jit(lambda x: x + (kernels.kernel_failure("xla") is None))(1.0)  # asked in a trace
-    assert kernels.kernel_failure("xla") is None
-    elsewhere = kernels.kernel_failure(NOT_FOR_THIS_PLATFORM[jax.default_backend()])
+    kernel_failure = accelerators.kernel_failure
+    kernel_failure.cache_clear()
+    jax.jit(lambda x: x + (kernel_failure("xla") is None))(1.0)  # asked in a trace
+    assert kernel_failure("xla") is None
+    elsewhere = kernel_failure(NOT_FOR_THIS_PLATFORM[jax.default_backend()])
     device = jax.devices()[0].device_kind
     assert elsewhere == f"NotImplementedError: Not supported on {device}."
     tokamax = kernels.tokamax_or_none()
@@ -193,18 +190,17 @@ def test_the_build_check_traces_compiles_and_reports_a_failure(monkeypatch):
         raise AttributeError("pl.dot was removed\nmore lines")
 
     monkeypatch.setattr(tokamax, "dot_product_attention", broken)
-    kernels.kernel_failure.cache_clear()
-    assert kernels.kernel_failure("triton") == "AttributeError: pl.dot was removed"
-    kernels.kernel_failure.cache_clear()
+    kernel_failure.cache_clear()
+    assert kernel_failure("triton") == "AttributeError: pl.dot was removed"
+    kernel_failure.cache_clear()
 
 
 def test_forced_mosaic_off_its_devices_is_a_clear_error(monkeypatch):
-    _pretend(monkeypatch, "gpu", "NVIDIA A100-SXM4-80GB", "8.0")  # also on a Hopper machine
     q, k, v = _qkv()
-    with pytest.raises(
-        ValueError, match="tokamax_mosaic' needs a Hopper or Blackwell GPU or a TPU"
-    ):
-        F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_mosaic")
+    message = "tokamax_mosaic' needs a Hopper or Blackwell GPU or a TPU"
+    with _pretend(monkeypatch, "gpu", "NVIDIA A100-SXM4-80GB", "8.0"):  # also on a Hopper
+        with pytest.raises(ValueError, match=message):
+            F.scaled_dot_product_attention(q, k, v, causal=True, implementation="tokamax_mosaic")
 
 
 def test_tokamax_mosaic_tpu_kernel_in_pallas_interpret_mode(monkeypatch):
@@ -270,6 +266,10 @@ def _step_jaxpr(kind, implementation):
             src=jnp.ones((2, S), jnp.int32),
             src_valid=jnp.arange(S)[None, :] < jnp.array([[S], [4]]),
         )
+    if kind == "decoder_lm_packed":  # two documents and padding per row, as segment ids
+        segment_ids = jnp.array([[1] * 5 + [2] * 7, [1] * 3 + [2] * 6 + [0] * 3], jnp.int32)
+        batch |= dict(segment_ids=segment_ids, positions=jnp.zeros((2, T), jnp.int32))
+        del batch["tgt_valid"]
     return jax.make_jaxpr(step)(state, batch)
 
 
@@ -305,20 +305,20 @@ def _sub_jaxprs(params):
                 yield item
 
 
-@pytest.mark.parametrize("kind", ["decoder_lm", "transformer"])
+@pytest.mark.parametrize("kind", ["decoder_lm", "decoder_lm_packed", "transformer"])
 def test_a_kernel_that_takes_flags_gets_no_dense_mask(kind):
     """With "chunked" (4 x 4 tiles) the whole train step, forward and backward, builds no
-    boolean [T, T], [T, S] or [S, S] array: the models pass causality as a flag and
-    padding as lengths, and the kernel applies them per tile."""
+    boolean [T, T], [T, S] or [S, S] array: the models pass causality as a flag, padding as
+    lengths and packed documents as segment ids, and the kernel applies them per tile."""
     assert _masks_built(_step_jaxpr(kind, "chunked_tiles4")) == []
 
 
-@pytest.mark.parametrize("kind", ["decoder_lm", "transformer"])
+@pytest.mark.parametrize("kind", ["decoder_lm", "decoder_lm_packed", "transformer"])
 def test_xla_and_tokamax_xla_form_the_mask_inside_themselves_only(kind, monkeypatch):
     """The plain implementations need the dense mask: "xla" forms it inside its own name
-    scope, tokamax's XLA reference inside tokamax's code; nothing outside them forms one.
-    Causality reaches tokamax as is_causal and the target padding as key lengths, with no
-    boolean mask."""
+    scope, tokamax's XLA reference inside tokamax's code (and packed documents' mask in its
+    kernel's scope); nothing outside them forms one. Causality reaches tokamax as is_causal
+    and the target padding as key lengths, with no boolean mask unless rows are packed."""
     calls = []
 
     def recorded(*args, **kw):
@@ -327,12 +327,14 @@ def test_xla_and_tokamax_xla_form_the_mask_inside_themselves_only(kind, monkeypa
 
     attend = tokamax.dot_product_attention
     monkeypatch.setattr(tokamax, "dot_product_attention", recorded)
-    markers = {"xla": ("xla_attention",), "tokamax_xla": ("tokamax:", "/tokamax/")}
+    markers = {"xla": ("xla_attention",), "tokamax_xla": ("tokamax", "/tokamax/")}
     for implementation, inside in markers.items():
         built = _masks_built(_step_jaxpr(kind, implementation))
         assert built, "the check must see the masks the implementation forms"
         outside = [(w, shape) for w, shape in built if not any(m in w for m in inside)]
         assert outside == [], implementation
     causal = [kw for kw in calls if kw["is_causal"]]
-    assert causal and all(kw["mask"] is None for kw in causal)
-    assert all(kw["key_value_seq_lengths"].shape == (2,) for kw in causal)
+    packed = kind == "decoder_lm_packed"  # its rows' padding is segment 0, not lengths
+    assert causal and all((kw["mask"] is None) != packed for kw in causal)
+    shapes = [getattr(kw["key_value_seq_lengths"], "shape", None) for kw in causal]
+    assert shapes == [None if packed else (2,)] * len(causal)

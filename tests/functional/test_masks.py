@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from jaxformer import functional as F
+from jaxformer.functional import masks
 
 
 @pytest.mark.parametrize("T,S,offset", [(4, None, 0), (3, 5, 0), (3, 5, 2), (1, 6, 5)])
@@ -57,15 +58,27 @@ def test_attention_mask_as_array_is_the_combined_dense_mask():
     lengths = jnp.array([3, 5], jnp.int32)
     segments = jnp.array([[1, 1, 2, 2, 0], [1, 1, 1, 2, 2]])
     structure = F.AttentionMask(
-        causal=True, k_lengths=lengths, dense=F.segment_mask(segments, segments)
+        causal=True, k_lengths=lengths, q_segments=segments, k_segments=segments
     )
-    valid = np.arange(5) < np.asarray(lengths)[:, None]
-    want = F.combine_masks(
-        F.causal_mask(5), F.padding_mask(None, jnp.asarray(valid)), structure.dense
-    )
-    np.testing.assert_array_equal(structure.as_array(5, 5), want)
+    seg = np.asarray(segments)  # NumPy: same document, not padding, key < length, causal
+    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+    want = same & (np.arange(5) < np.asarray(lengths)[:, None])[:, None, :] & np.tri(5, dtype=bool)
+    np.testing.assert_array_equal(structure.as_array(5, 5), want[:, None])
     assert F.AttentionMask().as_array(5, 5) is None
+    valid = np.arange(5) < np.asarray(lengths)[:, None]
     np.testing.assert_array_equal(F.padding_lengths(jnp.asarray(valid)), lengths)
+
+
+def test_segment_ids_join_padding_as_one_pair_of_ids():
+    """masks.segment_ids: a query sees a key iff their ids are equal; padding (validity,
+    lengths, segment 0) matches nothing, not even other padding."""
+    seg = np.array([[1, 1, 2, 0, 2, 3]], np.int32)
+    q_valid = np.array([[True, True, True, True, True, False]])
+    q_ids, k_ids = masks.segment_ids(1, 6, 6, q_valid, None, jnp.array([5]), seg, seg)
+    same = np.asarray(q_ids)[0, :, None] == np.asarray(k_ids)[0, None, :]
+    want = (seg[0, :, None] == seg[0, None, :]) & (seg[0, None, :] > 0) & q_valid[0, :, None]
+    np.testing.assert_array_equal(same, want & (np.arange(6) < 5)[None, :])
+    assert masks.segment_ids(1, 6, 6, None, None, None, None, None) is None
 
 
 def test_attention_mask_is_a_pytree_with_a_static_flag():

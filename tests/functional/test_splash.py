@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import AxisType
 
 from jaxformer import functional as F
+from jaxformer.accelerators import StandInDevice
 from jaxformer.checks import BadType, BadValue
 from jaxformer.functional import splash
 
@@ -120,10 +121,10 @@ def test_refused_dtypes_lengths_and_devices(monkeypatch):
     assert splash.splash_problem(q16, k16, v16.astype(jnp.float32))[0] is BadType
     ok = _qkv(B=1, H=2, K=1, D=8)
     assert splash.splash_problem(*ok, padded=True) is None  # lengths are segment ids
-    monkeypatch.setattr(splash.jax, "default_backend", lambda: "gpu")
-    assert splash.splash_problem(*ok)[1].startswith("needs a TPU")
-    monkeypatch.setattr(splash, "INTERPRET", True)
-    assert splash.splash_problem(*ok) is None
+    with jax.default_device(StandInDevice("gpu", "NVIDIA H100 80GB HBM3", "9.0")):
+        assert splash.splash_problem(*ok)[1].startswith("needs a TPU")
+        monkeypatch.setattr(splash, "INTERPRET", True)
+        assert splash.splash_problem(*ok) is None
 
 
 def test_interpret_mode_follows_the_backend_unless_set(monkeypatch):
@@ -153,6 +154,24 @@ def test_forward_and_gradient_lower_to_the_tpu_kernel(monkeypatch):
     assert "splash_mha_fwd_segmented_no_residuals" in texts[0]
     for kernel in ("fwd_segmented_residuals", "dq_segmented", "dkv_segmented"):
         assert f"splash_mha_{kernel}" in texts[1]
+
+
+def test_packed_documents_reach_the_tpu_kernel_as_segment_ids(monkeypatch):
+    """Lowered for a TPU, packed rows run splash's segmented kernels, forward and backward,
+    and the program holds no boolean [T, S] array: the documents travel as ids."""
+    monkeypatch.setattr(splash, "INTERPRET", False)
+    q, k, v = _qkv(D=128, dtype=jnp.bfloat16)
+    seg = jnp.stack([jnp.repeat(jnp.arange(1, 5), 64), jnp.repeat(jnp.array([3, 0]), 128)])
+    kw = dict(causal=True, q_segments=seg, k_segments=seg, implementation="splash")
+
+    def grads(q, k, v):
+        total = lambda *a: F.scaled_dot_product_attention(*a, **kw).astype(jnp.float32).sum()  # noqa: E731
+        return jax.grad(total, (0, 1, 2))(q, k, v)
+
+    text = jax.export.export(jax.jit(grads), platforms=["tpu"])(q, k, v).mlir_module()
+    for kernel in ("fwd_segmented_residuals", "dq_segmented", "dkv_segmented"):
+        assert f"splash_mha_{kernel}" in text
+    assert "256x256xi1>" not in text
 
 
 @pytest.mark.devices(8)

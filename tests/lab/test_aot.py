@@ -5,6 +5,7 @@ import importlib.util
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from jaxformer_lab import aot, results
@@ -44,6 +45,24 @@ def test_without_libtpu_the_step_is_lowered_for_a_tpu_with_splash_attention():
     whole = 4 * _count(aot.models()["tiny_lm"].config)  # float32 parameters
     assert whole / 4 <= report.params_bytes < whole / 2  # split by d_model, 4 ways
     assert report.optimizer_bytes >= 2 * report.params_bytes  # Adam's two moments
+
+
+@pytest.mark.devices(8)
+@pytest.mark.parametrize("program", ["train", "eval"])
+def test_packed_rows_lower_for_a_tpu_with_splash_taking_their_segment_ids(program):
+    """Packed rows reach splash as segment ids: its segmented kernels, no [T, T] mask."""
+    report = aot.check("tiny_lm", aot.Target("v5e", "2x2"), program=program, length=256,
+                       lowered_only=True, packed=True)  # fmt: skip
+    assert report.packed and report.attention == "splash"
+    config, _, _ = aot.models()["tiny_lm"]
+    placement = aot.MeshPlacement(aot.make_mesh(data=1, fsdp=4, devices=jax.devices()[:4]),
+                                  aot.DEFAULT_RULES)  # fmt: skip
+    build = aot._train_program if program == "train" else aot._eval_program
+    with jax.default_device(aot.StandInDevice("tpu", "TPU v5e")):  # as check() lowers it
+        text = build(config, placement, 16, 256, False, packed=True)[0].as_text()
+    assert "splash_mha_fwd_segmented" in text and "256x256xi1>" not in text  # T = 256
+    with pytest.raises(ValueError, match="--pack: packed rows are a decoder's train and eval"):
+        aot.check("tiny", aot.Target("v5e", "2x2"), length=128, lowered_only=True, packed=True)
 
 
 @pytest.mark.devices(8)
@@ -109,6 +128,7 @@ def _cli(*args) -> subprocess.CompletedProcess:
         (["--target", "tpu:v5e:2x2", "--model", "gpt5"], "--model 'gpt5'"),
         (["--target", "tpu:v5e:2x2", "--layout", "data", "--batch", "6"], "--batch 6"),
         (["--target", "tpu:v5e:2x2", "--out", "/no/such/folder/x.json"], "no folder"),
+        (["--target", "tpu:v5e:2x2", "--model", "tiny", "--pack"], "--pack: packed rows are"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
