@@ -17,6 +17,7 @@ from jaxformer import functional as F
 from jaxformer.checks import (
     BadType,
     BadValue,
+    as_given,
     check_bool_array,
     check_float_array,
     check_instance,
@@ -431,8 +432,8 @@ def _check_tokens(config, name, tokens, valid, valid_name) -> None:
         raise BadValue(f"{name} has length 0; sequences need at least one token")
     if config.position_table and T > config.max_len:
         raise BadValue(
-            f"{name} has length {T} > max_len={config.max_len} of the "
-            f"{config.position_embedding} position table; raise max_len in the config"
+            f"{name} has length {T} > {as_given('max_len', config.max_len)} of the "
+            f"{config.position_embedding} position table; raise {as_given('max_len')}"
         )
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jaxformer.checks import (
     BadType,
     BadValue,
+    as_given,
     check_bool_array,
     check_broadcastable,
     check_divisible,
@@ -280,7 +281,8 @@ def _cudnn_attention(
     problem = _cudnn_problem(q, k, v, masked, dropout_rate, q_segments is not None)
     if problem is not None:
         error, reason = problem
-        raise error(f"implementation='cudnn' {reason}; use implementation='xla' or 'chunked'")
+        impl = functools.partial(as_given, "implementation")
+        raise error(f"{impl('cudnn')} {reason}; use {impl('xla')} or 'chunked'")
     out = jax.nn.dot_product_attention(
         q,
         k,
@@ -407,7 +409,7 @@ def multi_head_attention(
     if return_weights and implementation not in ("xla", "auto"):
         raise BadValue(
             "return_weights needs the materialised weights of implementation='xla', "
-            f"got implementation={implementation!r}"
+            f"got {as_given('implementation', implementation)}"
         )
     if x_kv is None:
         q, kv = project_heads(x_q, params.wq, params.bq), kv_cache

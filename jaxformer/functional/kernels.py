@@ -21,7 +21,7 @@ import jax
 import jax.extend.backend
 import jax.numpy as jnp
 
-from jaxformer.checks import BadType, BadValue, MissingPackage
+from jaxformer.checks import BadType, BadValue, MissingPackage, as_given
 from jaxformer.functional.masks import causal_mask, combine_masks, fold_masks
 from jaxformer.functional.registry import ATTENTION, DEVICE_CHECKS
 
@@ -153,7 +153,7 @@ def _tokamax_attention(
     XLA reference takes them, as the mask it materialises anyway."""
     tokamax = tokamax_or_none()
     if tokamax is None:
-        raise MissingPackage(f"implementation='tokamax_{name}' needs tokamax: {INSTALL_HINT}")
+        raise MissingPackage(f"{_impl(name)} needs tokamax: {INSTALL_HINT}")
     segmented = q_segments is not None
     if name == "mosaic":
         explicit = any(x is not None for x in (mask, q_valid, k_valid, bias))
@@ -161,14 +161,12 @@ def _tokamax_attention(
         problem = mosaic_problem(q, k, v, dropout_rate=dropout_rate, **flags)
         if problem is not None:
             error, reason = problem
-            raise error(f"implementation='tokamax_mosaic' {reason}; use 'xla' or 'chunked'")
+            raise error(f"{_impl(name)} {reason}; use 'xla' or 'chunked'")
     if segmented and name != "xla":
         reason = NO_SEGMENTS.format("tokamax")
-        raise BadValue(
-            f"implementation='tokamax_{name}' takes no segment ids: {reason}; use 'xla' or 'chunked'"
-        )
+        raise BadValue(f"{_impl(name)} takes no segment ids: {reason}; use 'xla' or 'chunked'")
     if dropout_rate > 0.0:
-        raise BadValue(f"implementation='tokamax_{name}' has no attention dropout")
+        raise BadValue(f"{_impl(name)} has no attention dropout")
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
     segments = dict(q_segments=q_segments, k_segments=k_segments)
     with jax.named_scope(f"tokamax_{name}"), jax.numpy_rank_promotion("allow"):  # as tokamax
@@ -208,3 +206,8 @@ def zero_rows_without_keys(out, mask, causal: bool, k_lengths):
 def _rank4(x):
     """x broadcastable to [B, H, T, S] as rank 4 (leading axes of size 1)."""
     return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def _impl(name: str) -> str:
+    """tokamax kernel `name`'s implementation, as the caller gives it."""
+    return as_given("implementation", f"tokamax_{name}")

@@ -19,7 +19,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from jaxformer.checks import BadType, BadValue, MissingFile
+from jaxformer.checks import BadType, BadValue, MissingFile, as_given
 
 
 class Variant(NamedTuple):
@@ -57,10 +57,10 @@ class Registry:
         is the argument's name in the error (default the registry's kind)."""
         what = what or self.kind
         if not isinstance(name, str):
-            raise BadType(f"{what} must be a string, got {name!r}")
+            raise BadType(f"{as_given(what)} must be a string, got {name!r}")
         if name not in self._variants and name not in also:
             raise BadValue(
-                f"{what} must be one of {also + self.names}, got {name!r} (a variant of "
+                f"{as_given(what)} must be one of {also + self.names}, got {name!r} (a variant of "
                 f"your own: {self.where}.register({name!r}, fn) in a module imported before "
                 "the model is built or restored; the jaxformer command: --variants FILE.py)"
             )

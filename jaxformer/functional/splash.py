@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jax.sharding import PartitionSpec as P
 
-from jaxformer.checks import BadType, BadValue
+from jaxformer.checks import BadType, BadValue, as_given
 from jaxformer.functional.kernels import attention_device
 from jaxformer.functional.masks import PAD_QUERY, segment_ids
 from jaxformer.functional.registry import ATTENTION
@@ -73,7 +73,8 @@ def splash_attention(
     problem = splash_problem(q, k, v, explicit=explicit, dropout_rate=dropout_rate, bias=has_bias)
     if problem is not None:
         error, reason = problem
-        raise error(f"implementation='splash' {reason}; use implementation='xla' or 'chunked'")
+        impl = as_given("implementation", "splash")
+        raise error(f"{impl} {reason}; use {as_given('implementation', 'xla')} or 'chunked'")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q = (q.astype(jnp.float32) * jnp.float32(scale)).astype(q.dtype)  # splash does not scale
     run = functools.partial(_splash_local, causal=causal, interpret=interpret())

@@ -23,6 +23,7 @@ from typing import Any
 
 from jaxformer.checkpoints import (
     AVERAGED,
+    CHECKPOINTS,
     Checkpointer,
     abstract_train_state,
     check_compatible,
@@ -60,6 +61,12 @@ class RunFolder:
             raise BadValue(
                 f"{self.path} exists and is not a folder; choose another {as_given('out')}"
             )
+        steps = list((self.path / CHECKPOINTS).glob("[0-9]*"))
+        if (self.path / "summary.json").is_file() and not steps:  # before orbax starts there
+            raise BadValue(
+                f"{self.path} holds a finished run (summary.json) and no checkpoint to resume "
+                f"from: choose another {as_given('out')}, or remove that run to train anew"
+            )
         self.placement, self.meta = placement, meta
         self.is_main, self.verbose = is_main_process(), verbose
         self._made, self._held = _make(self.path)
@@ -72,16 +79,11 @@ class RunFolder:
     def start(self, *, resume: bool) -> bool:
         """Whether to resume from the latest checkpoint. A fresh start empties the metrics.
         Refused: checkpoints without `resume` (the run would overwrite them), a resume whose
-        config.json is damaged or whose checkpoint does not match the run's meta, and a
-        finished run's summary.json without its checkpoints. Averaged parameters of an
+        config.json is damaged or whose checkpoint does not match the run's meta (a finished
+        run's summary.json without checkpoints is refused on opening). Averaged parameters of an
         earlier end are removed (the run's end writes them again) only once the checkpoint
         is restored: a refused resume keeps them."""
         latest = self.checkpoints.latest_step()
-        if latest is None and (self.path / "summary.json").exists():
-            raise BadValue(
-                f"{self.path} holds a finished run (summary.json) and no checkpoint to resume "
-                f"from: choose another {as_given('out')}, or remove that run to train anew"
-            )
         if latest is not None and not resume:
             raise BadValue(
                 f"{self.path} already holds checkpoints (latest step {latest}); pass "
