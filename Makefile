@@ -33,10 +33,16 @@ DEV_OTHER  := '.[dev,docs,tpu]'
 DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER)) \
 	$(if $(LAB),-e '$(LAB)[data]' ray==2.60.0)
 
-$(RUN): pyproject.toml
+# The environment is made anew when its Python is not the line's (a .venv of an older
+# default line), else kept.
+$(VENV)/.python-$(PY_VERSION):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jaxformer needs Python >= 3.11, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@touch $@
+
+$(RUN): pyproject.toml $(VENV)/.python-$(PY_VERSION)
 	$(PY) -m pip install --quiet -e .
 	@touch $(RUN)
 
