@@ -280,22 +280,14 @@ def lion():
     OPTIMIZERS._variants.pop("lion")
 
 
-def test_a_users_optimizer_is_one_file_for_the_command_and_a_sweep(tmp_path, lion):
-    from jaxformer_lab.sweep.spec import Spec
-
+def test_a_users_optimizer_is_one_file_for_the_command(tmp_path, lion):
+    """A sweep takes the same file: tests/lab/sweep/test_sweep.py."""
     run = jf.RunConfig.from_options(task="copy", optimizer=lion, out=str(tmp_path))
     assert run.optim.optimizer == "lion"
     opt = train.make_optimizer(optax.constant_schedule(1e-3), name=lion)
     params = {"w": jnp.ones((3,))}
     updates, _ = opt.update({"w": jnp.array([1.0, -2.0, 0.0])}, opt.init(params), params)
     np.testing.assert_allclose(updates["w"], [-1e-3, 1e-3, 0.0])  # lr * sign
-    spec = tmp_path / "spec.json"
-    fields = dict(
-        base=dict(task="copy", steps=2), variants={"adam": {}, "lion": {"optimizer": lion}}
-    )
-    spec.write_text(json.dumps(fields | dict(variant_files=[str(LION)], out=str(tmp_path / "s"))))
-    _, run = Spec.load(spec).configs("lion", 0)
-    assert run.optim.optimizer == "lion"
 
 
 def test_bad_optimizer_input_is_one_clear_line(tmp_path, capsys):

@@ -991,3 +991,25 @@ def test_a_resumed_run_adds_its_wall_time_to_the_earlier_processes(tmp_path):
     walls = [r["wall_seconds"] for r in records if "loss" in r]
     assert walls[1] == 1000.0 and 1000 < walls[2] <= walls[3] <= summary["wall_seconds"]
     assert summary["wall_seconds"] < 1000 + 300
+
+
+def test_a_sweep_takes_a_users_optimizer_file(tmp_path):
+    """The file that `--variants` gives `jaxformer train` also gives a sweep's variant."""
+    from jaxformer.functional.registry import import_variants
+    from jaxformer.train.optim import OPTIMIZERS
+    from jaxformer_lab.sweep.spec import Spec
+
+    lion = ROOT / "experiments" / "variants" / "lion.py"
+    import_variants([str(lion)])
+    try:
+        fields = dict(
+            base=dict(task="copy", steps=2), variants={"adam": {}, "lion": {"optimizer": "lion"}}
+        )
+        spec = tmp_path / "spec.json"
+        spec.write_text(
+            json.dumps(fields | dict(variant_files=[str(lion)], out=str(tmp_path / "s")))
+        )
+        _, run = Spec.load(spec).configs("lion", 0)
+        assert run.optim.optimizer == "lion"
+    finally:
+        OPTIMIZERS._variants.pop("lion")
