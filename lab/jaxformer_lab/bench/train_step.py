@@ -40,10 +40,10 @@ TITLES = {
     "torch_float32": "torch.nn.Transformer eager, float32",
     "torch_float32_passive": "torch.nn.Transformer eager, float32, OpenMP waiting passively",
 }
-# torch's runs by OpenMP's wait policy ("": OpenMP's default, busy-waiting between parallel
-# regions, which collapses where other processes want the cores); the speed against torch
-# is against the faster of them.
-TORCH_RUNS = {"torch_float32": "", "torch_float32_passive": "PASSIVE"}
+# torch's runs by OpenMP's wait policy (--torch-waits; the default busy-waits between
+# parallel regions, which collapses where other processes want the cores); the speed
+# against torch is against the faster of those run.
+TORCH_RUNS = {"torch_float32": "default", "torch_float32_passive": "passive"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +58,11 @@ class TrainStepOptions(Options):
     torch_python: str = setting(
         "", "the Python that runs torch (default: this one if it has torch, else a .venv* one)"
     )
+    torch_waits: tuple[str, ...] = setting(
+        ("default", "passive"),
+        "torch's runs by OpenMP's wait policy (OMP_WAIT_POLICY)",
+        choices=("default", "passive"),
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -67,6 +72,10 @@ class TrainStepOptions(Options):
             raise BadValue(f"--rounds must be >= 6 for a 95% interval, got {self.rounds}")
         if self.loss_steps is not None:
             check_int("--loss-steps", self.loss_steps, minimum=0)
+        if not self.torch_waits or set(self.torch_waits) - set(TORCH_RUNS.values()):
+            raise BadValue(
+                f"--torch-waits: some of {list(TORCH_RUNS.values())}, got {self.torch_waits}"
+            )
         pythons.check_python("--torch-python", self.torch_python)
 
 
@@ -97,7 +106,7 @@ def time_programs(options: TrainStepOptions, n: int, torch: dict | None) -> tupl
     jitted steps, torch's workers' ready messages, the load while timing); torch's workers
     start first, so they build while JAX compiles."""
     k = options.steps_per_round
-    workers = torch_workers(torch, options.batch) if torch else {}
+    workers = torch_workers(torch, options.batch, options.torch_waits) if torch else {}
     ready, monitor = {}, load.Monitor()
     try:
         calls, xla = programs(random_batch(np.random.default_rng(0), options.batch), k)
@@ -172,10 +181,11 @@ def one_peak(rates: dict[str, list[float]]) -> dict:
     return each[best] | {"of": best, "each": each}
 
 
-def torch_workers(torch: dict, batch: int) -> dict[str, rounds.Worker]:
-    """TORCH_RUNS' worker processes in the interpreter `torch` (pythons.describe), each
-    serving torch's step (`torch_program`) at `batch`, started now (logs: temporary files).
-    OpenMP reads its wait policy when the process starts, so each policy is a process."""
+def torch_workers(torch: dict, batch: int, waits: tuple[str, ...]) -> dict[str, rounds.Worker]:
+    """The worker processes of TORCH_RUNS whose wait policy is in `waits`, in the
+    interpreter `torch` (pythons.describe), each serving torch's step (`torch_program`) at
+    `batch`, started now (logs: temporary files). OpenMP reads its wait policy when the
+    process starts, so each policy is a process."""
     import jax
 
     code = (
@@ -183,10 +193,10 @@ def torch_workers(torch: dict, batch: int) -> dict[str, rounds.Worker]:
     )
     command = [torch["path"], "-c", code, jax.default_backend(), str(batch)]
     workers = {}
-    for name, policy in TORCH_RUNS.items():
-        wait = {"OMP_WAIT_POLICY": policy} if policy else {}
-        env = pythons.worker_env(JAX_PLATFORMS="cpu", **wait)  # its JAX only builds the config
-        env = env if policy else {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
+    for name, policy in ((n, p) for n, p in TORCH_RUNS.items() if p in waits):
+        env = pythons.worker_env(JAX_PLATFORMS="cpu")  # its JAX only builds the config
+        env = {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
+        env |= {"OMP_WAIT_POLICY": policy.upper()} if policy != "default" else {}
         log = tempfile.NamedTemporaryFile("w", prefix=f"{name}-", suffix=".log", delete=False)
         workers[name] = rounds.Worker(name, command, env, log)
     return workers

@@ -4,6 +4,7 @@ jaxformer against torch.nn.Transformer (in the interpreter that has torch) in pa
 
 import pytest
 
+from jaxformer.checks import BadValue
 from jaxformer_lab.bench import pythons, registry, shared, train_step
 
 
@@ -21,7 +22,12 @@ def test_the_analytic_flops_count_every_matrix_product():
 @pytest.mark.slow  # one of the quick suite's slowest; gpt2-peers' quick run tests paired rounds there
 def test_a_quick_run_times_the_programs_in_paired_rounds(tmp_path):
     options = train_step.TrainStepOptions(
-        quick=True, steps_per_round=1, batch=2, loss_steps=0, out=str(tmp_path / "t.json")
+        quick=True,
+        steps_per_round=1,
+        batch=2,
+        loss_steps=0,
+        torch_waits=("default", "passive"),
+        out=str(tmp_path / "t.json"),
     )
     record = registry.run("train-step", options)
     runs = record.data["runs"]
@@ -44,6 +50,13 @@ def test_a_quick_run_times_the_programs_in_paired_rounds(tmp_path):
 
 def _ci(median, low, high):
     return dict(median=median, low=low, high=high)
+
+
+def test_torch_waits_are_the_known_policies_at_least_one():
+    with pytest.raises(BadValue, match="--torch-waits"):
+        train_step.TrainStepOptions(torch_waits=())
+    with pytest.raises(BadValue, match="--torch-waits"):
+        train_step.TrainStepOptions(torch_waits=("spin",))
 
 
 def test_a_target_is_reached_only_when_its_whole_interval_is():
