@@ -103,7 +103,8 @@ def no_torch_found() -> str:
 def jax_lines(given: tuple[str, ...] = ()) -> list[dict]:
     """The JAX lines to compare (each interpreter's `describe`): the `given` interpreters
     (each must have JAX), or this interpreter and each found (`candidates`) whose JAX
-    version differs from those before it, the newest Python of a version kept."""
+    version differs from those before it: of one version, the newest Python, then the
+    first found."""
     if given:
         lines = [describe(os.path.abspath(p)) for p in given]
         for info in lines:
@@ -112,8 +113,10 @@ def jax_lines(given: tuple[str, ...] = ()) -> list[dict]:
         return lines
     found = [describe(sys.executable)]
     others = [describe(p) for p in candidates()]
-    others = sorted((i for i in others if i["jax"]), key=lambda i: _version(i["python"]))
-    for info in reversed(others):
+    others = sorted(
+        (i for i in others if i["jax"]), key=lambda i: _version(i["python"]), reverse=True
+    )
+    for info in others:  # the newest Python first; of equals, the first found
         if info["jax"] not in {line["jax"] for line in found}:
             found.append(info)
     return found

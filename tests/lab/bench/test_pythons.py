@@ -49,6 +49,7 @@ FAKE = {
     "/e/.venv-3.12": dict(python="3.12.1", jax="0.12.0", torch=None, prefix="/e2"),
     "/e/.venv-3.11": dict(python="3.11.7", jax="0.10.2", torch="2.13.0", prefix="/e3"),
     "/e/.venv-old": dict(python="3.10.1", jax="0.10.2", torch=None, prefix="/e4"),
+    "/e/.venv-same": dict(python="3.11.7", jax="0.10.2", torch=None, prefix="/e6"),
     "/e/.venv-bare": dict(python="3.12.0", jax=None, torch=None, prefix="/e5"),
 }
 
