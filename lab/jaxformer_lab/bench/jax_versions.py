@@ -1,6 +1,5 @@
 """`jaxformer bench jax-versions`: train-step's jaxformer step on each installed JAX line,
-timed in the same interleaved rounds against one GEMM peak, and where each line's step
-spends its time.
+timed in the same interleaved rounds against one GEMM peak, and where its time goes.
 
 The lines (pythons.jax_lines): --pythons, or this interpreter and each `.venv*` one whose
 JAX is another version. Each line runs in a worker process of its interpreter
@@ -75,7 +74,8 @@ def run(options: JaxVersionsOptions) -> Record:
     result["profiles"] = profiles
     result["differences"] = differences(profiles, list(lines))
     tables = [table(result), *profile_tables(result)]
-    return capture(tables, data=result | {"headline": headline(result)})
+    data = result | {"headline": headline(result)}
+    return capture(tables, data=data, summary=summary(result))
 
 
 def line_names(infos: list[dict]) -> list[str]:
@@ -381,6 +381,28 @@ def differences_table(r: dict) -> Table:
     )
     columns = ["compute", "line", "kind or operation", r["first"], "the line", "difference ms"]
     return Table(columns, rows, "lllrrr", caption=caption, notes=notes)
+
+
+def summary(r: dict) -> str:
+    """The finding in one sentence: each later line's speed against the first per dtype
+    (faster, slower, or level where the interval holds 1) and each line's float32 share of
+    the one peak."""
+    first, parts = r["first"], []
+    for name, run in list(r["runs"].items())[1:]:
+        for dtype in DTYPES:
+            ci = run[dtype]["speed_vs_first"]
+            word = "faster" if ci["low"] > 1 else "slower" if ci["high"] < 1 else "level"
+            parts.append(f"{name} {_compute(dtype)} {_ci(ci, digits=2, unit='x')} ({word})")
+    shares = ", ".join(
+        f"{n} {_share(run['float32']['share_of_peak'])}" for n, run in r["runs"].items()
+    )
+    against = f"against {first}'s speed: " + "; ".join(parts) + ". " if parts else ""
+    return (
+        f"train-step's step on {len(r['runs'])} JAX line(s) in the same rounds, {against}"
+        f"float32 share of the one GEMM peak ({r['gemm_peak_flops']['median'] / 1e9:.0f} "
+        f"GFLOP/s): {shares}; other processes kept {r['load']['others_cores']:.1f} of "
+        f"{r['load']['cores']} cores busy."
+    )
 
 
 def headline(r: dict) -> dict:

@@ -98,7 +98,8 @@ def run(options: TrainStepOptions) -> Record:
         result["bf16_loss_check"] = loss_curves(loss_steps, options.batch)
     result["targets"] = verdicts(result)
     tables = [table(result), targets_table(result)]
-    return capture(tables, data=result | {"headline": headline(result)})
+    data = result | {"headline": headline(result)}
+    return capture(tables, data=data, summary=summary(result))
 
 
 def time_programs(options: TrainStepOptions, n: int, torch: dict | None) -> tuple:
@@ -517,6 +518,29 @@ def _loss_note(r: dict) -> list[str]:
         f"{check['final_loss_bfloat16']:.4f} vs {check['final_loss_float32']:.4f} "
         f"({100 * check['relative_difference']:.2f}% apart)."
     ]
+
+
+def summary(r: dict) -> str:
+    """The finding in one sentence: the speeds against torch and the share of the peak,
+    with their intervals and the targets' verdicts, and the load."""
+    jax, runs, torch = r["interpreters"]["jax"], r["runs"], r["interpreters"]["torch"]
+    v = {(t["run"], t["figure"]): t["verdict"] for t in r["targets"]}
+    share = runs["jax_float32"]["share_of_peak"]
+    text = f"On JAX {jax['jax']} (Python {jax['python']}) jaxformer's train step ran "
+    if torch is not None:
+        f32, bf16 = (runs[f"jax_{d}"]["speed_vs_torch"] for d in ("float32", "bfloat16"))
+        text += (
+            f"at {_ratio(f32)} torch {torch['torch']} eager's speed (Python {torch['python']}) "
+            f"in float32 (target 1.25x: {v['jax_float32', 'speed_vs_torch']}) and at "
+            f"{_ratio(bf16)} in bfloat16 compute (target 1.0x: "
+            f"{v['jax_bfloat16', 'speed_vs_torch']}), "
+        )
+    text += (
+        f"its float32 step at {_share(share)} of the GEMM peak (target 65%: "
+        f"{v['jax_float32', 'share_of_peak']}); other processes kept "
+        f"{r['load']['others_cores']:.1f} of {r['load']['cores']} cores busy."
+    )
+    return text
 
 
 def headline(r: dict) -> dict:

@@ -9,10 +9,9 @@ report.md are rewritten from every part there, so a stopped run (a signal, --tim
 keeps what it measured and the same command again measures only the rest. The record
 (<out>/record.json) is what the docs render: the report, then its headline.
 
-Modes: modes.py (torch's in a worker of the interpreter that has torch where this one has
-none: torch_side.py). Timing: stats.py (interleaved rounds, paired ratios). Why: programs.py
-(counts, launches from JAX's profiler), eager_model.py and validate.py (the fitted model,
-scored out of sample). Compiling: compile_costs.py. First calls: fresh.py.
+Modes: modes.py (torch's in another interpreter: torch_side.py). Timing: stats.py. Why:
+programs.py (counts, launches), eager_model.py and validate.py (the fitted model, scored out
+of sample). Compiling: compile_costs.py. First calls: fresh.py.
 """
 
 from __future__ import annotations
@@ -95,7 +94,22 @@ def run(options: LabOptions) -> Record:
     """When jax.jit pays off against eager execution, why, and how torch compares."""
     result = run_lab(options)
     line = headline(result, pathlib.Path(options.out))
-    return capture([headline_table(line)], data={"headline": line}, body=report.tables(result))
+    tables, body = [headline_table(line)], report.tables(result)
+    return capture(tables, data={"headline": line}, body=body, summary=summary(line))
+
+
+def summary(line: dict) -> str | None:
+    """The headline in one sentence: jit's speed-up over eager and torch eager's time over
+    jit's per workload, with their intervals; None while parts are missing."""
+    rows = {name: w for name, w in line.items() if isinstance(w, dict)}
+    if line["missing"] or not rows:
+        return None
+    jit = "; ".join(f"{name} {_ci_text(w['jit_speedup'])}" for name, w in rows.items())
+    text = f"jit's speed-up over eager JAX: {jit}"
+    if all("torch_over_jit" in w for w in rows.values()):
+        torch = "; ".join(f"{name} {_ci_text(w['torch_over_jit'])}" for name, w in rows.items())
+        text += f". torch eager's time over jit's (< 1: torch faster): {torch}"
+    return text + (" (measured under load)." if line["loaded"] else ".")
 
 
 def headline_table(line: dict) -> Table:
