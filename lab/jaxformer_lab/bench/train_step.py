@@ -99,7 +99,10 @@ def run(options: TrainStepOptions) -> Record:
     result["targets"] = verdicts(result)
     tables = [table(result), targets_table(result)]
     data = result | {"headline": headline(result)}
-    return capture(tables, data=data, summary=summary(result))
+    record = capture(tables, data=data, summary=summary(result))
+    if torch is not None:  # torch ran in another interpreter, perhaps: named in the provenance
+        record.versions["torch"] = f"{torch['torch']} (Python {torch['python']})"
+    return record
 
 
 def time_programs(options: TrainStepOptions, n: int, torch: dict | None) -> tuple:
