@@ -100,16 +100,19 @@ def run(options: LabOptions) -> Record:
 
 def summary(line: dict) -> str | None:
     """The headline in one sentence: jit's speed-up over eager and torch eager's time over
-    jit's per workload, with their intervals; None while parts are missing."""
+    jit's per workload measured, with their intervals; None before any."""
     rows = {name: w for name, w in line.items() if isinstance(w, dict)}
-    if line["missing"] or not rows:
+    if not rows:
         return None
     jit = "; ".join(f"{name} {_ci_text(w['jit_speedup'])}" for name, w in rows.items())
     text = f"jit's speed-up over eager JAX: {jit}"
     if all("torch_over_jit" in w for w in rows.values()):
         torch = "; ".join(f"{name} {_ci_text(w['torch_over_jit'])}" for name, w in rows.items())
         text += f". torch eager's time over jit's (< 1: torch faster): {torch}"
-    return text + (" (measured under load)." if line["loaded"] else ".")
+    text += " (measured under load)" if line["loaded"] else ""
+    return text + (
+        f"; parts not measured: {', '.join(line['missing'])}." if line["missing"] else "."
+    )
 
 
 def headline_table(line: dict) -> Table:
