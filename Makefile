@@ -113,11 +113,16 @@ TCMALLOC ?= $(firstword $(wildcard /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4
 GLIBC_TUNED := MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824
 BENCH_ENV := $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC),$(GLIBC_TUNED))
 
-# The torch baseline uses the torch==2.13.0 that $(DEV) installs.
+# On the default line. The torch baseline runs in the interpreter that has torch: this one,
+# else the first .venv*/bin/python beside it whose environment has it (`make PYTHON=python3.11
+# test` makes .venv-3.11 with torch==2.13.0), or TORCH_PYTHON=path; jax-versions times
+# every .venv* line's JAX in the same rounds.
+TORCH_OPTION = $(if $(TORCH_PYTHON),--torch-python $(TORCH_PYTHON))
 bench: $(DEV)
-	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick $(LAB_OPTIONS)
+	$(BENCH_ENV) $(PY) -m jaxformer bench xla-vs-eager --quick $(TORCH_OPTION) $(LAB_OPTIONS)
 	$(BENCH_ENV) $(PY) -m jaxformer bench attention --quick --out docs/results/cpu_attention.json
-	$(BENCH_ENV) $(PY) -m jaxformer bench train-step --quick --out docs/results/cpu_train_step.json
+	$(BENCH_ENV) $(PY) -m jaxformer bench train-step --quick $(TORCH_OPTION) --out docs/results/cpu_train_step.json
+	$(BENCH_ENV) $(PY) -m jaxformer bench jax-versions --quick --out docs/results/cpu_jax_versions.json
 	$(PY) -m jaxformer docs
 
 # The XLA-vs-eager lab at full size: results/xla_vs_eager/report.md, report.json, PNGs;

@@ -5,13 +5,13 @@ A `Record` is its tables (caption, columns, alignment, rows, notes), for a repor
 body of markdown ahead of them, and where they come from: the command that made them, the
 device, the versions, the date and the source (the code's commit, or what the record was
 computed from). `capture(tables)` fills in the provenance itself; `Record.write(path)`
-writes the JSON the pages render from, and `render_page` rewrites each section of a page
-marked
+writes the JSON the pages render from; `render_page` rewrites each section of a page marked
 
     <!-- results:NAME:start -->  ...  <!-- results:NAME:end -->
 
 with the record docs/results/NAME.json (`results-headline:NAME`: the tables without a
-report's body). `render_pages` (`jaxformer docs`) runs it over every page;
+report's body; `results-summary:NAME`: its one-sentence summary and provenance).
+`render_pages` (`jaxformer docs`) runs it over every page and the README beside the docs;
 `tests/lab/test_docs.py` checks that the committed pages equal what their records render."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from jaxformer_lab.markdown import table
 # A section shows a record whole ("results"), or its tables without a report's body
 # ("results-headline": a page that links the report itself).
 SECTION = re.compile(
-    r"(<!-- (?P<kind>results|results-headline):(?P<name>[\w-]+(?:/[\w.-]+)*):start -->\n)"
-    r".*?(<!-- (?P=kind):(?P=name):end -->)",
+    r"(<!-- (?P<kind>results|results-headline|results-summary):(?P<name>[\w-]+(?:/[\w.-]+)*)"
+    r":start -->\n).*?(<!-- (?P=kind):(?P=name):end -->)",
     re.S,
 )
 FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.(?:png|svg))\)")
@@ -70,6 +70,7 @@ class Record:
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     data: dict[str, Any] | None = None
     body: str | None = None
+    summary: str | None = None  # the finding in one sentence, with its intervals
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -141,6 +142,7 @@ def capture(
     source: str | None = None,
     data: dict | None = None,
     body: str | None = None,
+    summary: str | None = None,
 ) -> Record:
     """A record of `tables` made now by this process: its command line, this machine's
     first device, the versions of the packages it has imported, today's date (UTC) and,
@@ -154,6 +156,7 @@ def capture(
         versions=versions(),
         data=data,
         body=body,
+        summary=summary,
     )
 
 
@@ -167,6 +170,10 @@ def render_page(text: str, results: pathlib.Path, page_dir: pathlib.Path | None 
         if not path.exists():
             raise MissingFile(f"a page shows results:{match['name']}, but {path} does not exist")
         record = Record.read(path)
+        if match["kind"] == "results-summary":
+            if not record.summary:
+                raise BadValue(f"a page shows results-summary:{match['name']}; {path} has none")
+            return match.group(1) + f"{record.summary} {record.provenance()}\n" + match.group(4)
         if match["kind"] == "results-headline":
             record = dataclasses.replace(record, body=None)
         body = re.sub(r"^#", "##", record.markdown(), flags=re.M)
@@ -178,10 +185,11 @@ def render_page(text: str, results: pathlib.Path, page_dir: pathlib.Path | None 
 
 
 def render_pages(docs: pathlib.Path, *, write: bool = True) -> list[pathlib.Path]:
-    """The pages under `docs` whose sections differ from docs/results' records, rewritten
-    (with write=False, only listed)."""
+    """The pages under `docs`, and the README beside it, whose sections differ from
+    docs/results' records, rewritten (with write=False, only listed)."""
     changed = []
-    for page in sorted(docs.rglob("*.md")):
+    readme = [docs.parent / "README.md"] if (docs.parent / "README.md").is_file() else []
+    for page in [*readme, *sorted(docs.rglob("*.md"))]:
         text = page.read_text()
         new = render_page(text, docs / "results", page.parent)
         if new != text:

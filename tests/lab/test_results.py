@@ -58,3 +58,20 @@ def test_a_headline_section_shows_the_tables_without_the_reports_body(tmp_path):
     assert "A long report body." in whole and "Headline:" in whole
     assert "A long report body." not in headline and "Headline:" in headline
     assert headline.startswith("<!-- results-headline:lab:start -->")
+
+
+def test_a_summary_section_shows_the_finding_and_its_provenance_in_the_readme_too(tmp_path):
+    table = results.Table(["a"], [[1]], "r")
+    record = results.Record([table], "cmd", "cpu", "2026-01-01", "commit abc", summary="It won.")
+    docs = tmp_path / "docs"
+    record.write(docs / "results/one.json")
+    page = "x\n<!-- results-summary:one:start -->\nold\n<!-- results-summary:one:end -->\n"
+    (tmp_path / "README.md").write_text(page)
+    (docs / "page.md").write_text(page)
+    assert results.render_pages(docs) == [tmp_path / "README.md", docs / "page.md"]
+    shown = (tmp_path / "README.md").read_text()
+    assert shown == page.replace("old\n", f"It won. {record.provenance()}\n")
+    assert "source: commit abc" in shown and (docs / "page.md").read_text() == shown
+    results.Record([table], "cmd", "cpu", "2026-01-01", "s").write(docs / "results/one.json")
+    with pytest.raises(ValueError, match="results-summary:one; .*one.json has none"):
+        results.render_pages(docs)

@@ -3,10 +3,10 @@ them) and registered in BENCHMARKS (registry.py: a name, a frozen dataclass of o
 run that returns a `jaxformer_lab.results.Record`).
 
 Each benchmark lives in the module named after it (lm-throughput: lm_throughput.py), except
-gpt2-peers (peers.py; its peers gpt2_jax and gpt2_torch run in worker processes, rounds.py),
-decode (decode_speed.py), profile (profile_step.py, with hlo_profile.py) and parity
-(parity.py, with parity_cases.py); xla-vs-eager is the XLA-vs-eager lab (xla_vs_eager.py
-and the modules its docstring names). What several share: shared (the peak table, the LM
+gpt2-peers (peers.py; its peers run in worker processes, rounds.py, as do jax-versions' lines
+and train-step's torch, in interpreters pythons.py finds), decode (decode_speed.py), profile
+(profile_step.py, hlo_profile.py) and parity (parity.py, parity_cases.py); xla-vs-eager is
+the XLA-vs-eager lab (xla_vs_eager.py and the modules its docstring names). What several share: shared (the peak table, the LM
 FLOP count, the GPT-2 model) and stats (the one timing harness: interleaved rounds,
 medians with intervals, paired ratios and savings, break-even call counts).
 
@@ -23,6 +23,7 @@ from jaxformer_lab.bench import (  # noqa: F401
     decode_speed,
     first_hour,
     internals_overhead,
+    jax_versions,
     lm_throughput,
     make_train,
     optimizer_step,

@@ -15,7 +15,7 @@ import time
 
 import jax
 
-from jaxformer_lab.bench import stats
+from jaxformer_lab.bench import pythons, stats
 from jaxformer_lab.bench.workloads import bench_config, build
 
 # Every fresh process: the JAX and Inductor caches off, as a first call on a new machine.
@@ -27,15 +27,19 @@ CACHES_OFF = {
 }
 
 
-def first_calls(w_args: dict, modes: tuple[str, ...], repeats: int, say=print) -> dict:
+def first_calls(
+    w_args: dict, modes: tuple[str, ...], repeats: int, say=print, torch_python: str | None = None
+) -> dict:
     """Per mode, from `repeats` fresh processes: the first call's seconds (best_median_ci,
     with the samples) and one call's memory rise (best_median_ci of the processes'
-    bytes); a mode whose processes all failed has {"error": the last line}."""
+    bytes); a mode whose processes all failed has {"error": the last line}. torch's modes
+    run in `torch_python` where given (this interpreter has no torch)."""
     out = {}
     for mode in modes:
         runs = []
+        python = torch_python if torch_python and mode.startswith("torch") else sys.executable
         for i in range(repeats):
-            runs.append(fresh_run(mode, w_args))
+            runs.append(fresh_run(mode, w_args, python))
             say(f"  fresh process {i + 1}/{repeats}: {mode} {_said(runs[-1])}")
         ok = [r for r in runs if "error" not in r]
         if not ok:
@@ -54,14 +58,17 @@ def _said(run: dict) -> str:
     return run["error"] if "error" in run else f"first call {run['first_call_s']:.2f} s"
 
 
-def fresh_run(mode: str, w_args: dict) -> dict:
-    """One fresh process's probe of `mode` (see `probe`), or {"error": its last line}."""
+def fresh_run(mode: str, w_args: dict, python: str | None = None) -> dict:
+    """One fresh process's probe of `mode` (see `probe`) in `python` (default: this
+    interpreter), or {"error": its last line}."""
     code = f"from jaxformer_lab.bench.fresh import probe; probe({mode!r}, {w_args!r})"
+    python = python or sys.executable
     with tempfile.TemporaryDirectory() as inductor:
-        env = os.environ | CACHES_OFF | {"TORCHINDUCTOR_CACHE_DIR": inductor}
+        env = os.environ if python == sys.executable else pythons.worker_env(JAX_PLATFORMS="cpu")
+        env = env | CACHES_OFF | {"TORCHINDUCTOR_CACHE_DIR": inductor}
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
         result = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+            [python, "-c", code], capture_output=True, text=True, env=env, check=False
         )
     lines = result.stdout.strip().splitlines()
     if result.returncode == 0 and lines:

@@ -63,15 +63,16 @@ def simd_name(flags: set[str]) -> str:
     return "AVX" if "avx" in flags else "SSE or none named"
 
 
-def torch_device() -> str | None:
-    """Where torch runs beside JAX ("cuda" on an NVIDIA GPU, else "cpu"); None without
-    torch. Sets torch's intra-op threads to XLA's (see `xla_threads`)."""
+def torch_device(backend: str | None = None) -> str | None:
+    """Where torch runs beside JAX ("cuda" on an NVIDIA GPU, else "cpu"), JAX's `backend`
+    given or this process's; None without torch. Sets torch's intra-op threads to XLA's
+    (see `xla_threads`)."""
     try:
         import torch
     except ImportError:
         return None
     torch.set_num_threads(xla_threads())
-    if jax.default_backend() == "gpu" and torch.cuda.is_available():
+    if (backend or jax.default_backend()) == "gpu" and torch.cuda.is_available():
         torch.set_float32_matmul_precision("high")  # TF32, as JAX's default on a GPU
         return "cuda"
     torch.set_float32_matmul_precision("highest")
@@ -96,6 +97,7 @@ def machine_info(device: str | None) -> dict:
         "cpu_count": os.cpu_count(),
         "xla_intra_op_threads": xla_threads(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),  # torch's OpenMP threads
         "cpu": cpu_info(),
     }
     if device is not None:
@@ -152,10 +154,20 @@ def _per_call_us(times: dict, calls: int) -> dict:
     return out
 
 
-def dispatch_costs(rounds: int, device: str | None, calls_per_round: int = 200) -> dict:
+DISPATCH_CALLS = 200  # calls of each trivial program per round
+
+
+def dispatch_costs(
+    rounds: int,
+    device: str | None,
+    extra: dict | None = None,
+    calls_per_round: int = DISPATCH_CALLS,
+) -> dict:
     """Microseconds per call of a trivial program on 8 numbers in each way: one primitive
     op by op (x + y: both on the device, so no transfer), one host-to-device put (a Python
-    float, as eager puts its scalar operands), one jitted call, one torch op."""
+    float, as eager puts its scalar operands), one jitted call, one torch op (torch on
+    `device`, in this process; or among `extra`: calls of calls_per_round calls each, a
+    torch in a worker's)."""
     x = jnp.ones(8)
     jitted = jax.jit(lambda x: x + x)
     calls = {
@@ -168,6 +180,7 @@ def dispatch_costs(rounds: int, device: str | None, calls_per_round: int = 200) 
 
         t = torch.ones(8, device=device)
         calls["torch primitive"] = _loop(lambda: t + t, calls_per_round)
+    calls |= extra or {}
     return _per_call_us(stats.time_interleaved(calls, rounds, warmup=1), calls_per_round)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from jaxformer_lab.bench import compile_costs, fresh, host, modes, programs, stats
+from jaxformer_lab.bench import compile_costs, fresh, host, modes, programs, stats, torch_side
 from jaxformer_lab.bench.plan import TORCH_PAIRS, Profile
 from jaxformer_lab.bench.workloads import Workload, bench_config, build
 
@@ -23,7 +23,8 @@ PROFILED = ("eager", "eager, functional", "jit")
 @dataclass
 class Context:
     """What every part needs: the plan's sizes, rounds and repeats, the compute dtype,
-    torch's device (None: no torch), the agreement tolerance, and a progress printer."""
+    torch's device (None: no torch), the agreement tolerance, a progress printer, and
+    torch's interpreter (pythons.describe) where torch runs in another one (torch_side)."""
 
     profile: Profile
     rounds: int
@@ -32,6 +33,12 @@ class Context:
     device: str | None
     tolerance: float
     say: Callable[[str], None]
+    torch_python: dict | None = None
+
+    @property
+    def remote(self) -> str | None:
+        """The interpreter that runs torch's modes in a worker (None: this process)."""
+        return self.torch_python["path"] if self.torch_python else None
 
 
 def part_function(name: str) -> Callable[[Context], dict]:
@@ -50,13 +57,27 @@ def part_function(name: str) -> Callable[[Context], dict]:
 
 
 def measure_host(ctx: Context) -> dict:
-    """The machine, its roofs, trivial calls' costs and NNX's overheads by graph size."""
+    """The machine, its roofs, trivial calls' costs and NNX's overheads by graph size; a
+    torch in another interpreter runs its trivial op in a worker (torch_side)."""
     p = ctx.profile
     ctx.say("  roofs, dispatch costs, NNX overheads")
+    machine = host.machine_info(None if ctx.remote else ctx.device)
+    remote = None
+    if ctx.remote and ctx.device:
+        remote = torch_side.Remote(ctx.remote, ctx.device, {"primitive": host.DISPATCH_CALLS})
+        said = remote.ready["programs"][torch_side.PRIMITIVE]
+        machine |= {"torch": said["torch"], "torch_device": said["device"]}
+        machine |= {"torch_threads": said["torch_threads"], "torch_python": ctx.torch_python}
+    try:
+        extra = remote.calls() if remote else {}
+        dispatch = host.dispatch_costs(ctx.rounds, None if ctx.remote else ctx.device, extra)
+    finally:
+        if remote:
+            remote.close()
     return {
-        "machine": host.machine_info(ctx.device),
+        "machine": machine,
         "roofs": host.machine_roofs(ctx.rounds, **p.roofs),
-        "dispatch_us": host.dispatch_costs(ctx.rounds, ctx.device),
+        "dispatch_us": dispatch,
         "nnx_overheads": host.nnx_overheads(ctx.rounds, p.overhead_sizes),
     }
 
@@ -66,15 +87,21 @@ def measure_workload_part(ctx: Context, name: str, dtype: str | None = None) -> 
     p = ctx.profile
     config = bench_config(p.point["d_model"], p.point["layers"], dtype=dtype or ctx.dtype)
     w = build(name, config, p.point["batch"], p.point["length"])
-    row = measure_workload(ctx, w, modes.modes_of(w, ctx.device, p.torch_compiled[name]))
-    row["attention_path"] = {"jax": jax_attention_path(w)}
+    names = modes.modes_of(w, ctx.device, p.torch_compiled[name])
+    explained = set(p.torch_compiled[name]) | ({"torch.compile step"} if w.stateful else set())
+    explained = tuple(sorted(explained - set(modes.unavailable(ctx.device))))
+    with torch_side.serving(ctx.remote, ctx.device, w, names, explained) as remote:
+        row = measure_workload(ctx, w, names, remote)
+        row["attention_path"] = {"jax": jax_attention_path(w)}
+        if ctx.device is not None:
+            ctx.say("  torch's graphs and breaks (torch._dynamo.explain)")
+            row["torch_ops"] = remote.ask("ops") if remote else torch_ops(w, ctx.device)
+            graphs = (
+                remote.ask("graphs") if remote else modes.torch_graphs(w, ctx.device, explained)
+            )
+            row["torch_graphs"] = graphs
     if ctx.device is not None:
-        ctx.say("  torch's graphs and breaks (torch._dynamo.explain)")
-        row["torch_ops"] = torch_ops(w, ctx.device)
         row["attention_path"]["torch"] = {m: o["attention"] for m, o in row["torch_ops"].items()}
-        explained = set(p.torch_compiled[name]) | ({"torch.compile step"} if w.stateful else set())
-        explained -= set(modes.unavailable(ctx.device))
-        row["torch_graphs"] = modes.torch_graphs(w, ctx.device, tuple(sorted(explained)))
         wanted = set(p.torch_compiled[name])
         row["unavailable"] = {
             m: why for m, why in modes.unavailable(ctx.device).items() if m in wanted
@@ -82,16 +109,24 @@ def measure_workload_part(ctx: Context, name: str, dtype: str | None = None) -> 
     return row
 
 
-def measure_workload(ctx: Context, w: Workload, names: tuple[str, ...]) -> dict:
+def measure_workload(
+    ctx: Context, w: Workload, names: tuple[str, ...], remote: torch_side.Remote | None = None
+) -> dict:
     """Agreement with jit, paired interleaved timings (with the Python of nnx.merge alone),
-    the program's counts and the launches the profiler saw."""
+    the program's counts and the launches the profiler saw; `remote` serves the torch
+    modes where torch runs in another interpreter."""
     ctx.say(f"  building {len(names)} modes (compiling)")
-    calls = modes.mode_calls(w, ctx.device, names)
+    here = tuple(m for m in names if remote is None or m not in remote.modes)
+    calls = modes.mode_calls(w, ctx.device, here)
     first, built = {}, {}
     for m, call in calls.items():  # the first two calls: compiling, warming caches
         started = time.perf_counter()
         first[m] = [modes.to_numpy(call()), modes.to_numpy(call())]
         built[m] = round(time.perf_counter() - started, 2)
+    if remote is not None:
+        remote_first, remote_built = remote.first_outputs()
+        first, built = first | remote_first, built | remote_built
+        calls |= remote.calls()
     slowest = ", ".join(f"{m} {built[m]:.1f} s" for m in sorted(built, key=built.get)[-3:])
     ctx.say(f"  built in {sum(built.values()):.0f} s (longest: {slowest})")
     ctx.say(f"  timing {len(calls)} modes x {ctx.rounds} rounds")
@@ -178,7 +213,8 @@ def measure_first_calls(ctx: Context, part: str) -> dict:
     args = dict(name=name, dtype=ctx.dtype, **ctx.profile.point)
     skip = modes.unavailable(ctx.device)
     chosen = tuple(m for m in wanted if (ctx.device or "torch" not in m) and m not in skip)
-    return {"workload": name, "fresh": fresh.first_calls(args, chosen, ctx.repeats, ctx.say)}
+    fresh_calls = fresh.first_calls(args, chosen, ctx.repeats, ctx.say, torch_python=ctx.remote)
+    return {"workload": name, "fresh": fresh_calls}
 
 
 def measure_bf16(ctx: Context) -> dict:
@@ -189,7 +225,8 @@ def measure_bf16(ctx: Context) -> dict:
     config = bench_config(p.point["d_model"], p.point["layers"], dtype="bfloat16")
     w = build("train_step", config, p.point["batch"], p.point["length"])
     names = ("eager", "jit", "jit, no donation") + (("torch",) if ctx.device else ())
-    row = measure_workload(ctx, w, names)
+    with torch_side.serving(ctx.remote, ctx.device, w, names) as remote:
+        row = measure_workload(ctx, w, names, remote)
     args = dict(name="train_step", dtype="bfloat16", **p.point)
     row["fresh"] = fresh.first_calls(args, ("jit", "jit, no donation"), ctx.repeats, ctx.say)
     return row
@@ -210,7 +247,8 @@ def measure_scale(ctx: Context) -> dict:
                 ctx.say(f"  scale {axis} = {value}")
                 config = bench_config(point["d_model"], point["layers"], dtype=ctx.dtype)
                 w = build("forward", config, point["batch"], point["length"])
-                seen[key] = measure_workload(ctx, w, names)
+                with torch_side.serving(ctx.remote, ctx.device, w, names) as remote:
+                    seen[key] = measure_workload(ctx, w, names, remote)
             rows.append(seen[key] | {"axis": axis, "value": value})
     return {"rows": rows, "center": p.scale_center}
 
@@ -227,14 +265,18 @@ def measure_compile(ctx: Context) -> dict:
 
 
 def measure_recompile(ctx: Context) -> dict:
-    """The variable-length workload (compile_costs.variable_lengths)."""
+    """The variable-length workload (compile_costs.variable_lengths); its torch strategies
+    only where torch runs in this process."""
     p = ctx.profile
     ctx.say(f"  lengths {list(p.lengths)}, each strategy's first pass x {ctx.repeats}")
-    return compile_costs.variable_lengths(
+    out = compile_costs.variable_lengths(
         p.recompile_size["d_model"],
         p.recompile_size["batch"],
         list(p.lengths),
         ctx.repeats,
         ctx.rounds,
-        ctx.device,
+        None if ctx.remote else ctx.device,
     )
+    if ctx.remote and ctx.device:
+        out["torch_left_out"] = f"torch runs in another interpreter ({ctx.remote})"
+    return out

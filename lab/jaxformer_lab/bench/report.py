@@ -35,12 +35,18 @@ def _header(result: dict) -> list[str]:
     )
     label += f"**{result['note']}** " if result.get("note") else ""
     torch = f"torch {m['torch']} ({m['torch_threads']} threads)" if "torch" in m else "no torch"
+    if m.get("torch_python"):
+        t = m["torch_python"]
+        torch += f" in a worker of Python {t['python']} ({t['path']}, its jax {t['jax']})"
+    if "torch" in m and m.get("omp_wait_policy"):
+        torch += f", OMP_WAIT_POLICY={m['omp_wait_policy']}"
     cpu = m.get("cpu") or {}
     chip = f"{cpu['model']}, flags read from /proc/cpuinfo: {cpu['widest_simd']} " if cpu else ""
     chip += f"({', '.join(cpu['flags'])}); " if cpu else ""
     lines = [
         f"{label}`{result['command']}` on {m.get('device', 'a device not yet recorded')}: "
-        f"{chip}jax {m.get('jax')}, flax {m.get('flax')}, {torch}, XLA's intra-op threads "
+        f"{chip}jax {m.get('jax')} (Python {m.get('python')}), flax {m.get('flax')}, {torch}, "
+        "XLA's intra-op threads "
         f"{m.get('xla_intra_op_threads')}, {m.get('cpu_count')} CPU cores; {_wall(result)}.",
         "",
         f"Model: {result['model']}. Times: median ms per call over {result['rounds']} "

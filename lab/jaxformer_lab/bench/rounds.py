@@ -2,15 +2,16 @@
 
 JAX and torch in one process fight over an accelerator's memory (JAX takes 75% of it when
 it starts), and compiling one program after another costs the sum of their compile times.
-So each program runs in its own worker: the coordinator starts them all at once (they
-build and compile in parallel), then asks each in turn for a round of k steps
-(`stats.time_interleaved` times the round trip: the steps plus one line each way through
-a pipe, well under a millisecond).
+So each program runs in its own worker, possibly of another interpreter (`pythons`): the
+coordinator starts them all at once (they build and compile in parallel), then asks each
+in turn for a round of k steps (`stats.time_interleaved` times the round trip, or, with
+`Worker.timed`, takes the steps' seconds by the worker's clock, `stats.Elapsed`).
 
-The worker's side is `serve(build)`; the coordinator's is `Worker` and `ready_all`.
-Messages are JSON lines, marked with MARK, on the worker's original stdout; anything it
-prints once serving goes to its stderr (the coordinator's log file for it), and unmarked
-lines printed before (while importing) are copied there by the coordinator.
+The worker's side is `serve(build)`, one program or several by name (which also answer
+named questions, `Program.asks`); the coordinator's is `Worker` and `ready_all`. Requests
+are JSON lines on the worker's stdin; messages are JSON lines, marked with MARK, on its
+original stdout; anything it prints once serving goes to its stderr (the coordinator's
+log file for it), and unmarked lines printed before (while importing) are copied there.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import IO, NamedTuple
 
+from jaxformer_lab.bench.stats import Elapsed
 from jaxformer_lab.cores import on_cores
 
 MARK = "@rounds "  # starts every message line
@@ -33,23 +35,26 @@ MARK = "@rounds "  # starts every message line
 class Program(NamedTuple):
     """A training step ready to run: run(k) takes k steps, waits for the device and returns
     the last step's loss; params is its parameter count; info, what it is (JSON values);
-    peak_bytes(), the most device memory it has held (None where the device does not say)."""
+    peak_bytes(), the most device memory it has held (None where the device does not say);
+    asks, questions the worker answers by name (each a call returning JSON values)."""
 
     run: Callable[[int], float]
     params: int
     info: dict
     peak_bytes: Callable[[], int | None] = lambda: None
+    asks: Mapping[str, Callable[[], object]] = {}
 
 
 class WorkerError(RuntimeError):
     """A worker that failed or exited; the message names its log."""
 
 
-def serve(build: Callable[[], Program]) -> None:
-    """The worker's side: build the program, take its first step (compiling), send
-    {ready, setup_s, first_step_s, initial_loss, params, peak_bytes, **info, ready_at},
-    then for each line k on stdin take k steps and send {loss}. On an error, send {error}
-    and raise it."""
+def serve(build: Callable[[], Program | dict[str, Program]]) -> None:
+    """The worker's side: build the program (or programs, by name), take each's first step
+    (compiling), send {ready, setup_s, ready_at} with, for one program, {first_step_s,
+    initial_loss, params, peak_bytes, **info}, for several the same under programs[name];
+    then answer each request: {steps: k, program} takes k steps and sends {loss, seconds},
+    {ask: name, program} sends {answer}. On an error, send {error} and raise it."""
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints (libraries' included) go to the log, not the channel
 
@@ -58,18 +63,33 @@ def serve(build: Callable[[], Program]) -> None:
 
     try:
         t0 = time.perf_counter()
-        program = build()
-        t1 = time.perf_counter()
-        loss = program.run(1)
-        first = dict(setup_s=t1 - t0, first_step_s=time.perf_counter() - t1, initial_loss=loss)
-        memory = dict(params=program.params, peak_bytes=program.peak_bytes())
-        send(ready=True, **first, **memory, **program.info, ready_at=time.time())
+        built = build()
+        programs = {"": built} if isinstance(built, Program) else built
+        setup = dict(setup_s=time.perf_counter() - t0)
+        firsts = {name: _first(program) for name, program in programs.items()}
+        said = firsts[""] if isinstance(built, Program) else {"programs": firsts}
+        send(ready=True, **setup, **said, ready_at=time.time())
         for line in sys.stdin:
-            send(loss=program.run(int(line)))
+            request = json.loads(line)
+            program = programs[request.get("program", "")]
+            if "ask" in request:
+                send(answer=program.asks[request["ask"]]())
+                continue
+            started = time.perf_counter()
+            loss = program.run(request["steps"])
+            send(loss=loss, seconds=time.perf_counter() - started)
     except Exception as error:
         send(error=f"{type(error).__name__}: {error}"[-2000:])
         traceback.print_exc()
         raise
+
+
+def _first(program: Program) -> dict:
+    """A program's first step (compiling) and what it says of itself."""
+    t0 = time.perf_counter()
+    loss = program.run(1)
+    first = dict(first_step_s=time.perf_counter() - t0, initial_loss=loss)
+    return first | dict(params=program.params, peak_bytes=program.peak_bytes()) | program.info
 
 
 class Worker:
@@ -102,11 +122,22 @@ class Worker:
         """Stop the worker now (a pending `ready` or `run` then raises WorkerError)."""
         self.process.kill()
 
-    def run(self, steps: int) -> float:
-        """Take `steps` steps in the worker; the last loss."""
-        self.process.stdin.write(f"{steps}\n")
+    def run(self, steps: int, program: str = "") -> float:
+        """Take `steps` steps of `program` in the worker; the last loss."""
+        return self._request(steps=steps, program=program)["loss"]
+
+    def timed(self, steps: int, program: str = "") -> Elapsed:
+        """Take `steps` steps of `program`; their seconds by the worker's clock."""
+        return Elapsed(self._request(steps=steps, program=program)["seconds"])
+
+    def ask(self, question: str, program: str = ""):
+        """The answer of `program`'s ask named `question`."""
+        return self._request(ask=question, program=program)["answer"]
+
+    def _request(self, **request) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
-        return self._receive()["loss"]
+        return self._receive()
 
     def close(self) -> None:
         """End the worker (its stdin closes), wait for it, close its log."""

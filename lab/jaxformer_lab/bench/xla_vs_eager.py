@@ -9,9 +9,9 @@ report.md are rewritten from every part there, so a stopped run (a signal, --tim
 keeps what it measured and the same command again measures only the rest. The record
 (<out>/record.json) is what the docs render: the report, then its headline.
 
-Modes: modes.py. Timing: stats.py (interleaved rounds, paired ratios). Why: programs.py
-(counts, launches from JAX's profiler), eager_model.py and validate.py (the fitted model,
-scored out of sample). Compiling: compile_costs.py. First calls: fresh.py.
+Modes: modes.py (torch's in another interpreter: torch_side.py). Timing: stats.py. Why:
+programs.py (counts, launches), eager_model.py and validate.py (the fitted model, scored out
+of sample). Compiling: compile_costs.py. First calls: fresh.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from jaxformer.checks import BadValue, check_int, check_number
 from jaxformer.files import write_whole
 from jaxformer.signals import Terminated, stop_signals_raise
-from jaxformer_lab.bench import load, plan, report
+from jaxformer_lab.bench import load, plan, pythons, report
 from jaxformer_lab.bench.plan import TORCH_PAIRS
 from jaxformer_lab.bench.registry import BENCHMARKS, Options, Stopped, command, say, setting
 from jaxformer_lab.parts import Clock, alarm_at_deadline, run_parts
@@ -49,6 +49,9 @@ class LabOptions(Options):
     repeats: int | None = setting(None, "fresh processes per first call (default: the plan's)")
     dtype: str = setting("float32", "compute dtype", choices=("float32", "bfloat16"))
     no_torch: bool = setting(False, "leave out torch's modes")
+    torch_python: str = setting(
+        "", "the Python that runs torch (default: this one if it has torch, else a .venv* one)"
+    )
     no_scale: bool = setting(False, "leave out the scale sweep")
     target: str = setting(
         "auto", "the plan's sizes: this device's, or cpu's or gpu's", choices=("auto", "cpu", "gpu")
@@ -81,6 +84,7 @@ class LabOptions(Options):
         if self.time_limit is not None:
             check_number("--time-limit", self.time_limit, "(0, inf)")
         check_number("--max-load", self.max_load, "[0, inf)")
+        pythons.check_python("--torch-python", self.torch_python)
         if pathlib.Path(self.out).exists() and not pathlib.Path(self.out).is_dir():
             raise BadValue(f"--out {self.out} is a file; the report needs a folder")
 
@@ -90,7 +94,25 @@ def run(options: LabOptions) -> Record:
     """When jax.jit pays off against eager execution, why, and how torch compares."""
     result = run_lab(options)
     line = headline(result, pathlib.Path(options.out))
-    return capture([headline_table(line)], data={"headline": line}, body=report.tables(result))
+    tables, body = [headline_table(line)], report.tables(result)
+    return capture(tables, data={"headline": line}, body=body, summary=summary(line))
+
+
+def summary(line: dict) -> str | None:
+    """The headline in one sentence: jit's speed-up over eager and torch eager's time over
+    jit's per workload measured, with their intervals; None before any."""
+    rows = {name: w for name, w in line.items() if isinstance(w, dict)}
+    if not rows:
+        return None
+    jit = "; ".join(f"{name} {_ci_text(w['jit_speedup'])}" for name, w in rows.items())
+    text = f"jit's speed-up over eager JAX: {jit}"
+    if all("torch_over_jit" in w for w in rows.values()):
+        torch = "; ".join(f"{name} {_ci_text(w['torch_over_jit'])}" for name, w in rows.items())
+        text += f". torch eager's time over jit's (< 1: torch faster): {torch}"
+    text += " (measured under load)" if line["loaded"] else ""
+    return text + (
+        f"; parts not measured: {', '.join(line['missing'])}." if line["missing"] else "."
+    )
 
 
 def headline_table(line: dict) -> Table:
@@ -145,7 +167,7 @@ def chosen_parts(profile: plan.Profile, options: LabOptions) -> list[str]:
 
 def fingerprint(options: LabOptions, profile: plan.Profile) -> dict:
     """What makes two calls' parts parts of one run: the plan and the measuring options."""
-    keep = ("quick", "rounds", "repeats", "dtype", "no_torch", "dry_run")
+    keep = ("quick", "rounds", "repeats", "dtype", "no_torch", "torch_python", "dry_run")
     return {"plan": profile.name} | {k: getattr(options, k) for k in keep}
 
 
@@ -199,9 +221,9 @@ def _earlier_calls(out: pathlib.Path, records: dict) -> list[dict]:
 
 
 def _measure(options, profile, names, records, out, clock, call) -> None:
-    from jaxformer_lab.bench import host, measure
+    from jaxformer_lab.bench import measure
 
-    device = None if options.no_torch else host.torch_device()
+    device, torch = torch_of(options)
     gpu = device == "cuda" or profile.name.startswith("gpu")
     tolerance = 5e-2 if options.dtype == "bfloat16" else (2e-2 if gpu else 1e-4)  # TF32
     ctx = measure.Context(
@@ -212,6 +234,7 @@ def _measure(options, profile, names, records, out, clock, call) -> None:
         device=device,
         tolerance=tolerance,
         say=say,
+        torch_python=torch,
     )
     monitor = load.Monitor()
 
@@ -245,6 +268,28 @@ def _measure(options, profile, names, records, out, clock, call) -> None:
         )
     finally:
         monitor.close()
+
+
+def torch_of(options: LabOptions) -> tuple[str | None, dict | None]:
+    """(torch's device, None without torch; the interpreter that runs it in a worker,
+    pythons.describe, or None where it runs in this process): --no-torch, --torch-python,
+    else this interpreter's torch, else one found beside it (pythons.torch_python)."""
+    import sys
+
+    import jax
+
+    from jaxformer_lab.bench import host
+
+    if options.no_torch:
+        return None, None
+    torch = pythons.torch_python(options.torch_python)
+    if torch is None:
+        say(pythons.no_torch_found() + "; the lab runs without torch's modes")
+        return None, None
+    if torch["prefix"] == sys.prefix:
+        return host.torch_device(), None
+    say(f"torch {torch['torch']} runs in a worker of {torch['path']} (Python {torch['python']})")
+    return ("cuda" if jax.default_backend() == "gpu" else "cpu"), torch
 
 
 def _budget_machine(profile: plan.Profile) -> str:
