@@ -41,15 +41,17 @@ def _stat(pid: str) -> list[str] | None:
 
 
 def _own_ticks() -> int:
-    """CPU ticks of this process (with its reaped children) and of its live descendants."""
+    """CPU ticks of this process and of its live descendants, each with the children it
+    reaped (a sweep's runs, reaped by the sweep: else their time would leave the count
+    as each ends and come back as other processes' work)."""
     me = str(os.getpid())
     parents, ticks = {}, {}
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit() and (fields := _stat(entry.name)) is not None:
             parents[entry.name] = fields[1]  # ppid
-            ticks[entry.name] = int(fields[11]) + int(fields[12])  # utime + stime
+            ticks[entry.name] = sum(map(int, fields[11:15]))  # utime stime cutime cstime
     own = _stat(me)
-    total = int(own[11]) + int(own[12]) + int(own[13]) + int(own[14]) if own else 0
+    total = sum(map(int, own[11:15])) if own else 0
     for pid in parents:
         p = parents[pid]
         while p in parents and p != me:

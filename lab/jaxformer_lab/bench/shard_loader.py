@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import pathlib
 import sys
 import tempfile
 import time
@@ -79,8 +80,10 @@ def run(options: ShardLoaderOptions) -> Record:
     )
 
 
-def prepare_bibles(folder: str) -> tuple[str, str]:
-    """`jaxformer prepare` of the installed Bible versions' chapters; (train, val) globs."""
+def prepare_bibles(folder: str, bpe_vocab_size: int | None = None) -> tuple[str, str]:
+    """`jaxformer prepare` of the installed Bible versions' chapters into FOLDER/shards
+    (BPE of `bpe_vocab_size` ids, default sized by the data); (train, val) globs."""
+    pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
     chapters = []
     for version in VERSIONS:
         splits = bible.load(f"{version}-lm").splits
@@ -89,7 +92,8 @@ def prepare_bibles(folder: str) -> tuple[str, str]:
     with open(text, "w") as f:
         f.write("\n\n".join(chapters) + "\n")
     with contextlib.redirect_stdout(sys.stderr):
-        if main(["prepare", text, "--out", f"{folder}/shards", "--no-progress"]) != 0:
+        sized = [] if bpe_vocab_size is None else ["--bpe-vocab-size", str(bpe_vocab_size)]
+        if main(["prepare", text, "--out", f"{folder}/shards", "--no-progress", *sized]) != 0:
             raise BadValue("jaxformer prepare failed")
     return f"{folder}/shards/train_*.bin", f"{folder}/shards/val_*.bin"
 

@@ -24,7 +24,7 @@ from jaxformer.checks import BadValue, MissingFile
 from jaxformer.files import read_json, read_metrics, write_whole
 from jaxformer_lab import results as results_lib
 from jaxformer_lab.markdown import table as markdown_table
-from jaxformer_lab.sweep import paper, stats
+from jaxformer_lab.sweep import paper, stats, target
 from jaxformer_lab.sweep.spec import Spec, status
 
 # (summary key, column title, format of the mean): the figures shown, when runs report them.
@@ -33,6 +33,8 @@ FIGURES = (
     ("chrf", "dev chrF", "{:.2f}"),
     ("exact_match", "dev exact match", "{:.2%}"),
     ("eval_perplexity", "dev perplexity", "{:.3f}"),
+    ("steps_to_target", "steps to target", "{:.0f}"),
+    ("seconds_to_target", "seconds to target", "{:.0f}"),
     ("test_bleu", "test BLEU", "{:.2f}"),
     ("test_chrf", "test chrF", "{:.2f}"),
     ("test_exact_match", "test exact match", "{:.2%}"),
@@ -76,7 +78,7 @@ def record(
     if not spec.out.is_dir():
         raise MissingFile(f"{spec.out}: no such sweep folder (run the sweep, or give its folder)")
     results = summarize(spec)
-    shown = [results_lib.Table(**t) for t in tables(results)][1 if comparisons_only else 0 :]
+    shown = [results_lib.Table(**t) for t in tables(results, figures=not comparisons_only)]
     shown[0].caption = f"{about} {shown[0].caption}".strip()
     shown[-1].notes += notes
     made = results_lib.capture(shown, source="the sweep's run folders")
@@ -87,6 +89,10 @@ def verdicts(results: dict) -> dict[str, dict[str, str]]:
     """variant -> metric -> verdict, of every variant paired with the baseline."""
     return {
         name: {metric: r["verdict"] for metric, r in v["paired"]["bootstrap"].items()}
+        | {
+            key: r["verdict"]
+            for key, r in v["paired"].get("targets", {}).get("figures", {}).items()
+        }
         for name, v in results["variants"].items()
         if "paired" in v
     }
@@ -110,6 +116,8 @@ def summarize(spec: Spec) -> dict:
                 variants[name][key] = made_by
         if spec.stage_of(name) is not None:
             variants[name]["stage"] = spec.stage_of(name)
+        if spec.target is not None:
+            variants[name]["target"] = {s: _reach(summary) for s, summary in summaries.items()}
     pairs, cache = {}, {}  # (variant, baseline) -> comparison: each pair of variants once
     for baseline in spec.baselines:
         for name in spec.variants:
@@ -137,6 +145,8 @@ def summarize(spec: Spec) -> dict:
         "variants": variants,
         "readings": readings,
     }
+    if spec.target is not None:
+        out["target"] = dataclasses.asdict(spec.target)
     if spec.paper is not None:
         models = {name: spec.configs(name, spec.seeds[0])[0] for name in spec.variants}
         out["paper"] = paper.summary(spec.paper, models, spec.baseline)
@@ -147,10 +157,18 @@ def _done(spec: Spec, name: str) -> list[int]:
     return [s for s in spec.seeds if status(spec.folder(name, s)) == "done"]
 
 
+def _reach(summary: dict) -> dict:
+    """A finished run's steps and seconds to the spec's target, or when it did not."""
+    return {k: summary[k] for k in (*target.FIGURES, "not_reached") if k in summary}
+
+
 def _summary(spec: Spec, name: str, seed: int) -> dict:
-    """A run's summary.json; a variant started from a stage counts the stage run's wall
-    seconds in its own (what the variant cost)."""
+    """A run's summary.json, with how soon it reached the spec's target (target.reach);
+    a variant started from a stage counts the stage run's wall seconds in its own (what
+    the variant cost)."""
     summary = read_json(spec.folder(name, seed) / "summary.json")
+    if spec.target is not None:
+        summary |= target.reach(spec.folder(name, seed), spec.target)
     stage = spec.stage_of(name)
     if stage is not None and "wall_seconds" in summary:
         staged = read_json(spec.folder(stage, seed) / "summary.json")
@@ -198,7 +216,12 @@ def _paired(spec: Spec, name: str, baseline: str, cache: dict) -> dict:
             mean, ci = stats.mean_ci(values)
             differences[key] = {"mean": mean, "ci95": ci, "values": values}
     folders = {s: (spec.folder(baseline, s), spec.folder(name, s)) for s in seeds}
-    return {"seeds": seeds, "differences": differences} | _bootstraps(folders, differences, cache)
+    out = {"seeds": seeds, "differences": differences} | _bootstraps(folders, differences, cache)
+    if spec.target is not None:
+        out["targets"] = target.paired(
+            {s: _reach(summaries[s]) for s in seeds}, {s: _reach(base_summaries[s]) for s in seeds}
+        )
+    return out
 
 
 def _bootstraps(folders: dict[int, tuple], differences: dict, cache: dict) -> dict:
@@ -269,8 +292,15 @@ def _adjust(comparisons: list[dict]) -> int:
         (p["differences"][m]["values"], r) for p in comparisons for m, r in p["bootstrap"].items()
     ]
     family = [(stats.t_test(values), stats.Bootstrap(**_fields(r))) for values, r in tested]
-    for (_, r), (seed_test, _), v in zip(tested, family, stats.verdicts(family), strict=True):
+    targets = target.family(comparisons)  # a spec's target: its t-tests alone
+    family += [(seed_test, None) for _, seed_test in targets]
+    read = stats.verdicts(family)
+    booted = len(tested)
+    for (_, r), (seed_test, _), v in zip(tested, family[:booted], read[:booted], strict=True):
         r |= {"t_p": seed_test.p} | v._asdict()
+    for (r, seed_test), v in zip(targets, read[booted:], strict=True):
+        verdict = target.WORDS.get(v.verdict, v.verdict)
+        r |= {"t_p": seed_test.p, "t_p_holm": v.t_p_holm, "verdict": verdict}
     return len(family)
 
 
@@ -291,11 +321,14 @@ def _reversed(paired: dict) -> dict:
         k: d | {"mean": minus(d["mean"]), "values": [minus(v) for v in d["values"]]}
         for k, d in paired["differences"].items()
     }
-    return paired | {
+    out = paired | {
         "differences": differences,
         "bootstrap": {m: negated(r) for m, r in paired["bootstrap"].items()},
         "sentence_level": {m: negated(r) for m, r in paired["sentence_level"].items()},
     }
+    if "targets" in paired:
+        out["targets"] = target.reversed_(paired["targets"])
+    return out
 
 
 def _fields(result: dict) -> dict:
@@ -333,13 +366,17 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def tables(results: dict) -> list[dict]:
+def tables(results: dict, figures: bool = True) -> list[dict]:
     """The report as tables, each {caption, columns, rows, align, notes} (the format of
-    docs/results): the figures per variant, with each seed's value of the compared metric
-    and the runs left out; then, once a variant is paired with the baseline, the
-    seed-paired differences and the verdicts on the dev set; with the spec's `paper`, each
-    variant beside the paper's row and the verdict against its finding (`paper.table`)."""
-    shown = [_figures_table(results), _differences_table(results), _verdict_table(results)]
+    docs/results): with the spec's `target`, first the steps and seconds to it
+    (`target.table`); the figures per variant (unless not `figures`), with each seed's
+    value of the compared metric and the runs left out; then, once a variant is paired
+    with the baseline, the seed-paired differences and the verdicts on the dev set; with
+    the spec's `paper`, each variant beside the paper's row and the verdict against its
+    finding (`paper.table`)."""
+    shown = [target.table(results)] if "target" in results else []
+    shown += [_figures_table(results)] if figures else []
+    shown += [_differences_table(results), _verdict_table(results)]
     if "paper" in results:
         metric = _compared_metric(results)
         title = next(t for k, t, _ in FIGURES if k == metric).removeprefix("dev ")
@@ -471,7 +508,7 @@ def _differences_table(results: dict) -> dict | None:
     )
     head = ["variant", "paired seeds"] + [f"Δ {t}" for _, t, _ in shown]
     notes = []
-    if not any(p["bootstrap"] for p in paired.values()):
+    if not any(p["bootstrap"] for p in paired.values()) and "target" not in results:
         notes.append(
             "No verdict: the paired runs decoded no dev sentence in common (or wrote no "
             "predictions), so the crossed bootstrap, which a verdict needs, has none to draw. "
@@ -594,7 +631,10 @@ def _cell(figure: dict | None, fmt: str, signed: bool = False) -> str:
 def curves(spec: Spec, out_png: pathlib.Path) -> None:
     """Dev loss, and BLEU (or exact match), against steps (against examples seen when the
     variants' batch sizes differ; a variant started from a stage, after its stage's): each
-    variant's mean over its seeds, with a band from the lowest to the highest seed."""
+    variant's mean over its seeds, with a band from the lowest to the highest seed. With
+    the spec's `target`, its metric against steps and training seconds (`target.curves`)."""
+    if spec.target is not None:
+        return target.curves(spec, out_png)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -9,7 +9,7 @@ RunConfig options and TransformerConfig fields), an optional grid, and seeds:
     seeds: 3                                               # or a list: [0, 1, 2]
 
 and, optionally, baseline, readings, stages, variant_files, out (default runs/sweeps/<the
-spec's file name>) and paper. A run's fields (base, then its variant's, then the sweep's
+spec's file name>), paper and target (a held-out figure to reach: `target`). A run's fields (base, then its variant's, then the sweep's
 seed and folder) resolve as a run file would (jaxformer.train.config.load_run), and each
 run of `<out>/<variant>/seed<k>` records the hash of its resolved configuration in
 `config_hash.json` when it is launched. Every key: docs/research.md, "The sweep spec"."""
@@ -31,10 +31,11 @@ from jaxformer.config import TransformerConfig, load_config_file
 from jaxformer.files import read_json
 from jaxformer.train.config import RunConfig, load_run
 from jaxformer_lab.sweep.paper import Paper
+from jaxformer_lab.sweep.target import Target
 
 SPEC_KEYS = (
     *("base", "variants", "grid", "seeds", "baseline", "readings", "variant_files", "out"),
-    *("paper", "stages"),
+    *("paper", "stages", "target"),
 )
 MODEL_FIELDS = ("preset", *(f.name for f in dataclasses.fields(TransformerConfig)))
 RUN_FIELDS = tuple(RunConfig.options())
@@ -57,6 +58,7 @@ class Spec:
     readings: tuple[str, ...] = ()  # other baselines the runs are read against
     paper: Paper | None = None  # a paper's figures and findings, which the report reads
     stages: dict[str, dict] = dataclasses.field(default_factory=dict)  # runs variants start from
+    target: Target | None = None  # a held-out figure each run's steps and seconds to it count
 
     @classmethod
     def load(
@@ -83,6 +85,7 @@ class Spec:
             paper=None
             if "paper" not in fields
             else Paper.read(fields["paper"], path, MODEL_FIELDS),
+            target=None if "target" not in fields else Target.read(fields["target"], path),
         )
         for name in spec.baselines:
             if name not in spec.variants:

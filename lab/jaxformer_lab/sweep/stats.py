@@ -10,7 +10,7 @@ the baseline's seed k: the same initialisation seed and data order):
 - `holm`: Holm's step-down adjustment of the p-values of one family of comparisons;
 - `verdicts`: better / worse only when the t-test's and the bootstrap's p, each
   Holm-adjusted over the family, are both below alpha on the same side; `verdict` reads
-  one comparison from its adjusted p's.
+  one comparison from its adjusted p's (`t_verdict` one without a bootstrap).
 
 BLEU and chrF sum sacrebleu's per-sentence statistics (docs/research.md, "The verdict")."""
 
@@ -249,20 +249,45 @@ class Verdict(NamedTuple):
 
     verdict: str
     t_p_holm: float
-    p_holm: float  # the bootstrap's
+    p_holm: float | None  # the bootstrap's (None: the comparison has none)
     p_holm_bound: bool  # the bootstrap's adjusted p is an upper bound (from its floor)
 
 
-def verdicts(family: list[tuple[SeedTest, Bootstrap]], alpha: float = ALPHA) -> list[Verdict]:
+def verdicts(
+    family: list[tuple[SeedTest, Bootstrap | None]], alpha: float = ALPHA
+) -> list[Verdict]:
     """The rule over one family, every comparison reported from the same runs (each
     variant, metric and reading once): the t-tests' p's and the bootstraps' p's are
-    Holm-adjusted over the family, each set apart, and `verdict` reads each comparison."""
+    Holm-adjusted over the family, each set apart, and `verdict` reads each comparison.
+    A comparison without a bootstrap (a figure of whole runs, with no sentences to
+    redraw) is read from its t-test alone (`t_verdict`)."""
     t_adjusted = holm([t.p for t, _ in family], [False] * len(family))
-    b_adjusted = holm([b.p for _, b in family], [b.at_floor for _, b in family])
-    return [
-        Verdict(verdict(t, tp, b, bp, alpha), tp, bp, bound)
-        for (t, b), (tp, _), (bp, bound) in zip(family, t_adjusted, b_adjusted, strict=True)
-    ]
+    booted = [i for i, (_, b) in enumerate(family) if b is not None]
+    b_adjusted = dict(
+        zip(
+            booted,
+            holm([family[i][1].p for i in booted], [family[i][1].at_floor for i in booted]),
+            strict=True,
+        )
+    )
+    out = []
+    for i, ((t, b), (tp, _)) in enumerate(zip(family, t_adjusted, strict=True)):
+        if b is None:
+            out.append(Verdict(t_verdict(t, tp, alpha), tp, None, False))
+        else:
+            bp, bound = b_adjusted[i]
+            out.append(Verdict(verdict(t, tp, b, bp, alpha), tp, bp, bound))
+    return out
+
+
+def t_verdict(seed_test: SeedTest, t_p_adjusted: float, alpha: float = ALPHA) -> str:
+    """ "higher" / "lower" (the variant's mean difference) when the seed-paired t-test's
+    adjusted p is below `alpha`, else "no detectable difference"; one seed, no verdict."""
+    if seed_test.seeds < 2:
+        return "no verdict (one seed)"
+    if t_p_adjusted >= alpha or seed_test.difference == 0:
+        return "no detectable difference"
+    return "higher" if seed_test.difference > 0 else "lower"
 
 
 def verdict(

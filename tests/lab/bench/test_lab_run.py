@@ -73,6 +73,27 @@ def test_others_cores_are_the_busy_time_not_ours():
     assert sample["others_cores"] >= 0 and sample["cores"] == len(os.sched_getaffinity(0))
 
 
+def test_our_count_keeps_the_time_of_a_grandchild_its_child_reaped():
+    """A sweep's runs are its children's children: each run's CPU time stays ours after
+    the sweep reaps it, not a jump in the others' cores."""
+    burn = "import time\nwhile time.process_time() < 0.5: pass"
+    child = (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n"
+        "print('reaped', flush=True)\n"
+        "time.sleep(60)"
+    )
+    before = load.snapshot()
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "reaped"
+        after = load.snapshot()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert after[2] - before[2] >= 0.5 * load.TICK  # the grandchild's half second of CPU
+
+
 def _busy(seconds):
     return {"others_cores": 1.9, "window_s": seconds, "load_average": 4.0, "cores": 2}
 
