@@ -376,7 +376,11 @@ def tables(results: dict, figures: bool = True) -> list[dict]:
     finding (`paper.table`)."""
     shown = [target.table(results)] if "target" in results else []
     shown += [_figures_table(results)] if figures else []
-    shown += [_differences_table(results), _verdict_table(results)]
+    compared = [t for t in (_differences_table(results), _verdict_table(results)) if t]
+    flat = _flat_metric(results)
+    if flat and compared:
+        compared[-1]["caption"] = f"**{flat}** {compared[-1]['caption']}"
+    shown += compared
     if "paper" in results:
         metric = _compared_metric(results)
         title = next(t for k, t, _ in FIGURES if k == metric).removeprefix("dev ")
@@ -481,6 +485,39 @@ def _per_seed(results: dict) -> str:
             values = ", ".join(fmt.format(v) for v in figure["values"])
             parts.append(f"{name} {values} (seeds {_seed_names(done)})")
     return f"{title[0].upper()}{title[1:]} of each run: " + "; ".join(parts) + "." if parts else ""
+
+
+# The bounds a metric cannot pass: a run at one of them in every run says little.
+BOUNDS = {"bleu": (0.0, 100.0), "chrf": (0.0, 100.0), "exact_match": (0.0, 1.0)}
+
+
+def _flat_metric(results: dict) -> str | None:
+    """One line when the compared metric is the same in every run, or at its floor or
+    ceiling in every run, naming the figures that did vary; else None."""
+    metric = _compared_metric(results)
+    runs = [r["figures"] for r in results["variants"].values()]
+    values = [v for f in runs for v in f.get(metric, {}).get("values", [])]
+    if len(values) < 2:
+        return None
+    low, high = BOUNDS[metric]
+    fmt = next(f for k, _, f in FIGURES if k == metric)
+    if all(v == low for v in values) or all(v == high for v in values):
+        where = f"at its {'floor' if values[0] == low else 'ceiling'} ({fmt.format(values[0])})"
+    elif len(set(values)) == 1:
+        where = f"the same ({fmt.format(values[0])})"
+    else:
+        return None
+    varied = [
+        title
+        for key, title, _ in FIGURES
+        if len({v for f in runs for v in f.get(key, {}).get("values", [])}) > 1
+    ]
+    title = METRIC_TITLES[metric]
+    did = f"these varied: {', '.join(varied)}" if varied else "no other figure varied"
+    return (
+        f"Dev {title} is {where} in every run, so its verdicts cannot tell the variants "
+        f"apart; {did}."
+    )
 
 
 def _compared_metric(results: dict) -> str:

@@ -218,3 +218,32 @@ def test_seeds_that_share_a_maker_or_a_reason_are_named_together(tmp_path, capsy
         "Not recorded: seeds 0 and 1 of every variant; seed 2 of base and other. "
         "CPU X: seed 3 of base and other."
     )
+
+
+@pytest.mark.parametrize(
+    "exact, note",
+    [
+        (lambda name, seed: 0.0, "**Dev exact match is at its floor (0.00%) in every run"),
+        (lambda name, seed: 1.0, "**Dev exact match is at its ceiling (100.00%) in every run"),
+        (lambda name, seed: 0.5, "**Dev exact match is the same (50.00%) in every run"),
+        (lambda name, seed: 0.5 + 0.1 * seed + 0.2 * (name == "other"), None),
+    ],
+)
+def test_a_metric_that_never_moved_is_named_above_the_verdicts(tmp_path, capsys, exact, note):
+    path = write_spec(tmp_path, variants={"base": {}, "other": {}}, seeds=2)
+    for name in ("base", "other"):
+        for seed in range(2):
+            summary = {
+                "exact_match": exact(name, seed),
+                "eval_perplexity": 5.0 + seed + (name == "other"),
+            }
+            finished(tmp_path / "sweep" / name / f"seed{seed}", summary, system(0.6, seed))
+    out = tmp_path / "sweep.json"
+    report(capsys, path, "--out", out)
+    verdicts = results.Record.read(out).tables[-1]
+    assert verdicts.columns[-2].startswith("verdict")
+    if note is None:
+        assert not verdicts.caption.startswith("**")
+    else:
+        assert verdicts.caption.startswith(note)
+        assert "these varied: dev perplexity." in verdicts.caption
