@@ -221,9 +221,9 @@ def _train(set_up_runs, make_steps, resume, progress, hooks) -> list[dict[str, A
     check_instance("hooks", hooks, (list, tuple))
     for i, hook in enumerate(hooks):
         check_instance(f"hooks[{i}]", hook, Hook)
-    runs, folders, steps = [], [], None
+    runs, folders, held = [], [], []  # held: the steps done whose metrics are not yet read
     stepped = lambda: any(r.meter.step > r.meter.first for r in runs)  # noqa: E731
-    with _undone_on_bad_start(folders, stepped, stepping=lambda: steps is not None):
+    with _undone_on_bad_start(folders, stepped, stepping=lambda: bool(held) or stepped()):
         setups = set_up_runs()
         evaluations = [Evaluation(setup) for setup in setups]  # bad metrics before a folder
         states = []
@@ -246,7 +246,7 @@ def _train(set_up_runs, make_steps, resume, progress, hooks) -> list[dict[str, A
                 raise BadValue(f"resumed seeds must be at one step: {at}; resume them separately")
         steps = make_steps(setups, states)
         with _out_of_memory_is_bad_input(setups[0].run):
-            _run_steps(runs, steps)
+            _run_steps(runs, steps, held)
     summaries = [_finish(run) for run in runs]  # the first run's report is shown
     if progress and runs[0].folder.is_main:
         for run in runs[1:]:
@@ -275,8 +275,8 @@ def _undone_on_bad_start(
     folders: list[RunFolder], stepped: Callable[[], bool], stepping: Callable[[], bool]
 ):
     """On bad input (an InputError) before the first step (while not `stepped()`), or a
-    stop (Ctrl-C, SIGTERM, SIGHUP) before the steps begin (while not `stepping()`; the
-    steps save and say so themselves), undo the opening of `folders` (what they made goes,
+    stop (Ctrl-C, SIGTERM, SIGHUP) before the first step is done (while not `stepping()`;
+    tracing and compiling included; later the steps save and say so themselves), undo the opening of `folders` (what they made goes,
     what was there stays): a run that never started leaves no folder. A stop says so in
     one line."""
     try:
@@ -353,20 +353,22 @@ def _final(evaluation: Evaluation) -> Callable[[StepContext], None]:
     return lambda c: evaluation.final(c.step, c.state, c.folder, c.say)
 
 
-def _run_steps(runs: list[Run], steps: RunSteps) -> None:
+def _run_steps(runs: list[Run], steps: RunSteps, held: list) -> None:
     """The steps after the runs' first up to their last, each followed by the hooks due
     then (a run resumed complete runs only the at_end ones). Each step's metrics are
-    brought to the host while the next runs. A stop or a hook's error saves every run's
-    last step done (unless its loss is NaN) before it is raised again."""
+    brought to the host while the next runs (`held` until then). A stop or a hook's error
+    saves every run's last step done (unless its loss is NaN) before it is raised again;
+    a stop during the first step, which traces and compiles, has nothing to save."""
     lead = runs[0]
     first, last = lead.meter.first, lead.setup.run.optim.steps
-    batch_size, held, running = lead.setup.run.optim.batch_size, [], None
+    batch_size, running = lead.setup.run.optim.batch_size, None
     profiler = _Profiler(lead.setup.run.runtime.profile_steps, lead.folder)
     try:
         for step in range(first, last):
             profiler.before(step)
             batches = [run.setup.data.train_batch(step, batch_size) for run in runs]
-            with signals_held():  # a stop after the step finds its metrics held
+            # a stop after a step finds its metrics held; the first stops at once
+            with signals_held() if step > first else contextlib.nullcontext():
                 held.append((step + 1, steps.step(step + 1, batches)))
             profiler.after(step + 1, held[-1][1])
             _read(runs, held, steps, keep=1)  # the step before's, as this one runs
@@ -384,6 +386,8 @@ def _run_steps(runs: list[Run], steps: RunSteps) -> None:
             for running, state in zip(runs, steps.states(), strict=True):
                 running.hooks.run(running.hooks.due(last), running.context(first, state, None))
     except KeyboardInterrupt as stop:  # Ctrl-C, and Terminated
+        if not held and lead.meter.step == first:
+            raise  # in the first step: the caller undoes the folders
         with repeats_dropped():
             _save_all(runs, held, steps, [_stop(stop, run.hooks.running) for run in runs])
         raise

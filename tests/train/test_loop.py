@@ -409,6 +409,29 @@ def test_a_stop_before_the_first_step_leaves_no_folder_and_says_so(tmp_path, cap
     )
 
 
+def test_a_stop_while_the_first_step_compiles_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """SIGTERM while the first step traces and compiles stops at once (not after the
+    step): nothing to save, the folder goes, one line says so."""
+    real_step = setup.Setup.step_for
+
+    def step_for(self, done):
+        step = real_step(self, done)
+
+        def terminated_while_tracing(state, batch):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler raises here
+            return step(state, batch)
+
+        return terminated_while_tracing if done == 1 else step
+
+    monkeypatch.setattr(setup.Setup, "step_for", step_for)
+    with pytest.raises(loop.Terminated):
+        loop.train(small_config(), run_config(tmp_path / "run", steps=6), progress=False)
+    assert not (tmp_path / "run").exists()
+    assert capsys.readouterr().err == (
+        "terminated by SIGTERM before the first step: nothing to save; continue with resume=True\n"
+    )
+
+
 @NEEDS_SIGHUP
 def test_a_stop_dropped_in_a_garbage_collector_callback_is_sent_again():
     """A stop whose handler runs inside a gc callback (JAX has one) raises there, where
