@@ -5,8 +5,10 @@ cold`, the default: a first machine) or the user's own (`warm`).
 
 Each step runs as the user would run it, from the clone, with an empty compilation cache
 and without CI's variables; the machine's load average is sampled every 5 s, since other
-jobs on the machine lengthen every figure. The clone and its environments are removed at
-the end. The record (docs/results/first_hour.json) is what the README's times cite.
+jobs on the machine lengthen every figure; NumPy's float32 GEMM rate is measured before
+and after, so that a reader can scale the times to a host of their own. The clone and its
+environments are removed at the end. The record (docs/results/first_hour.json) is what the
+README's times cite (its one-sentence summary).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from jaxformer.checks import BadValue
 from jaxformer_lab.bench import load
@@ -56,14 +60,60 @@ def run(options: FirstHourOptions) -> Record:
         say(f"cloning {ROOT} at {commit} into a temporary folder")
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
         env = _user_env(pathlib.Path(tmp), options.pip_cache)
+        gemm = [gemm_gflops()]
         rows = [timed(name, target, clone, env) for p in options.parts for name, target in STEPS[p]]
+        gemm.append(gemm_gflops())
+        line = _line(clone)
     headline = {
         p: round(sum(r["wall_s"] for r in rows if r["part"] == p), 1) for p in options.parts
     }
-    headline["pip_cache"] = options.pip_cache
+    headline |= {"pip_cache": options.pip_cache, "gemm_gflops": gemm}
     source = f"a fresh clone of jaxformer at commit {commit}, pip's cache {options.pip_cache}"
-    return capture(
-        [_table(rows, options.pip_cache)], source=source, data={"headline": headline, "steps": rows}
+    table = _table(rows, options.pip_cache)
+    table.notes.append(
+        f"NumPy's float32 GEMM ({GEMM_N} x {GEMM_N}, best of 5) ran at {gemm[0]:.0f} GFLOP/s "
+        f"before the steps and {gemm[1]:.0f} after: on a host of your own, scale the minutes "
+        "by the ratio of the rates (the tests are mostly compute-bound; the installs are not)."
+    )
+    summary = _summary(headline, gemm, line)
+    data = {"headline": headline, "steps": rows, "line": line}
+    return capture([table], source=source, data=data, summary=summary)
+
+
+GEMM_N = 1024
+
+
+def gemm_gflops(n: int = GEMM_N, repeats: int = 5) -> float:
+    """This host's float32 GEMM rate by NumPy's BLAS: the best of `repeats` products."""
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    a @ a  # warm-up: the BLAS's threads and pages
+    best = min(_seconds(lambda: a @ a) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _line(clone: pathlib.Path) -> str:
+    """The Python and JAX of the environment `make` built in the clone."""
+    code = "import sys, jax; print(f'Python {sys.version.split()[0]}, jax {jax.__version__}')"
+    python = clone / ".venv" / "bin" / "python"
+    if not python.is_file():
+        return "an environment that did not start"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return done.stdout.strip() or "an environment that did not start"
+
+
+def _summary(headline: dict, gemm: list[float], line: str) -> str:
+    """The record's finding in one sentence: each command's minutes, with the host's rate."""
+    took = [f"`make {p}` took {headline[p] / 60:.1f} minutes" for p in STEPS if p in headline]
+    return (
+        f"From a fresh clone, pip's cache {headline['pip_cache']}, {' and '.join(took)}, "
+        f"installs included ({line}), on a host whose NumPy float32 GEMM ran at "
+        f"{min(gemm):.0f}-{max(gemm):.0f} GFLOP/s."
     )
 
 

@@ -49,6 +49,16 @@ def test_each_step_is_timed_in_a_fresh_clone_as_a_user_runs_it(checkout):
     )
     assert not (checkout / ".venv").exists()  # the clone ran it, not the checkout
     assert "fresh clone of jaxformer at commit" in record.source
+    low, high = sorted(record.data["headline"]["gemm_gflops"])
+    assert 0 < low <= high and f"{low:.0f}-{high:.0f} GFLOP/s" in record.summary
+    assert record.summary.startswith("From a fresh clone, pip's cache cold, `make train` took")
+    assert record.data["line"] == "an environment that did not start"  # the stand-in's .venv
+
+
+def test_the_gemm_rate_is_the_products_flops_over_the_best_time(monkeypatch):
+    times = iter([5.0, 4.0, 2.0, 3.0, 6.0] * 2)
+    monkeypatch.setattr(first_hour, "_seconds", lambda fn: next(times))
+    assert first_hour.gemm_gflops(n=1000, repeats=5) == pytest.approx(2 * 1000**3 / 2.0 / 1e9)
 
 
 def test_a_failing_step_names_itself_and_its_last_line(checkout):
