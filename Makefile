@@ -21,8 +21,8 @@ OLD_LINE   := $(if $(NEWEST),,$(info make: no Python >= 3.12 found (PATH, pyenv)
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
 # the kernels extra, the docs extra (mkdocs, pinned) for `make docs`, and the lab (lab/,
 # jaxformer-lab, with its data extra and ray, pinned) unless LAB is empty: `make
-# test-library` checks the library's suite without it. Python 3.11 adds torch pinned to
-# exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk, while another
+# test-library` checks the library's suite without it. Python 3.11 (CI runs its whole
+# suite) adds torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk, while another
 # version or an open range would pull gigabytes of CUDA packages) and transformers and
 # safetensors for the Hugging Face parity tests; newer Pythons have no CPU torch wheel on
 # disk, so their parity tests are skipped, and add the tpu extra (libtpu: TPU programs
@@ -57,7 +57,7 @@ test: $(DEV)
 	$(PY) -m pytest -q -m "not slow" -n 2
 
 # The library's suite alone, in an environment without the lab (what a fork of the library
-# keeps): CI runs it on the second JAX line (PYTHON=python3.11), torch and HF parity included.
+# keeps; tests/test_layering.py checks that the library's tests import no lab module).
 test-library:
 	$(MAKE) VENV=$(VENV)-library LAB= test-library-here
 test-library-here: $(DEV)

@@ -210,3 +210,18 @@ def test_a_forbidden_import_is_caught(name, source, complaint):
     """The checker itself: each of these imports, added to the package, fails the test."""
     found = violations(name, source)
     assert any(complaint.replace("beside", "is not below") in p for p in found), found
+
+
+def test_the_librarys_tests_import_no_lab_module():
+    """A fork of the library keeps tests/ without tests/lab/: its tests never need the lab."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if "lab" in path.relative_to(ROOT / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [
+                f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("jaxformer_lab")
+            ]
+    assert found == []
