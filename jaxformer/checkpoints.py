@@ -21,6 +21,7 @@ from jaxformer.checks import BadValue, MissingFile, as_given, check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
 from jaxformer.models import MODEL_KINDS
+from jaxformer.nn import add_lora
 
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"  # the parameters averaged over the last checkpoints, if the run did
@@ -276,7 +277,11 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     meta = checkpointer.read_meta()
     config = TransformerConfig.from_dict(meta["model_config"])
     cls = MODEL_KINDS[meta["model_kind"]]
-    abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+    run = meta.get("run", {})
+    lora = dict(alpha=run.get("lora_alpha"), targets=run.get("lora_targets"))
+    abstract = nnx.eval_shape(
+        lambda: _adapted(cls(config, rngs=nnx.Rngs(0)), run.get("lora_rank"), **lora)
+    )
     graphdef, abstract_params = nnx.split(abstract)
     # Onto this process's first device, whatever mesh the run was trained on.
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -295,6 +300,11 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
         ).params
     checkpointer.close()
     return nnx.merge(graphdef, params), tokenizer
+
+
+def _adapted(model: nnx.Module, rank: int | None, **lora) -> nnx.Module:
+    """`model` with the adapters that a LoRA run (its lora_rank) trained on it."""
+    return model if rank is None else add_lora(model, rank, **lora)
 
 
 def abstract_train_state(state: Any) -> Any:

@@ -27,6 +27,7 @@ from jaxformer.config import PRESETS, TransformerConfig, load_config_file, setti
 from jaxformer.data import registry as datasets
 from jaxformer.data.tasks import TASKS
 from jaxformer.data.tokenizers import ByteTokenizer
+from jaxformer.nn.blocks import LORA_TARGETS
 from jaxformer.train.optim import OPTIMIZERS, SCHEDULES, UNDECAYED, check_optimizer
 
 TOKENIZERS = ("byte", "bpe")
@@ -214,6 +215,19 @@ class OptimOptions:
     clip_norm: float | None = setting(
         1.0, "global gradient-norm clipping; none to turn off", resume=True
     )
+    lora_rank: int | None = setting(
+        None, "train rank-R adapters (nnx.LoRA) alone, the model's weights frozen", resume=True
+    )
+    lora_alpha: float | None = setting(
+        None,
+        "LoRA: the adapters add (alpha / rank) A B to a weight (default: the rank)",
+        resume=True,
+    )
+    lora_targets: str | None = setting(
+        None,
+        f"LoRA: the projections adapted, of {','.join(LORA_TARGETS)} (default q,v)",
+        resume=True,
+    )
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "accum_steps"):
@@ -235,6 +249,27 @@ class OptimOptions:
                 f"{self.optimizer} averages its iterates in place of a decaying schedule: give "
                 f"{as_given('schedule', 'warmup_constant')} (or constant), got {self.schedule}"
             )
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        given = [n for n in ("lora_alpha", "lora_targets") if getattr(self, n) is not None]
+        if self.lora_rank is None:
+            if given:
+                raise BadValue(
+                    f"{as_given(given[0])} shapes LoRA adapters: give {as_given('lora_rank')}"
+                )
+            return
+        check_int("lora_rank", self.lora_rank)
+        if self.lora_alpha is not None:
+            check_number("lora_alpha", self.lora_alpha, "(0, inf)")
+        for name in (self.lora_targets or "").split(",") if self.lora_targets else ():
+            if name not in LORA_TARGETS:
+                close = difflib.get_close_matches(name, LORA_TARGETS, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise BadValue(
+                    f"{as_given('lora_targets', self.lora_targets)} names {name!r}: {hint}"
+                    f"give a comma-separated list of {','.join(LORA_TARGETS)}"
+                )
 
     @property
     def optimizer_options(self) -> dict[str, Any]:

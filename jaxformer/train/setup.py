@@ -5,12 +5,14 @@ compiles the steps. Everything here can fail before the run folder exists."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 
 from jaxformer.checkpoints import restore_model
@@ -30,6 +32,7 @@ from jaxformer.data.shards import ShardData, shard_tokenizer
 from jaxformer.data.tokenizers import Tokenizer
 from jaxformer.files import code_version, describe_device, versions
 from jaxformer.models import MODEL_KINDS, count_params
+from jaxformer.nn import add_lora, merge_lora
 from jaxformer.parallel import Placement, make_placement
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import RunConfig
@@ -38,6 +41,7 @@ from jaxformer.train.report import tensorboard_writer
 from jaxformer.train.steps import (
     TrainState,
     create_train_state,
+    lora_trainable,
     make_eval_step,
     make_train_step,
     state_layout,
@@ -53,6 +57,7 @@ class Setup:
     graphdef, state  the model's structure and the fresh TrainState (plain arrays)
     layout           the state's shapes with the parameters' logical axes
     param_count      the model's parameters
+    trained_count    those the optimizer trains (a LoRA run's adapters; else all)
     placement        lays out state and batches, compiles the steps (`jaxformer.parallel`)
     train_fn         the uncompiled step, (state, batch) -> (state, metrics)
     train_step       train_fn compiled, donating the state
@@ -69,6 +74,7 @@ class Setup:
     state: TrainState
     layout: TrainState
     param_count: int
+    trained_count: int
     placement: Placement
     train_fn: Callable
     train_step: Callable
@@ -90,6 +96,7 @@ class Setup:
         counts = {"data_counts": dict(self.data.counts)} if self.data.counts else {}
         return {
             "params": self.param_count,
+            **({"trained_params": self.trained_count} if self.run.optim.lora_rank else {}),
             "device": str(jax.devices()[0].device_kind),
             "machine": describe_device(),
             "code": code_version(),
@@ -128,6 +135,11 @@ def set_up(
     else:
         model, tokenizer, data = _pretrained(run)
         config = model_config = model.config
+    if (o := run.optim).lora_rank is not None:  # adapters on the model (a LoRA run's merged)
+        seed = run.runtime.seed
+        model = add_lora(
+            merge_lora(model), o.lora_rank, alpha=o.lora_alpha, targets=o.lora_targets, seed=seed
+        )
     _check_data(run, data)
     _check_memory(config, run, data.max_len)
     if run.runtime.tensorboard:
@@ -150,6 +162,9 @@ def set_up(
         state=state,
         layout=layout,
         param_count=count_params(model),
+        trained_count=sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
+        if run.optim.lora_rank
+        else count_params(model),
         placement=placement,
         train_fn=train_fn,
         train_step=placement.compile(train_fn, layout, donate_state=True),
@@ -320,9 +335,13 @@ def _steps(model: nnx.Module, config: TransformerConfig, run: RunConfig) -> _Ste
         clip_norm=run.optim.clip_norm,
         **run.optim.optimizer_options,
     )
+    trainable = lora_trainable(model) if run.optim.lora_rank is not None else None
+    if trainable is not None:  # the optimizer's state holds the adapters' entries alone
+        frozen = jax.tree.map(operator.not_, trainable)
+        optimizer = optax.transforms.selective_transform(optimizer, freeze_mask=frozen)
     graphdef, state = create_train_state(model, optimizer, run.runtime.seed)
     smoothing = config.label_smoothing
-    kw = dict(label_smoothing=smoothing, accum_steps=run.optim.accum_steps)
+    kw = dict(label_smoothing=smoothing, accum_steps=run.optim.accum_steps, trainable=trainable)
     internals_fn = None
     if run.runtime.log_internals is not None:
         internals_fn = make_train_step(graphdef, optimizer, schedule, **kw, internals=True)
