@@ -277,11 +277,10 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     meta = checkpointer.read_meta()
     config = TransformerConfig.from_dict(meta["model_config"])
     cls = MODEL_KINDS[meta["model_kind"]]
-    run = meta.get("run", {})
+    run = meta.get("run", {})  # a LoRA run's adapters, rebuilt to restore them
     lora = dict(alpha=run.get("lora_alpha"), targets=run.get("lora_targets"))
-    abstract = nnx.eval_shape(
-        lambda: _adapted(cls(config, rngs=nnx.Rngs(0)), run.get("lora_rank"), **lora)
-    )
+    adapted = lambda m: add_lora(m, run["lora_rank"], **lora) if run.get("lora_rank") else m  # noqa: E731
+    abstract = nnx.eval_shape(lambda: adapted(cls(config, rngs=nnx.Rngs(0))))
     graphdef, abstract_params = nnx.split(abstract)
     # Onto this process's first device, whatever mesh the run was trained on.
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -300,11 +299,6 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
         ).params
     checkpointer.close()
     return nnx.merge(graphdef, params), tokenizer
-
-
-def _adapted(model: nnx.Module, rank: int | None, **lora) -> nnx.Module:
-    """`model` with the adapters that a LoRA run (its lora_rank) trained on it."""
-    return model if rank is None else add_lora(model, rank, **lora)
 
 
 def abstract_train_state(state: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.blocks import (
-    LORA_TARGETS,
     DecoderLayer,
     DecoderStack,
     EncoderDecoder,

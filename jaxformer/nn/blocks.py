@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import functional as F
-from jaxformer.checks import BadValue, as_given, check_choice, check_instance, check_int
-from jaxformer.config import TransformerConfig
+from jaxformer.checks import BadValue, as_given, check_instance, check_int
+from jaxformer.config import LORA_TARGETS, TransformerConfig, lora_targets
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.parameters import dropout_rng, dtype_of, lora_weight, param
 from jaxformer.nn.sharding import constrain_batch
@@ -416,27 +416,12 @@ def _stacked(layers: list[nnx.Module]) -> nnx.Module:
     return nnx.merge(graphdef, stacked)
 
 
-# What each LoRA target names: the projections of every attention (self and cross) or
-# feed-forward module; a name's input axes come first in its weight (wo's are H, Dv).
-LORA_TARGETS = {
-    "q": ("wq",),
-    "k": ("wk",),
-    "v": ("wv",),
-    "o": ("wo",),
-    "ff": ("w1", "w_gate", "w2"),
-}
-
-
 def add_lora(model: nnx.Module, rank: int, *, alpha=None, targets: str | None = None, seed=0):
-    """Give the projections that `targets` names (comma-separated LORA_TARGETS, default
-    "q,v") in every attention and feed-forward module of `model` an `nnx.LoRA` adapter of
-    `rank`, in place: A [d_in, r] (he-uniform) and B [r, d_out] (zeros) are nnx.LoRAParam,
-    the weight becomes W + (alpha / r) A B (alpha default r), so the model computes as
-    before until B trains. Returns `model`; stacked layers (scan_layers) get stacked ones."""
+    """`model`, its projections that `targets` names ("q,v", LORA_TARGETS) given `nnx.LoRA`
+    adapters in place: A [d_in, r] he-uniform, B [r, d_out] zero (nnx.LoRAParam), the weight
+    W + (alpha / r) A B (alpha default r). Stacked layers (scan_layers) get stacked ones."""
     check_int("lora_rank", rank)
-    targets = (targets or "q,v").split(",")
-    for target in targets:
-        check_choice("lora_targets", target, LORA_TARGETS)
+    targets = lora_targets(targets)
     rngs, scale = nnx.Rngs(seed), (rank if alpha is None else alpha) / rank
     axes = dict(out_sharding=(None, None), eager_sharding=False)  # replicated
     meta = dict(a_metadata=axes, b_metadata=axes)

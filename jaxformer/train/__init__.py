@@ -12,8 +12,7 @@ _MODULES = {
     "jaxformer.train.optim": "OPTIMIZERS eval_params make_optimizer make_schedule paper_schedule",
     "jaxformer.train.seeds": "seed_runs train_seeds",
     "jaxformer.train.setup": "Setup set_up",
-    "jaxformer.train.steps": "TrainState create_train_state lm_head_choice lora_trainable "
-    "make_eval_step "
+    "jaxformer.train.steps": "TrainState create_train_state lm_head_choice make_eval_step "
     "make_train_step model_logits model_loss_sums state_layout",
     "jaxformer.checkpoints": "restore_model",
     "jaxformer.signals": "Terminated",

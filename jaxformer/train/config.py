@@ -23,11 +23,10 @@ from jaxformer.checks import (
     check_number,
     named_as_fields,
 )
-from jaxformer.config import PRESETS, TransformerConfig, load_config_file, setting
+from jaxformer.config import PRESETS, TransformerConfig, load_config_file, lora_targets, setting
 from jaxformer.data import registry as datasets
 from jaxformer.data.tasks import TASKS
 from jaxformer.data.tokenizers import ByteTokenizer
-from jaxformer.nn.blocks import LORA_TARGETS
 from jaxformer.train.optim import OPTIMIZERS, SCHEDULES, UNDECAYED, check_optimizer
 
 TOKENIZERS = ("byte", "bpe")
@@ -216,18 +215,12 @@ class OptimOptions:
         1.0, "global gradient-norm clipping; none to turn off", resume=True
     )
     lora_rank: int | None = setting(
-        None, "train rank-R adapters (nnx.LoRA) alone, the model's weights frozen", resume=True
+        None, "train rank-R LoRA adapters alone (frozen W)", resume=True
     )
     lora_alpha: float | None = setting(
-        None,
-        "LoRA: the adapters add (alpha / rank) A B to a weight (default: the rank)",
-        resume=True,
+        None, "LoRA: W + (alpha / rank) A B; default rank", resume=True
     )
-    lora_targets: str | None = setting(
-        None,
-        f"LoRA: the projections adapted, of {','.join(LORA_TARGETS)} (default q,v)",
-        resume=True,
-    )
+    lora_targets: str | None = setting(None, "LoRA: of q,k,v,o,ff those adapted (q,v)", resume=True)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "accum_steps"):
@@ -249,27 +242,14 @@ class OptimOptions:
                 f"{self.optimizer} averages its iterates in place of a decaying schedule: give "
                 f"{as_given('schedule', 'warmup_constant')} (or constant), got {self.schedule}"
             )
-        self._check_lora()
-
-    def _check_lora(self) -> None:
-        given = [n for n in ("lora_alpha", "lora_targets") if getattr(self, n) is not None]
-        if self.lora_rank is None:
-            if given:
-                raise BadValue(
-                    f"{as_given(given[0])} shapes LoRA adapters: give {as_given('lora_rank')}"
-                )
-            return
-        check_int("lora_rank", self.lora_rank)
+        lora = [n for n in ("lora_alpha", "lora_targets") if getattr(self, n) is not None]
+        if self.lora_rank is None and lora:
+            raise BadValue(f"{as_given(lora[0])} needs {as_given('lora_rank')} (LoRA)")
+        if self.lora_rank is not None:
+            check_int("lora_rank", self.lora_rank)
+            lora_targets(self.lora_targets)
         if self.lora_alpha is not None:
             check_number("lora_alpha", self.lora_alpha, "(0, inf)")
-        for name in (self.lora_targets or "").split(",") if self.lora_targets else ():
-            if name not in LORA_TARGETS:
-                close = difflib.get_close_matches(name, LORA_TARGETS, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                raise BadValue(
-                    f"{as_given('lora_targets', self.lora_targets)} names {name!r}: {hint}"
-                    f"give a comma-separated list of {','.join(LORA_TARGETS)}"
-                )
 
     @property
     def optimizer_options(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from jaxformer.data.shards import ShardData, shard_tokenizer
 from jaxformer.data.tokenizers import Tokenizer
 from jaxformer.files import code_version, describe_device, versions
 from jaxformer.models import MODEL_KINDS, count_params
-from jaxformer.nn import add_lora, merge_lora
+from jaxformer.nn import add_lora, merge_lora, plain
 from jaxformer.parallel import Placement, make_placement
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import RunConfig
@@ -41,7 +41,6 @@ from jaxformer.train.report import tensorboard_writer
 from jaxformer.train.steps import (
     TrainState,
     create_train_state,
-    lora_trainable,
     make_eval_step,
     make_train_step,
     state_layout,
@@ -135,11 +134,9 @@ def set_up(
     else:
         model, tokenizer, data = _pretrained(run)
         config = model_config = model.config
-    if (o := run.optim).lora_rank is not None:  # adapters on the model (a LoRA run's merged)
-        seed = run.runtime.seed
-        model = add_lora(
-            merge_lora(model), o.lora_rank, alpha=o.lora_alpha, targets=o.lora_targets, seed=seed
-        )
+    if (o := run.optim).lora_rank:  # fresh adapters (on a LoRA run's merged weights)
+        lora = dict(alpha=o.lora_alpha, targets=o.lora_targets, seed=run.runtime.seed)
+        model = add_lora(merge_lora(model), o.lora_rank, **lora)
     _check_data(run, data)
     _check_memory(config, run, data.max_len)
     if run.runtime.tensorboard:
@@ -162,9 +159,7 @@ def set_up(
         state=state,
         layout=layout,
         param_count=count_params(model),
-        trained_count=sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
-        if run.optim.lora_rank
-        else count_params(model),
+        trained_count=count_params(model, nnx.LoRAParam if run.optim.lora_rank else nnx.Param),
         placement=placement,
         train_fn=train_fn,
         train_step=placement.compile(train_fn, layout, donate_state=True),
@@ -335,8 +330,11 @@ def _steps(model: nnx.Module, config: TransformerConfig, run: RunConfig) -> _Ste
         clip_norm=run.optim.clip_norm,
         **run.optim.optimizer_options,
     )
-    trainable = lora_trainable(model) if run.optim.lora_rank is not None else None
-    if trainable is not None:  # the optimizer's state holds the adapters' entries alone
+    trainable = None
+    if run.optim.lora_rank:  # the optimizer and its state see the adapters alone
+        is_lora = lambda v: v.replace(isinstance(v, nnx.LoRAParam))  # noqa: E731
+        is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+        trainable = plain(jax.tree.map(is_lora, nnx.state(model), is_leaf=is_variable))
         frozen = jax.tree.map(operator.not_, trainable)
         optimizer = optax.transforms.selective_transform(optimizer, freeze_mask=frozen)
     graphdef, state = create_train_state(model, optimizer, run.runtime.seed)

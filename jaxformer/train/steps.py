@@ -76,15 +76,6 @@ def create_train_state(
     return graphdef, state
 
 
-def lora_trainable(model: nnx.Module) -> dict:
-    """Per parameter of `model` (the tree of TrainState.params): True for an nnx.LoRAParam,
-    the parameters a LoRA run trains (`nn.add_lora`)."""
-    lora = lambda v: v.replace(isinstance(v, nnx.LoRAParam))  # noqa: E731
-    return plain(
-        jax.tree.map(lora, nnx.state(model), is_leaf=lambda x: isinstance(x, nnx.Variable))
-    )
-
-
 def state_layout(graphdef: nnx.GraphDef, state: TrainState) -> TrainState:
     """The shapes of `state` with each parameter, and each optimizer-state entry shaped
     like the parameters (Adam's moments; Muon's, masked to its part of them), as an
@@ -209,9 +200,8 @@ def make_train_step(
 
     With accum_steps = k the batch (leading size k * b) is cut into k micro-batches whose
     gradients are summed in float32 before one update. With `internals`, metrics["internals"]
-    also holds `jaxformer.train.internals`' dynamics. `trainable` (a tree of bools like the
-    params, as `lora_trainable`'s): the others are constants of the loss, with zero gradients
-    (and an optimizer that leaves them out, as optax.transforms.selective_transform)."""
+    also holds `jaxformer.train.internals`' dynamics. `trainable` (bools like the params):
+    the others are constants of the loss, for an optimizer that leaves them out (LoRA)."""
     check_int("accum_steps", accum_steps)
     check_number("label_smoothing", label_smoothing, "[0, 1)")
     forward = _loss_sums_and_activations if internals else _loss_sums_only

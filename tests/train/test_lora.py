@@ -15,7 +15,8 @@ import jaxformer as jf
 from jaxformer import checkpoints
 from jaxformer.cli import main
 from jaxformer.nn import FeedForward, MultiHeadAttention, add_lora, lora_weight, merge_lora
-from jaxformer.train import loop, lora_trainable, setup
+from jaxformer.nn.parameters import plain
+from jaxformer.train import loop, setup
 from tests.train.test_loop import losses, run_config, small_config
 
 GPT2_SMALL = dict(d_model=768, num_heads=12, d_ff=3072, num_decoder_layers=12, max_len=1024)
@@ -39,6 +40,12 @@ def analytic_count(config, rank: int, targets: str) -> int:
     E, F, L = config.d_model, config.d_ff, config.num_decoder_layers
     per = {"q": 2 * E, "k": 2 * E, "v": 2 * E, "o": 2 * E, "ff": 2 * (E + F)}
     return L * rank * sum(per[t] for t in targets.split(","))
+
+
+def lora_trainable(model) -> dict:
+    """Per parameter (TrainState.params' tree): whether it is an adapter's."""
+    flags = {p: isinstance(v, nnx.LoRAParam) for p, v in nnx.to_flat_state(nnx.state(model))}
+    return plain(nnx.from_flat_state(flags))
 
 
 def lora_count(model) -> int:
@@ -194,8 +201,8 @@ def test_a_lora_run_resumes_exactly_and_saves_no_base_moments(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--lora-alpha", "8"], "--lora-alpha shapes LoRA adapters: give --lora-rank"),
-        (["--lora-targets", "q"], "--lora-targets shapes LoRA adapters: give --lora-rank"),
+        (["--lora-alpha", "8"], "--lora-alpha needs --lora-rank (LoRA)"),
+        (["--lora-targets", "q"], "--lora-targets needs --lora-rank (LoRA)"),
         (["--lora-rank", "0"], "--lora-rank"),
         (["--lora-rank", "2", "--lora-targets", "q,ffn"], "names 'ffn': did you mean 'ff'?"),
         (["--lora-rank", "2", "--lora-alpha", "0"], "--lora-alpha"),
