@@ -10,14 +10,14 @@ import jaxformer as jf
 from jaxformer import checkpoints
 from jaxformer.nn import add_lora
 from jaxformer.train import loop
-from tests.interop.test_hf_training import RUN, _folder, _losses
-from tests.train.test_lora import _randomised
 
 transformers = pytest.importorskip(
     "transformers", reason="the Hugging Face tests need transformers (make test installs it)"
 )
 torch = pytest.importorskip("torch")
 from jaxformer.interop import hf  # noqa: E402
+from tests.interop.test_hf_training import RUN, _folder, _losses  # noqa: E402
+from tests.train.test_lora import _randomised  # noqa: E402
 
 
 def _hf_logits(folder, tokens) -> np.ndarray:
