@@ -30,7 +30,9 @@ def main(folder: str) -> None:
     )  # fmt: skip
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
     tok.save(f"{folder}/tokenizer.json")
-    print(f"{folder}: GPT-2 of {config.n_layer} layers, d {config.n_embd}, vocab {config.vocab_size}")
+    print(
+        f"{folder}: GPT-2 of {config.n_layer} layers, d {config.n_embd}, vocab {config.vocab_size}"
+    )
 
 
 if __name__ == "__main__":
