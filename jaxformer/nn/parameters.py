@@ -57,8 +57,6 @@ def lora_weight(module: nnx.Module, name: str) -> jax.Array:
     `<name>_lora`, A [d_in, r] and B [r, d_out]), W + (alpha / r) A B in W's layout: the
     functional math and every attention kernel see one weight."""
     w, lora = getattr(module, name)[...], getattr(module, f"{name}_lora", None)
-    return (
-        w
-        if lora is None
-        else w + lora.scale * (lora.lora_a[...] @ lora.lora_b[...]).reshape(w.shape)
-    )
+    if lora is None:
+        return w
+    return w + lora.scale * (lora.lora_a[...] @ lora.lora_b[...]).reshape(w.shape)

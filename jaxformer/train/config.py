@@ -214,12 +214,8 @@ class OptimOptions:
     clip_norm: float | None = setting(
         1.0, "global gradient-norm clipping; none to turn off", resume=True
     )
-    lora_rank: int | None = setting(
-        None, "train rank-R LoRA adapters alone (frozen W)", resume=True
-    )
-    lora_alpha: float | None = setting(
-        None, "LoRA: W + (alpha / rank) A B; default rank", resume=True
-    )
+    lora_rank: int | None = setting(None, "train rank-R LoRA adapters, W frozen", resume=True)
+    lora_alpha: float | None = setting(None, "LoRA: W + alpha/rank A B (default r)", resume=True)
     lora_targets: str | None = setting(None, "LoRA: of q,k,v,o,ff those adapted (q,v)", resume=True)
 
     def __post_init__(self):
