@@ -244,6 +244,9 @@ class OptimOptions:
         if self.lora_rank is not None:
             check_int("lora_rank", self.lora_rank)
             lora_targets(self.lora_targets)
+            if OPTIMIZERS[self.optimizer].options.get("schedule_free"):
+                why = f"{self.optimizer}'s average over frozen weights is not supported"
+                raise BadValue(f"{as_given('lora_rank')} trains adapters alone: {why}")
         if self.lora_alpha is not None:
             check_number("lora_alpha", self.lora_alpha, "(0, inf)")
 

@@ -206,6 +206,10 @@ def test_a_lora_run_resumes_exactly_and_saves_no_base_moments(tmp_path, capsys):
         (["--lora-rank", "0"], "--lora-rank"),
         (["--lora-rank", "2", "--lora-targets", "q,ffn"], "names 'ffn': did you mean 'ff'?"),
         (["--lora-rank", "2", "--lora-alpha", "0"], "--lora-alpha"),
+        (
+            ["--lora-rank", "2", "--optimizer", "schedule_free_adamw", "--schedule", "constant"],
+            "--lora-rank trains adapters alone: schedule_free_adamw's average over frozen weights",
+        ),
         (["--lora-rank", "33"], "--lora-rank=33 is more than wq's min(d_in, d_out) = min(32, 32)"),
     ],
 )
