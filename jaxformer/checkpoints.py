@@ -21,6 +21,7 @@ from jaxformer.checks import BadValue, MissingFile, as_given, check_int
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizers import Tokenizer, load_tokenizer
 from jaxformer.models import MODEL_KINDS
+from jaxformer.nn import add_lora
 
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"  # the parameters averaged over the last checkpoints, if the run did
@@ -276,7 +277,10 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     meta = checkpointer.read_meta()
     config = TransformerConfig.from_dict(meta["model_config"])
     cls = MODEL_KINDS[meta["model_kind"]]
-    abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+    run = meta.get("run", {})  # a LoRA run's adapters, rebuilt to restore them
+    lora = dict(alpha=run.get("lora_alpha"), targets=run.get("lora_targets"))
+    adapted = lambda m: add_lora(m, run["lora_rank"], **lora) if run.get("lora_rank") else m  # noqa: E731
+    abstract = nnx.eval_shape(lambda: adapted(cls(config, rngs=nnx.Rngs(0))))
     graphdef, abstract_params = nnx.split(abstract)
     # Onto this process's first device, whatever mesh the run was trained on.
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

@@ -5,6 +5,7 @@ rows, a frozen dataclass that checks itself; config files read (the run's config
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import pathlib
 from typing import Any
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 from jaxformer.checks import (
     BadValue,
     MissingFile,
+    as_given,
     check_bool,
     check_choice,
     check_divisible,
@@ -35,6 +37,22 @@ REMAT = ("none", "full", "dots")
 # The output projection + loss in training: the [B*T, V] float32 logits at once ("dense"),
 # vocabulary chunks that never hold them all ("chunked"), or chunked when B*T*V is large.
 LM_HEADS = ("auto", "dense", "chunked")
+# What each LoRA target (`nn.add_lora`) adapts in every attention (self and cross) and
+# feed-forward module; a weight's input axes come first (wo's: H, Dv).
+LORA_TARGETS = dict(q=("wq",), k=("wk",), v=("wv",), o=("wo",), ff=("w1", "w_gate", "w2"))
+
+
+def lora_targets(text: str | None) -> tuple[str, ...]:
+    """The LORA_TARGETS that a comma-separated `text` names (None: "q,v", the LoRA paper's)."""
+    for name in (names := tuple((text or "q,v").split(","))):
+        if name not in LORA_TARGETS:
+            close = difflib.get_close_matches(name, LORA_TARGETS, n=1)
+            raise BadValue(
+                f"{as_given('lora_targets', text)} names {name!r}: "
+                + (f"did you mean {close[0]!r}? " if close else "")
+                + f"give a comma-separated list of {','.join(LORA_TARGETS)}"
+            )
+    return names
 
 
 def setting(default, help: str, choices: tuple[str, ...] | None = None, *, resume: bool = False):

@@ -371,10 +371,11 @@ def _check_cache_len(config: TransformerConfig, max_len) -> None:
 MODEL_KINDS = {"Transformer": Transformer, "DecoderLM": DecoderLM, "Encoder": Encoder}
 
 
-def count_params(model: nnx.Module) -> int:
-    """The number of scalar parameters (a shared matrix counts once)."""
+def count_params(model: nnx.Module, kind=nnx.Param) -> int:
+    """The number of scalar parameters (a shared matrix counts once), of `kind` (a LoRA
+    run's nnx.LoRAParam: what it trains)."""
     check_instance("model", model, nnx.Module)
-    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, kind)))
 
 
 def _logits(model, inputs: _Inputs, y: jax.Array) -> jax.Array:

@@ -100,7 +100,8 @@ FLAT_DEFAULT_RUN = json.loads("""{
     "eot_id": null, "pack": true,
     "steps": 1500, "batch_size": 64, "accum_steps": 1, "schedule": "cosine", "lr": null,
     "warmup_steps": null, "optimizer": "adam", "weight_decay": 0.0, "muon_lr_scale": null,
-    "adam_lr_scale": null, "clip_norm": 1.0,
+    "adam_lr_scale": null, "clip_norm": 1.0, "lora_rank": null, "lora_alpha": null,
+    "lora_targets": null,
     "eval_every": 250, "log_every": 10, "checkpoint_every": 500, "keep_checkpoints": 3,
     "eval_examples": 1000, "eval_sample": 200, "final_test": false, "eval_beam": null,
     "eval_alpha": 0.6, "average_checkpoints": 1, "seed": 0, "out": "runs/dates",
@@ -109,8 +110,8 @@ FLAT_DEFAULT_RUN = json.loads("""{
 # The settings a checkpoint's meta recorded before (then a hand-written list).
 RESUME_KEYS = """task data_tsv data_text dataset data_shards val_shards eot_id pack tokenizer
     init_from bpe_vocab_size seq_len shared_lengths batch_tokens batch_size accum_steps
-    schedule lr warmup_steps optimizer weight_decay muon_lr_scale adam_lr_scale clip_norm seed
-    cosine_total_steps""".split()
+    schedule lr warmup_steps optimizer weight_decay muon_lr_scale adam_lr_scale clip_norm
+    lora_rank lora_alpha lora_targets seed cosine_total_steps""".split()
 
 
 def test_run_options_are_grouped_and_keep_their_flat_names():

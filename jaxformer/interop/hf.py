@@ -38,6 +38,7 @@ from jaxformer.interop.weights import (
     to_jax,
 )
 from jaxformer.models import DecoderLM, Transformer
+from jaxformer.nn import merge_lora
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -267,9 +268,10 @@ def to_hf(model: Transformer | DecoderLM, folder: str | pathlib.Path, *, tokeniz
     Marian (sinusoids in halves) or BART (learned positions and an embedding norm).
 
     tokenizer: its special ids go into config.json (default 0, 1, 2), and a BPE or Hugging
-    Face one is written as tokenizer.json. Returns the folder. ValueError names what the
-    format cannot hold."""
+    Face one is written as tokenizer.json. LoRA adapters are merged into the weights they
+    adapt (`nn.merge_lora`). Returns the folder. ValueError names what the format cannot hold."""
     model_type = _model_type_of(model)
+    model = merge_lora(model)
     if model.config.scan_layers:
         raise BadValue("to_hf: scan_layers=True stacks the layers; convert a model without it")
     hf_config = _hf_config(model_type, model.config, tokenizer or ByteTokenizer())

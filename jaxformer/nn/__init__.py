@@ -9,7 +9,9 @@ from jaxformer.nn.blocks import (
     EncoderStack,
     FeedForward,
     Norm,
+    add_lora,
     make_norm,
+    merge_lora,
 )
 from jaxformer.nn.embeddings import Embed, LearnedPositions
-from jaxformer.nn.parameters import LOGICAL_AXES, plain
+from jaxformer.nn.parameters import LOGICAL_AXES, lora_weight, plain

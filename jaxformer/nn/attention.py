@@ -7,7 +7,7 @@ from flax import nnx
 
 from jaxformer import functional as F
 from jaxformer.checks import check_divisible, check_int
-from jaxformer.nn.parameters import dropout_rng, dtype_of, param
+from jaxformer.nn.parameters import dropout_rng, dtype_of, lora_weight, param
 
 
 class MultiHeadAttention(nnx.Module):
@@ -58,7 +58,7 @@ class MultiHeadAttention(nnx.Module):
     def params(self) -> F.AttentionParams:
         """The projections as arrays in the compute dtype."""
         names = ("wq", "wk", "wv", "wo") + (("bq", "bk", "bv", "bo") if self.use_bias else ())
-        return F.AttentionParams(**{n: getattr(self, n)[...].astype(self.dtype) for n in names})
+        return F.AttentionParams(**{n: lora_weight(self, n).astype(self.dtype) for n in names})
 
     def __call__(
         self,

@@ -6,15 +6,18 @@ hold parameters only and take options as call arguments."""
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import functional as F
-from jaxformer.checks import BadValue, check_instance, check_int
-from jaxformer.config import TransformerConfig
+from jaxformer.checks import BadValue, as_given, check_instance, check_int
+from jaxformer.config import LORA_TARGETS, TransformerConfig, lora_targets
 from jaxformer.nn.attention import MultiHeadAttention
-from jaxformer.nn.parameters import dropout_rng, dtype_of, param
+from jaxformer.nn.parameters import dropout_rng, dtype_of, lora_weight, param
 from jaxformer.nn.sharding import constrain_batch
 
 
@@ -50,7 +53,7 @@ class FeedForward(nnx.Module):
     def params(self) -> F.FeedForwardParams:
         names = ("w1", "w2") + (("b1", "b2") if self.use_bias else ())
         names += ("w_gate",) if self.gated else ()
-        return F.FeedForwardParams(**{n: getattr(self, n)[...].astype(self.dtype) for n in names})
+        return F.FeedForwardParams(**{n: lora_weight(self, n).astype(self.dtype) for n in names})
 
     def __call__(self, x: jax.Array, *, activation: str = "relu") -> jax.Array:
         """x [..., E] -> [..., E]; a gated activation (swiglu) needs a gated module."""
@@ -411,3 +414,47 @@ def _stacked(layers: list[nnx.Module]) -> nnx.Module:
     for _, variable in nnx.to_flat_state(stacked):
         variable.set_metadata(out_sharding=("layers", *variable.get_metadata()["out_sharding"]))
     return nnx.merge(graphdef, stacked)
+
+
+def add_lora(model: nnx.Module, rank: int, *, alpha=None, targets: str | None = None, seed=0):
+    """`model`, its projections that `targets` names ("q,v", LORA_TARGETS) given `nnx.LoRA`
+    adapters in place: A [d_in, r] he-uniform, B [r, d_out] zero (nnx.LoRAParam), the weight
+    W + (alpha / r) A B (alpha default r). Stacked layers (scan_layers) get stacked ones."""
+    check_int("lora_rank", rank)
+    targets = lora_targets(targets)
+    rngs, scale = nnx.Rngs(seed), (rank if alpha is None else alpha) / rank
+    axes = dict(out_sharding=(None, None), eager_sharding=False)  # replicated
+    meta = dict(a_metadata=axes, b_metadata=axes)
+    for module in _projection_modules(model):
+        kept = 3 if isinstance(module, MultiHeadAttention) else 2  # a layer's weight's axes
+        for name in (n for t in targets for n in LORA_TARGETS[t] if hasattr(module, n)):
+            shape = getattr(module, name).shape
+            n_in = 2 if name == "wo" else 1
+            d_in, d_out = math.prod(shape[-kept:][:n_in]), math.prod(shape[-kept:][n_in:])
+            if rank > min(d_in, d_out):
+                raise BadValue(
+                    f"{as_given('lora_rank', rank)} is more than {name}'s min(d_in, d_out) = "
+                    f"min({d_in}, {d_out})"
+                )
+            new = functools.partial(nnx.LoRA, d_in, rank, d_out, rngs=rngs, **meta)
+            lora = _stacked([new() for _ in range(shape[0])]) if len(shape) > kept else new()
+            lora.scale = scale
+            setattr(module, f"{name}_lora", lora)
+    return model
+
+
+def merge_lora(model: nnx.Module) -> nnx.Module:
+    """A copy of `model` whose adapted weights hold W + (alpha / r) A B, without adapters
+    (what an export writes); a model without adapters is copied unchanged."""
+    model = nnx.clone(model)
+    for module in _projection_modules(model):
+        for name in [n for n in vars(module) if n.endswith("_lora")]:
+            weight = name.removesuffix("_lora")
+            getattr(module, weight).set_value(lora_weight(module, weight))
+            delattr(module, name)
+    return model
+
+
+def _projection_modules(model: nnx.Module) -> list[nnx.Module]:
+    kinds = MultiHeadAttention | FeedForward
+    return [m for _, m in nnx.iter_graph(model) if isinstance(m, kinds)]

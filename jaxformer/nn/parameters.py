@@ -1,5 +1,5 @@
 """Declaring parameters: initializer, dtype and logical sharding axis names in one call;
-and `plain`, the same trees as plain arrays."""
+`plain`, the same trees as plain arrays; and `lora_weight`, a weight with its adapter."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ def plain(tree):
         return x.get_value() if isinstance(x, nnx.Variable) else x
 
     return jax.tree.map(convert, tree, is_leaf=lambda x: isinstance(x, nnx.State | nnx.Variable))
+
+
+def lora_weight(module: nnx.Module, name: str) -> jax.Array:
+    """Parameter `name` of `module`; where `nn.add_lora` gave it an adapter (an nnx.LoRA at
+    `<name>_lora`, A [d_in, r] and B [r, d_out]), W + (alpha / r) A B in W's layout: the
+    functional math and every attention kernel see one weight."""
+    w, lora = getattr(module, name)[...], getattr(module, f"{name}_lora", None)
+    if lora is None:
+        return w
+    return w + lora.scale * (lora.lora_a[...] @ lora.lora_b[...]).reshape(w.shape)

@@ -23,7 +23,7 @@ from jaxformer.checks import (
     check_number,
     named_as_fields,
 )
-from jaxformer.config import PRESETS, TransformerConfig, load_config_file, setting
+from jaxformer.config import PRESETS, TransformerConfig, load_config_file, lora_targets, setting
 from jaxformer.data import registry as datasets
 from jaxformer.data.tasks import TASKS
 from jaxformer.data.tokenizers import ByteTokenizer
@@ -214,6 +214,9 @@ class OptimOptions:
     clip_norm: float | None = setting(
         1.0, "global gradient-norm clipping; none to turn off", resume=True
     )
+    lora_rank: int | None = setting(None, "train rank-R LoRA adapters, W frozen", resume=True)
+    lora_alpha: float | None = setting(None, "LoRA: W + alpha/rank A B (default r)", resume=True)
+    lora_targets: str | None = setting(None, "LoRA: of q,k,v,o,ff those adapted (q,v)", resume=True)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "accum_steps"):
@@ -235,6 +238,17 @@ class OptimOptions:
                 f"{self.optimizer} averages its iterates in place of a decaying schedule: give "
                 f"{as_given('schedule', 'warmup_constant')} (or constant), got {self.schedule}"
             )
+        lora = [n for n in ("lora_alpha", "lora_targets") if getattr(self, n) is not None]
+        if self.lora_rank is None and lora:
+            raise BadValue(f"{as_given(lora[0])} needs {as_given('lora_rank')} (LoRA)")
+        if self.lora_rank is not None:
+            check_int("lora_rank", self.lora_rank)
+            lora_targets(self.lora_targets)
+            if OPTIMIZERS[self.optimizer].options.get("schedule_free"):
+                why = f"{self.optimizer}'s average over frozen weights is not supported"
+                raise BadValue(f"{as_given('lora_rank')} trains adapters alone: {why}")
+        if self.lora_alpha is not None:
+            check_number("lora_alpha", self.lora_alpha, "(0, inf)")
 
     @property
     def optimizer_options(self) -> dict[str, Any]:

@@ -5,12 +5,14 @@ compiles the steps. Everything here can fail before the run folder exists."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 
 from jaxformer.checkpoints import restore_model
@@ -30,6 +32,7 @@ from jaxformer.data.shards import ShardData, shard_tokenizer
 from jaxformer.data.tokenizers import Tokenizer
 from jaxformer.files import code_version, describe_device, versions
 from jaxformer.models import MODEL_KINDS, count_params
+from jaxformer.nn import add_lora, merge_lora, plain
 from jaxformer.parallel import Placement, make_placement
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import RunConfig
@@ -53,6 +56,7 @@ class Setup:
     graphdef, state  the model's structure and the fresh TrainState (plain arrays)
     layout           the state's shapes with the parameters' logical axes
     param_count      the model's parameters
+    trained_count    those the optimizer trains (a LoRA run's adapters; else all)
     placement        lays out state and batches, compiles the steps (`jaxformer.parallel`)
     train_fn         the uncompiled step, (state, batch) -> (state, metrics)
     train_step       train_fn compiled, donating the state
@@ -69,6 +73,7 @@ class Setup:
     state: TrainState
     layout: TrainState
     param_count: int
+    trained_count: int
     placement: Placement
     train_fn: Callable
     train_step: Callable
@@ -90,6 +95,7 @@ class Setup:
         counts = {"data_counts": dict(self.data.counts)} if self.data.counts else {}
         return {
             "params": self.param_count,
+            **({"trained_params": self.trained_count} if self.run.optim.lora_rank else {}),
             "device": str(jax.devices()[0].device_kind),
             "machine": describe_device(),
             "code": code_version(),
@@ -128,6 +134,9 @@ def set_up(
     else:
         model, tokenizer, data = _pretrained(run)
         config = model_config = model.config
+    if (o := run.optim).lora_rank:  # fresh adapters (on a LoRA run's merged weights)
+        lora = dict(alpha=o.lora_alpha, targets=o.lora_targets, seed=run.runtime.seed)
+        model = add_lora(merge_lora(model), o.lora_rank, **lora)
     _check_data(run, data)
     _check_memory(config, run, data.max_len)
     if run.runtime.tensorboard:
@@ -150,6 +159,7 @@ def set_up(
         state=state,
         layout=layout,
         param_count=count_params(model),
+        trained_count=count_params(model, nnx.LoRAParam if run.optim.lora_rank else nnx.Param),
         placement=placement,
         train_fn=train_fn,
         train_step=placement.compile(train_fn, layout, donate_state=True),
@@ -320,9 +330,16 @@ def _steps(model: nnx.Module, config: TransformerConfig, run: RunConfig) -> _Ste
         clip_norm=run.optim.clip_norm,
         **run.optim.optimizer_options,
     )
+    trainable = None
+    if run.optim.lora_rank:  # the optimizer and its state see the adapters alone
+        is_lora = lambda v: v.replace(isinstance(v, nnx.LoRAParam))  # noqa: E731
+        is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+        trainable = plain(jax.tree.map(is_lora, nnx.state(model), is_leaf=is_variable))
+        frozen = jax.tree.map(operator.not_, trainable)
+        optimizer = optax.transforms.selective_transform(optimizer, freeze_mask=frozen)
     graphdef, state = create_train_state(model, optimizer, run.runtime.seed)
     smoothing = config.label_smoothing
-    kw = dict(label_smoothing=smoothing, accum_steps=run.optim.accum_steps)
+    kw = dict(label_smoothing=smoothing, accum_steps=run.optim.accum_steps, trainable=trainable)
     internals_fn = None
     if run.runtime.log_internals is not None:
         internals_fn = make_train_step(graphdef, optimizer, schedule, **kw, internals=True)

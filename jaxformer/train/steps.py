@@ -193,19 +193,24 @@ def make_train_step(
     label_smoothing: float,
     accum_steps: int = 1,
     internals: bool = False,
+    trainable: dict | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """The pure step `(state, batch) -> (state, metrics)`: compile it with
     `jax.jit(step, donate_argnums=0)` or a placement's `compile(..., donate_state=True)`.
 
     With accum_steps = k the batch (leading size k * b) is cut into k micro-batches whose
     gradients are summed in float32 before one update. With `internals`, metrics["internals"]
-    also holds `jaxformer.train.internals`' dynamics."""
+    also holds `jaxformer.train.internals`' dynamics. `trainable` (bools like the params):
+    the others are constants of the loss, for an optimizer that leaves them out (LoRA)."""
     check_int("accum_steps", accum_steps)
     check_number("label_smoothing", label_smoothing, "[0, 1)")
     forward = _loss_sums_and_activations if internals else _loss_sums_only
 
     def sums_and_grads(params, batch, rng):
         def loss_sum(params):
+            if trainable is not None:
+                keep = lambda p, t: p if t else jax.lax.stop_gradient(p)  # noqa: E731
+                params = jax.tree.map(keep, params, trainable)
             sums, activations = forward(graphdef, params, batch, rng, label_smoothing)
             return sums.loss, (sums, activations)
 
