@@ -71,21 +71,12 @@ class Checkpointer:
         meta = self.read_meta(step)
         check_compatible(meta, expected_meta, self.directory)
         params, train = _on_disk(abstract)
-        restored = self._restore(
-            step,
-            ocp.args.Composite(
-                params=ocp.args.StandardRestore(params),
-                train=ocp.args.StandardRestore(train),
-            ),
+        args = ocp.args.Composite(
+            params=ocp.args.StandardRestore(params), train=ocp.args.StandardRestore(train)
         )
-        t = _from_disk(restored.train)
-        state = abstract.replace(
-            step=t["step"],
-            params=_from_disk(restored.params),
-            opt_state=t["opt_state"],
-            rng=t["rng"],
-        )
-        return state, meta
+        restored = self._restore(step, args)
+        params, train = _from_disk(restored.params), _from_disk(restored.train)
+        return abstract.replace(params=params, **train), meta
 
     def average_params(self, abstract_params, count: int) -> tuple[Any, list[int]]:
         """The mean parameters of the last `count` checkpoints (summed in float32, cast
@@ -96,13 +87,11 @@ class Checkpointer:
                 f"average_checkpoints={count} but {self.directory} holds {len(steps)} "
                 f"checkpoint(s) (steps {steps})"
             )
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(_as_variables(abstract_params)))
         total = params = None
         for step in steps:
-            args = ocp.args.Composite(
-                params=ocp.args.StandardRestore(_as_variables(abstract_params))
-            )
             params = _from_disk(self._restore(step, args).params)
-            total = _as_float32(params) if total is None else _add_float32(total, params)
+            total = _add_float32(total, params)
         return _mean(total, params, count), steps
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
@@ -178,13 +167,10 @@ def _reads_awaited():
 
 
 @jax.jit
-def _as_float32(params):
-    return jax.tree.map(lambda p: p.astype(jnp.float32), params)
-
-
-@jax.jit
 def _add_float32(total, params):
-    return jax.tree.map(lambda t, p: t + p.astype(jnp.float32), total, params)
+    """total + params, summed in float32 (total None: params alone)."""
+    params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+    return params if total is None else jax.tree.map(jnp.add, total, params)
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -231,11 +217,7 @@ def _on_disk(state: Any) -> tuple[Any, dict]:
     opt_state = jax.tree.map(
         as_variables, state.opt_state, is_leaf=lambda t: jax.tree.structure(t) == structure
     )
-    return _as_variables(state.params), {
-        "step": state.step,
-        "opt_state": opt_state,
-        "rng": state.rng,
-    }
+    return _as_variables(state.params), dict(step=state.step, opt_state=opt_state, rng=state.rng)
 
 
 def _from_disk(tree):
@@ -282,7 +264,6 @@ def restore_model(run_dir: str | pathlib.Path) -> tuple[nnx.Module, Tokenizer]:
     adapted = lambda m: add_lora(m, run["lora_rank"], **lora) if run.get("lora_rank") else m  # noqa: E731
     abstract = nnx.eval_shape(lambda: adapted(cls(config, rngs=nnx.Rngs(0))))
     graphdef, abstract_params = nnx.split(abstract)
-    # Onto this process's first device, whatever mesh the run was trained on.
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params

@@ -48,25 +48,24 @@ _FLAGS = contextvars.ContextVar("flags", default=types.MappingProxyType({}))  # 
 
 
 @contextlib.contextmanager
+def _flags_set(flags: dict[str, str]):
+    token = _FLAGS.set(flags)
+    try:
+        yield
+    finally:
+        _FLAGS.reset(token)
+
+
 def command_line(flags: dict[str, str]):
     """Inside, `as_given` names each argument of `flags` as the command's flag that gives
     it: {"batch_size": "--batch-size", "implementation": "--attention-impl", ...}."""
-    token = _FLAGS.set(dict(flags))
-    try:
-        yield
-    finally:
-        _FLAGS.reset(token)
+    return _flags_set(dict(flags))
 
 
-@contextlib.contextmanager
 def named_as_fields(names):
     """Inside, the arguments `names` (a file's fields: values a run file gave, not flags)
     are named as fields."""
-    token = _FLAGS.set({k: v for k, v in _FLAGS.get().items() if k not in set(names)})
-    try:
-        yield
-    finally:
-        _FLAGS.reset(token)
+    return _flags_set({k: v for k, v in _FLAGS.get().items() if k not in set(names)})
 
 
 def as_given(name: str, *value) -> str:

@@ -213,15 +213,9 @@ class TransformerConfig:
     @classmethod
     def tiny(cls, vocab_size: int, **overrides) -> TransformerConfig:
         """A small model for CPU experiments and tests: 2+2 layers, d_model=128, h=4."""
-        fields = dict(
-            num_encoder_layers=2,
-            num_decoder_layers=2,
-            d_model=128,
-            d_ff=512,
-            num_heads=4,
-            max_len=256,
-        )
-        return cls(vocab_size=vocab_size, **(fields | overrides))
+        layers = dict(num_encoder_layers=2, num_decoder_layers=2)
+        sizes = dict(d_model=128, d_ff=512, num_heads=4, max_len=256)
+        return cls(vocab_size=vocab_size, **(layers | sizes | overrides))
 
     @classmethod
     def gpt2_small(cls, vocab_size: int = 50304, **overrides) -> TransformerConfig:

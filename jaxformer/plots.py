@@ -76,14 +76,9 @@ def _plot_evals(ax, evals: list[dict], key: str, label: str, style: str) -> str:
     for (pairs, beam), group in protocols.items():
         decoding = "greedy" if beam == 1 else f"beam {beam}"
         what = "" if pairs is None else f" ({pairs:,} pairs, {decoding})"
-        (line,) = ax.plot(
-            [r["step"] for r in group],
-            [r[key] for r in group],
-            style,
-            color=color,
-            fillstyle="full" if color is None else "none",
-            label=label + what,
-        )
+        steps, values = [r["step"] for r in group], [r[key] for r in group]
+        fill = "full" if color is None else "none"
+        (line,) = ax.plot(steps, values, style, color=color, fillstyle=fill, label=label + what)
         color = line.get_color()
     return color
 

@@ -122,7 +122,6 @@ class TaskData(TrainingData):
         seed: int = 0,
         dev_size: int = 1000,
         vocab_size: int | None = None,
-        pad_multiple: int = 16,
     ):
         _check_vocab(tokenizer, vocab_size)
         self.task = tasks_lib.get_task(task)
@@ -146,12 +145,8 @@ class TaskData(TrainingData):
     def eval_batches(self, batch_size: int):
         check_int("batch_size", batch_size)
         for i in range(0, len(self.dev_pairs), batch_size):
-            yield encode_pairs(
-                _fill(self.dev_pairs[i : i + batch_size], batch_size),
-                self.tokenizer,
-                self.src_len,
-                self.tgt_len,
-            )
+            pairs = _fill(self.dev_pairs[i : i + batch_size], batch_size)
+            yield encode_pairs(pairs, self.tokenizer, self.src_len, self.tgt_len)
 
 
 class PairData(TrainingData):
@@ -300,7 +295,8 @@ def pair_ids(
 
 class TsvData(PairData):
     """`source<TAB>target` lines. One pair in ten (by a hash of the source) is held out;
-    pairs longer than max_len tokens are skipped (and reported)."""
+    pairs longer than max_len tokens are skipped (and reported). `options` are PairData's
+    (seed, dev_size, pad_multiple, shared_lengths, batch_tokens)."""
 
     def __init__(
         self,
@@ -308,12 +304,8 @@ class TsvData(PairData):
         tokenizer: Tokenizer,
         *,
         max_len: int,
-        seed: int = 0,
-        dev_size: int = 1000,
         vocab_size: int | None = None,
-        pad_multiple: int = 16,
-        shared_lengths: bool = False,
-        batch_tokens: int | None = None,
+        **options,
     ):
         check_int("max_len", max_len)
         _check_vocab(tokenizer, vocab_size)
@@ -343,17 +335,7 @@ class TsvData(PairData):
             raise BadValue(f"{path}: no training pairs (need non-empty source<TAB>target lines)")
         if not dev:  # a tiny file: hold out its last pair
             dev.append(train.pop())
-        super().__init__(
-            train,
-            dev,
-            tokenizer,
-            max_len=max_len,
-            seed=seed,
-            dev_size=dev_size,
-            pad_multiple=pad_multiple,
-            shared_lengths=shared_lengths,
-            batch_tokens=batch_tokens,
-        )
+        super().__init__(train, dev, tokenizer, max_len=max_len, **options)
 
 
 class DocumentData(TrainingData):
@@ -424,10 +406,8 @@ class DocumentData(TrainingData):
         epoch, j = divmod(index, self.batches_per_epoch(batch_size))
         if self._order is None or self._order[:2] != (self.seed, epoch):
             entropy = [abs(self.seed), int(self.seed < 0), epoch]
-            order = np.random.default_rng(np.random.SeedSequence(entropy)).permutation(
-                self._train.rows
-            )
-            self._order = (self.seed, epoch, order)
+            rng = np.random.default_rng(np.random.SeedSequence(entropy))
+            self._order = (self.seed, epoch, rng.permutation(self._train.rows))
         rows = self._order[2][j * batch_size : (j + 1) * batch_size]
         if self._only is not None:  # rows other processes hold stay padding, never read
             rows = np.where(np.isin(np.arange(batch_size), self._only), rows, -1)
@@ -437,14 +417,13 @@ class DocumentData(TrainingData):
         check_int("batch_size", batch_size)
         for i in range(0, self._eval_rows, batch_size):
             rows = np.arange(i, i + batch_size)
-            yield self._test.batch(
-                np.where(rows < self._eval_rows, rows, -1), self.tokenizer.pad_id
-            )
+            rows = np.where(rows < self._eval_rows, rows, -1)  # past the held-out rows: padding
+            yield self._test.batch(rows, self.tokenizer.pad_id)
 
 
 class TextData(DocumentData):
     """Plain text for a `DecoderLM`: its documents (`text_documents`), one in ten held out
-    (`held_out`)."""
+    (`held_out`). `options` are DocumentData's (seed, pack)."""
 
     def __init__(
         self,
@@ -452,9 +431,8 @@ class TextData(DocumentData):
         tokenizer: Tokenizer,
         *,
         seq_len: int,
-        seed: int = 0,
         vocab_size: int | None = None,
-        pack: bool = True,
+        **options,
     ):
         check_int("seq_len", seq_len)
         _check_vocab(tokenizer, vocab_size)
@@ -465,7 +443,7 @@ class TextData(DocumentData):
                 "line in a text without blank lines), to hold one out"
             )
         train, test = held_out(docs)
-        super().__init__(train, test, tokenizer, seq_len=seq_len, seed=seed, pack=pack)
+        super().__init__(train, test, tokenizer, seq_len=seq_len, **options)
 
 
 def text_documents(lines: list[str]) -> list[str]:
@@ -514,13 +492,7 @@ def _pack_ids(
     src, src_valid = pad_rows([[] if p is None else [*p[0], eos] for p in ids], src_len, pad)
     tgt_in, _ = pad_rows([[] if p is None else [bos, *p[1]] for p in ids], tgt_len, pad)
     tgt_out, tgt_valid = pad_rows([[] if p is None else [*p[1], eos] for p in ids], tgt_len, pad)
-    return {
-        "src": src,
-        "src_valid": src_valid,
-        "tgt_in": tgt_in,
-        "tgt_out": tgt_out,
-        "tgt_valid": tgt_valid,
-    }
+    return dict(src=src, src_valid=src_valid, tgt_in=tgt_in, tgt_out=tgt_out, tgt_valid=tgt_valid)
 
 
 def read_text_lines(path: str | pathlib.Path) -> list[tuple[int, str]]:
@@ -538,9 +510,8 @@ def read_text_lines(path: str | pathlib.Path) -> list[tuple[int, str]]:
         raise BadValue(
             f"{path}: looks like a binary file (contains NUL bytes), expected UTF-8 text"
         )
-    lines = data.split(b"\n")
     out = []
-    for number, raw in enumerate(lines, start=1):
+    for number, raw in enumerate(data.split(b"\n"), start=1):
         try:
             out.append((number, raw.decode("utf-8").rstrip("\r")))
         except UnicodeDecodeError as e:
@@ -576,9 +547,8 @@ def _check_vocab(tokenizer: Tokenizer, vocab_size: int | None) -> None:
     """The tokenizer's ids must fit a model with `vocab_size` (when given)."""
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise BadValue(
-            f"the tokenizer has {tokenizer.vocab_size} ids but "
-            f"{as_given('vocab_size', vocab_size)}: its "
-            "ids would fall outside the model's embedding table"
+            f"the tokenizer has {tokenizer.vocab_size} ids but {as_given('vocab_size', vocab_size)}: "
+            "its ids would fall outside the model's embedding table"
         )
 
 

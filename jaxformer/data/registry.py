@@ -39,11 +39,9 @@ def register(name: str, family: Family) -> None:
     for other_name, other in DATASETS.items():
         taken = sorted(n for n in family.names if other.owns(n))
         taken += sorted(n for n in other.names if family.owns(n))
-        prefixes = [p for p in (family.prefix, other.prefix) if p is not None]
-        if len(prefixes) == 2 and (
-            prefixes[0].startswith(prefixes[1]) or prefixes[1].startswith(prefixes[0])
-        ):
-            taken.append(f"{prefixes[0]}*")
+        mine, theirs = family.prefix, other.prefix
+        if None not in (mine, theirs) and (mine.startswith(theirs) or theirs.startswith(mine)):
+            taken.append(f"{mine}*")
         if taken and other_name != name:
             raise BadValue(
                 f"dataset family {name!r} would own {taken[0]!r}, which family "

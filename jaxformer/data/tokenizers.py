@@ -68,11 +68,7 @@ class ByteTokenizer:
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """One printable label per id (for plots)."""
-        labels = []
-        for i in ids:
-            i = int(i)
-            labels.append(SPECIALS[i] if i < len(SPECIALS) else _byte_label(i - len(SPECIALS)))
-        return labels
+        return [SPECIALS[i] if i < len(SPECIALS) else _byte_label(i) for i in map(int, ids)]
 
     def save(self, folder: str | pathlib.Path) -> None:
         path = pathlib.Path(folder) / FILENAME
@@ -214,12 +210,10 @@ def load_tokenizer(folder: str | pathlib.Path, eos_id: int | None = None) -> Tok
         return HFTokenizer.from_file(path, pad_id=eos_id, bos_id=eos_id, eos_id=eos_id)
     saved = _read_saved(path)
     kind = saved["jaxformer_tokenizer"]
-    if kind in ("byte", "ids"):
-        return (
-            ByteTokenizer()
-            if kind == "byte"
-            else IdsTokenizer(saved["vocab_size"], saved["eos_id"])
-        )
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "ids":
+        return IdsTokenizer(saved["vocab_size"], saved["eos_id"])
     tokenizer = _parse(json.dumps(saved["tokenizer"]), path)
     if kind == "bpe":
         return BPETokenizer(tokenizer)
@@ -273,8 +267,8 @@ def _import_tokenizers():
     return tokenizers
 
 
-def _byte_label(b: int) -> str:
-    c = chr(b)
+def _byte_label(byte_id: int) -> str:
+    c = chr(byte_id - len(SPECIALS))
     if c == " ":
         return "␣"
-    return c if c.isprintable() and b < 128 else f"\\x{b:02x}"
+    return c if c.isprintable() and c.isascii() else f"\\x{ord(c):02x}"

@@ -38,33 +38,21 @@ def from_torch(module) -> nnx.Module:
     tnn = torch.nn
     kind = type(module)
     if kind is tnn.MultiheadAttention:
-        options = _attention_options(module, "")
-        dtype = _param_dtype(module)
-
-        def build():
-            return jnn.MultiHeadAttention(
-                options["d_model"],
-                options["num_heads"],
-                use_bias=options["bias"],
-                dtype=dtype,
-                param_dtype=dtype,
-                rngs=nnx.Rngs(0),
-            )
-
+        o, dtype = _attention_options(module, ""), _param_dtype(module)
+        args = (o["d_model"], o["num_heads"])
+        options = dict(use_bias=o["bias"], dtype=dtype, param_dtype=dtype)
+        cls = jnn.MultiHeadAttention
     else:
-        config = config_from_torch(module)
-        classes = {
+        args, options = (config_from_torch(module),), {}
+        cls = {
             tnn.TransformerEncoderLayer: jnn.EncoderLayer,
             tnn.TransformerDecoderLayer: jnn.DecoderLayer,
             tnn.TransformerEncoder: jnn.EncoderStack,
             tnn.TransformerDecoder: jnn.DecoderStack,
             tnn.Transformer: jnn.EncoderDecoder,
-        }
-
-        def build():
-            return classes[kind](config, rngs=nnx.Rngs(0))
-
-    target = nnx.eval_shape(build)  # no memory for random weights: every one is set below
+        }[kind]
+    # no memory for random weights: every one is set below
+    target = nnx.eval_shape(lambda: cls(*args, **options, rngs=nnx.Rngs(0)))
     weights = {name: _numpy(tensor) for name, tensor in module.state_dict().items()}
     links = _links(module)
     extra = sorted(set(weights) - {name for link in links for name in link.names})
@@ -89,14 +77,8 @@ def to_torch(module: nnx.Module, *, batch_first: bool = True, dropout: float | N
     dtype = torch.bfloat16 if dtypes == {jnp.dtype(jnp.bfloat16)} else torch.float32
     if isinstance(module, jnn.MultiHeadAttention):
         o = _jax_attention_options(module, "")
-        out = tnn.MultiheadAttention(
-            o["d_model"],
-            o["num_heads"],
-            dropout=0.0 if dropout is None else dropout,
-            bias=o["bias"],
-            batch_first=batch_first,
-            dtype=dtype,
-        )
+        kw = dict(bias=o["bias"], batch_first=batch_first, dtype=dtype)
+        out = tnn.MultiheadAttention(o["d_model"], o["num_heads"], dropout=dropout or 0.0, **kw)
     else:
         out = _build_torch(module, batch_first, dropout, dtype)
     weights = from_jax(_links(out), params_of(module), "to_torch: torch")
@@ -111,11 +93,10 @@ def config_from_torch(module) -> TransformerConfig:
     vocab_size is 1 and position_embedding "none": torch's modules have neither."""
     tnn = _import_torch().nn
     layer_classes = {"encoder": tnn.TransformerEncoderLayer, "decoder": tnn.TransformerDecoderLayer}
-    parts = _stacks(module)
     options = []  # (where, options) of every layer
     num_layers = {"encoder": 0, "decoder": 0}
     final_norms = {}  # where -> the stack's final norm or None
-    for name, where, stack in parts:
+    for name, where, stack in _stacks(module):
         if stack is None:
             options.append(("", _layer_options(module, "")))
             num_layers[name] = 1
@@ -446,20 +427,16 @@ def _build_torch(module, batch_first: bool, dropout: float | None, dtype):
             )
         if len(jstack.layers) == 0:
             raise BadValue(f"{where}num_{name}_layers=0: torch's stacks need at least one layer")
-        kw = kwargs(jstack.layers[0], f"{where}layers.0.")
-        layer_class = (
-            tnn.TransformerEncoderLayer if name == "encoder" else tnn.TransformerDecoderLayer
-        )
+        kw, n = kwargs(jstack.layers[0], f"{where}layers.0."), len(jstack.layers)
         norm = None
         if jstack.final_norm is not None:
             norm = tnn.LayerNorm(
                 kw["d_model"], eps=kw["layer_norm_eps"], bias=kw["bias"], dtype=dtype
             )
         if name == "encoder":
-            return tnn.TransformerEncoder(
-                layer_class(**kw), len(jstack.layers), norm, enable_nested_tensor=False
-            ), kw
-        return tnn.TransformerDecoder(layer_class(**kw), len(jstack.layers), norm), kw
+            layer = tnn.TransformerEncoderLayer(**kw)
+            return tnn.TransformerEncoder(layer, n, norm, enable_nested_tensor=False), kw
+        return tnn.TransformerDecoder(tnn.TransformerDecoderLayer(**kw), n, norm), kw
 
     if isinstance(module, jnn.EncoderLayer):
         return tnn.TransformerEncoderLayer(**kwargs(module, ""))

@@ -10,13 +10,15 @@ path from one CPU to many hosts:
 """
 
 from jaxformer.parallel.distributed import initialize, is_main_process
-from jaxformer.parallel.mesh import MESH_AXES, make_mesh, parse_mesh
 from jaxformer.parallel.placement import (
+    MESH_AXES,
     MeshPlacement,
     Placement,
     PmapPlacement,
     host_copy,
+    make_mesh,
     make_placement,
+    parse_mesh,
     per_replica_key,
     put,
     replicate,

@@ -1,12 +1,9 @@
-"""Where a run keeps its state and batches, and how its step functions compile.
+"""Where a run keeps its state and batches, and how its step functions compile, over a
+device mesh of three named axes (`make_mesh`: data, fsdp, tensor).
 
-A `Placement` lays out any pytree state and compiles any `fn(state, batch)`; `like` holds
-the logical axes (`train.state_layout(graphdef, state)`), the state itself is plain arrays:
-
-    placement = parallel.make_placement("data=2,fsdp=2,tensor=2")  # None: one device
-    state = placement.put(state, like=layout)     # laid out by the logical-axis rules
-    step = placement.compile(train_step, layout, donate_state=True)
-    state, metrics = step(state, batch)           # batch: the global batch, on the host
+A `Placement` lays out any pytree state and compiles any `fn(state, batch)` (the package's
+docstring shows a run's use); `like` holds the logical axes (`train.state_layout(graphdef,
+state)`), the state itself is plain arrays, and a step takes the global batch on the host.
 
 `MeshPlacement` jits with NamedShardings over a mesh; `PmapPlacement` runs `jax.pmap`
 (in maintenance mode upstream: new code should use a mesh, which also shards parameters),
@@ -19,19 +16,19 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jaxformer.checks import BadValue
 from jaxformer.nn.parameters import plain
 from jaxformer.nn.sharding import activation_sharding
-from jaxformer.parallel.mesh import make_mesh, parse_mesh
 from jaxformer.parallel.rules import (
     DEFAULT_RULES,
     Rules,
@@ -183,6 +180,69 @@ class PmapPlacement(Placement):
 def _has_variables(tree) -> bool:
     is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
     return any(is_variable(x) for x in jax.tree.leaves(tree, is_leaf=is_variable))
+
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def make_mesh(
+    data: int = -1, fsdp: int = 1, tensor: int = 1, *, devices: Sequence | None = None
+) -> Mesh:
+    """A mesh of shape (data, fsdp, tensor) over `devices` (default: every device of every
+    process). `data` splits the batch, parameters replicated (data parallel); `fsdp` splits
+    the batch and so the parameters and optimizer state (ZeRO-3 / FSDP); `tensor` splits
+    attention heads and feed-forward hidden units (Megatron). On several hosts `data`, the
+    outermost axis, crosses hosts and `tensor`, the innermost, stays inside one.
+
+    One size may be -1: the devices left over. The product must equal the number of
+    devices. Axes are `AxisType.Auto`: XLA propagates the shardings of the inputs."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    for name, size in sizes.items():
+        if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+            raise BadValue(f"mesh axis {name} must be a positive int or -1, got {size!r}")
+    free = [name for name, size in sizes.items() if size == -1]
+    if len(free) > 1:
+        raise BadValue(f"only one mesh axis may be -1 (the rest), got {free} in {sizes}")
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if free:
+        if len(devices) % fixed:
+            raise BadValue(
+                f"mesh {_show(sizes)} does not fit {len(devices)} devices: "
+                f"{len(devices)} is not divisible by {fixed}"
+            )
+        sizes[free[0]] = len(devices) // fixed
+    if math.prod(sizes.values()) != len(devices):
+        raise BadValue(
+            f"mesh {_show(sizes)} needs {math.prod(sizes.values())} devices, but there are "
+            f"{len(devices)}; make the product of the sizes equal the device count "
+            "(or give one axis as -1)"
+        )
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """'data=2,fsdp=2,tensor=2' -> {'data': 2, 'fsdp': 2, 'tensor': 2} (for make_mesh)."""
+    sizes = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or name not in MESH_AXES:
+            raise BadValue(
+                f"mesh {text!r}: expected comma-separated AXIS=SIZE with AXIS in "
+                f"{MESH_AXES}, e.g. 'data=2,fsdp=2,tensor=2'; got {part.strip()!r}"
+            )
+        if name in sizes:
+            raise BadValue(f"mesh {text!r}: axis {name} given twice")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise BadValue(f"mesh {text!r}: size of {name} must be an int, got {value!r}") from None
+    return sizes
+
+
+def _show(sizes: dict[str, int]) -> str:
+    return ",".join(f"{name}={size}" for name, size in sizes.items())
 
 
 def make_placement(
