@@ -6,6 +6,7 @@ and the run goes on."""
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import importlib
 import os
@@ -33,8 +34,7 @@ def names(tracker: str) -> tuple[str, ...]:
     for name in (n for n in given if n not in TRACKERS):
         close = difflib.get_close_matches(name, TRACKERS, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        trackers = f"(the trackers are {', '.join(TRACKERS)}, comma-separated)"
-        raise BadValue(f"{as_given('tracker')} names no tracker {name!r}: {hint}{trackers}")
+        raise BadValue(f"{as_given('tracker')}: no tracker {name!r}; {hint}(one of {TRACKERS})")
     return tuple(dict.fromkeys(["jsonl", *given]))
 
 
@@ -53,11 +53,12 @@ def numbers(record: dict[str, Any]) -> dict[str, int | float]:
 
 class TensorBoard:
     """<out>/tensorboard: the numbers as scalars, flushed every 30 s (a flush per record costs
-    more than it); events an earlier try wrote after `first_step` are hidden."""
+    more than it) and at exit (a stopped run's too); earlier tries' later steps are hidden."""
 
     def __init__(self, path: pathlib.Path, first_step: int, config: dict, runtime):
         writer = package("tensorboard").SummaryWriter
         self.writer = writer(str(path / "tensorboard"), purge_step=first_step + 1, flush_secs=30)
+        atexit.register(self.writer.close)  # closing twice is closing once
 
     def log(self, record: dict[str, Any]) -> None:
         for name, value in numbers(record).items():

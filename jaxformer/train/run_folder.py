@@ -166,7 +166,6 @@ class RunFolder:
             print(message, flush=True)
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
-        """Close the checkpoints and the trackers (`summary`: the run's, None if it stopped)."""
         self.checkpoints.close()
         if self.trackers is not None:
             self.trackers.finish(summary)

@@ -46,11 +46,17 @@ def offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    for hooked in ("exit", "excepthook"):  # wandb's service wraps them for the process
+        monkeypatch.setattr(sys, hooked, getattr(sys, hooked))
 
 
-def wandb_log(folder) -> list[dict]:
-    """The records of the run's .wandb transaction log, as wandb's own reader prints them."""
-    (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+def wandb_logs(folder) -> list[list[dict]]:
+    """The records of each offline W&B run of the run `folder` (its .wandb transaction logs,
+    in the order made), as wandb's own reader prints them."""
+    return [wandb_log(path) for path in sorted(folder.glob("wandb/offline-run-*/run-*.wandb"))]
+
+
+def wandb_log(path) -> list[dict]:
     command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return [json.loads(line) for line in out.splitlines()]
@@ -76,7 +82,7 @@ def test_a_wandb_run_holds_every_number_the_config_and_the_summary(tmp_path, off
         tracker_group="my-sweep", tracker_job="base",
     )  # fmt: skip
     summary = loop.train(small_config(), run, progress=False)
-    log = wandb_log(out)
+    (log,) = wandb_logs(out)
     (started,) = [r["run"] for r in log if r["type"] == "run"]
     assert (started["run_group"], started["job_type"], started["project"]) == (
         "my-sweep",
@@ -142,7 +148,7 @@ def _raises(error):
 @pytest.mark.parametrize(
     "tracker, broken, words",
     [
-        ("wandbb", None, "--tracker names no tracker 'wandbb': did you mean 'wandb'?"),
+        ("wandbb", None, "--tracker: no tracker 'wandbb'; did you mean 'wandb'?"),
         ("jsonl,tensorboard", "tensorboardX", "pip install 'jaxformer[tensorboard]'"),
         ("wandb", "wandb", "the wandb tracker writes with wandb: pip install wandb==0.31.0"),
         ("wandb", ConnectionError("api.wandb.ai unreachable"), "(ConnectionError: api.wandb.ai"),
@@ -166,5 +172,17 @@ def test_a_tracker_that_cannot_start_is_one_line_and_no_folder(
 def test_tracker_names_are_checked_and_jsonl_is_always_first():
     assert trackers.names("wandb, tensorboard") == ("jsonl", "wandb", "tensorboard")
     assert trackers.names("jsonl") == trackers.names("") == ("jsonl",)
-    with pytest.raises(ValueError, match=r"no tracker 'tensorbord': did you mean 'tensorboard'"):
+    with pytest.raises(ValueError, match=r"no tracker 'tensorbord'; did you mean 'tensorboard'"):
         run_config("unused", tracker="jsonl,tensorbord")
+
+
+def test_a_resumed_run_continues_its_wandb_run_from_the_checkpoint(tmp_path, offline):
+    out, options = tmp_path / "run", dict(schedule="constant", checkpoint_every=2, log_every=1)
+    loop.train(small_config(), run_config(out, steps=2, tracker="wandb", **options), progress=False)
+    run = run_config(out, steps=4, tracker="wandb", **options)
+    loop.train(small_config(), run, resume=True, progress=False)
+    logs = wandb_logs(out)
+    ids = [r["run"]["run_id"] for log in logs for r in log if r["type"] == "run"]
+    steps = [sorted(r["history"]["step"]["num"] for r in log if "history" in r) for log in logs]
+    assert len(ids) == 2 and ids[0] == ids[1] == (out / "wandb" / "run_id").read_text()
+    assert sorted(steps) == [[1, 2], [3, 4]]
