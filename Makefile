@@ -19,6 +19,7 @@ OLD_LINE   := $(if $(NEWEST),,$(info make: no Python >= 3.12 found (PATH, pyenv)
 .PHONY: train test test-library test-core test-all test-gpu gpu-report lint docs bench bench-xla clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
+# wandb (offline W&B runs of --tracker wandb),
 # the kernels extra, the docs extra (mkdocs, pinned) for `make docs`, and the lab (lab/,
 # jaxformer-lab, with its data extra and ray, pinned) unless LAB is empty: `make
 # test-library` checks the library's suite without it. Python 3.11 (CI runs its whole
@@ -28,8 +29,8 @@ OLD_LINE   := $(if $(NEWEST),,$(info make: no Python >= 3.12 found (PATH, pyenv)
 # disk, so their parity tests are skipped, and add the tpu extra (libtpu: TPU programs
 # compiled with no TPU).
 LAB        ?= lab
-DEV_311    := '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0
-DEV_OTHER  := '.[dev,docs,tpu]'
+DEV_311    := '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0 wandb==0.31.0
+DEV_OTHER  := '.[dev,docs,tpu]' wandb==0.31.0
 DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER)) \
 	$(if $(LAB),-e '$(LAB)[data]' ray==2.60.0)
 

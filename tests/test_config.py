@@ -105,7 +105,8 @@ FLAT_DEFAULT_RUN = json.loads("""{
     "eval_every": 250, "log_every": 10, "checkpoint_every": 500, "keep_checkpoints": 3,
     "eval_examples": 1000, "eval_sample": 200, "final_test": false, "eval_beam": null,
     "eval_alpha": 0.6, "average_checkpoints": 1, "seed": 0, "out": "runs/dates",
-    "profile": null, "mesh": null, "pmap": false, "log_internals": null, "tensorboard": false
+    "profile": null, "mesh": null, "pmap": false, "log_internals": null, "tracker": "jsonl",
+    "tracker_group": null, "tracker_job": null
 }""")
 # The settings a checkpoint's meta recorded before (then a hand-written list).
 RESUME_KEYS = """task data_tsv data_text dataset data_shards val_shards eot_id pack tokenizer

@@ -1,7 +1,8 @@
 """Imports flow one way through the library, and from the lab to the library, never back;
 read from the source with `ast`:
 
-    checks, plugins, signals <- files, data, functional <- config, accelerators <- nn <- models
+    checks, plugins, signals <- files, data, functional, trackers <- config, accelerators
+           <- nn <- models
            <- decode, capture, parallel, interop, plots <- checkpoints <- train <- cli
     jaxformer_lab:  markdown, cores, stops, parts <- results, bible, records, ray_cluster
            <- sweep, aot, train_ray <- bench (ray-sweep times the sweep)
@@ -29,6 +30,7 @@ RANKS = {
         "files": 1,
         "data": 1,
         "functional": 1,
+        "trackers": 1,
         "config": 2,
         "accelerators": 2,
         "nn": 3,

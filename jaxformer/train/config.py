@@ -12,6 +12,7 @@ import re
 import typing
 from typing import Any
 
+from jaxformer import trackers
 from jaxformer.checks import (
     BadValue,
     InputError,
@@ -324,9 +325,9 @@ class RuntimeOptions:
     log_internals: int | None = setting(
         None, "every N steps log gradient/parameter/update norms, attention entropy, activation RMS"
     )
-    tensorboard: bool = setting(
-        False, "also write the metrics as TensorBoard event files in <out>/tensorboard"
-    )
+    tracker: str = setting("jsonl", "where the metrics go: jsonl (always), tensorboard, wandb")
+    tracker_group: str | None = setting(None, "the run's W&B group (a sweep: its name)")
+    tracker_job: str | None = setting(None, "the run's W&B job type (a sweep: the variant)")
 
     def __post_init__(self):
         check_int("seed", self.seed, minimum=None)
@@ -335,6 +336,7 @@ class RuntimeOptions:
         if self.log_internals is not None:
             check_int("log_internals", self.log_internals)
         check_bool("pmap", self.pmap)
+        trackers.names(self.tracker)
         if self.mesh is not None and self.pmap:
             raise BadValue(f"give a {as_given('mesh')} or {as_given('pmap')}, not both")
         _ = self.profile_steps  # checks the format

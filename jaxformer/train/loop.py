@@ -37,7 +37,7 @@ from jaxformer.checks import (
     check_int,
 )
 from jaxformer.config import TransformerConfig
-from jaxformer.files import code_version
+from jaxformer.files import code_version, versions
 from jaxformer.models import Transformer
 from jaxformer.parallel import is_main_process
 from jaxformer.signals import (
@@ -298,7 +298,7 @@ def _undone_on_bad_start(
 
 def _start(setup: Setup, folder: RunFolder, evaluation: Evaluation, *, resume: bool) -> TrainState:
     """The laid-out state to start from (fresh or restored); writes the tokenizer and
-    config.json, opens TensorBoard (with run.runtime.tensorboard) and says what the run
+    config.json, opens the trackers (run.runtime.tracker) and says what the run
     is. A resumed run's evaluation counts its kept evaluations' seconds."""
     placement, config, run = setup.placement, setup.config, setup.run
     state = placement.put(setup.state, like=setup.layout)
@@ -322,8 +322,8 @@ def _start(setup: Setup, folder: RunFolder, evaluation: Evaluation, *, resume: b
             f"the run was already complete ({step} of {run.optim.steps} steps done): "
             "nothing left to train; evaluating its final model again"
         )
-    if run.runtime.tensorboard:
-        folder.open_tensorboard(step)
+    tracked = {"model": config.to_dict(), "run": run.to_dict(), "code": code_version()}
+    folder.open_trackers(run.runtime, step, tracked | {"versions": versions()})
     return state
 
 
@@ -442,7 +442,7 @@ def _finish(run: Run) -> dict[str, Any]:
     setup, folder, final = run.setup, run.folder, run.evaluation.result
     summary = run.meter.summary() | final.fields | setup.description() | final.tests
     summary |= run.evaluation.clocks(summary["wall_seconds"])
-    folder.close()
+    folder.close(summary)
     if not folder.is_main:
         return summary
     plots.loss_curves(folder.metrics_path, folder.path / "loss.png")

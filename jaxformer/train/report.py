@@ -10,7 +10,7 @@ import shlex
 import sys
 from typing import Any
 
-from jaxformer.checks import MissingPackage, as_given
+from jaxformer.checks import as_given
 from jaxformer.files import command_line, write_whole
 
 
@@ -156,14 +156,3 @@ def write_predictions(
 def internals_record(step: int, internals: dict) -> dict[str, float]:
     """A metrics.jsonl record of the train step's internals: flat `internals/<key>` keys."""
     return {"step": step, **{f"internals/{k}": float(v) for k, v in internals.items()}}
-
-
-def tensorboard_writer():
-    """tensorboardX's SummaryWriter, or an error saying how to install it."""
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        raise MissingPackage(
-            "tensorboard=True writes event files with tensorboardX: pip install 'jaxformer[tensorboard]'"
-        ) from None
-    return SummaryWriter

@@ -6,7 +6,7 @@
     summary.json     final metrics, timings, parameter count, the configs (written last)
     checkpoints/, averaged/   orbax checkpoints (the last `keep`); their mean parameters
     predictions.tsv, test_predictions.tsv   source<TAB>reference<TAB>prediction per pair
-    loss.png, attention.png, tensorboard/   plots (`jaxformer.train.report`), scalars
+    loss.png, attention.png, tensorboard/, wandb/   plots, the trackers' files
 
 Every process of a multi-process run opens the folder (orbax writes with all of them); only
 process 0 writes the other files, each whole (a temporary file, renamed), as orbax does a
@@ -32,8 +32,8 @@ from jaxformer.checkpoints import (
 from jaxformer.checks import BadValue, as_given
 from jaxformer.files import read_json, read_metrics, write_whole
 from jaxformer.parallel import Placement, is_main_process
+from jaxformer.trackers import Trackers
 from jaxformer.train.optim import eval_params
-from jaxformer.train.report import tensorboard_writer
 from jaxformer.train.steps import TrainState
 
 # Clocks that metrics.jsonl records carry as running totals (a resume continues them):
@@ -72,7 +72,7 @@ class RunFolder:
         self._made, self._held = _make(self.path)
         self.checkpoints = Checkpointer(self.path, keep=keep_checkpoints)
         self.metrics_path = self.path / "metrics.jsonl"
-        self.tensorboard = None
+        self.trackers = None
         # set by restore: the seconds the kept steps took, in all and evaluating
         self.resumed_seconds = dict.fromkeys(CLOCKS, 0.0)
 
@@ -144,26 +144,19 @@ class RunFolder:
         save_averaged(self.path, mean)
         return mean, steps
 
-    def open_tensorboard(self, first_step: int) -> None:
-        """From now on also write each logged number as a TensorBoard scalar (tensorboardX)
-        in <path>/tensorboard; events past `first_step` of an earlier try are hidden, as
-        metrics.jsonl drops them on resume."""
+    def open_trackers(self, runtime, first_step: int, config: dict) -> None:
+        """From now on also send each record to the run's trackers (`jaxformer.trackers`)."""
         if self.is_main:
-            self.tensorboard = tensorboard_writer()(
-                str(self.path / "tensorboard"), purge_step=first_step + 1
-            )
+            self.trackers = Trackers(runtime, self.path, first_step, config)
 
     def log(self, record: dict[str, Any]) -> None:
-        """Append one record to metrics.jsonl (and to TensorBoard when open)."""
+        """Append one record to metrics.jsonl (and send it to the trackers when open)."""
         if not self.is_main:
             return
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.tensorboard is not None:
-            for name, value in record.items():
-                if name != "step" and isinstance(value, int | float):
-                    self.tensorboard.add_scalar(name, value, record["step"])
-            self.tensorboard.flush()
+        if self.trackers is not None:
+            self.trackers.log(record)
 
     def write_json(self, name: str, value: Any) -> None:
         self._write(name, json.dumps(value, indent=1))
@@ -172,10 +165,10 @@ class RunFolder:
         if self.is_main and self.verbose:
             print(message, flush=True)
 
-    def close(self) -> None:
+    def close(self, summary: dict[str, Any] | None = None) -> None:
         self.checkpoints.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        if self.trackers is not None:
+            self.trackers.finish(summary)
 
     def undo(self) -> None:
         """Close, and remove what opening and starting made: the folder (and the parents it

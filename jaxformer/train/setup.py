@@ -15,6 +15,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxformer import trackers
 from jaxformer.checkpoints import restore_model
 from jaxformer.checks import BadValue, as_given
 from jaxformer.config import TransformerConfig
@@ -37,7 +38,6 @@ from jaxformer.parallel import Placement, make_placement
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import RunConfig
 from jaxformer.train.optim import make_optimizer, make_schedule
-from jaxformer.train.report import tensorboard_writer
 from jaxformer.train.steps import (
     TrainState,
     create_train_state,
@@ -139,8 +139,8 @@ def set_up(
         model = add_lora(merge_lora(model), o.lora_rank, **lora)
     _check_data(run, data)
     _check_memory(config, run, data.max_len)
-    if run.runtime.tensorboard:
-        tensorboard_writer()  # installed, before the folder exists
+    for name in trackers.names(run.runtime.tracker)[1:]:
+        trackers.package(name)  # installed, before the folder exists
     graphdef, state, train_fn, eval_fn, internals_fn = _steps(model, config, run)
     layout = state_layout(graphdef, state)
     placement = make_placement(run.runtime.mesh, pmap=run.runtime.pmap)

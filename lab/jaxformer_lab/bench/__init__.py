@@ -36,6 +36,7 @@ from jaxformer_lab.bench import (  # noqa: F401
     shard_loader,
     speedrun_levers,
     sweep_jobs,
+    tracker_overhead,
     train_step,
     xla_vs_eager,
 )

@@ -42,6 +42,7 @@ RUN_FIELDS = tuple(RunConfig.options())
 SWEEP_OWNS = ("seed", "out")  # set by the sweep for each run
 SWEEP_WIDE = ("final_test",)  # set in base only: every variant scores the same sets
 HASH_FILE = "config_hash.json"
+TRACKING = ("tracker", "tracker_group", "tracker_job")  # where the numbers go: not hashed
 HASH_VERSION = 2  # raised when what a run's configuration holds changes (new options)
 
 
@@ -138,13 +139,15 @@ class Spec:
     def run_options(self, variant: str, seed: int) -> dict:
         """The run options of one run as the spec gives them (base, then the variant's),
         with the sweep's seed and folder (and a stage's folder for `init_from: {stage:
-        NAME}`); the defaults are load_run's."""
+        NAME}`), and unless given, the sweep's name and the variant as the W&B group and job
+        type; the defaults are load_run's."""
         fields = self.base | self._overrides(variant)
         given = {k: v for k, v in fields.items() if k in RUN_FIELDS}
         stage = self.stage_of(variant)
         if stage is not None:
             given["init_from"] = str(self.folder(stage, seed))
-        return given | {"seed": seed, "out": str(self.folder(variant, seed))}
+        tracked = {"tracker_group": self.out.name, "tracker_job": variant}
+        return tracked | given | {"seed": seed, "out": str(self.folder(variant, seed))}
 
     def what(self, name: str) -> str:
         """ "variant 'NAME'" or "stage 'NAME'", for messages."""
@@ -154,13 +157,13 @@ class Spec:
         return self.stages[name] if name in self.stages else self.variants[name]
 
     def config_hash(self, variant: str, seed: int) -> str:
-        """A hash of the run's resolved model and run configuration (its folder aside), of
-        the variant files it registers and of HASH_VERSION: a folder of an earlier version,
-        made before options were added, is refused as changed (`--rerun-changed`)."""
+        """A hash of the run's resolved model and run configuration (its folder and TRACKING
+        aside), of the variant files it registers and of HASH_VERSION: a folder of an earlier
+        version, made before options were added, is refused as changed (`--rerun-changed`)."""
         model, run = self.configs(variant, seed)
         resolved = {
             "model": model.to_dict(),
-            "run": run.to_dict() | {"out": None},
+            "run": {k: v for k, v in run.to_dict().items() if k not in TRACKING} | {"out": None},
             "variant_files": list(self.variant_files),
             "hash_version": HASH_VERSION,
         }

@@ -34,6 +34,7 @@ NAMES = (
     "shard-loader",
     "speedrun-levers",
     "sweep-jobs",
+    "tracker-overhead",
     "train-step",
     "xla-vs-eager",
 )

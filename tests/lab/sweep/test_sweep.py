@@ -518,6 +518,7 @@ def test_the_config_hash_reads_the_flat_run_options_and_its_version(tmp_path):
     spec = sweep.Spec.load(write_spec(tmp_path))
     model, _ = spec.configs("sq", 1)
     run = FLAT_DEFAULT_RUN | {k: v for k, v in BASE.items() if k in FLAT_DEFAULT_RUN}
+    run = {k: v for k, v in run.items() if not k.startswith("tracker")}  # not what it computes
     resolved = {
         "model": model.to_dict(),
         "run": run | {"seed": 1, "out": None},
@@ -555,6 +556,11 @@ def test_each_run_is_an_ordinary_train_command_of_its_resolved_run_file(tmp_path
     assert resolved["model"]["activation"] == "squared_relu" and resolved["run"]["seed"] == 1
     assert load_run(run_file) == spec.configs("sq", 1)  # the command resolves nothing anew
     assert resolved["run"]["out"] == str(spec.folder("sq", 1))
+    # W&B groups the sweep's runs: the group is the sweep's folder, the job type the variant
+    assert (resolved["run"]["tracker_group"], resolved["run"]["tracker_job"]) == ("sweep", "sq")
+    given = sweep.Spec.load(write_spec(tmp_path, base=BASE | {"tracker_group": "mine"}))
+    assert given.configs("sq", 1)[1].runtime.tracker_group == "mine"
+    assert given.config_hash("sq", 1) == spec.config_hash("sq", 1)  # not what a run computes
 
 
 def test_vmapped_seeds_group_by_variant_unless_an_option_keeps_them_apart(tmp_path):
