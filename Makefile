@@ -19,17 +19,18 @@ OLD_LINE   := $(if $(NEWEST),,$(info make: no Python >= 3.12 found (PATH, pyenv)
 .PHONY: train test test-library test-core test-all test-gpu gpu-report lint docs bench bench-xla clean
 
 # `make train` needs the package alone; the tests add pytest, hypothesis, ruff, tokenizers,
-# wandb (offline W&B runs of --tracker wandb),
-# the kernels extra, the docs extra (mkdocs, pinned) for `make docs`, and the lab (lab/,
-# jaxformer-lab, with its data extra and ray, pinned) unless LAB is empty: `make
-# test-library` checks the library's suite without it. Python 3.11 (CI runs its whole
-# suite) adds torch pinned to exactly 2.13.0 for the PyTorch parity tests (CI has that CPU wheel on disk, while another
-# version or an open range would pull gigabytes of CUDA packages) and transformers and
-# safetensors for the Hugging Face parity tests; newer Pythons have no CPU torch wheel on
+# wandb (offline W&B runs of --tracker wandb), the kernels extra, the docs extra (mkdocs,
+# pinned) for `make docs`, and the lab (lab/, jaxformer-lab, with its data extra and ray,
+# pinned) unless LAB is empty: `make test-library` checks the library's suite without it.
+# Python 3.11 (CI runs its whole suite) adds torch pinned to exactly 2.13.0 for the PyTorch
+# parity tests (CI has that CPU wheel on disk, while another version or an open range would
+# pull gigabytes of CUDA packages), transformers and safetensors for the Hugging Face
+# parity tests, and lm-eval with accelerate (the lab's eval extra) for the harness's; newer Pythons have no CPU torch wheel on
 # disk, so their parity tests are skipped, and add the tpu extra (libtpu: TPU programs
 # compiled with no TPU).
 LAB        ?= lab
-DEV_311    := '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0 wandb==0.31.0
+DEV_311    := '.[dev,docs]' torch==2.13.0 transformers==5.23.0 safetensors==0.8.0 wandb==0.31.0 \
+	lm-eval==0.4.13 accelerate==1.15.0
 DEV_OTHER  := '.[dev,docs,tpu]' wandb==0.31.0
 DEV_EXTRAS := $(if $(filter 3.11,$(PY_VERSION)),$(DEV_311),$(DEV_OTHER)) \
 	$(if $(LAB),-e '$(LAB)[data]' ray==2.60.0)

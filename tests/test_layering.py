@@ -5,7 +5,7 @@ read from the source with `ast`:
            <- nn <- models
            <- decode, capture, parallel, interop, plots <- checkpoints <- train <- cli
     jaxformer_lab:  markdown, cores, stops, parts <- results, bible, records, ray_cluster
-           <- sweep, aot, train_ray <- bench (ray-sweep times the sweep)
+           <- sweep, aot, train_ray, lm_eval <- bench (ray-sweep times the sweep)
            <- gpu_report
            <- cli <- plugin
 
@@ -57,6 +57,7 @@ RANKS = {
         "sweep": 2,
         "aot": 2,
         "train_ray": 2,
+        "lm_eval": 2,
         "bench": 3,
         "gpu_report": 4,
         "cli": 5,

@@ -34,6 +34,7 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
     commands["docs"] = _docs_parser(sub)
     commands["gpu-report"] = _gpu_report_parser(sub)
     commands["compile-check"] = _compile_check_parser(sub)
+    commands["eval"] = _eval_parser(sub)
     return commands | benchmarks
 
 
@@ -49,11 +50,30 @@ def run(args) -> int:
         "bench": _bench,
         "docs": _docs,
         "compile-check": _compile_check,
+        "eval": _eval,
     }[args.command](args)
 
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _eval_parser(sub) -> argparse.ArgumentParser:
+    about = "score a DecoderLM on lm-evaluation-harness tasks (local files)"
+    e = sub.add_parser("eval", help=about, description=about + "; pip install -e 'lab[eval]'")
+    e.add_argument("checkpoint", metavar="CHECKPOINT", help="a run folder or Hugging Face folder")
+    e.add_argument("--tasks", required=True, metavar="T1,T2", help="task names, comma-separated")
+    e.add_argument("--include-path", metavar="DIR", help="a folder of task YAML files")
+    e.add_argument("--limit", type=int, metavar="N", help="the first N examples of each task")
+    e.add_argument("--batch-size", type=int, default=8, metavar="B", help="rows (default: 8)")
+    e.add_argument("--output", metavar="FILE", help="results JSON (default: CHECKPOINT/eval.json)")
+    return e
+
+
+def _eval(args) -> int:
+    from jaxformer_lab import lm_eval
+
+    return lm_eval.run(args)
 
 
 def _compile_check_parser(sub) -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ COMMANDS = {
     "docs": "render the docs' results sections from their files",
     "gpu-report": "the GPU tables, in resumable parts within a time budget",
     "compile-check": "compile the real programs for a TPU topology with no TPU present",
+    "eval": "score a DecoderLM on lm-evaluation-harness tasks (local files)",
 }
 
 
