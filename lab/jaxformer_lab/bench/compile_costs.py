@@ -1,12 +1,14 @@
 """What compiling costs: the train step's trace + lower and compile seconds against depth and
 width with JAX's persistent compilation cache off, cold (empty: compiles and writes) and
 warm (reads what the cold compile wrote); and a variable-length workload that counts the
-recompilations of jax.jit and torch.compile (static and dynamic shapes) and what padding
-to buckets or to the longest batch costs instead."""
+recompilations of jax.jit and torch.compile (static and dynamic shapes), why JAX compiled
+again (its jax_explain_cache_misses reasons), and what padding to buckets or to the longest
+batch costs instead."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import tempfile
 import time
 import types
@@ -24,6 +26,47 @@ from jaxformer_lab.bench import modes, stats
 from jaxformer_lab.bench.workloads import bench_config, build
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # one per XLA compilation
+MISS = "TRACING CACHE MISS"  # how jax_explain_cache_misses opens each log record
+
+
+@contextlib.contextmanager
+def explained_misses():
+    """JAX's tracing-cache misses while open, as {"function", "reason"} dicts (the
+    jax_explain_cache_misses option on, its log records read from the "jax" logger and
+    kept from the root's); the option and the logger restored on exit."""
+    misses: list[dict] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if text.startswith(MISS):
+                misses.append(miss_reason(text))
+
+    logger, handler = logging.getLogger("jax"), Handler(logging.DEBUG)
+    before, propagate = jax.config.jax_explain_cache_misses, logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    jax.config.update("jax_explain_cache_misses", True)
+    try:
+        yield misses
+    finally:
+        jax.config.update("jax_explain_cache_misses", before)
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def miss_reason(text: str) -> dict:
+    """The function and the essential clause of one explained miss: "never seen function",
+    or what differs from the closest key seen before (e.g. "different input types: at x,
+    now f32[2,4] and before f32[2,3]"), JAX's location lines dropped."""
+    lines = [line.strip().removeprefix("* ") for line in text.splitlines()[1:]]
+    lines = [line for line in lines if line]
+    if lines and lines[0].startswith("never seen function"):
+        name = lines[1].split()[0] if len(lines) > 1 else "?"
+        return {"function": name, "reason": "never seen function"}
+    name = lines[0].split()[1] if lines and lines[0].startswith("for ") else "?"
+    keep = [line for line in lines if not line.startswith(("for ", "all previously seen"))]
+    return {"function": name, "reason": " ".join(keep)[:240]}
 
 
 class CompileCounter:
@@ -144,12 +187,14 @@ def variable_lengths(
     pass made, that pass's seconds (compiling included; `repeats` passes, each from empty
     in-memory caches, the persistent cache off), and a warm pass's seconds over `rounds`
     interleaved rounds with paired ratios against the exact-shape runs (the padding's
-    cost). Padded tokens: the share of the tokens run that are padding."""
+    cost). Padded tokens: the share of the tokens run that are padding. Each JAX
+    strategy's "reasons": why each batch of one more pass from empty caches missed JAX's
+    tracing cache (`explained_misses`), with the batch's length."""
     config = bench_config(d_model, 1)
     layer = nn.EncoderLayer(config, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, max(lengths), d_model)).astype(np.float32)
-    strategies = _strategies(layer, x, lengths, device)
+    strategies, explainers = _strategies(layer, x, lengths, device)
     first, kept = {}, {}
     with persistent_cache(None), _torch_compile_settings(device):
         for name, make in strategies.items():
@@ -162,6 +207,8 @@ def variable_lengths(
             kept[name] = run
             first[name] = {"compiles": counts, "first_pass_s": stats.best_median_ci(samples)}
         times = stats.time_interleaved(kept, rounds, warmup=1)
+        for name, explain in explainers.items():  # untimed: explaining slows tracing
+            first[name]["reasons"] = explain()
     steady = {name: stats.median_ci(t) for name, t in times.items()}
     ratios = {
         f"{name} / {base}": stats.paired_ratio(times[name], times[base])
@@ -209,32 +256,48 @@ def _padded_length(n: int, strategy: str, longest: int) -> int:
     return longest if strategy.endswith("pad to longest") else n
 
 
-def _strategies(layer, x: np.ndarray, lengths: list[int], device) -> dict:
-    """name -> make(): (run, compiled), run() one pass over the batches and compiled(run)
-    the compilations that pass makes (running it)."""
+def _strategies(layer, x: np.ndarray, lengths: list[int], device) -> tuple[dict, dict]:
+    """(name -> make(): (run, compiled), run() one pass over the batches and compiled(run)
+    the compilations that pass makes (running it); JAX's names -> explain(), the reasons
+    of a pass's tracing-cache misses)."""
     graphdef, state = nnx.split(layer)
 
     def f(state, x, n):
         mask = length_mask(n, x.shape[1])
         return nnx.merge(graphdef, state)(x, mask)
 
-    out = {
-        name: _jax_strategy(f, state, x, lengths, name)
-        for name in ("jit, exact shapes", "jit, buckets", "jit, pad to longest")
-    }
+    names = ("jit, exact shapes", "jit, buckets", "jit, pad to longest")
+    out = {name: _jax_strategy(f, state, _jax_batches(x, lengths, name)) for name in names}
+    explainers = {name: _explainer(f, state, x, lengths, name) for name in names}
     if device is not None:
         for name in TORCH_STRATEGIES:
             out[name] = _torch_strategy(layer, x, lengths, name, device)
-    return out
+    return out, explainers
 
 
-def _jax_strategy(f, state, x, lengths, name):
+def _jax_batches(x: np.ndarray, lengths: list[int], name: str) -> list:
     longest = max(lengths)
-    batches = [
+    return [
         (jnp.asarray(_pad(x[:, :n], _padded_length(n, name, longest))), jnp.full(len(x), n))
         for n in lengths
     ]
 
+
+def _explainer(f, state, x, lengths, name):
+    def explain() -> list[dict]:
+        jax.clear_caches()
+        jitted, out = jax.jit(f), []
+        with explained_misses() as misses:
+            for n, (xb, nb) in zip(lengths, _jax_batches(x, lengths, name), strict=True):
+                seen = len(misses)
+                jax.block_until_ready(jitted(state, xb, nb))
+                out += [{"length": n} | m for m in misses[seen:] if m["function"] == "f"]
+        return out
+
+    return explain
+
+
+def _jax_strategy(f, state, batches):
     def make():
         jax.clear_caches()
         jitted = jax.jit(f)

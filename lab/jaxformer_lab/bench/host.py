@@ -199,12 +199,13 @@ class _Stack(nnx.Module):
 
 def nnx_overheads(rounds: int, sizes: tuple[int, ...], calls_per_round: int = 50) -> dict:
     """Per module of `sizes` 8x8 Linear layers (2 Variables each): microseconds per call of
-    the same tiny compiled program called four ways, interleaved, and each way's extra
+    the same tiny compiled program called five ways, interleaved, and each way's extra
     cost over the plain call (paired per-round differences, 95% intervals):
 
         plain jit          jax.jit over the parameters as nested dicts of arrays
         jit split/merge    jax.jit(f)(state, x), f merging the graph inside (the lab's jit)
         nnx.jit            nnx.jit over the module object
+        nnx.jit(graph=False) the same in Flax's tree mode (the module as a pytree)
         nnx.cached_partial nnx.jit with the graph traversal cached
     """
     return {str(n): _overheads(n, rounds, calls_per_round) for n in sizes}
@@ -218,11 +219,13 @@ def _overheads(layers: int, rounds: int, calls_per_round: int) -> dict:
     plain_jit = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))
     split_merge = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
     nnx_jit = nnx.jit(lambda m, x: m(x))
+    tree_jit = nnx.jit(lambda m, x: m(x), graph=False)
     cached = nnx.cached_partial(nnx.jit(lambda m, x: m(x)), nnx.clone(module))
     calls = {
         "plain jit": lambda: plain_jit(params, x),
         "jit split/merge": lambda: split_merge(state, x),
         "nnx.jit": lambda: nnx_jit(module, x),
+        "nnx.jit(graph=False)": lambda: tree_jit(module, x),
         "nnx.cached_partial": lambda: cached(x),
     }
     loops = {name: _loop(fn, calls_per_round) for name, fn in calls.items()}

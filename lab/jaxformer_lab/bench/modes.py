@@ -5,7 +5,9 @@ its output and returns it:
   for the train step also the same step as plain JAX and optax's Adam; disable_jit;
 - jit: jax.jit(f) over nnx.split / nnx.merge, the state donated where the call changes
   it, as jaxformer's trainer runs; for the train step also without donation, for
-  attention also through JAX's best kernel for the device; nnx.jit, nnx.cached_partial;
+  attention also through JAX's best kernel for the device; nnx.jit; nnx.jit(graph=False),
+  Flax's tree mode (the module as a plain pytree; a module sharing Variables, which tree
+  mode refuses, as its split state merged inside); nnx.cached_partial;
 - torch: the torch.nn equivalent with the same weights, eager op by op, with torch's
   fused inference fast path off (and on, for the inference workloads); torch.compile in
   modes default, max-autotune and reduce-overhead (CUDA); for the train step the whole
@@ -32,7 +34,8 @@ from jaxformer.checks import BadValue
 from jaxformer.nn.parameters import plain
 from jaxformer_lab.bench.workloads import LEARNING_RATE, Workload
 
-JAX_MODES = ("eager", "disable_jit", "jit", "nnx.jit", "nnx.cached_partial")
+TREE_JIT = "nnx.jit(graph=False)"  # Flax's tree mode: the module flattened as a pytree
+JAX_MODES = ("eager", "disable_jit", "jit", "nnx.jit", TREE_JIT, "nnx.cached_partial")
 TORCH_COMPILE_MODES = ("torch.compile max-autotune", "torch.compile reduce-overhead")
 # The torch.compile mode each compiled torch mode passes (the others: "default").
 _COMPILE_MODE = {"torch.compile max-autotune": "max-autotune"}
@@ -139,14 +142,25 @@ def mode_call(w: Workload, device: str | None, mode: str) -> Callable[[], Any]:
         best = nnx.clone(w.module)
         best.implementation = "auto"
         return _threaded(jax.jit(pure_function(replace(w, module=best))[0]), state, w)
-    if mode == "nnx.jit":
+    if mode == TREE_JIT and shares_variables(w.module):  # tree mode refuses aliases
+        graphdef, split = nnx.split(nnx.clone(w.module))  # updated in place by the call
+        step = nnx.jit(lambda s, *a: nnx.merge(graphdef, s)(*a), graph=False)
+        return lambda: jax.block_until_ready(step(split, *w.inputs))
+    if mode in ("nnx.jit", TREE_JIT):
         module = nnx.clone(w.module)
-        step = nnx.jit(lambda m, *a: m(*a))
+        step = nnx.jit(lambda m, *a: m(*a), graph=None if mode == "nnx.jit" else False)
         return lambda: jax.block_until_ready(step(module, *w.inputs))
     if mode == "nnx.cached_partial":
         cached = nnx.cached_partial(nnx.jit(lambda m, *a: m(*a)), nnx.clone(w.module))
         return lambda: jax.block_until_ready(cached(*w.inputs))
     raise BadValue(f"unknown mode {mode!r}")
+
+
+def shares_variables(module: nnx.Module) -> bool:
+    """Whether one Variable sits at two places in the module (tied embeddings): tree mode
+    takes such a module only as its split state, merged inside."""
+    leaves = jax.tree.leaves(module, is_leaf=lambda v: isinstance(v, nnx.Variable))
+    return len({id(v) for v in leaves}) < len(leaves)
 
 
 def _threaded(f, state, w: Workload, context=contextlib.nullcontext):

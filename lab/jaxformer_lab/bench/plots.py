@@ -13,6 +13,7 @@ COLORS = {
     "jit, no donation": "tab:gray",
     "jit, auto attention": "navy",
     "nnx.jit": "tab:cyan",
+    "nnx.jit(graph=False)": "teal",
     "nnx.cached_partial": "tab:purple",
     "torch": "tab:orange",
     "torch, fast path": "gold",

@@ -379,25 +379,26 @@ def _overheads(result: dict) -> list[str]:
         "## NNX's per-call overhead against the module's graph (8x8 Linear layers)"
         + mark(result, "host"),
         "",
-        "The same tiny compiled program called four ways, interleaved; us per call, and "
+        "The same tiny compiled program called each way, interleaved; us per call, and "
         "each way's extra over jax.jit on the parameters as plain dicts (paired per-round "
         "difference, 95% interval).",
         "",
     ]
+    ways = [k for k in _NNX_WAYS if k in next(iter(over.values()))["us"]]  # older runs: 3
     rows = [
         [
             layers,
             o["variables"],
             g(o["us"]["plain jit"]),
-            *(f"{g(o['us'][k])}; +{g(o['extra_us'][k])}" for k in _NNX_WAYS),
+            *(f"{g(o['us'][k])}; +{g(o['extra_us'][k])}" for k in ways),
         ]
         for layers, o in over.items()
     ]
-    columns = ["layers", "Variables", "plain jit us", *(f"{k} us; extra" for k in _NNX_WAYS)]
-    return lines + table(columns, rows, "rrrrrr")
+    columns = ["layers", "Variables", "plain jit us", *(f"{k} us; extra" for k in ways)]
+    return lines + table(columns, rows, "rrr" + "r" * len(ways))
 
 
-_NNX_WAYS = ("jit split/merge", "nnx.jit", "nnx.cached_partial")
+_NNX_WAYS = ("jit split/merge", "nnx.jit", "nnx.jit(graph=False)", "nnx.cached_partial")
 
 
 def _bf16(result: dict) -> list[str]:
@@ -459,6 +460,27 @@ def _recompile(result: dict) -> list[str]:
     return lines + [
         "",
         *table(["warm pass ratio", "median (95% interval)", "significant"], ratios, "lrl"),
+        *_recompile_reasons(v),
+    ]
+
+
+def _recompile_reasons(v: dict) -> list[str]:
+    """Why each JAX strategy compiled, batch by batch, as jax_explain_cache_misses said
+    (runs of a lab version without it: nothing)."""
+    rows = [
+        [name, r["length"], r["reason"]]
+        for name, f in v["first"].items()
+        for r in f.get("reasons", [])
+    ]
+    if not rows:
+        return []
+    return [
+        "",
+        "Why JAX compiled, per batch (the reason `jax_explain_cache_misses` logs for each "
+        "tracing-cache miss, its closing clause; one more pass per strategy from empty "
+        "caches, untimed):",
+        "",
+        *table(["strategy", "batch's length", "reason"], rows, "lrl"),
     ]
 
 

@@ -1,13 +1,18 @@
 """The lab's modes: every mode computes the same numbers as jit (torch op by op and with its
 fast path, the functional steps), torch's operators are read without its profiler (no
 `USDT:` lines), the compiled torch steps' graphs are counted, and the compile-cost and
-variable-length measurements count compilations."""
+variable-length measurements count compilations and say why JAX compiled again
+(jax_explain_cache_misses)."""
 
+import logging
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxformer.checks import BadValue
-from jaxformer_lab.bench import compile_costs, modes, workloads
+from jaxformer_lab.bench import compile_costs, measure, modes, report, workloads
 
 TORCH_COMPILED = {
     "attention": ("torch.compile",),
@@ -46,6 +51,60 @@ def test_the_functional_jax_step_equals_the_nnx_step():
     calls = modes.mode_calls(w, None, ("jit", "eager, functional"))
     losses = {m: [float(call()) for _ in range(3)] for m, call in calls.items()}
     np.testing.assert_allclose(losses["eager, functional"], losses["jit"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["layer", "forward"])  # the module itself; its split state
+def test_tree_mode_jit_agrees_with_jit_and_is_timed(name):
+    w = _tiny(name)
+    assert modes.shares_variables(w.module) == (name == "forward")  # tied embeddings
+    assert modes.TREE_JIT in modes.modes_of(w, None)
+    ctx = measure.Context(None, rounds=6, repeats=1, dtype="float32", device=None,
+                          tolerance=1e-5, say=lambda _: None)  # fmt: skip
+    row = measure.measure_workload(ctx, w, ("jit", "nnx.jit", modes.TREE_JIT))
+    assert row["agreement"][modes.TREE_JIT]["agrees"], row["agreement"]
+    assert len(row["times"][modes.TREE_JIT]) == 6
+    assert all(t > 0 for t in row["times"][modes.TREE_JIT])
+    ratio = row["ratios"][f"{modes.TREE_JIT} / jit"]
+    assert ratio["low"] <= ratio["median"] <= ratio["high"]
+
+
+@pytest.mark.slow  # three train steps compiled
+def test_tree_mode_jit_takes_the_same_adam_steps_as_jit():
+    w = _tiny("train_step")  # its Variables are shared: run as the split state, updated
+    calls = modes.mode_calls(w, None, ("jit", "nnx.jit", modes.TREE_JIT))
+    losses = {m: [float(call()) for _ in range(3)] for m, call in calls.items()}
+    assert losses["jit"][2] < losses["jit"][0]  # the updates reach the next call
+    for m in ("nnx.jit", modes.TREE_JIT):
+        np.testing.assert_allclose(losses[m], losses["jit"], rtol=1e-5)
+
+
+def test_a_shape_change_is_explained_naming_the_argument():
+    f = jax.jit(lambda tokens, scale: tokens * scale)
+    before = jax.config.jax_explain_cache_misses
+    with compile_costs.explained_misses() as misses:
+        f(jnp.ones((2, 3)), 1.0)
+        f(jnp.ones((2, 3)), 2.0)  # a hit: no reason
+        f(jnp.ones((2, 5)), 1.0)
+    assert jax.config.jax_explain_cache_misses == before
+    assert logging.getLogger("jax").propagate
+    assert [m["reason"] for m in misses] == [
+        "never seen function",
+        "different input types: at tokens, now f32[2,5] and before f32[2,3]",
+    ]
+    assert {m["function"] for m in misses} == {"<lambda>"}
+
+
+def test_a_miss_is_shortened_to_its_clause():
+    text = (
+        "TRACING CACHE MISS at /a.py:8 (<module>):\n  for step defined at /a.py:7\n"
+        "  all previously seen cache keys differ. For the closest previous key:\n"
+        "  different input types:\n  * at x, now f32[2,4] and before f32[2,3]"
+    )
+    reason = "different input types: at x, now f32[2,4] and before f32[2,3]"
+    assert compile_costs.miss_reason(text) == {"function": "step", "reason": reason}
+    v = {"first": {"jit, exact shapes": {"reasons": [{"length": 4, "reason": reason}]}}}
+    assert f"| jit, exact shapes | 4 | {reason} |" in "\n".join(report._recompile_reasons(v))
+    assert report._recompile_reasons({"first": {"torch": {}}}) == []  # an earlier run
 
 
 def test_agreement_flags_a_mode_that_disagrees():
@@ -117,3 +176,8 @@ def test_variable_lengths_count_each_strategys_compilations():
     assert compiles["torch.compile, buckets"] == 2  # a code object of its own: no reuse
     assert v["padded_share"]["jit, pad to longest"] == pytest.approx(1 - 31 / 52)
     assert "jit, buckets / jit, exact shapes" in v["ratios"]
+    reasons = {name: f.get("reasons") for name, f in v["first"].items()}
+    assert [r["length"] for r in reasons["jit, exact shapes"]] == [5, 8, 13]
+    assert reasons["jit, buckets"][1]["reason"].endswith("now f32[2,16,64] and before f32[2,8,64]")
+    assert [r["reason"] for r in reasons["jit, pad to longest"]] == ["never seen function"]
+    assert reasons["torch"] is None  # dynamo's recompiles are counted, not explained
