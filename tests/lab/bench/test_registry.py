@@ -23,6 +23,7 @@ NAMES = (
     "first-hour",
     "gpt2-peers",
     "internals-overhead",
+    "jax-versions",
     "lm-throughput",
     "make-train",
     "optimizer-step",
