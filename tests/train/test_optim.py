@@ -4,7 +4,6 @@ schedule-free AdamW (evaluated and exported at its average), the registry that h
 (a user's own from --variants and a sweep spec) and their bad input; a run stopped and
 resumed equals one run, parameters and optimizer state bit for bit."""
 
-import json
 import pathlib
 
 import chex
