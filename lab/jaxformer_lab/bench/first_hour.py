@@ -157,7 +157,8 @@ def timed(name: str, target: str, clone: pathlib.Path, env: dict) -> dict:
     if code != 0:
         said = [line for line in log.read_text().splitlines() if not MAKE_SAYS.match(line)]
         last = said[-1] if said else ""
-        raise RuntimeError(f"make {target} exited with {code} after {wall:.0f} s: {last}")
+        failed = "".join(f"\n  {line}" for line in said if line.startswith("FAILED "))
+        raise RuntimeError(f"make {target} exited with {code} after {wall:.0f} s: {last}{failed}")
     say(f"  {wall:.0f} s")
     part = next(p for p, steps in STEPS.items() if (name, target) in steps)
     averages = [round(sum(loads) / len(loads), 1), round(min(loads), 1), round(max(loads), 1)]

@@ -61,13 +61,15 @@ def test_the_gemm_rate_is_the_products_flops_over_the_best_time(monkeypatch):
     assert first_hour.gemm_gflops(n=1000, repeats=5) == pytest.approx(2 * 1000**3 / 2.0 / 1e9)
 
 
-def test_a_failing_step_names_itself_and_its_last_line(checkout):
-    (checkout / "Makefile").write_text(
-        MAKEFILE.replace('echo "3 passed"', 'echo "1 failed"; exit 1')
-    )
+def test_a_failing_step_names_itself_its_last_line_and_the_failed_tests(checkout):
+    failing = 'echo "FAILED tests/t.py::test_x - boom"; echo "1 failed"; exit 1'
+    (checkout / "Makefile").write_text(MAKEFILE.replace('echo "3 passed"', failing))
     subprocess.run(["git", "commit", "-qam", "fails", "--author", "t <t@t>"], cwd=checkout,
                    env={"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})  # fmt: skip
-    with pytest.raises(RuntimeError, match=r"make test exited with 2 after \d+ s: 1 failed$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"exited with 2 after \d+ s: 1 failed\n  FAILED tests/t.py::test_x - boom$",
+    ):
         first_hour.run(first_hour.FirstHourOptions(parts=("test",)))
 
 
