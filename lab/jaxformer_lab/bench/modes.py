@@ -3,18 +3,16 @@ its output and returns it:
 
 - eager: the pure function f(state, *inputs) = nnx.merge(...)(*inputs), not compiled;
   for the train step also the same step as plain JAX and optax's Adam; disable_jit;
-- jit: jax.jit(f) over nnx.split / nnx.merge, the state donated where the call changes
-  it, as jaxformer's trainer runs; for the train step also without donation, for
-  attention also through JAX's best kernel for the device; nnx.jit; nnx.jit(graph=False),
-  Flax's tree mode (the module as a plain pytree; a module sharing Variables, which tree
-  mode refuses, as its split state merged inside); nnx.cached_partial;
+- jit: jax.jit(f) over nnx.split / nnx.merge, the state donated where the call changes it,
+  as jaxformer's trainer runs (the train step also without donation, attention also via
+  JAX's best kernel); nnx.jit; nnx.jit(graph=False), Flax's tree mode (a module sharing
+  Variables, which it refuses, as its split state merged inside); nnx.cached_partial;
 - torch: the torch.nn equivalent with the same weights, eager op by op, with torch's
   fused inference fast path off (and on, for the inference workloads); torch.compile in
   modes default, max-autotune and reduce-overhead (CUDA); for the train step the whole
   step compiled as written and as one function of tensors (fullgraph=True).
 
-torch is imported only by the torch modes. Every mode, with its table name:
-docs/xla-vs-eager.md, "Modes"."""
+torch is imported only by the torch modes. Every mode: docs/xla-vs-eager.md, "Modes"."""
 
 from __future__ import annotations
 
