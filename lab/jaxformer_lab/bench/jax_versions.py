@@ -348,28 +348,11 @@ def differences_table(r: dict) -> Table:
     rows, notes = [], []
     for dtype, by_line in r["differences"].items():
         for name, d in by_line.items():
-            for kind in d["kinds"]:
-                rows.append(
-                    [
-                        dtype,
-                        name,
-                        f"kind: {kind['key']}",
-                        _ci(kind["a"], digits=1),
-                        _ci(kind["b"], digits=1),
-                        f"{kind['delta_ms']:+.1f}",
-                    ]
-                )
-            for op in d["ops"]:
-                rows.append(
-                    [
-                        dtype,
-                        name,
-                        f"`{op['key']}`",
-                        _ci(op["a"], digits=1),
-                        _ci(op["b"], digits=1),
-                        f"{op['delta_ms']:+.1f}",
-                    ]
-                )
+            labelled = [(f"kind: {k['key']}", k) for k in d["kinds"]]
+            labelled += [(f"`{o['key']}`", o) for o in d["ops"]]
+            for label, x in labelled:
+                a, b = _ci(x["a"], digits=1), _ci(x["b"], digits=1)
+                rows.append([dtype, name, label, a, b, f"{x['delta_ms']:+.1f}"])
             notes.append(
                 f"{dtype}, {name} against {r['first']}: {d['ops_apart']} operation labels apart "
                 f"beyond their intervals; their differences sum to {d['delta_of_ops_apart_ms']:+.1f} "
